@@ -1,0 +1,65 @@
+"""edgekit: the device side of distributed speculative LLM decoding."""
+
+__version__ = "0.1.0"
+
+from ._client import EdgeClient, GenerationStream
+from ._config import ClientConfig, GenerationConfig, ServerConfig
+from ._controller import Controller, FixedWindow
+from ._draft import DraftModel, LlamaDraftModel
+from ._errors import (
+    AuthenticationError,
+    ConfigError,
+    DependencyMissingError,
+    EdgekitError,
+    IncompatibleModelsError,
+    LimitExceededError,
+    ModelError,
+    ModelFetchError,
+    ModelIntegrityError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ProtocolError,
+    SessionNotFoundError,
+    StaleRoundError,
+    VerifierError,
+    VerifierUnavailableError,
+)
+from ._events import Event, FinalStats, RoundEvent, TextDelta
+from ._metrics import GenerationStats, RoundStats
+from ._session import SpeculativeSession
+
+__all__ = [
+    "AuthenticationError",
+    "ClientConfig",
+    "ConfigError",
+    "Controller",
+    "DependencyMissingError",
+    "DraftModel",
+    "EdgeClient",
+    "EdgekitError",
+    "Event",
+    "FinalStats",
+    "FixedWindow",
+    "GenerationConfig",
+    "GenerationStats",
+    "GenerationStream",
+    "IncompatibleModelsError",
+    "LimitExceededError",
+    "LlamaDraftModel",
+    "ModelError",
+    "ModelFetchError",
+    "ModelIntegrityError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "ProtocolError",
+    "RoundEvent",
+    "RoundStats",
+    "ServerConfig",
+    "SessionNotFoundError",
+    "SpeculativeSession",
+    "StaleRoundError",
+    "TextDelta",
+    "VerifierError",
+    "VerifierUnavailableError",
+    "__version__",
+]

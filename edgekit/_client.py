@@ -1,0 +1,213 @@
+"""`EdgeClient`: a draft model on this device, a verifier somewhere, one API."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from ._config import ClientConfig, GenerationConfig, ServerConfig
+from ._draft import DraftModel, LlamaDraftModel
+from ._errors import IncompatibleModelsError
+from ._events import Event, FinalStats, TextDelta
+from ._metrics import GenerationStats
+from ._session import SpeculativeSession, TextDecoder
+from .transport._base import ServerInfo, VerifierTransport
+from .transport._grpc import GrpcTransport
+
+__all__ = ["EdgeClient", "GenerationStream"]
+
+
+class GenerationStream:
+    """An iterator of events that is also a context manager.
+
+    >>> with client.generate("Hello") as stream:
+    ...     for event in stream:
+    ...         if event.type == "text": print(event.text, end="")
+    >>> client.generate("Hello").text()   # all at once
+    """
+
+    def __init__(self, events: Iterator[Event], on_close=None) -> None:  # type: ignore[no-untyped-def]
+        self._events = events
+        self._on_close = on_close
+        self.final: FinalStats | None = None
+
+    def __iter__(self) -> Iterator[Event]:
+        try:
+            for ev in self._events:
+                if isinstance(ev, FinalStats):
+                    self.final = ev
+                yield ev
+        finally:
+            self.close()
+
+    def __enter__(self) -> "GenerationStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        close = getattr(self._events, "close", None)
+        if close:
+            close()
+        if self._on_close:
+            self._on_close, on_close = None, self._on_close
+            on_close()
+
+    def until_done(self) -> FinalStats:
+        for _ in self:
+            pass
+        assert self.final is not None
+        return self.final
+
+    def text(self) -> str:
+        return self.until_done().text
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self.until_done().stats
+
+
+class EdgeClient:
+    """Speculative decoding with a local draft model and a verifier.
+
+    verifier: "host:port" (or "grpc://host:port"), a transport object, or None
+    to start the pair's target as a verifier on loopback in this process.
+    """
+
+    def __init__(
+        self,
+        verifier: str | VerifierTransport | None = None,
+        *,
+        pair: str = "gemma-270m",
+        draft_model: str | Path | DraftModel | None = None,
+        config: ClientConfig | None = None,
+        generation: GenerationConfig | None = None,
+        local_server: ServerConfig | None = None,
+    ) -> None:
+        self.config = config or ClientConfig()
+        self.generation = generation or GenerationConfig()
+        self.pair = pair
+        self._local = None
+        self._draft: DraftModel | None = None
+        try:
+            self._draft = self._load_draft(draft_model)
+            if verifier is None:
+                self._local = self._start_local(local_server)
+                verifier = self._local.address
+            self.transport: VerifierTransport = (
+                GrpcTransport(verifier, self.config) if isinstance(verifier, str) else verifier
+            )
+        except BaseException:
+            self.close()
+            raise
+        self._server: ServerInfo | None = None
+
+    def _load_draft(self, draft_model: str | Path | DraftModel | None) -> DraftModel:
+        if draft_model is None:
+            from .models import get_pair, model_path
+
+            spec = get_pair(self.pair)
+            return LlamaDraftModel(model_path(spec.draft), name=spec.draft)
+        if isinstance(draft_model, (str, Path)):
+            return LlamaDraftModel(draft_model)
+        return draft_model
+
+    def _start_local(self, server_config: ServerConfig | None):  # type: ignore[no-untyped-def]
+        from .models import get_pair, model_path
+        from .verifier import VerifierServer
+
+        spec = get_pair(self.pair)
+        cfg = server_config or ServerConfig(port=0, max_sessions=4, kv_cells=8192)
+        return VerifierServer(model_path(spec.target), replace(cfg, host="127.0.0.1"), name=spec.target).start()
+
+    @property
+    def draft(self) -> DraftModel:
+        assert self._draft is not None
+        return self._draft
+
+    @property
+    def local_verifier_address(self) -> str | None:
+        return self._local.address if self._local else None
+
+    def server_info(self) -> ServerInfo:
+        """Handshakes once; refuses a target whose tokenizer differs from the draft's."""
+        if self._server is None:
+            d = self.draft
+            info = self.transport.handshake(d.fingerprint(), draft_model=d.name, draft_hidden_size=d.n_embd)
+            if not info.target_fingerprint.same_tokenizer(d.fingerprint()):
+                raise IncompatibleModelsError(
+                    f"draft model {d.name!r} does not share a tokenizer with target model {info.target_model!r}"
+                )
+            self._server = info
+        return self._server
+
+    def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
+        return self.draft.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+
+    def session(self, **overrides: object) -> SpeculativeSession:
+        """A session for several turns; `generate` opens and closes one per call."""
+        gen = replace(self.generation, **overrides) if overrides else self.generation
+        return SpeculativeSession(self.draft, self.transport, self.server_info(), gen)
+
+    def generate(self, prompt: str | Sequence[int], **overrides: object) -> GenerationStream:
+        """Speculative generation; overrides are GenerationConfig fields."""
+        session = self.session(**overrides)
+        tokens = self.tokenize(prompt)
+
+        def events() -> Iterator[Event]:
+            prefill_ms = session.open(tokens)
+            yield from session.stream(prefill_ms=prefill_ms)
+
+        return GenerationStream(events(), on_close=session.close)
+
+    def generate_target_only(self, prompt: str | Sequence[int], **overrides: object) -> GenerationStream:
+        """The centralized baseline: the verifier's target decodes every token."""
+        gen = replace(self.generation, **overrides) if overrides else self.generation
+        self.server_info()
+        tokens = self.tokenize(prompt)
+        seed = gen.seed if gen.seed is not None else 0
+
+        def events() -> Iterator[Event]:
+            stats = GenerationStats(mode=gen.mode, draft_k=0, prompt_tokens=len(tokens))
+            decoder = TextDecoder(self.draft)
+            out: list[int] = []
+            parts: list[str] = []
+            start = time.perf_counter()
+            for t in self.transport.generate(
+                tokens, mode=gen.mode, temperature=gen.temperature, seed=seed, max_tokens=gen.max_tokens
+            ):
+                out.append(t.token)
+                stats.rounds += 1
+                stats.server_verify_ms += t.decode_ms
+                if stats.time_to_first_token_ms is None:
+                    stats.time_to_first_token_ms = (time.perf_counter() - start) * 1e3
+                text = decoder.feed([t.token])
+                parts.append(text)
+                yield TextDelta(text, (t.token,))
+                stats.finish_reason = t.finish_reason or stats.finish_reason
+            parts.append(decoder.flush())
+            stats.completion_tokens = len(out)
+            stats.elapsed_s = time.perf_counter() - start
+            yield FinalStats(stats, tuple(out), "".join(parts))
+
+        return GenerationStream(events())
+
+    def close(self) -> None:
+        transport = getattr(self, "transport", None)
+        if transport is not None:
+            transport.close()
+        if self._local is not None:
+            self._local.stop()
+            self._local = None
+        if self._draft is not None and hasattr(self._draft, "close"):
+            self._draft.close()
+            self._draft = None
+
+    def __enter__(self) -> "EdgeClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

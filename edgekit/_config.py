@@ -1,0 +1,122 @@
+"""Configuration as dataclasses; every default lives here.
+
+Environment overrides are named EDGEKIT_* and are read by `from_env()` only,
+so constructing a config in code is never surprised by the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+from ._errors import ConfigError
+
+__all__ = ["ClientConfig", "GenerationConfig", "ServerConfig"]
+
+Mode = Literal["greedy", "sample"]
+SloClass = Literal["interactive", "standard", "batch"]
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How one generation decodes."""
+
+    max_tokens: int = 256
+    mode: Mode = "greedy"
+    temperature: float = 0.8
+    seed: int | None = None
+    draft_k: int = 4  # fixed draft window (SLED-style baseline)
+    draft_top_k: int = 32  # support of the uploaded draft distribution when sampling
+    stop_at_eos: bool = True
+    slo_class: SloClass = "interactive"
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.mode not in ("greedy", "sample"):
+            raise ConfigError(f"mode must be 'greedy' or 'sample', got {self.mode!r}")
+        if self.mode == "sample" and not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if not 1 <= self.draft_k <= 64:
+            raise ConfigError(f"draft_k must be between 1 and 64, got {self.draft_k}")
+        if not 1 <= self.draft_top_k <= 1024:
+            raise ConfigError(f"draft_top_k must be between 1 and 1024, got {self.draft_top_k}")
+        if self.slo_class not in ("interactive", "standard", "batch"):
+            raise ConfigError(f"slo_class must be interactive, standard or batch, got {self.slo_class!r}")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How the client reaches a verifier."""
+
+    timeout: float = 30.0  # deadline of every verifier call, seconds
+    connect_timeout: float = 10.0  # deadline for the channel to become ready
+    token: str | None = None  # sent as `authorization: Bearer <token>`
+    tls: bool = False
+    root_certificates: str | None = None  # PEM file; system roots when None
+    max_message_bytes: int = 16 * 1024 * 1024
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "ClientConfig":
+        return replace(cls(), **_env_values(cls, "EDGEKIT_"), **overrides)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Limits and resources of the reference verifier."""
+
+    host: str = "127.0.0.1"
+    port: int = 50551  # 0 picks a free port
+    max_sessions: int = 16
+    max_block: int = 32  # draft tokens per round
+    max_context: int = 4096  # tokens per session
+    kv_cells: int = 16384  # KV cache cells shared by all sessions
+    idle_timeout: float = 900.0  # seconds before an idle session may be evicted
+    max_draft_top_k: int = 1024
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_generate_tokens: int = 4096
+    token: str | None = None  # require `authorization: Bearer <token>`
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    threads: int | None = None
+    workers: int = 32  # gRPC handler threads
+    # "exact": greedy output token-identical to target-only decoding (slower
+    # kernels, blocks in batch-invariant sub-batches); "fast": every kernel.
+    numerics: Literal["exact", "fast"] = "exact"
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1 or self.max_block < 1 or self.max_context < 8:
+            raise ConfigError("max_sessions and max_block must be >= 1, max_context >= 8")
+        if self.kv_cells < self.max_context:
+            raise ConfigError(f"kv_cells ({self.kv_cells}) must be at least max_context ({self.max_context})")
+        if self.numerics not in ("exact", "fast"):
+            raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS needs both a certificate and a key")
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "ServerConfig":
+        return replace(cls(), **_env_values(cls, "EDGEKIT_SERVE_"), **overrides)
+
+
+def _env_values(cls: type, prefix: str) -> dict[str, object]:
+    out: dict[str, object] = {}
+    defaults = cls()
+    for f in fields(cls):
+        raw = os.environ.get(prefix + f.name.upper())
+        if raw is None:
+            continue
+        default = getattr(defaults, f.name)
+        try:
+            if isinstance(default, bool):
+                out[f.name] = raw.lower() in ("1", "true", "yes", "on")
+            elif isinstance(default, int):
+                out[f.name] = int(raw)
+            elif isinstance(default, float):
+                out[f.name] = float(raw)
+            else:
+                out[f.name] = raw
+        except ValueError as exc:
+            raise ConfigError(f"{prefix}{f.name.upper()}={raw!r} is not a valid {type(default).__name__}") from exc
+    return out

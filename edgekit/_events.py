@@ -1,0 +1,40 @@
+"""Typed events of a generation stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from ._metrics import GenerationStats, RoundStats
+
+__all__ = ["Event", "FinalStats", "RoundEvent", "TextDelta"]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New output text and the token ids it came from (text may lag tokens on split UTF-8)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    type: str = "text"
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """One speculate-verify round finished."""
+
+    stats: RoundStats
+    type: str = "round"
+
+
+@dataclass(frozen=True)
+class FinalStats:
+    """The generation ended; `stats.finish_reason` says why."""
+
+    stats: GenerationStats
+    token_ids: tuple[int, ...]
+    text: str
+    type: str = "final"
+
+
+Event = Union[TextDelta, RoundEvent, FinalStats]

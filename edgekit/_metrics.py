@@ -1,0 +1,109 @@
+"""Per-round and per-generation figures, named as the field names them.
+
+- drafted: draft tokens sent for verification
+- accepted: draft tokens the verifier accepted
+- acceptance_rate: accepted / drafted
+- accepted_length (AAL): mean accepted draft tokens per round, WITHOUT the
+  bonus/correction token; `committed_per_round` counts it (AAL + 1 per round)
+- wasted_draft_tokens (WDT, WISP eq. 7): drafted - accepted, the part of each
+  block past the accepted prefix
+- target_passes_per_token: verification rounds per committed token (each round
+  is one target forward pass; the prompt prefill is not counted)
+- goodput / tokens_per_second: committed tokens per second of wall time
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["GenerationStats", "RoundStats"]
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    index: int
+    base_position: int
+    drafted: int
+    accepted: int
+    bonus: bool
+    committed: int  # tokens this round added to the output: accepted + 1
+    wasted: int  # drafted - accepted
+    draft_ms: float  # device time spent drafting the block
+    round_trip_ms: float  # client-side time of the verify call
+    server_verify_ms: float
+    server_queue_ms: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class GenerationStats:
+    mode: str
+    draft_k: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    wasted_draft_tokens: int = 0
+    bonus_tokens: int = 0
+    draft_ms: float = 0.0
+    round_trip_ms: float = 0.0
+    server_verify_ms: float = 0.0
+    server_queue_ms: float = 0.0
+    prefill_ms: float = 0.0  # client-side time to open the session (both prefills)
+    time_to_first_token_ms: float | None = None
+    elapsed_s: float = 0.0
+    finish_reason: str | None = None
+    rounds_detail: list[RoundStats] = field(default_factory=list, repr=False)
+
+    def add_round(self, r: RoundStats) -> None:
+        self.rounds += 1
+        self.drafted += r.drafted
+        self.accepted += r.accepted
+        self.wasted_draft_tokens += r.wasted
+        self.bonus_tokens += int(r.bonus)
+        self.draft_ms += r.draft_ms
+        self.round_trip_ms += r.round_trip_ms
+        self.server_verify_ms += r.server_verify_ms
+        self.server_queue_ms += r.server_queue_ms
+        self.rounds_detail.append(r)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def accepted_length(self) -> float:
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def committed_per_round(self) -> float:
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def target_passes_per_token(self) -> float:
+        return self.rounds / self.completion_tokens if self.completion_tokens else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def draft_ms_per_token(self) -> float:
+        return self.draft_ms / self.drafted if self.drafted else 0.0
+
+    def to_dict(self, *, rounds: bool = False) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "rounds_detail"}
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            accepted_length=self.accepted_length,
+            committed_per_round=self.committed_per_round,
+            target_passes_per_token=self.target_passes_per_token,
+            tokens_per_second=self.tokens_per_second,
+            draft_ms_per_token=self.draft_ms_per_token,
+        )
+        if rounds:
+            d["rounds_detail"] = [r.to_dict() for r in self.rounds_detail]
+        return d

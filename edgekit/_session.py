@@ -1,0 +1,235 @@
+"""The speculative loop: one conversation's committed tokens and its rounds.
+
+The device and the verifier agree on the committed sequence; neither model has
+run its last token yet. A round: draft a block on top of it (the controller
+says when to stop), send it with the base position, apply the verdict (accepted
+prefix plus the verifier's next token), roll the draft KV back to what is still
+valid. All of a round's state lives in `SpeculativeSession`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import secrets
+import time
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ._config import GenerationConfig
+from ._controller import Controller, FixedWindow
+from ._draft import DraftModel
+from ._errors import ConfigError, EdgekitError, ProtocolError
+from ._events import Event, FinalStats, RoundEvent, TextDelta
+from ._metrics import GenerationStats, RoundStats
+from ._sampling import SparseDistribution, draft_distribution
+from .transport._base import BlockRequest, LinkState, ServerInfo, VerifierTransport
+
+__all__ = ["SpeculativeSession", "TextDecoder"]
+
+
+class TextDecoder:
+    """Token ids to text, incrementally: UTF-8 split across tokens is held back, not mangled."""
+
+    def __init__(self, draft: DraftModel) -> None:
+        self._draft = draft
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, tokens: Sequence[int]) -> str:
+        return "".join(self._utf8.decode(self._draft.token_bytes(t)) for t in tokens if not self._draft.is_eog(t))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class SpeculativeSession:
+    def __init__(
+        self,
+        draft: DraftModel,
+        transport: VerifierTransport,
+        server: ServerInfo,
+        config: GenerationConfig,
+        *,
+        controller: Controller | None = None,
+    ) -> None:
+        if config.mode not in server.modes:
+            raise ConfigError(
+                f"the verifier at {transport.address} does not support {config.mode!r} acceptance "
+                f"(it offers: {', '.join(server.modes)})"
+            )
+        if config.mode == "sample" and config.draft_top_k > server.max_draft_top_k:
+            raise ConfigError(f"draft_top_k {config.draft_top_k} exceeds the verifier's {server.max_draft_top_k}")
+        self.draft = draft
+        self.transport = transport
+        self.server = server
+        self.config = config
+        self.controller = controller or FixedWindow(config.draft_k)
+        self.seed = config.seed if config.seed is not None else secrets.randbits(63)
+        self._rng = np.random.default_rng(self.seed)
+        self.tokens: list[int] = []
+        self.session_id: str | None = None
+        self.max_context = min(server.max_context, draft.n_ctx)
+        self.link = LinkState()
+        self._round_index = 0
+
+    # -- session lifecycle -----------------------------------------------------------
+
+    def open(self, prompt_tokens: Sequence[int]) -> float:
+        """Opens the verifier session and prefills both models; returns milliseconds taken."""
+        if not prompt_tokens:
+            raise ConfigError("the prompt is empty")
+        if len(prompt_tokens) + 2 > self.max_context:
+            raise ConfigError(f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.max_context}")
+        t0 = time.perf_counter()
+        opened = self.transport.open_session(
+            prompt_tokens,
+            mode=self.config.mode,
+            temperature=self.config.temperature,
+            seed=self.seed,
+            slo_class=self.config.slo_class,
+            draft=self.draft.fingerprint(),
+        )
+        self.session_id = opened.session_id
+        self.max_context = min(self.max_context, opened.max_context)
+        self.draft.truncate(0)
+        self.draft.prefill(list(prompt_tokens[:-1]))
+        self.tokens = list(prompt_tokens)
+        return (time.perf_counter() - t0) * 1e3
+
+    def extend(self, tokens: Sequence[int]) -> float:
+        """Appends tokens to the conversation without verifying them (a new user turn)."""
+        if self.session_id is None:
+            raise EdgekitError("the session is not open")
+        t0 = time.perf_counter()
+        committed = self.transport.extend_session(self.session_id, len(self.tokens), tokens)
+        self.tokens.extend(tokens)
+        if committed != len(self.tokens):
+            raise ProtocolError(f"verifier reports {committed} committed tokens, the client has {len(self.tokens)}")
+        return (time.perf_counter() - t0) * 1e3
+
+    def close(self) -> None:
+        if self.session_id is not None:
+            sid, self.session_id = self.session_id, None
+            try:
+                self.transport.close_session(sid)
+            except EdgekitError:
+                pass  # the verifier may have evicted it or be gone; nothing is lost
+
+    # -- rounds ------------------------------------------------------------------------
+
+    def _draft_block(self, k: int) -> tuple[list[int], list[SparseDistribution]]:
+        feed = self.tokens[self.draft.n_past :]
+        block: list[int] = []
+        dists: list[SparseDistribution] = []
+        greedy = self.config.mode == "greedy"
+        for _ in range(k):
+            out = self.draft.eval(feed)
+            if greedy:
+                tok = int(np.argmax(out.logits))
+            else:
+                dist = draft_distribution(out.logits, self.config.temperature, self.config.draft_top_k)
+                tok = dist.sample(self._rng)
+                dists.append(dist)
+            block.append(tok)
+            if self.draft.is_eog(tok) or not self.controller.keep_drafting(len(block), out, tok):
+                break
+            feed = [tok]
+        return block, dists
+
+    def round(self, limit: int) -> tuple[list[int], RoundStats, bool]:
+        """Runs one round drafting at most `limit` tokens; returns the newly committed
+        tokens, the round's figures and whether the context is full."""
+        if self.session_id is None:
+            raise EdgekitError("the session is not open")
+        base = len(self.tokens)
+        t0 = time.perf_counter()
+        block, dists = self._draft_block(self.controller.window(limit))
+        t1 = time.perf_counter()
+        verdict = self.transport.verify(
+            BlockRequest(
+                session_id=self.session_id,
+                base_position=base,
+                draft_tokens=block,
+                draft_distributions=dists,
+                link=self.link,
+                slo_class=self.config.slo_class,
+                round_index=self._round_index,
+            )
+        )
+        t2 = time.perf_counter()
+        a = verdict.accepted
+        if not 0 <= a <= len(block) or verdict.committed_length != base + a + 1:
+            raise ProtocolError(
+                f"verifier at {self.transport.address} sent an inconsistent verdict: accepted {a} of {len(block)}, "
+                f"committed {verdict.committed_length} on base {base}"
+            )
+        new = block[:a] + [verdict.next_token]
+        self.tokens.extend(new)
+        self.draft.truncate(min(self.draft.n_past, base + a))
+        self.controller.observe(len(block), a)
+        stats = RoundStats(
+            index=self._round_index,
+            base_position=base,
+            drafted=len(block),
+            accepted=a,
+            bonus=verdict.bonus,
+            committed=a + 1,
+            wasted=len(block) - a,
+            draft_ms=(t1 - t0) * 1e3,
+            round_trip_ms=(t2 - t1) * 1e3,
+            server_verify_ms=verdict.verify_ms,
+            server_queue_ms=verdict.queue_ms,
+        )
+        self._round_index += 1
+        return new, stats, verdict.context_full
+
+    def stream(self, max_tokens: int | None = None, *, prefill_ms: float = 0.0) -> Iterator[Event]:
+        """Rounds until EOS, `max_tokens` or a full context, as events."""
+        max_tokens = max_tokens or self.config.max_tokens
+        stats = GenerationStats(
+            mode=self.config.mode, draft_k=self.config.draft_k, prompt_tokens=len(self.tokens), prefill_ms=prefill_ms
+        )
+        decoder = TextDecoder(self.draft)
+        out: list[int] = []
+        text_parts: list[str] = []
+        start = time.perf_counter()
+        finish: str | None = None
+        while finish is None:
+            remaining = max_tokens - len(out)
+            room = self.max_context - len(self.tokens) - 1  # base + K + 1 must fit
+            if room < 1:
+                finish = "context"
+                break
+            # A round commits up to K+1 tokens: keep K+1 within what is left to produce.
+            limit = max(1, min(self.server.max_block, room, remaining - 1))
+            new, rstats, context_full = self.round(limit)
+            stats.add_round(rstats)
+            emitted: list[int] = []
+            for tok in new:
+                if len(out) >= max_tokens:
+                    finish = "length"
+                    break
+                out.append(tok)
+                emitted.append(tok)
+                if self.config.stop_at_eos and self.draft.is_eog(tok):
+                    finish = "eos"
+                    break
+            if finish is None and len(out) >= max_tokens:
+                finish = "length"
+            if finish is None and context_full:
+                finish = "context"
+            if stats.time_to_first_token_ms is None and emitted:
+                stats.time_to_first_token_ms = prefill_ms + (time.perf_counter() - start) * 1e3
+            text = decoder.feed(emitted)
+            if text or emitted:
+                text_parts.append(text)
+                yield TextDelta(text, tuple(emitted))
+            yield RoundEvent(rstats)
+        tail = decoder.flush()
+        if tail:
+            text_parts.append(tail)
+            yield TextDelta(tail, ())
+        stats.completion_tokens = len(out)
+        stats.elapsed_s = time.perf_counter() - start + prefill_ms / 1e3
+        stats.finish_reason = finish
+        yield FinalStats(stats, tuple(out), "".join(text_parts))

@@ -1,0 +1,134 @@
+"""The verifier transport seam: what a client can ask of any verifier.
+
+Implementations: `GrpcTransport` (our protocol) and, for tests,
+`edgekit.testing.FakeVerifier`. Later transports (OpenAI-compatible, SGLang)
+implement the same protocol and report what they cannot do in `ServerInfo`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
+
+from .._llama import Fingerprint
+from .._sampling import SparseDistribution
+
+__all__ = [
+    "BlockRequest",
+    "GeneratedToken",
+    "LinkState",
+    "OpenedSession",
+    "ServerInfo",
+    "VerifierTransport",
+    "VerifyResult",
+]
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    protocol_version: int
+    target_model: str
+    target_fingerprint: Fingerprint
+    target_hidden_size: int
+    modes: tuple[str, ...]  # "greedy", "sample", "semantic"
+    upload_protocols: tuple[str, ...]  # "tokens", "fh", "sh"
+    max_block: int
+    max_context: int
+    max_sessions: int
+    assigns_budgets: bool
+    prefix_cache: bool
+    max_draft_top_k: int
+    chat_template: str | None = None
+    server_version: str = ""
+    exact_numerics: bool = False
+    invariant_batch: int = 0
+
+
+@dataclass(frozen=True)
+class OpenedSession:
+    session_id: str
+    committed_length: int
+    max_context: int
+    next_budget: int = 0
+    prefill_ms: float = 0.0
+    reused_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class LinkState:
+    rtt_ms: float = 0.0
+    rtt_jitter_ms: float = 0.0
+    uplink_mbps: float = 0.0
+    downlink_mbps: float = 0.0
+    loss_rate: float = 0.0
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class BlockRequest:
+    session_id: str
+    base_position: int
+    draft_tokens: Sequence[int]
+    draft_distributions: Sequence[SparseDistribution] = ()
+    link: LinkState = field(default_factory=LinkState)
+    slo_class: str = "interactive"
+    round_index: int = 0
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    accepted: int
+    next_token: int
+    bonus: bool
+    committed_length: int
+    next_budget: int = 0
+    context_full: bool = False
+    queue_ms: float = 0.0
+    verify_ms: float = 0.0
+    batch_size: int = 1
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    token: int
+    index: int
+    decode_ms: float = 0.0
+    prefill_ms: float = 0.0
+    finish_reason: str | None = None  # "eos", "length", "context" on the last
+
+
+class VerifierTransport(Protocol):
+    address: str
+
+    def handshake(self, draft: Fingerprint, *, draft_model: str, draft_hidden_size: int) -> ServerInfo: ...
+
+    def open_session(
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        mode: str,
+        temperature: float,
+        seed: int,
+        slo_class: str,
+        draft: Fingerprint,
+    ) -> OpenedSession: ...
+
+    def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int: ...
+
+    def verify(self, block: BlockRequest) -> VerifyResult: ...
+
+    def close_session(self, session_id: str) -> None: ...
+
+    def generate(
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        mode: str,
+        temperature: float,
+        seed: int,
+        max_tokens: int,
+    ) -> Iterator[GeneratedToken]: ...
+
+    def close(self) -> None: ...

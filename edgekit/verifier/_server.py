@@ -1,0 +1,121 @@
+"""Running the reference verifier: gRPC server, health, auth, idle-session reaper."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from .._config import ServerConfig
+from .._errors import ConfigError
+from ._engine import TargetEngine
+from ._service import SERVICE_NAME, VerifierService
+
+__all__ = ["VerifierServer"]
+
+log = logging.getLogger("edgekit.verifier")
+
+
+class _TokenAuth(grpc.ServerInterceptor):
+    """Requires `authorization: Bearer <token>` on every call but health checks."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+        def deny(request: object, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token: pass the verifier's --token")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation, details):  # type: ignore[no-untyped-def]
+        if details.method.startswith("/grpc.health.v1."):
+            return continuation(details)
+        for key, value in details.invocation_metadata or ():
+            if key == "authorization" and hmac.compare_digest(value.encode(), self._expected):
+                return continuation(details)
+        return self._deny
+
+
+class VerifierServer:
+    """The target model behind `edgekit.verifier.v1`.
+
+    >>> server = VerifierServer("target.gguf", ServerConfig(port=0)).start()
+    >>> server.address   # '127.0.0.1:43211'
+    >>> server.stop()
+    """
+
+    def __init__(self, target_path: str | Path, config: ServerConfig | None = None, *, name: str | None = None) -> None:
+        self.config = config or ServerConfig()
+        c = self.config
+        self.engine = TargetEngine(
+            str(target_path),
+            name=name,
+            kv_cells=c.kv_cells,
+            n_seq=c.max_sessions,
+            max_block=c.max_block,
+            exact=c.numerics == "exact",
+            threads=c.threads,
+        )
+        self.service = VerifierService(self.engine, c)
+        interceptors = [_TokenAuth(c.token)] if c.token else []
+        # gRPC's hard cap sits above ours so an oversize request reaches the
+        # service and gets INVALID_ARGUMENT with its size, not a bare transport error.
+        hard_cap = 4 * c.max_message_bytes
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=c.workers, thread_name_prefix="edgekit-verifier"),
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", hard_cap),
+                ("grpc.max_send_message_length", hard_cap),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        self._server.add_generic_rpc_handlers((self.service.handlers(),))
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        bind = f"{c.host}:{c.port}"
+        if c.tls_cert:
+            creds = grpc.ssl_server_credentials([(Path(c.tls_key).read_bytes(), Path(c.tls_cert).read_bytes())])
+            port = self._server.add_secure_port(bind, creds)
+        else:
+            port = self._server.add_insecure_port(bind)
+        if port == 0:
+            raise ConfigError(f"cannot listen on {bind}: the port is taken or the address is not local")
+        self.port = port
+        self.address = f"{c.host}:{port}"
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="edgekit-reaper", daemon=True)
+
+    def start(self) -> "VerifierServer":
+        self._server.start()
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._reaper.start()
+        log.info("verifier for %s listening on %s", self.engine.model.name, self.address)
+        return self
+
+    def _reap(self) -> None:
+        interval = max(1.0, min(30.0, self.config.idle_timeout / 4))
+        while not self._stop.wait(interval):
+            n = self.service.sessions.reap()
+            if n:
+                log.info("evicted %d idle session(s)", n)
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        self._stop.set()
+        self._health.enter_graceful_shutdown()
+        self._server.stop(grace).wait()
+
+    def __enter__(self) -> "VerifierServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

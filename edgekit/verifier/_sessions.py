@@ -1,0 +1,141 @@
+"""Verifier sessions: their state, limits and eviction.
+
+A session owns one KV sequence id of the engine while it lives. Sessions idle
+longer than the idle timeout are evicted by a reaper; when the KV cache or the
+session table is full, the least recently used idle session is evicted first.
+A session in the middle of a call is never evicted.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .._errors import LimitExceededError, SessionNotFoundError
+
+__all__ = ["Session", "SessionTable"]
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    seq: int
+    tokens: list[int]  # committed sequence
+    n_kv: int  # tokens[:n_kv] are in the KV cache
+    mode: str  # "greedy" | "sample"
+    temperature: float
+    rng: np.random.Generator
+    slo_class: str
+    last_used: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # (request key, response) of the last applied round, for idempotent retries.
+    last_round: tuple[bytes, object] | None = None
+    rounds: int = 0
+
+
+class SessionTable:
+    def __init__(self, max_sessions: int, idle_timeout: float, release: Callable[[int], None]) -> None:
+        self._max = max_sessions
+        self._idle_timeout = idle_timeout
+        self._release = release  # frees a sequence id's KV cells
+        self._sessions: dict[str, Session] = {}
+        self._free_seqs = list(range(max_sessions - 1, -1, -1))
+        self._lock = threading.Lock()
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def create(
+        self, *, mode: str, temperature: float, seed: int, slo_class: str, prefix: str = "s-"
+    ) -> Session:
+        # Lock order: engine lock before table lock, never the reverse, so KV
+        # cells are released (an engine call) outside the table lock.
+        with self._lock:
+            seq = self._free_seqs.pop() if self._free_seqs else self._evict_lru_locked(exclude=None, idle_only=True)
+        if seq is None:
+            raise LimitExceededError(f"the verifier is serving its maximum of {self._max} sessions; try again later")
+        self._release(seq)
+        sess = Session(
+            id=prefix + secrets.token_hex(8),
+            seq=seq,
+            tokens=[],
+            n_kv=0,
+            mode=mode,
+            temperature=temperature,
+            rng=np.random.default_rng(seed),
+            slo_class=slo_class,
+        )
+        with self._lock:
+            self._sessions[sess.id] = sess
+        return sess
+
+    def get(self, session_id: str) -> Session:
+        with self._lock:
+            sess = self._sessions.get(session_id)
+        if sess is None:
+            raise SessionNotFoundError(f"session {session_id!r} is unknown or was evicted; open a new session")
+        sess.last_used = time.monotonic()
+        return sess
+
+    def close(self, session_id: str) -> bool:
+        with self._lock:
+            sess = self._sessions.pop(session_id, None)
+        if sess is not None:
+            self._recycle(sess.seq)
+        return sess is not None
+
+    def evict_for(self, seq: int) -> bool:
+        """Frees KV room for the session holding `seq` by evicting the LRU idle other session."""
+        with self._lock:
+            victim = self._evict_lru_locked(exclude=seq, idle_only=False)
+        if victim is None:
+            return False
+        self._recycle(victim)
+        return True
+
+    def reap(self) -> int:
+        """Evicts sessions idle longer than the idle timeout; returns how many."""
+        now = time.monotonic()
+        freed = []
+        with self._lock:
+            for sess in sorted(self._sessions.values(), key=lambda s: s.last_used):
+                if now - sess.last_used < self._idle_timeout:
+                    break
+                if self._evict_locked(sess):
+                    freed.append(sess.seq)
+        for seq in freed:
+            self._recycle(seq)
+        return len(freed)
+
+    def _recycle(self, seq: int) -> None:
+        self._release(seq)
+        with self._lock:
+            self._free_seqs.append(seq)
+
+    def _evict_lru_locked(self, *, exclude: int | None, idle_only: bool) -> int | None:
+        now = time.monotonic()
+        for sess in sorted(self._sessions.values(), key=lambda s: s.last_used):
+            if sess.seq == exclude:
+                continue
+            if idle_only and now - sess.last_used < self._idle_timeout:
+                return None
+            if self._evict_locked(sess):
+                return sess.seq
+        return None
+
+    def _evict_locked(self, sess: Session) -> bool:
+        # A session inside a call holds its lock; never pull its KV from under it.
+        if not sess.lock.acquire(blocking=False):
+            return False
+        try:
+            del self._sessions[sess.id]
+            self.evictions += 1
+            return True
+        finally:
+            sess.lock.release()
