@@ -92,6 +92,10 @@ class EdgeClient:
         self.pair = pair
         self._local = None
         self._draft: DraftModel | None = None
+        # Close only what this client made: a draft model or transport passed in
+        # belongs to the caller.
+        self._owns_draft = not hasattr(draft_model, "eval")
+        self._owns_transport = verifier is None or isinstance(verifier, str)
         try:
             self._draft = self._load_draft(draft_model)
             if verifier is None:
@@ -120,7 +124,7 @@ class EdgeClient:
         from .verifier import VerifierServer
 
         spec = get_pair(self.pair)
-        cfg = server_config or ServerConfig(port=0, max_sessions=4, kv_cells=8192)
+        cfg = server_config or ServerConfig(port=0, max_sessions=4)
         return VerifierServer(model_path(spec.target), replace(cfg, host="127.0.0.1"), name=spec.target).start()
 
     @property
@@ -197,14 +201,14 @@ class EdgeClient:
 
     def close(self) -> None:
         transport = getattr(self, "transport", None)
-        if transport is not None:
+        if transport is not None and self._owns_transport:
             transport.close()
         if self._local is not None:
             self._local.stop()
             self._local = None
-        if self._draft is not None and hasattr(self._draft, "close"):
+        if self._draft is not None and self._owns_draft and hasattr(self._draft, "close"):
             self._draft.close()
-            self._draft = None
+        self._draft = None
 
     def __enter__(self) -> "EdgeClient":
         return self

@@ -25,6 +25,9 @@ class GenerationConfig:
     max_tokens: int = 256
     mode: Mode = "greedy"
     temperature: float = 0.8
+    # The draft may sample at its own temperature: speculative sampling stays
+    # lossless for any draft distribution, only acceptance changes. None: same.
+    draft_temperature: float | None = None
     seed: int | None = None
     draft_k: int = 4  # fixed draft window (SLED-style baseline)
     draft_top_k: int = 32  # support of the uploaded draft distribution when sampling
@@ -38,6 +41,8 @@ class GenerationConfig:
             raise ConfigError(f"mode must be 'greedy' or 'sample', got {self.mode!r}")
         if self.mode == "sample" and not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if self.draft_temperature is not None and not self.draft_temperature > 0:
+            raise ConfigError(f"draft_temperature must be > 0, got {self.draft_temperature}")
         if not 1 <= self.draft_k <= 64:
             raise ConfigError(f"draft_k must be between 1 and 64, got {self.draft_k}")
         if not 1 <= self.draft_top_k <= 1024:
@@ -70,8 +75,7 @@ class ServerConfig:
     port: int = 50551  # 0 picks a free port
     max_sessions: int = 16
     max_block: int = 32  # draft tokens per round
-    max_context: int = 4096  # tokens per session
-    kv_cells: int = 16384  # KV cache cells shared by all sessions
+    max_context: int = 4096  # tokens per session; KV memory is max_context x max_sessions
     idle_timeout: float = 900.0  # seconds before an idle session may be evicted
     max_draft_top_k: int = 1024
     max_message_bytes: int = 16 * 1024 * 1024
@@ -88,8 +92,6 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_block < 1 or self.max_context < 8:
             raise ConfigError("max_sessions and max_block must be >= 1, max_context >= 8")
-        if self.kv_cells < self.max_context:
-            raise ConfigError(f"kv_cells ({self.kv_cells}) must be at least max_context ({self.max_context})")
         if self.numerics not in ("exact", "fast"):
             raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
         if (self.tls_cert is None) != (self.tls_key is None):

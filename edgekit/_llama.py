@@ -203,7 +203,10 @@ class LlamaContext:
         embeddings: bool = False,
         n_threads: int | None = None,
         flash_attn: bool | None = None,
+        unified: bool = False,
     ) -> None:
+        """n_ctx is the total; each of the n_seq sequences gets its own stream of
+        n_ctx / n_seq cells unless `unified`, where all share one pool."""
         self.model = model
         params = _lc.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -218,9 +221,10 @@ class LlamaContext:
         # Rolling back to an earlier position needs the whole sliding-window
         # cache (Gemma 3 uses SWA); the pruned cache cannot undo a round.
         params.swa_full = True
-        # One pool of cells shared by all sessions, so a long session can use
-        # what short ones leave free.
-        params.kv_unified = True
+        # A stream per sequence keeps each sequence's cells in position order
+        # whatever the other sequences do, so its attention sums in the same
+        # order every time (a shared pool interleaves cells freed by others).
+        params.kv_unified = unified
         params.no_perf = True
         params.flash_attn_type = {
             None: _lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -233,6 +237,7 @@ class LlamaContext:
         self._ctx = ctx
         self._mem = _lc.llama_get_memory(ctx)
         self.n_ctx = int(_lc.llama_n_ctx(ctx))
+        self.n_ctx_seq = int(_lc.llama_n_ctx_seq(ctx))
         self.n_batch = n_batch
         self.n_seq = n_seq
         self._embeddings = embeddings

@@ -122,12 +122,13 @@ class SpeculativeSession:
         block: list[int] = []
         dists: list[SparseDistribution] = []
         greedy = self.config.mode == "greedy"
+        temperature = self.config.draft_temperature or self.config.temperature
         for _ in range(k):
             out = self.draft.eval(feed)
             if greedy:
                 tok = int(np.argmax(out.logits))
             else:
-                dist = draft_distribution(out.logits, self.config.temperature, self.config.draft_top_k)
+                dist = draft_distribution(out.logits, temperature, self.config.draft_top_k)
                 tok = dist.sample(self._rng)
                 dists.append(dist)
             block.append(tok)

@@ -62,14 +62,17 @@ def fingerprint_to_pb(fp: Fingerprint) -> pb.TokenizerFingerprint:
     )
 
 
-def map_rpc_error(exc: grpc.RpcError, address: str, *, during: str) -> VerifierError:
+def map_rpc_error(exc: grpc.RpcError, address: str, *, during: str, deadline: float | None = None) -> VerifierError:
     """Turns a gRPC failure into the edgekit error that says what to do."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     detail = (exc.details() if hasattr(exc, "details") else None) or str(exc)
     name = code.name if code else "UNKNOWN"
     kw = {"address": address, "code": name}
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return VerifierUnavailableError(f"verifier at {address} did not answer {during} within the deadline", **kw)
+        within = f"within {deadline:g} s" if deadline else "within the deadline"
+        return VerifierUnavailableError(
+            f"verifier at {address} did not answer {during} {within}; is it overloaded, or the address wrong?", **kw
+        )
     if code == grpc.StatusCode.UNAVAILABLE:
         return VerifierUnavailableError(
             f"verifier at {address} is unavailable ({detail}); is `edgekit serve` running there?", **kw
@@ -113,28 +116,15 @@ class GrpcTransport:
             self._channel = grpc.insecure_channel(self.address, options=options)
         self._stub = pb_grpc.VerifierStub(self._channel)
         self._metadata = (("authorization", f"Bearer {c.token}"),) if c.token else ()
-        self._ready = False
-
-    def _ensure_ready(self) -> None:
-        if self._ready:
-            return
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=self.config.connect_timeout)
-        except grpc.FutureTimeoutError:
-            raise VerifierUnavailableError(
-                f"cannot reach the verifier at {self.address} within {self.config.connect_timeout:g} s; "
-                "is `edgekit serve` running there, and is the address right?",
-                address=self.address,
-                code="UNAVAILABLE",
-            ) from None
-        self._ready = True
 
     def _call(self, method, request, *, during: str, timeout: float | None = None):  # type: ignore[no-untyped-def]
-        self._ensure_ready()
+        # No wait_for_ready: a refused connection fails at once (UNAVAILABLE),
+        # a silent or slow host fails at the deadline; both name the address.
+        deadline = timeout or self.config.timeout
         try:
-            return method(request, timeout=timeout or self.config.timeout, metadata=self._metadata)
+            return method(request, timeout=deadline, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise map_rpc_error(exc, self.address, during=during) from None
+            raise map_rpc_error(exc, self.address, during=during, deadline=deadline) from None
 
     def handshake(self, draft: Fingerprint, *, draft_model: str, draft_hidden_size: int) -> ServerInfo:
         r = self._call(
@@ -146,6 +136,7 @@ class GrpcTransport:
                 draft_hidden_size=draft_hidden_size,
             ),
             during="the handshake",
+            timeout=self.config.connect_timeout,
         )
         t = r.target_tokenizer
         c = r.capabilities
@@ -267,7 +258,6 @@ class GrpcTransport:
         seed: int,
         max_tokens: int,
     ) -> Iterator[GeneratedToken]:
-        self._ensure_ready()
         req = pb.GenerateRequest(
             prompt_tokens=prompt_tokens,
             sampling=pb.SamplingParams(mode=_MODE_PB[mode], temperature=temperature, seed=seed),

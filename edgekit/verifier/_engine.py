@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -66,7 +66,7 @@ class TargetEngine:
         model_path: str,
         *,
         name: str | None = None,
-        kv_cells: int,
+        max_context: int,
         n_seq: int,
         max_block: int,
         exact: bool = True,
@@ -76,17 +76,15 @@ class TargetEngine:
         n_batch = max(512, max_block + 1)
         self._ctx = LlamaContext(
             self.model,
-            n_ctx=kv_cells,
+            n_ctx=max_context * n_seq,
             n_batch=n_batch,
             n_seq=n_seq,
             n_threads=threads,
             flash_attn=True if exact else None,
         )
-        self._lock = threading.RLock()  # eviction re-enters from inside run()
+        self._lock = threading.Lock()
         self.exact = exact
         self.invariant_batch = calibrate_invariant_batch(self.model, self._ctx, 0, max_block + 1) if exact else 0
-        # Called with the seq id that needs room; returns True if it freed some.
-        self.on_kv_full: Callable[[int], bool] = lambda seq: False
 
     def run(self, seq: int, tokens: Sequence[int], start: int, n_out: int) -> tuple[np.ndarray, float, float]:
         """Appends tokens to a sequence; returns the last n_out rows' logits (a copy),
@@ -94,14 +92,11 @@ class TargetEngine:
         t_wait = time.perf_counter()
         with self._lock:
             t0 = time.perf_counter()
-            for attempt in range(2):
-                try:
-                    logits = self._run_locked(seq, tokens, start, n_out)
-                    break
-                except KVCacheFullError:
-                    self._ctx.truncate(seq, start)
-                    if attempt == 1 or not self.on_kv_full(seq):
-                        raise
+            try:
+                logits = self._run_locked(seq, tokens, start, n_out)
+            except KVCacheFullError:
+                self._ctx.truncate(seq, start)  # leave the session as it was
+                raise
             t1 = time.perf_counter()
         return logits, (t0 - t_wait) * 1e3, (t1 - t0) * 1e3
 

@@ -55,7 +55,7 @@ class VerifierServer:
         self.engine = TargetEngine(
             str(target_path),
             name=name,
-            kv_cells=c.kv_cells,
+            max_context=c.max_context,
             n_seq=c.max_sessions,
             max_block=c.max_block,
             exact=c.numerics == "exact",

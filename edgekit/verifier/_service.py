@@ -59,7 +59,6 @@ class VerifierService:
         self.config = config
         self.model = engine.model
         self.sessions = SessionTable(config.max_sessions, config.idle_timeout, engine.drop)
-        engine.on_kv_full = self.sessions.evict_for
         self.fingerprint = self.model.fingerprint()
 
     # -- plumbing ----------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Verifier sessions: their state, limits and eviction.
 
-A session owns one KV sequence id of the engine while it lives. Sessions idle
-longer than the idle timeout are evicted by a reaper; when the KV cache or the
-session table is full, the least recently used idle session is evicted first.
-A session in the middle of a call is never evicted.
+A session owns one KV sequence (its own stream of max_context cells) while it
+lives. Sessions idle longer than the idle timeout are evicted by a reaper, or
+earlier when the table is full and a new session needs a sequence (least
+recently used first). A session in the middle of a call is never evicted.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class SessionTable:
         # Lock order: engine lock before table lock, never the reverse, so KV
         # cells are released (an engine call) outside the table lock.
         with self._lock:
-            seq = self._free_seqs.pop() if self._free_seqs else self._evict_lru_locked(exclude=None, idle_only=True)
+            seq = self._free_seqs.pop() if self._free_seqs else self._evict_lru_locked()
         if seq is None:
             raise LimitExceededError(f"the verifier is serving its maximum of {self._max} sessions; try again later")
         self._release(seq)
@@ -90,15 +90,6 @@ class SessionTable:
             self._recycle(sess.seq)
         return sess is not None
 
-    def evict_for(self, seq: int) -> bool:
-        """Frees KV room for the session holding `seq` by evicting the LRU idle other session."""
-        with self._lock:
-            victim = self._evict_lru_locked(exclude=seq, idle_only=False)
-        if victim is None:
-            return False
-        self._recycle(victim)
-        return True
-
     def reap(self) -> int:
         """Evicts sessions idle longer than the idle timeout; returns how many."""
         now = time.monotonic()
@@ -118,12 +109,10 @@ class SessionTable:
         with self._lock:
             self._free_seqs.append(seq)
 
-    def _evict_lru_locked(self, *, exclude: int | None, idle_only: bool) -> int | None:
+    def _evict_lru_locked(self) -> int | None:
         now = time.monotonic()
         for sess in sorted(self._sessions.values(), key=lambda s: s.last_used):
-            if sess.seq == exclude:
-                continue
-            if idle_only and now - sess.last_used < self._idle_timeout:
+            if now - sess.last_used < self._idle_timeout:
                 return None
             if self._evict_locked(sess):
                 return sess.seq

@@ -1,0 +1,1 @@
+"""The `edgekit` command line: one module per command group."""

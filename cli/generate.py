@@ -1,0 +1,86 @@
+"""`edgekit generate`: one non-interactive generation, optionally as JSON."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from typing import Optional
+
+import typer
+
+from ._common import PAIR_HELP, VERIFIER_HELP, note, print_json
+
+
+class Mode(str, Enum):
+    greedy = "greedy"
+    sample = "sample"
+
+
+class Baseline(str, Enum):
+    target_only = "target-only"
+
+
+def generate(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="Prompt text (a raw completion prompt, no chat template)."),
+    pair: str = typer.Option("gemma-270m", "--pair", help=PAIR_HELP),
+    verifier: Optional[str] = typer.Option(None, "--verifier", help=VERIFIER_HELP),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
+    mode: Mode = typer.Option(Mode.greedy, "--mode", help="greedy: exact target argmax; sample: lossless speculative sampling."),
+    temperature: float = typer.Option(0.8, "--temperature", "-t", help="Sampling temperature (mode sample)."),
+    draft_k: int = typer.Option(4, "--draft-k", "-k", min=1, max=64, help="Fixed draft window K: tokens drafted per round."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling on both sides (reproducible runs)."),
+    baseline: Optional[Baseline] = typer.Option(
+        None, "--baseline", help="target-only: generate with the verifier's target alone (centralized baseline)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (token ids, text, metrics) and nothing else."),
+    rounds: bool = typer.Option(False, "--rounds", help="With --json, include per-round figures."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Deadline of each verifier call, in seconds."),
+) -> None:
+    """Generate a completion by speculative decoding (or by the target alone with --baseline)."""
+    from edgekit import ClientConfig, EdgeClient, GenerationConfig, TextDelta
+
+    gen = GenerationConfig(
+        max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed
+    )
+    cfg = ClientConfig(timeout=timeout, connect_timeout=min(10.0, timeout), token=token)
+    with EdgeClient(verifier, pair=pair, config=cfg, generation=gen) as client:
+        if client.local_verifier_address and not json_out:
+            note(f"started a local verifier for {pair} on {client.local_verifier_address}")
+        stream = client.generate_target_only(prompt) if baseline else client.generate(prompt)
+        with stream:
+            for event in stream:
+                if isinstance(event, TextDelta) and not json_out:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+        final = stream.final
+        assert final is not None
+        info = client.server_info()
+        if json_out:
+            print_json(
+                {
+                    "pair": pair,
+                    "verifier": verifier or client.local_verifier_address,
+                    "target_model": info.target_model,
+                    "draft_model": client.draft.name,
+                    "exact_numerics": info.exact_numerics,
+                    "method": "target-only" if baseline else "speculative",
+                    "mode": mode.value,
+                    "draft_k": 0 if baseline else draft_k,
+                    "seed": seed,
+                    "prompt": prompt,
+                    "token_ids": list(final.token_ids),
+                    "text": final.text,
+                    "metrics": final.stats.to_dict(rounds=rounds),
+                }
+            )
+        else:
+            s = final.stats
+            sys.stdout.write("\n")
+            if baseline:
+                note(f"[{s.completion_tokens} tokens, {s.tokens_per_second:.1f} tok/s, target only, finish: {s.finish_reason}]")
+            else:
+                note(
+                    f"[{s.completion_tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.rounds} rounds, "
+                    f"acceptance {s.acceptance_rate:.2f}, AAL {s.accepted_length:.2f}, finish: {s.finish_reason}]"
+                )

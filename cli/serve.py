@@ -1,0 +1,76 @@
+"""`edgekit serve`: run the reference verifier."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ._common import note
+
+
+class Numerics(str, Enum):
+    exact = "exact"
+    fast = "fast"
+
+
+def serve(
+    pair: str = typer.Option("gemma-270m", "--pair", help="Serve this pair's target model."),
+    model: Optional[Path] = typer.Option(None, "--model", exists=True, dir_okay=False, help="Serve this GGUF file instead of a pair's target."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for all interfaces)."),
+    port: int = typer.Option(50551, "--port", min=0, max=65535, help="Port to listen on; 0 picks a free one."),
+    max_sessions: int = typer.Option(16, "--max-sessions", min=1, help="Concurrent sessions (KV sequences)."),
+    max_block: int = typer.Option(32, "--max-block", min=1, help="Longest draft block accepted in one round."),
+    max_context: int = typer.Option(
+        4096, "--max-context", min=256, help="Tokens per session; the KV cache holds max-context x max-sessions."
+    ),
+    idle_timeout: float = typer.Option(900.0, "--idle-timeout", help="Seconds before an idle session may be evicted."),
+    numerics: Numerics = typer.Option(
+        Numerics.exact,
+        "--numerics",
+        help="exact: greedy output token-identical to target-only decoding (batch-invariant kernels, slower); "
+        "fast: every llama.cpp kernel, last-bit differences may flip near-tied argmaxes.",
+    ),
+    token: Optional[str] = typer.Option(None, "--token", envvar="EDGEKIT_SERVE_TOKEN", help="Require this bearer token."),
+    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", exists=True, help="PEM certificate chain for TLS."),
+    tls_key: Optional[Path] = typer.Option(None, "--tls-key", exists=True, help="PEM private key for TLS."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
+) -> None:
+    """Serve a target model as an edgekit verifier (gRPC, edgekit.verifier.v1, with grpc.health.v1)."""
+    from edgekit import ServerConfig
+    from edgekit.verifier import VerifierServer
+
+    config = ServerConfig(
+        host=host,
+        port=port,
+        max_sessions=max_sessions,
+        max_block=max_block,
+        max_context=max_context,
+        idle_timeout=idle_timeout,
+        numerics=numerics.value,
+        token=token,
+        tls_cert=str(tls_cert) if tls_cert else None,
+        tls_key=str(tls_key) if tls_key else None,
+        threads=threads,
+    )
+    if model is not None:
+        path, name = model, model.stem
+    else:
+        from edgekit.models import get_pair, model_path
+
+        name = get_pair(pair).target
+        path = model_path(name)
+    server = VerifierServer(path, config, name=name).start()
+    engine = server.engine
+    detail = f"exact numerics, invariant batch {engine.invariant_batch}" if engine.exact else "fast numerics"
+    note(f"edgekit verifier: {name} on {server.address} ({detail}; up to {max_sessions} sessions)")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    note("stopping: finishing calls in flight")
+    server.stop(grace=5.0)

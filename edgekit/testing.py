@@ -1,0 +1,218 @@
+"""Fakes for the seams, for tests of code built on edgekit (and edgekit's own).
+
+`ToyLanguageModel` is a deterministic stand-in for an LM: the logits of a
+context are a pseudo-random function of its last tokens. `FakeDraftModel`
+drives one through the `DraftModel` protocol; `FakeVerifier` is an in-process
+`VerifierTransport` over another, applying the real acceptance rules, so
+speculative output through the fakes equals the toy target's own decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ._draft import DraftOutput
+from ._errors import LimitExceededError, ProtocolError, SessionNotFoundError, StaleRoundError
+from ._llama import Fingerprint
+from ._sampling import accept_greedy, accept_sampling, target_probs
+from .transport._base import BlockRequest, GeneratedToken, OpenedSession, ServerInfo, VerifyResult
+
+__all__ = ["FakeDraftModel", "FakeVerifier", "ToyLanguageModel"]
+
+
+class ToyLanguageModel:
+    """Logits of a context: a seeded function of its last `order` tokens.
+
+    `noise` perturbs the logits (a draft that disagrees with its target now and then).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 64,
+        *,
+        seed: int = 0,
+        order: int = 2,
+        noise: float = 0.0,
+        eos: int = 1,
+        eos_bias: float = -4.0,
+        name: str = "toy",
+    ) -> None:
+        self.eos_bias = eos_bias
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.order = order
+        self.noise = noise
+        self.eos = eos
+        self.name = name
+
+    def _rng(self, context: Sequence[int], salt: str) -> np.random.Generator:
+        key = f"{self.seed}:{salt}:{list(context[-self.order :])}".encode()
+        return np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
+
+    def logits(self, context: Sequence[int]) -> np.ndarray:
+        base = self._rng(context, "base").normal(0.0, 3.0, self.vocab_size)
+        base[self.eos] += self.eos_bias
+        if self.noise:
+            base += self._rng(context, f"noise{self.noise}").normal(0.0, self.noise, self.vocab_size)
+        return base.astype(np.float32)
+
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint(self.vocab_size, hashlib.sha256(b"toy-vocab").digest(), 0, self.eos, self.name)
+
+
+class FakeDraftModel:
+    """A `DraftModel` over a toy LM; its "KV cache" is the list of tokens it has evaluated."""
+
+    n_embd = 8
+
+    def __init__(self, lm: ToyLanguageModel, *, n_ctx: int = 4096) -> None:
+        self.lm = lm
+        self.name = lm.name
+        self.n_vocab = lm.vocab_size
+        self.n_ctx = n_ctx
+        self.evaluated: list[int] = []
+        self.eval_calls = 0
+
+    @property
+    def n_past(self) -> int:
+        return len(self.evaluated)
+
+    def fingerprint(self) -> Fingerprint:
+        return self.lm.fingerprint()
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        ids = [2 + (b % (self.n_vocab - 2)) for b in text.encode()]
+        return ([0] if add_special else []) + ids
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"" if token < 2 else bytes([ord("a") + token % 26])
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode()
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.lm.eos
+
+    def chat_template(self) -> str | None:
+        return None
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self.evaluated.extend(tokens)
+
+    def eval(self, tokens: Sequence[int], *, hidden: bool = False) -> DraftOutput:
+        if not tokens:
+            raise ValueError("eval needs at least one token")
+        self.eval_calls += 1
+        self.evaluated.extend(tokens)
+        h = np.zeros(self.n_embd, dtype=np.float32) if hidden else None
+        return DraftOutput(self.lm.logits(self.evaluated), h)
+
+    def truncate(self, length: int) -> None:
+        del self.evaluated[length:]
+
+
+class FakeVerifier:
+    """An in-process verifier over a toy target LM, with the protocol's checks."""
+
+    def __init__(self, lm: ToyLanguageModel, *, max_block: int = 32, max_context: int = 4096) -> None:
+        self.lm = lm
+        self.address = "fake"
+        self.max_block = max_block
+        self.max_context = max_context
+        self.sessions: dict[str, dict] = {}
+        self.verify_calls: list[BlockRequest] = []
+        self._ids = itertools.count()
+
+    def handshake(self, draft: Fingerprint, *, draft_model: str, draft_hidden_size: int) -> ServerInfo:
+        return ServerInfo(
+            protocol_version=1,
+            target_model=self.lm.name,
+            target_fingerprint=self.lm.fingerprint(),
+            target_hidden_size=8,
+            modes=("greedy", "sample"),
+            upload_protocols=("tokens",),
+            max_block=self.max_block,
+            max_context=self.max_context,
+            max_sessions=64,
+            assigns_budgets=False,
+            prefix_cache=True,
+            max_draft_top_k=1024,
+            exact_numerics=True,
+        )
+
+    def open_session(self, prompt_tokens, *, mode, temperature, seed, slo_class, draft) -> OpenedSession:  # type: ignore[no-untyped-def]
+        sid = f"fake-{next(self._ids)}"
+        self.sessions[sid] = {
+            "tokens": list(prompt_tokens),
+            "mode": mode,
+            "temperature": temperature,
+            "rng": np.random.default_rng(seed),
+        }
+        return OpenedSession(sid, len(prompt_tokens), self.max_context)
+
+    def _session(self, sid: str) -> dict:
+        if sid not in self.sessions:
+            raise SessionNotFoundError(f"session {sid!r} is unknown or was evicted", address=self.address)
+        return self.sessions[sid]
+
+    def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int:
+        s = self._session(session_id)
+        if base_position != len(s["tokens"]):
+            raise StaleRoundError("stale extension", committed_length=len(s["tokens"]), address=self.address)
+        s["tokens"].extend(tokens)
+        return len(s["tokens"])
+
+    def verify(self, block: BlockRequest) -> VerifyResult:
+        self.verify_calls.append(block)
+        s = self._session(block.session_id)
+        toks = s["tokens"]
+        if block.base_position != len(toks):
+            raise StaleRoundError(
+                f"stale round: base {block.base_position}, committed {len(toks)}",
+                committed_length=len(toks),
+                address=self.address,
+            )
+        draft = list(block.draft_tokens)
+        if not draft or len(draft) > self.max_block:
+            raise ProtocolError(f"bad block length {len(draft)}", address=self.address)
+        if len(toks) + len(draft) + 1 > self.max_context:
+            raise LimitExceededError("context full", address=self.address)
+        logits = np.stack([self.lm.logits(toks + draft[:i]) for i in range(len(draft) + 1)])
+        if s["mode"] == "greedy":
+            a, nxt = accept_greedy(logits, draft)
+        else:
+            a, nxt = accept_sampling(logits, draft, block.draft_distributions, s["temperature"], s["rng"])
+        toks.extend(draft[:a])
+        toks.append(nxt)
+        return VerifyResult(
+            accepted=a,
+            next_token=nxt,
+            bonus=a == len(draft),
+            committed_length=len(toks),
+            context_full=len(toks) + 2 > self.max_context,
+        )
+
+    def close_session(self, session_id: str) -> None:
+        self.sessions.pop(session_id, None)
+
+    def generate(self, prompt_tokens, *, mode, temperature, seed, max_tokens) -> Iterator[GeneratedToken]:  # type: ignore[no-untyped-def]
+        toks = list(prompt_tokens)
+        rng = np.random.default_rng(seed)
+        for i in range(max_tokens):
+            logits = self.lm.logits(toks)
+            if mode == "greedy":
+                tok = int(np.argmax(logits))
+            else:
+                tok = int(rng.choice(self.lm.vocab_size, p=target_probs(logits, temperature)))
+            toks.append(tok)
+            last = tok == self.lm.eos or i + 1 == max_tokens
+            yield GeneratedToken(tok, i, finish_reason=("eos" if tok == self.lm.eos else "length") if last else None)
+            if last:
+                return
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,50 @@
+"""Shared fixtures: the real gemma pair behind a real gRPC verifier on loopback.
+
+Model files come from the cache (`edgekit models pull gemma-270m`; .ci/run does
+it). A missing model is an error, not a skip: a skipped integration suite
+would look green while testing nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from edgekit import ClientConfig, LlamaDraftModel, ModelNotFoundError, ServerConfig
+from edgekit.transport import GrpcTransport
+from edgekit.verifier import VerifierServer
+
+
+def _paths(pair: str):
+    from edgekit.models import pair_paths
+
+    try:
+        return pair_paths(pair)
+    except ModelNotFoundError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def gemma_paths():
+    return _paths("gemma-270m")
+
+
+@pytest.fixture(scope="session")
+def gemma_server(gemma_paths):
+    config = ServerConfig(port=0, max_sessions=8, max_context=2048, max_block=16)
+    server = VerifierServer(gemma_paths[1], config, name="gemma-3-270m").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gemma_draft(gemma_paths):
+    draft = LlamaDraftModel(gemma_paths[0], name="gemma-3-270m-q4_0", n_ctx=2048)
+    yield draft
+    draft.close()
+
+
+@pytest.fixture()
+def transport(gemma_server):
+    t = GrpcTransport(gemma_server.address, ClientConfig(timeout=30))
+    yield t
+    t.close()

@@ -1,0 +1,87 @@
+"""CLI transcripts: what a person types and what they see."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from edgekit.cli.app import app
+
+runner = CliRunner()
+
+
+def edgekit(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The real entry point, in a fresh process, with no standard input."""
+    return subprocess.run(
+        [sys.executable, "-m", "edgekit.cli.app", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize("command", [[], ["generate"], ["serve"], ["models"], ["models", "pull"]])
+def test_every_command_explains_its_options(command):
+    result = runner.invoke(app, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+    if command == ["generate"]:
+        for option in ("--pair", "--verifier", "--prompt", "--max-tokens", "--mode", "--draft-k", "--seed", "--json", "--baseline"):
+            assert option in result.output
+
+
+def test_unreachable_verifier_is_one_clear_line():
+    result = edgekit("generate", "--prompt", "hi", "--verifier", "127.0.0.1:9", "--max-tokens", "4")
+    assert result.returncode == 1
+    assert result.stderr.startswith("edgekit: error: verifier at 127.0.0.1:9 is unavailable")
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_missing_model_names_the_command_to_run(tmp_path):
+    result = edgekit("generate", "--prompt", "hi", env={"EDGEKIT_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "run: edgekit models pull gemma-270m" in lines[0]
+
+
+def test_unknown_pair_lists_the_known_ones():
+    result = edgekit("generate", "--prompt", "hi", "--pair", "nope")
+    assert result.returncode == 1 and "gemma-270m" in result.stderr and "qwen-coder" in result.stderr
+
+
+@pytest.mark.models
+def test_generate_json_through_a_verifier_matches_the_target_only_baseline(gemma_server):
+    args = ["generate", "--verifier", gemma_server.address, "--prompt", "def add(a, b):", "--max-tokens", "24", "--json"]
+    spec = runner.invoke(app, [*args, "--draft-k", "4"])
+    base = runner.invoke(app, [*args, "--baseline", "target-only"])
+    assert spec.exit_code == 0 and base.exit_code == 0, spec.output + base.output
+    s, b = json.loads(spec.stdout), json.loads(base.stdout)
+    assert s["method"] == "speculative" and b["method"] == "target-only"
+    assert s["token_ids"] == b["token_ids"] and len(s["token_ids"]) == 24
+    assert s["text"] == b["text"]
+    m = s["metrics"]
+    for key in ("acceptance_rate", "accepted_length", "rounds", "target_passes_per_token", "wasted_draft_tokens", "tokens_per_second"):
+        assert key in m
+    assert m["rounds"] < 24 and m["drafted"] == m["accepted"] + m["wasted_draft_tokens"]
+
+
+@pytest.mark.models
+def test_generate_without_a_verifier_starts_one_on_loopback():
+    result = edgekit("generate", "--prompt", "The capital of France is", "--max-tokens", "8", "--seed", "1", "--mode", "sample")
+    assert result.returncode == 0, result.stderr
+    assert "started a local verifier for gemma-270m on 127.0.0.1:" in result.stderr
+    assert result.stdout.strip()
+    assert "acceptance" in result.stderr.splitlines()[-1]
+
+
+@pytest.mark.models
+def test_models_path_prints_the_cached_file():
+    result = runner.invoke(app, ["models", "path", "gemma-3-270m"])
+    assert result.exit_code == 0 and result.stdout.strip().endswith(".gguf")

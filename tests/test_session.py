@@ -1,0 +1,129 @@
+"""The speculative loop on fakes: bookkeeping, limits and events."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgekit import (
+    ConfigError,
+    EdgeClient,
+    FinalStats,
+    GenerationConfig,
+    RoundEvent,
+    StaleRoundError,
+    TextDelta,
+)
+from edgekit.testing import FakeDraftModel, FakeVerifier, ToyLanguageModel
+
+PROMPTS = ["hello", "speculative decoding", "x", "a longer prompt with several words in it"]
+
+
+def make_client(*, noise=1.5, max_context=4096, max_block=32, eos_bias=-4.0, **gen):
+    target = ToyLanguageModel(seed=3, eos_bias=eos_bias)
+    draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=noise, eos_bias=eos_bias))
+    verifier = FakeVerifier(target, max_context=max_context, max_block=max_block)
+    client = EdgeClient(verifier, draft_model=draft, generation=GenerationConfig(**gen))
+    return client, draft, verifier
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_output_equals_target_only(prompt, k):
+    client, _, _ = make_client(draft_k=k, max_tokens=40, stop_at_eos=False)
+    spec = client.generate(prompt).until_done()
+    base = client.generate_target_only(prompt).until_done()
+    assert spec.token_ids == base.token_ids[: len(spec.token_ids)]
+    assert len(spec.token_ids) == 40
+    assert spec.stats.rounds < 40 or k == 1  # the draft agrees often enough to save rounds
+
+
+def test_draft_cache_is_always_a_prefix_of_the_committed_tokens():
+    client, draft, _ = make_client(draft_k=5, max_tokens=60)
+    session = client.session()
+    session.open(client.tokenize("rollback"))
+    for _ in range(15):
+        new, stats, _ = session.round(5)
+        assert draft.evaluated == session.tokens[: draft.n_past]
+        # Only the tokens not yet run through the draft are fed next round: 1, or 2 after a full accept.
+        assert len(session.tokens) - draft.n_past == (2 if stats.accepted == stats.drafted else 1)
+        assert stats.committed == len(new) == stats.accepted + 1
+        assert stats.wasted == stats.drafted - stats.accepted
+
+
+def test_events_add_up_to_the_final_result():
+    client, _, _ = make_client(draft_k=4, max_tokens=33, stop_at_eos=False)
+    events = list(client.generate("events"))
+    final = events[-1]
+    assert isinstance(final, FinalStats)
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    rounds = [e for e in events if isinstance(e, RoundEvent)]
+    assert tuple(t for d in deltas for t in d.token_ids) == final.token_ids
+    assert "".join(d.text for d in deltas) == final.text
+    s = final.stats
+    assert len(rounds) == s.rounds and s.completion_tokens == 33 and s.finish_reason == "length"
+    assert s.drafted == sum(r.stats.drafted for r in rounds)
+    assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
+    assert s.target_passes_per_token == pytest.approx(s.rounds / 33)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 9])
+def test_max_tokens_is_exact(max_tokens):
+    client, _, _ = make_client(noise=0.0, draft_k=8, max_tokens=max_tokens, stop_at_eos=False)
+    final = client.generate("limit").until_done()
+    assert len(final.token_ids) == max_tokens
+    assert final.stats.finish_reason == "length"
+
+
+def test_stops_at_end_of_text():
+    client, draft, _ = make_client(draft_k=4, max_tokens=2000, eos_bias=3.0)
+    final = client.generate("eos please").until_done()
+    assert final.stats.finish_reason == "eos"
+    assert final.token_ids[-1] == draft.lm.eos
+    assert draft.lm.eos not in final.token_ids[:-1]
+
+
+def test_context_limit_ends_generation_without_overflow():
+    client, _, verifier = make_client(draft_k=8, max_tokens=500, max_context=40, stop_at_eos=False)
+    final = client.generate("context").until_done()
+    assert final.stats.finish_reason == "context"
+    for block in verifier.verify_calls:
+        assert block.base_position + len(block.draft_tokens) + 1 <= 40
+
+
+def test_server_block_limit_caps_the_window():
+    client, _, verifier = make_client(draft_k=16, max_tokens=40, max_block=3, stop_at_eos=False)
+    client.generate("cap").until_done()
+    assert max(len(b.draft_tokens) for b in verifier.verify_calls) == 3
+
+
+def test_stale_round_is_reported():
+    client, _, verifier = make_client(draft_k=4, max_tokens=20)
+    session = client.session()
+    session.open(client.tokenize("stale"))
+    session.round(4)
+    verifier.sessions[session.session_id]["tokens"].append(5)  # someone else moved the session on
+    with pytest.raises(StaleRoundError) as info:
+        session.round(4)
+    assert info.value.committed_length == len(session.tokens) + 1
+
+
+def test_sampling_mode_sends_one_distribution_per_token():
+    client, _, verifier = make_client(draft_k=4, max_tokens=30, mode="sample", temperature=0.9, seed=1)
+    client.generate("sample").until_done()
+    for block in verifier.verify_calls:
+        assert len(block.draft_distributions) == len(block.draft_tokens)
+        for tok, dist in zip(block.draft_tokens, block.draft_distributions):
+            assert dist.prob_of(tok) > 0
+
+
+def test_sampling_is_reproducible_with_a_seed():
+    a = make_client(draft_k=4, max_tokens=30, mode="sample", seed=11)[0].generate("seed").until_done()
+    b = make_client(draft_k=4, max_tokens=30, mode="sample", seed=11)[0].generate("seed").until_done()
+    assert a.token_ids == b.token_ids
+
+
+def test_invalid_generation_config_is_refused():
+    with pytest.raises(ConfigError, match="draft_k"):
+        GenerationConfig(draft_k=0)
+    with pytest.raises(ConfigError, match="temperature"):
+        GenerationConfig(mode="sample", temperature=0)
