@@ -8,7 +8,7 @@ import typer
 
 from edgekit._errors import EdgekitError
 
-from . import generate, models, serve
+from . import chat, generate, models, serve
 
 app = typer.Typer(
     name="edgekit",
@@ -17,6 +17,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.command("chat")(chat.chat)
 app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
 app.add_typer(models.app, name="models")

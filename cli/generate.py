@@ -38,15 +38,16 @@ def generate(
     timeout: float = typer.Option(30.0, "--timeout", help="Deadline of each verifier call, in seconds."),
 ) -> None:
     """Generate a completion by speculative decoding (or by the target alone with --baseline)."""
-    from edgekit import ClientConfig, EdgeClient, GenerationConfig, TextDelta
+    from edgekit import GenerationConfig, TextDelta
+
+    from . import _client
 
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed
     )
-    cfg = ClientConfig(timeout=timeout, connect_timeout=min(10.0, timeout), token=token)
-    with EdgeClient(verifier, pair=pair, config=cfg, generation=gen) as client:
-        if client.local_verifier_address and not json_out:
-            note(f"started a local verifier for {pair} on {client.local_verifier_address}")
+    with _client.build_client(
+        pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, announce=not json_out
+    ) as client:
         stream = client.generate_target_only(prompt) if baseline else client.generate(prompt)
         with stream:
             for event in stream:

@@ -2,6 +2,8 @@
 
 __version__ = "0.1.0"
 
+from ._async_client import AsyncConversation, AsyncEdgeClient, AsyncGenerationStream
+from ._chat import ChatTemplate, Conversation
 from ._client import EdgeClient, GenerationStream
 from ._config import ClientConfig, GenerationConfig, ServerConfig
 from ._controller import Controller, FixedWindow
@@ -29,8 +31,13 @@ from ._metrics import GenerationStats, RoundStats
 from ._session import SpeculativeSession
 
 __all__ = [
+    "AsyncConversation",
+    "AsyncEdgeClient",
+    "AsyncGenerationStream",
     "AuthenticationError",
+    "ChatTemplate",
     "ClientConfig",
+    "Conversation",
     "ConfigError",
     "Controller",
     "DependencyMissingError",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ._config import ClientConfig, GenerationConfig, ServerConfig
 from ._draft import DraftModel, LlamaDraftModel
@@ -13,6 +13,9 @@ from ._errors import IncompatibleModelsError
 from ._events import Event, FinalStats, TextDelta
 from ._metrics import GenerationStats
 from ._session import SpeculativeSession, TextDecoder
+
+if TYPE_CHECKING:
+    from ._chat import ChatTemplate, Conversation
 from .transport._base import ServerInfo, VerifierTransport
 from .transport._grpc import GrpcTransport
 
@@ -148,8 +151,38 @@ class EdgeClient:
             self._server = info
         return self._server
 
-    def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
-        return self.draft.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    def tokenize(self, prompt: str | Sequence[int], *, special: bool = True) -> list[int]:
+        """Text to token ids with the draft's tokenizer (shared with the target);
+        special=False adds no BOS (for text appended to a conversation)."""
+        return self.draft.tokenize(prompt, add_special=special) if isinstance(prompt, str) else list(prompt)
+
+    def token_text(self, token: int) -> str:
+        """A token's text, special tokens included (e.g. '<|im_end|>')."""
+        return self.draft.token_bytes(token, special=True).decode("utf-8", errors="replace")
+
+    def chat_template(self) -> "ChatTemplate":
+        """The target's chat template (from the handshake), else the draft's, else plain turns."""
+        from ._chat import ChatTemplate
+
+        d = self.draft
+        fp = d.fingerprint()
+        source = self.server_info().chat_template or d.chat_template()
+        bos = self.token_text(fp.bos_token) if fp.bos_token >= 0 else ""
+        eos = self.token_text(fp.eos_token) if fp.eos_token >= 0 else ""
+        return ChatTemplate(source, bos_token=bos, eos_token=eos)
+
+    def conversation(self, *, system: str | None = None, **overrides: object) -> "Conversation":
+        """A multi-turn chat kept on one verifier session (KV caches reused across turns)."""
+        from ._chat import Conversation
+
+        return Conversation(self, system=system, **overrides)
+
+    def chat(self, messages: Sequence[dict] | str, **overrides: object) -> GenerationStream:
+        """One reply to a list of {"role", "content"} messages (or one user message)."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        prompt = self.chat_template().render(messages, add_generation_prompt=True)
+        return self.generate(self.tokenize(prompt), **overrides)
 
     def session(self, **overrides: object) -> SpeculativeSession:
         """A session for several turns; `generate` opens and closes one per call."""

@@ -40,7 +40,7 @@ class DraftModel(Protocol):
 
     def detokenize(self, tokens: Sequence[int]) -> str: ...
 
-    def token_bytes(self, token: int) -> bytes: ...
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes: ...
 
     def is_eog(self, token: int) -> bool: ...
 
@@ -76,6 +76,7 @@ class LlamaDraftModel:
         self._ctx = LlamaContext(self._model, n_ctx=n_ctx, n_batch=n_batch, n_seq=1, n_threads=n_threads)
         self.n_ctx = self._ctx.n_ctx
         self._n_past = 0
+        self.decoded_tokens = 0  # every token ever run through the model: prefill cost shows here
 
     @property
     def n_past(self) -> int:
@@ -90,8 +91,8 @@ class LlamaDraftModel:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self._model.detokenize(tokens)
 
-    def token_bytes(self, token: int) -> bytes:
-        return self._model.token_bytes(token)
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        return self._model.token_bytes(token, special=special)
 
     def is_eog(self, token: int) -> bool:
         return self._model.is_eog(token)
@@ -106,6 +107,7 @@ class LlamaDraftModel:
             from ._errors import LimitExceededError
 
             raise LimitExceededError(f"draft context full ({self.n_ctx} tokens)")
+        self.decoded_tokens += len(tokens)
         head, last = tokens[:-1], tokens[-1:]
         if head:
             self._ctx.set_embeddings(False)
@@ -119,6 +121,7 @@ class LlamaDraftModel:
     def prefill(self, tokens: Sequence[int]) -> None:
         """Appends tokens without producing outputs (fast path)."""
         if tokens:
+            self.decoded_tokens += len(tokens)
             self._ctx.set_embeddings(False)
             self._ctx.decode_sequence(tokens, self._n_past, last_output=False)
             self._n_past += len(tokens)

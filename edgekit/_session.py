@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import secrets
 import time
+from dataclasses import replace
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -65,12 +66,30 @@ class SpeculativeSession:
         self.config = config
         self.controller = controller or FixedWindow(config.draft_k)
         self.seed = config.seed if config.seed is not None else secrets.randbits(63)
-        self._rng = np.random.default_rng(self.seed)
+        # Independent streams for the two sides: the verifier's acceptance draw
+        # must not be the number the draft sampled its token with, or min(1, p/q)
+        # is biased. One seed still reproduces the whole run.
+        draft_seq, verifier_seq = np.random.SeedSequence(self.seed).spawn(2)
+        self._rng = np.random.default_rng(draft_seq)
+        self._verifier_seed = int(verifier_seq.generate_state(1, np.uint64)[0] >> 1)
         self.tokens: list[int] = []
         self.session_id: str | None = None
         self.max_context = min(server.max_context, draft.n_ctx)
         self.link = LinkState()
         self._round_index = 0
+
+    # Settings the verifier knows about: changing one needs a new session.
+    _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class")
+
+    def reconfigure(self, **changes: object) -> bool:
+        """Applies client-side changes (window, limits) at once; returns False, and
+        changes nothing, if a setting the verifier holds would change."""
+        if any(k in self._SERVER_SIDE and changes[k] != getattr(self.config, k) for k in changes):
+            return False
+        self.config = replace(self.config, **changes)
+        if "draft_k" in changes and isinstance(self.controller, FixedWindow):
+            self.controller = FixedWindow(self.config.draft_k)
+        return True
 
     # -- session lifecycle -----------------------------------------------------------
 
@@ -85,7 +104,7 @@ class SpeculativeSession:
             prompt_tokens,
             mode=self.config.mode,
             temperature=self.config.temperature,
-            seed=self.seed,
+            seed=self._verifier_seed,
             slo_class=self.config.slo_class,
             draft=self.draft.fingerprint(),
         )

@@ -88,8 +88,10 @@ class FakeDraftModel:
         ids = [2 + (b % (self.n_vocab - 2)) for b in text.encode()]
         return ([0] if add_special else []) + ids
 
-    def token_bytes(self, token: int) -> bytes:
-        return b"" if token < 2 else bytes([ord("a") + token % 26])
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        if token < 2:
+            return (b"<bos>", b"<eos>")[token] if special else b""
+        return bytes([ord("a") + token % 26])
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode()

@@ -30,7 +30,7 @@ def generate(out: Path) -> list[Path]:
         f"--python_out={out}",
         f"--pyi_out={out}",
         f"--grpc_python_out={out}",
-        f"edgekit/_proto/verifier.proto",
+        "edgekit/_proto/verifier.proto",
     ]
     tmp = out / "_gen"
     args = [a.replace(f"={out}", f"={tmp}") for a in args]

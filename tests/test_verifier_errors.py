@@ -197,3 +197,25 @@ def test_a_silent_verifier_fails_within_the_deadline(gemma_draft):
         listener.close()
     assert elapsed < 3.0
     assert address in str(info.value) and "1 s" in str(info.value)
+
+
+def test_tls_with_a_self_signed_certificate(gemma_paths, gemma_draft, tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the test certificate", pytrace=False)
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+    config = ServerConfig(port=0, max_sessions=1, max_context=256, tls_cert=str(cert), tls_key=str(key))
+    with VerifierServer(gemma_paths[1], config, name="gemma-3-270m") as server:
+        with GrpcTransport(server.address, ClientConfig(tls=True, root_certificates=str(cert))) as t:
+            info = t.handshake(gemma_draft.fingerprint(), draft_model="d", draft_hidden_size=640)
+            assert info.target_model == "gemma-3-270m"
+        with GrpcTransport(server.address, ClientConfig(connect_timeout=3)) as plain:  # no TLS: refused, clearly
+            with pytest.raises(VerifierUnavailableError):
+                plain.handshake(gemma_draft.fingerprint(), draft_model="d", draft_hidden_size=640)

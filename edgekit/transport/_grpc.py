@@ -26,6 +26,15 @@ from .._errors import (
 from .._llama import Fingerprint
 from .._proto import verifier_pb2 as pb
 from .._proto import verifier_pb2_grpc as pb_grpc
+from .._wire import (
+    FINISH_FROM_PB,
+    MODE_FROM_PB,
+    SLO_TO_PB,
+    UPLOAD_FROM_PB,
+    fingerprint_from_pb,
+    fingerprint_to_pb,
+    sampling_to_pb,
+)
 from ._base import (
     PROTOCOL_VERSION,
     BlockRequest,
@@ -36,31 +45,6 @@ from ._base import (
 )
 
 __all__ = ["GrpcTransport", "map_rpc_error"]
-
-_MODE_PB = {"greedy": pb.ACCEPTANCE_MODE_GREEDY, "sample": pb.ACCEPTANCE_MODE_SAMPLING}
-_MODE_NAME = {
-    pb.ACCEPTANCE_MODE_GREEDY: "greedy",
-    pb.ACCEPTANCE_MODE_SAMPLING: "sample",
-    pb.ACCEPTANCE_MODE_SEMANTIC: "semantic",
-}
-_UPLOAD_NAME = {
-    pb.UPLOAD_PROTOCOL_TOKENS_ONLY: "tokens",
-    pb.UPLOAD_PROTOCOL_FULL_HIDDEN: "fh",
-    pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN: "sh",
-}
-_SLO_PB = {"interactive": pb.SLO_CLASS_INTERACTIVE, "standard": pb.SLO_CLASS_STANDARD, "batch": pb.SLO_CLASS_BATCH}
-_FINISH = {pb.FINISH_REASON_EOS: "eos", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_CONTEXT: "context"}
-
-
-def fingerprint_to_pb(fp: Fingerprint) -> pb.TokenizerFingerprint:
-    return pb.TokenizerFingerprint(
-        vocab_size=fp.vocab_size,
-        token_hash=fp.token_hash,
-        bos_token=fp.bos_token,
-        eos_token=fp.eos_token,
-        model_name=fp.model_name,
-    )
-
 
 def map_rpc_error(exc: grpc.RpcError, address: str, *, during: str, deadline: float | None = None) -> VerifierError:
     """Turns a gRPC failure into the edgekit error that says what to do."""
@@ -138,15 +122,14 @@ class GrpcTransport:
             during="the handshake",
             timeout=self.config.connect_timeout,
         )
-        t = r.target_tokenizer
         c = r.capabilities
         return ServerInfo(
             protocol_version=r.protocol_version,
             target_model=r.target_model,
-            target_fingerprint=Fingerprint(t.vocab_size, t.token_hash, t.bos_token, t.eos_token, t.model_name),
+            target_fingerprint=fingerprint_from_pb(r.target_tokenizer),
             target_hidden_size=r.target_hidden_size,
-            modes=tuple(_MODE_NAME[m] for m in c.acceptance_modes if m in _MODE_NAME),
-            upload_protocols=tuple(_UPLOAD_NAME[u] for u in c.upload_protocols if u in _UPLOAD_NAME),
+            modes=tuple(MODE_FROM_PB[m] for m in c.acceptance_modes if m in MODE_FROM_PB),
+            upload_protocols=tuple(UPLOAD_FROM_PB[u] for u in c.upload_protocols if u in UPLOAD_FROM_PB),
             max_block=c.max_block,
             max_context=c.max_context,
             max_sessions=c.max_sessions,
@@ -183,8 +166,8 @@ class GrpcTransport:
             self._stub.OpenSession,
             pb.OpenSessionRequest(
                 prompt_tokens=prompt_tokens,
-                sampling=pb.SamplingParams(mode=_MODE_PB[mode], temperature=temperature, seed=seed),
-                slo_class=_SLO_PB.get(slo_class, pb.SLO_CLASS_STANDARD),
+                sampling=sampling_to_pb(mode, temperature, seed),
+                slo_class=SLO_TO_PB.get(slo_class, pb.SLO_CLASS_STANDARD),
                 draft_tokenizer=fingerprint_to_pb(draft),
             ),
             during="opening a session",
@@ -224,7 +207,7 @@ class GrpcTransport:
                 loss_rate=link.loss_rate,
                 samples=link.samples,
             ),
-            slo_class=_SLO_PB.get(block.slo_class, pb.SLO_CLASS_STANDARD),
+            slo_class=SLO_TO_PB.get(block.slo_class, pb.SLO_CLASS_STANDARD),
             round_index=block.round_index,
         )
         r = self._call(self._stub.Verify, req, during=f"round {block.round_index}")
@@ -260,7 +243,7 @@ class GrpcTransport:
     ) -> Iterator[GeneratedToken]:
         req = pb.GenerateRequest(
             prompt_tokens=prompt_tokens,
-            sampling=pb.SamplingParams(mode=_MODE_PB[mode], temperature=temperature, seed=seed),
+            sampling=sampling_to_pb(mode, temperature, seed),
             max_tokens=max_tokens,
         )
         # The stream's deadline scales with its length; each token must still come quickly.
@@ -273,7 +256,7 @@ class GrpcTransport:
                     index=r.index,
                     decode_ms=r.decode_ms,
                     prefill_ms=r.prefill_ms,
-                    finish_reason=_FINISH.get(r.finish_reason),
+                    finish_reason=FINISH_FROM_PB.get(r.finish_reason),
                 )
         except grpc.RpcError as exc:
             raise map_rpc_error(exc, self.address, during="generation") from None

@@ -22,6 +22,7 @@ from .._config import ServerConfig
 from .._errors import EdgekitError, LimitExceededError, SessionNotFoundError
 from .._llama import KVCacheFullError
 from .._proto import verifier_pb2 as pb
+from .._wire import MODE_FROM_PB, SLO_FROM_PB, fingerprint_from_pb, fingerprint_to_pb
 from .._sampling import SparseDistribution, accept_greedy, accept_sampling, target_probs
 from ..transport._base import PROTOCOL_VERSION
 from ._engine import TargetEngine
@@ -31,15 +32,6 @@ __all__ = ["VerifierService", "SERVICE_NAME"]
 
 SERVICE_NAME = "edgekit.verifier.v1.Verifier"
 log = logging.getLogger("edgekit.verifier")
-
-_MODES = {pb.ACCEPTANCE_MODE_GREEDY: "greedy", pb.ACCEPTANCE_MODE_SAMPLING: "sample"}
-_SLO = {
-    pb.SLO_CLASS_UNSPECIFIED: "standard",
-    pb.SLO_CLASS_INTERACTIVE: "interactive",
-    pb.SLO_CLASS_STANDARD: "standard",
-    pb.SLO_CLASS_BATCH: "batch",
-}
-
 
 class _Refusal(Exception):
     def __init__(self, code: grpc.StatusCode, message: str, trailers: tuple = ()) -> None:
@@ -118,24 +110,9 @@ class VerifierService:
 
     # -- handshake ---------------------------------------------------------------
 
-    def _fingerprint_pb(self) -> pb.TokenizerFingerprint:
-        fp = self.fingerprint
-        return pb.TokenizerFingerprint(
-            vocab_size=fp.vocab_size,
-            token_hash=fp.token_hash,
-            bos_token=fp.bos_token,
-            eos_token=fp.eos_token,
-            model_name=fp.model_name,
-        )
-
     def _check_tokenizer(self, draft: pb.TokenizerFingerprint) -> None:
         fp = self.fingerprint
-        if (draft.vocab_size, draft.token_hash, draft.bos_token, draft.eos_token) != (
-            fp.vocab_size,
-            fp.token_hash,
-            fp.bos_token,
-            fp.eos_token,
-        ):
+        if not fp.same_tokenizer(fingerprint_from_pb(draft)):
             what = (
                 f"vocabulary {draft.vocab_size} vs {fp.vocab_size} tokens"
                 if draft.vocab_size != fp.vocab_size
@@ -157,7 +134,7 @@ class VerifierService:
         c = self.config
         return pb.HandshakeResponse(
             protocol_version=PROTOCOL_VERSION,
-            target_tokenizer=self._fingerprint_pb(),
+            target_tokenizer=fingerprint_to_pb(self.fingerprint),
             target_model=self.model.name,
             target_hidden_size=self.model.n_embd,
             capabilities=pb.Capabilities(
@@ -193,8 +170,8 @@ class VerifierService:
                 raise _invalid(f"{what} holds token id {t}, outside the vocabulary of {n_vocab}")
 
     def _sampling(self, s: pb.SamplingParams) -> tuple[str, float]:
-        mode = _MODES.get(s.mode)
-        if mode is None:
+        mode = MODE_FROM_PB.get(s.mode)
+        if mode not in ("greedy", "sample"):
             raise _invalid(f"acceptance mode {pb.AcceptanceMode.Name(s.mode)} is not supported by this verifier")
         if mode == "sample" and not s.temperature > 0:
             raise _invalid(f"sampling needs a temperature > 0, got {s.temperature}")
@@ -213,7 +190,7 @@ class VerifierService:
         tokens = list(req.prompt_tokens)
         self._check_prompt(tokens)
         sess = self.sessions.create(
-            mode=mode, temperature=temperature, seed=req.sampling.seed, slo_class=_SLO.get(req.slo_class, "standard")
+            mode=mode, temperature=temperature, seed=req.sampling.seed, slo_class=SLO_FROM_PB.get(req.slo_class, "standard")
         )
         with sess.lock:
             try:
@@ -223,6 +200,7 @@ class VerifierService:
                 raise
             sess.tokens = tokens
             sess.n_kv = len(tokens) - 1
+            sess.decoded += len(tokens) - 1
         return pb.OpenSessionResponse(
             session_id=sess.id,
             committed_length=len(tokens),
@@ -245,6 +223,7 @@ class VerifierService:
             # Decode all but the new last token, which stays pending as usual.
             pending = sess.tokens[sess.n_kv :] + tokens
             _, _, ms = self.engine.run(sess.seq, pending[:-1], sess.n_kv, 0)
+            sess.decoded += len(pending) - 1
             sess.tokens.extend(tokens)
             sess.n_kv = len(sess.tokens) - 1
             sess.last_round = None
@@ -277,6 +256,7 @@ class VerifierService:
             base = len(sess.tokens)
             feed = sess.tokens[sess.n_kv :] + block
             logits, queue_ms, decode_ms = self.engine.run(sess.seq, feed, sess.n_kv, len(block) + 1)
+            sess.decoded += len(feed)
             t0 = time.perf_counter()
             if sess.mode == "greedy":
                 accepted, nxt = accept_greedy(logits, block)

@@ -36,6 +36,7 @@ class Session:
     # (request key, response) of the last applied round, for idempotent retries.
     last_round: tuple[bytes, object] | None = None
     rounds: int = 0
+    decoded: int = 0  # tokens run through the target for this session: prefix reuse shows here
 
 
 class SessionTable:

@@ -1,0 +1,42 @@
+# Two commands on a fresh machine:
+#   make chat   installs everything (builds llama.cpp, pulls the qwen-coder weights) and starts `edgekit chat`
+#   make test   installs the test extras, pulls the small gemma pair, runs the test suite
+# Everything lives in .venv; model weights in ~/.cache/edgekit/models (EDGEKIT_CACHE_DIR overrides).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Compiling llama.cpp on 2 cores takes ~8 minutes; pip caches the wheel afterwards.
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST_ARGS ?=
+
+.PHONY: chat test test-all install models-test models-chat clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@echo "installing edgekit and its dependencies (llama.cpp compiles on first install: ~8 min on 2 cores)"
+	$(BIN)/python -m pip install --quiet -e '.[predictor,test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+models-test: install
+	$(BIN)/edgekit models pull gemma-270m smollm2-135m-instruct
+
+models-chat: install
+	$(BIN)/edgekit models pull qwen-coder
+
+chat: models-chat
+	$(BIN)/edgekit chat
+
+test: models-test
+	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
+
+test-all: models-test models-chat
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV)

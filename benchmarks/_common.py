@@ -1,0 +1,197 @@
+"""Shared by the benchmarks: the machine, prompts, JSON results and tables.
+
+Every benchmark writes `benchmarks/results/<name>.json` holding the machine it
+ran on, its settings and its figures, and prints a compact table. Timings on
+the shared 2-core CPU are noisy: compare methods measured side by side in one
+run (ratios), not absolute numbers across runs.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+PROMPTS_DIR = BENCH_DIR / "prompts"
+
+PROMPT_KINDS = ("code", "prose", "math", "list", "other-language", "rewrite")
+
+
+# -- machine -------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(module: str) -> str | None:
+    try:
+        mod = __import__(module)
+    except Exception:
+        return None
+    return getattr(mod, "__version__", None)
+
+
+def _loadavg() -> str | None:
+    try:
+        with open("/proc/loadavg", encoding="utf-8") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return None
+
+
+_START: dict[str, Any] = {}
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": _cpu_model(),
+        "cores": cores,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "llama_cpp": _version("llama_cpp"),
+        "edgekit": _version("edgekit"),
+        "numpy": _version("numpy"),
+        "edgekit_threads_env": os.environ.get("EDGEKIT_THREADS"),
+        "loadavg": _loadavg(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# -- prompts -------------------------------------------------------------------------
+
+
+def load_prompts(name: str = "eval", limit: int | None = None) -> list[dict[str, str]]:
+    """Prompts from benchmarks/prompts/<name>.jsonl (or a path), each {id, kind, prompt}."""
+    path = Path(name) if name.endswith(".jsonl") else PROMPTS_DIR / f"{name}.jsonl"
+    prompts: list[dict[str, str]] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            missing = {"id", "kind", "prompt"} - row.keys()
+            if missing:
+                raise ValueError(f"{path}:{n}: missing {sorted(missing)}")
+            if row["kind"] not in PROMPT_KINDS:
+                raise ValueError(f"{path}:{n}: kind {row['kind']!r} not in {PROMPT_KINDS}")
+            if row["id"] in seen:
+                raise ValueError(f"{path}:{n}: duplicate id {row['id']!r}")
+            seen.add(row["id"])
+            prompts.append(row)
+    return prompts[:limit] if limit else prompts
+
+
+# -- statistics ----------------------------------------------------------------------
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def csv_list(text: str, cast=str) -> list:  # type: ignore[no-untyped-def]
+    return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+# -- output --------------------------------------------------------------------------
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    """Writes benchmarks/results/<name>.json with the machine and command line added."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    m = machine()
+    m["loadavg_at_start"] = _START.get("loadavg")
+    m["loadavg_at_end"] = m.pop("loadavg")
+    out = {"benchmark": name, "command": " ".join([Path(sys.executable).name] + sys.argv), "machine": m}
+    out.update(payload)
+    path = RESULTS_DIR / f"{name}.json"
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=2, default=_json_default)
+        f.write("\n")
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if x != x:  # NaN
+            return "-"
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 2) -> str:
+    """A Markdown-compatible table (pipes), columns padded."""
+    body = [[fmt(c, digits) for c in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out.extend(line(r) for r in body)
+    return "\n".join(out)
+
+
+THREADS_HELP = (
+    "llama.cpp threads for every model (sets EDGEKIT_THREADS); default 1. 0: edgekit's default (all cores). "
+    "On this shared 2-core machine, 2 threads beside other busy processes made single decodes ~20x slower "
+    "(~2.2 s instead of ~0.1 s): 1 thread keeps the figures stable"
+)
+
+
+def apply_threads(threads: int) -> int | None:
+    """Sets EDGEKIT_THREADS (read by every model edgekit loads) and returns the count, None for the default."""
+    if threads > 0:
+        os.environ["EDGEKIT_THREADS"] = str(threads)
+        return threads
+    os.environ.pop("EDGEKIT_THREADS", None)
+    return None
+
+
+def print_machine() -> None:
+    m = machine()
+    _START.setdefault("loadavg", m["loadavg"])
+    print(
+        f"machine: {m['cpu']}, {m['cores']} cores, python {m['python']}, llama_cpp {m['llama_cpp']}, "
+        f"edgekit {m['edgekit']}, load {m['loadavg']}, {m['date']}",
+        flush=True,
+    )

@@ -1,0 +1,140 @@
+"""Cross-check of fixed_k.py: replays its greedy runs from the draft model alone.
+
+Greedy speculative output equals the target-only output (fixed_k.py checks
+this), so every round is determined by one fact per position i of the
+target-only continuation: does the draft's argmax, given the committed prefix,
+equal the target's token there? This script computes that match vector with
+the draft alone (teacher forcing, one token at a time, as the session drafts),
+replays the fixed-window rounds from it, and compares drafted / accepted /
+rounds with what fixed_k.py recorded through the real client and verifier.
+It also reports the match rate itself: the draft/target agreement per token,
+independent of K (the acceptance a K=1 window would see).
+
+    python benchmarks/fixed_k.py ...          # writes results/fixed_k.json
+    python benchmarks/replay_check.py         # reads it, writes results/replay_check.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
+from edgekit import LlamaDraftModel  # noqa: E402
+from edgekit.models import get_pair, model_path  # noqa: E402
+
+
+def match_vector(draft: LlamaDraftModel, prompt: list[int], cont: list[int]) -> tuple[list[bool], list[int]]:
+    """Per position of `cont`: the draft's greedy token given prompt + cont[:i], and whether it matches."""
+    draft.truncate(0)
+    draft.prefill(prompt[:-1])
+    out = draft.eval([prompt[-1]])
+    proposals = []
+    for tok in cont:
+        proposals.append(int(np.argmax(out.logits)))
+        out = draft.eval([tok])
+    return [p == t for p, t in zip(proposals, cont)], proposals
+
+
+def replay(match: list[bool], proposals: list[int], is_eog, k: int, max_tokens: int) -> dict:  # type: ignore[no-untyped-def]
+    """Fixed-window rounds over a known continuation, as SpeculativeSession runs them.
+
+    Unknowable: what the draft proposes after its first mismatch in a block;
+    an end-of-generation token there would shorten the block. Assumed absent."""
+    n = len(match)
+    i = drafted = accepted = rounds = 0
+    while i < n:
+        limit = max(1, min(k, max_tokens - i - 1))
+        a = 0
+        block = limit
+        while a < limit and i + a < n and match[i + a]:
+            a += 1
+            if is_eog(proposals[i + a - 1]):
+                block = a  # the draft stops at an end-of-generation token
+                break
+        else:
+            if i + a < n and not match[i + a] and a < limit and is_eog(proposals[i + a]):
+                block = a + 1
+        drafted += block
+        accepted += a
+        rounds += 1
+        i += a + 1
+    return {"drafted": drafted, "accepted": accepted, "rounds": rounds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--input", default=str(C.RESULTS_DIR / "fixed_k.json"))
+    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
+    ap.add_argument("--out", default="replay_check")
+    args = ap.parse_args()
+    C.apply_threads(args.threads)
+    C.print_machine()
+    data = json.loads(Path(args.input).read_text())
+    settings = data["settings"]
+    prompts = {p["id"]: p for p in C.load_prompts(settings["prompts"])}
+    max_tokens = settings["max_tokens"]
+
+    results = []
+    table_rows = []
+    for res in data["results"]:
+        pair = res["pair"]
+        draft = LlamaDraftModel(model_path(get_pair(pair).draft), name=get_pair(pair).draft)
+        per_prompt = []
+        agree = defaultdict(int)
+        for base in res["target_only"]["rows"]:
+            prompt_ids = draft.tokenize(prompts[base["id"]]["prompt"])
+            cont = base["token_ids"]
+            match, proposals = match_vector(draft, prompt_ids, cont)
+            row = {"id": base["id"], "kind": base["kind"], "tokens": len(cont), "match_rate": float(np.mean(match))}
+            for k in settings["k"]:
+                sim = replay(match, proposals, draft.is_eog, k, max_tokens)
+                obs = next(r for r in res["rows"] if r["id"] == base["id"] and r["k"] == k)
+                same = all(sim[f] == obs[f] for f in ("drafted", "accepted", "rounds"))
+                agree[k] += int(same)
+                row[f"k{k}"] = {"replay": sim, "observed": {f: obs[f] for f in sim}, "same": same}
+            per_prompt.append(row)
+            print(f"  {pair} {base['id']}: match {row['match_rate']:.2f}", flush=True)
+        draft.close()
+        total_match = sum(r["match_rate"] * r["tokens"] for r in per_prompt) / sum(r["tokens"] for r in per_prompt)
+        by_kind: dict[str, list] = defaultdict(list)
+        for r in per_prompt:
+            by_kind[r["kind"]].append(r)
+        kind_match = {
+            kind: sum(r["match_rate"] * r["tokens"] for r in rs) / sum(r["tokens"] for r in rs)
+            for kind, rs in sorted(by_kind.items())
+        }
+        results.append(
+            {
+                "pair": pair,
+                "match_rate": total_match,
+                "match_rate_by_kind": kind_match,
+                "replay_agrees": {str(k): agree[k] for k in settings["k"]},
+                "prompts": len(per_prompt),
+                "rows": per_prompt,
+            }
+        )
+        table_rows.append(
+            [pair, total_match, " ".join(f"{k}:{v:.2f}" for k, v in kind_match.items())]
+            + [f"{agree[k]}/{len(per_prompt)}" for k in settings["k"]]
+        )
+    print(
+        C.table(
+            ["pair", "draft/target match per token", "by kind"] + [f"replay = run, K={k}" for k in settings["k"]],
+            table_rows,
+        )
+    )
+    path = C.write_result(args.out, {"input": args.input, "settings": settings, "results": results})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Building the client a command talks through (one place, so tests can swap in fakes)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ._common import note
+
+
+def build_client(
+    *,
+    pair: str,
+    verifier: Optional[str],
+    timeout: float,
+    token: Optional[str],
+    generation,  # GenerationConfig
+    announce: bool = True,
+):
+    from edgekit import ClientConfig, EdgeClient
+
+    config = ClientConfig(timeout=timeout, connect_timeout=min(10.0, timeout), token=token)
+    client = EdgeClient(verifier, pair=pair, config=config, generation=generation)
+    if client.local_verifier_address and announce:
+        info = client.server_info()
+        numerics = "exact numerics" if info.exact_numerics else "fast numerics"
+        note(f"started a local verifier for {pair} on {client.local_verifier_address} ({info.target_model}, {numerics})")
+    return client

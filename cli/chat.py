@@ -1,0 +1,256 @@
+"""`edgekit chat`: an interactive terminal chat over speculative decoding."""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import sys
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Iterator, Optional
+
+import typer
+
+from ._common import PAIR_HELP, VERIFIER_HELP
+from .generate import Mode
+
+HELP_TEXT = """\
+Type a message and press Enter. Commands:
+  /help                 this text
+  /stats                acceptance, accepted length, rounds, speed, link
+  /set KEY VALUE        k (draft window), temperature, mode (greedy|sample), max_tokens, seed
+  /clear                start a new conversation (keeps the system prompt)
+  /exit                 leave (or Ctrl-D); Ctrl-C stops the current answer"""
+
+_SET_KEYS = {"k": "draft_k", "draft_k": "draft_k", "temperature": "temperature", "t": "temperature", "mode": "mode",
+             "max_tokens": "max_tokens", "seed": "seed"}
+
+
+class _Interrupt:
+    """First Ctrl-C during an answer stops it at the next round; a second one aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @contextmanager
+    def armed(self) -> Iterator["_Interrupt"]:
+        self.requested = False
+
+        def handler(signum, frame):  # type: ignore[no-untyped-def]
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True
+
+        try:
+            previous = signal.signal(signal.SIGINT, handler)
+        except ValueError:  # not the main thread (e.g. under a test runner): no handler
+            yield self
+            return
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def chat(
+    pair: str = typer.Option("qwen-coder", "--pair", help=PAIR_HELP),
+    verifier: Optional[str] = typer.Option(None, "--verifier", help=VERIFIER_HELP),
+    system: Optional[str] = typer.Option(None, "--system", "-s", help="System prompt."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Answer this one message and exit."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Machine-readable output only: one JSON object per answer; diagnostics on stderr."
+    ),
+    max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens per answer."),
+    mode: Mode = typer.Option(Mode.greedy, "--mode", help="greedy (exact target argmax) or sample (lossless)."),
+    temperature: float = typer.Option(0.7, "--temperature", "-t", help="Sampling temperature (mode sample)."),
+    draft_k: int = typer.Option(4, "--draft-k", "-k", min=1, max=64, help="Draft window K: tokens drafted per round."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (reproducible answers)."),
+    history: bool = typer.Option(
+        True, "--history/--no-history", help="Keep the chat in the per-user data directory (EDGEKIT_NO_HISTORY=1 also turns it off)."
+    ),
+    token: Optional[str] = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, in seconds."),
+) -> None:
+    """Chat with the pair's target model, drafted on this device (one session, KV reused across turns)."""
+    from rich.console import Console
+
+    from edgekit import GenerationConfig
+
+    from . import _client
+    from ._history import History
+
+    gen = GenerationConfig(max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed)
+    # With --json, stdout carries only JSON lines; everything for people goes to stderr.
+    out = Console(highlight=False, soft_wrap=True, stderr=json_out)
+    log = History(history, pair)
+    with _client.build_client(pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen) as client:
+        conv = client.conversation(system=system)
+        session = _ChatSession(client, conv, out, log, json_out)
+        try:
+            if prompt is not None:
+                session.answer(prompt)
+            else:
+                session.loop(pair, interactive=sys.stdin.isatty())
+        finally:
+            conv.close()
+
+
+class _ChatSession:
+    def __init__(self, client, conv, out, log, json_out: bool) -> None:  # type: ignore[no-untyped-def]
+        self.client = client
+        self.conv = conv
+        self.out = out
+        self.log = log
+        self.json_out = json_out
+        self.interrupt = _Interrupt()
+
+    # -- one answer ---------------------------------------------------------------------
+
+    def answer(self, text: str) -> None:
+        from edgekit import TextDelta
+
+        self.log.add("user", text)
+        stream = self.conv.send(text)
+        stopped = False
+        with self.interrupt.armed() as interrupt, stream:
+            for event in stream:
+                if isinstance(event, TextDelta) and not self.json_out:
+                    self.out.print(event.text, end="", markup=False)
+                if interrupt.requested:
+                    stopped = True
+                    break
+        reply = self.conv.messages[-1]["content"]
+        self.log.add("assistant", reply)
+        stats = stream.final.stats if stream.final else None
+        if self.json_out:
+            payload = {"reply": reply, "stopped": stopped}
+            if stream.final:
+                payload.update(token_ids=list(stream.final.token_ids), metrics=stats.to_dict())
+            sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
+            sys.stdout.flush()
+            return
+        self.out.print()
+        if stopped:
+            self.out.print("[dim][stopped][/dim]")
+        elif stats is not None:
+            self.out.print(
+                f"[dim][{stats.completion_tokens} tokens · {stats.tokens_per_second:.1f} tok/s · acceptance "
+                f"{stats.acceptance_rate:.2f} · AAL {stats.accepted_length:.2f} · {stats.rounds} rounds · "
+                f"finish: {stats.finish_reason}][/dim]"
+            )
+
+    # -- the interactive loop -----------------------------------------------------------------
+
+    def loop(self, pair: str, *, interactive: bool) -> None:
+        """Messages and /commands, one per line, until /exit or end of input."""
+        if interactive:
+            info = self.client.server_info()
+            self.out.print(
+                f"[bold]edgekit chat[/bold] · {pair}: draft [cyan]{self.client.draft.name}[/cyan] on this device, "
+                f"target [cyan]{info.target_model}[/cyan] at {self.client.transport.address}"
+            )
+            self.out.print("[dim]/help for commands · Ctrl-C stops an answer · Ctrl-D exits[/dim]")
+            self.log.load_input_history()
+        try:
+            while True:
+                try:
+                    line = input("\n› ") if interactive else sys.stdin.readline()
+                except KeyboardInterrupt:
+                    self.out.print("\n[dim](Ctrl-D or /exit to leave)[/dim]")
+                    continue
+                except EOFError:
+                    self.out.print()
+                    return
+                if not interactive and not line:
+                    return  # end of input
+                line = line.strip()
+                if not line:
+                    continue
+                if line.startswith("/"):
+                    if not self.command(line):
+                        return
+                    continue
+                try:
+                    self.answer(line)
+                except KeyboardInterrupt:
+                    # A second Ctrl-C aborted mid-round: the session may be out of step; start afresh.
+                    self.conv.close()
+                    self.out.print("\n[dim][aborted; the next message starts a new verifier session][/dim]")
+        finally:
+            if interactive:
+                self.log.save_input_history()
+
+    def command(self, line: str) -> bool:
+        from edgekit import ConfigError, GenerationConfig
+
+        name, *args = line[1:].split()
+        name = name.lower()
+        if name in ("exit", "quit", "q"):
+            return False
+        if name == "help":
+            self.out.print(HELP_TEXT, markup=False)
+        elif name == "clear":
+            self.conv.clear()
+            self.out.print("[dim]conversation cleared[/dim]")
+        elif name == "stats":
+            self.stats()
+        elif name == "set":
+            if len(args) != 2 or args[0].lower() not in _SET_KEYS:
+                self.out.print(f"usage: /set KEY VALUE with KEY one of {', '.join(sorted(set(_SET_KEYS)))}", markup=False)
+                return True
+            key, raw = _SET_KEYS[args[0].lower()], args[1]
+            try:
+                value = raw if key == "mode" else float(raw) if key == "temperature" else int(raw)
+                current = replace(self.client.generation, **self.conv.overrides)
+                GenerationConfig(**{**current.__dict__, key: value})  # validates
+            except (ValueError, ConfigError) as exc:
+                self.out.print(f"[red]cannot set {key}: {exc}[/red]")
+                return True
+            self.conv.configure(**{key: value})
+            self.out.print(f"[dim]{key} = {value}[/dim]")
+        else:
+            self.out.print(f"unknown command /{name}; /help lists them", markup=False)
+        return True
+
+    def stats(self) -> None:
+        from rich.table import Table
+
+        from edgekit import EdgekitError
+
+        turns = self.conv.totals
+        if not turns:
+            self.out.print("[dim]no answers yet[/dim]")
+        else:
+            last = turns[-1]
+            drafted = sum(t.drafted for t in turns)
+            accepted = sum(t.accepted for t in turns)
+            rounds = sum(t.rounds for t in turns)
+            tokens = sum(t.completion_tokens for t in turns)
+            seconds = sum(t.elapsed_s for t in turns)
+            table = Table(show_header=True, header_style="bold")
+            for col in ("", "last answer", "conversation"):
+                table.add_column(col)
+            table.add_row("tokens", str(last.completion_tokens), str(tokens))
+            table.add_row("rounds", str(last.rounds), str(rounds))
+            table.add_row("acceptance rate", f"{last.acceptance_rate:.3f}", f"{accepted / drafted:.3f}" if drafted else "-")
+            table.add_row("accepted length (AAL, no bonus)", f"{last.accepted_length:.2f}", f"{accepted / rounds:.2f}" if rounds else "-")
+            table.add_row("target passes per token", f"{last.target_passes_per_token:.3f}", f"{rounds / tokens:.3f}" if tokens else "-")
+            table.add_row("wasted draft tokens", str(last.wasted_draft_tokens), str(sum(t.wasted_draft_tokens for t in turns)))
+            table.add_row("tokens per second", f"{last.tokens_per_second:.1f}", f"{tokens / seconds:.1f}" if seconds else "-")
+            ttft = last.time_to_first_token_ms
+            table.add_row("time to first token", f"{ttft:.0f} ms" if ttft is not None else "-", "")
+            table.add_row("drafting per token", f"{last.draft_ms_per_token:.1f} ms", "")
+            self.out.print(table)
+        try:
+            ping = getattr(self.client.transport, "ping", None)
+            rtts = [ping() for _ in range(5)] if ping else []
+        except EdgekitError as exc:
+            self.out.print(f"[red]link: {exc}[/red]")
+            return
+        link = f"link: {self.client.transport.address}"
+        if rtts:
+            link += f" · RTT median {statistics.median(rtts):.2f} ms (min {min(rtts):.2f}, max {max(rtts):.2f}, 5 pings)"
+        info = self.client.server_info()
+        link += f" · numerics {'exact' if info.exact_numerics else 'fast'}"
+        self.out.print(f"[dim]{link}[/dim]")

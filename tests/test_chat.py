@@ -1,0 +1,122 @@
+"""`edgekit chat` as transcripts against fakes, and multi-turn KV reuse on the real pair."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from edgekit import AsyncEdgeClient, ChatTemplate, EdgeClient, GenerationConfig
+from edgekit.cli import _client as cli_client
+from edgekit.cli.app import app
+from edgekit.testing import FakeDraftModel, FakeVerifier, ToyLanguageModel
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def fake_client(monkeypatch, tmp_path):
+    """`edgekit chat` builds its client through this factory: give it fakes."""
+    monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path))
+    made = []
+
+    def build_client(*, pair, verifier, timeout, token, generation, announce=True):
+        target = ToyLanguageModel(seed=9)
+        client = EdgeClient(
+            FakeVerifier(target), draft_model=FakeDraftModel(ToyLanguageModel(seed=9, noise=1.0)), generation=generation
+        )
+        made.append(client)
+        return client
+
+    monkeypatch.setattr(cli_client, "build_client", build_client)
+    return made
+
+
+def test_chat_transcript(fake_client, tmp_path):
+    session = "\n".join(["hello there", "/set k 2", "/set mode wrong", "/stats", "/help", "another question", "/clear", "/exit", "never sent"])
+    result = runner.invoke(app, ["chat", "--pair", "gemma-270m", "-n", "12"], input=session + "\n")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.count("12 tokens") == 2  # two answers, each with its figures line
+    assert "draft_k = 2" in out
+    assert "cannot set mode" in out
+    assert "acceptance rate" in out and "accepted length" in out and "RTT" not in out  # the fake has no ping
+    assert "/set KEY VALUE" in out  # the help text
+    assert "conversation cleared" in out
+    conv_client = fake_client[0]
+    verifier = conv_client.transport
+    # Both answers went through one session; /set k 2 capped later blocks at 2.
+    assert len({b.session_id for b in verifier.verify_calls}) == 1
+    assert max(len(b.draft_tokens) for b in verifier.verify_calls[-3:]) <= 2
+    lines = (tmp_path / "chat_history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["role"] for line in lines] == ["user", "assistant", "user", "assistant"]
+
+
+def test_chat_json_prints_only_json(fake_client, tmp_path):
+    result = runner.invoke(app, ["chat", "--json", "-n", "8", "--no-history"], input="one\ntwo\n")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 2 and all(r["metrics"]["completion_tokens"] == 8 for r in rows)
+    assert not (tmp_path / "chat_history.jsonl").exists()
+
+
+def test_chat_prompt_answers_once(fake_client):
+    result = runner.invoke(app, ["chat", "--prompt", "just once", "-n", "5", "--no-history"])
+    assert result.exit_code == 0 and "5 tokens" in result.output
+
+
+def test_plain_template_extends_turn_by_turn():
+    t = ChatTemplate(None)
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " hello"}]
+    assert t.render(history[:1], add_generation_prompt=True) == "User: hi\nAssistant:"
+    assert t.reply_suffix(history[:1]) == "\n"
+    assert t.next_turn(history, {"role": "user", "content": "more"}) == "User: more\nAssistant:"
+
+
+def test_async_client_has_the_same_shape():
+    async def main():
+        target = ToyLanguageModel(seed=2)
+        kwargs = dict(
+            draft_model=FakeDraftModel(ToyLanguageModel(seed=2, noise=1.0)),
+            generation=GenerationConfig(max_tokens=20, draft_k=3, stop_at_eos=False),
+        )
+        async with AsyncEdgeClient(FakeVerifier(target), **kwargs) as client:
+            seen = [ev.type async for ev in client.generate("async")]
+            text = await client.generate("async").text()
+            conv = await client.conversation()
+            first = await conv.send("one").until_done()
+            second = await conv.send("two").until_done()
+            await conv.close()
+        sync = EdgeClient(FakeVerifier(target), **kwargs).generate("async").until_done()
+        return seen, text, first, second, sync
+
+    seen, text, first, second, sync = asyncio.run(main())
+    assert seen[-1] == "final" and "round" in seen and "text" in seen
+    assert text == sync.text
+    assert first.stats.completion_tokens == 20 and second.stats.completion_tokens == 20
+
+
+@pytest.mark.models
+def test_second_turn_reuses_both_kv_caches(gemma_server, gemma_draft):
+    """Turn 2 runs only its own tokens through either model, never turn 1's again."""
+    with EdgeClient(gemma_server.address, draft_model=gemma_draft, generation=GenerationConfig(max_tokens=24)) as client:
+        system = "You are a helpful assistant. " * 20  # a long first turn, so re-reading it would show
+        conv = client.conversation(system=system)
+        conv.send("Tell me about the sea.").until_done()
+        sid = conv.session.session_id
+        committed_1 = len(conv.session.tokens)
+        draft_1 = gemma_draft.decoded_tokens
+        target_1 = gemma_server.service.sessions.get(sid).decoded
+        second = conv.send("And about rivers?").until_done()
+        assert conv.session.session_id == sid  # the same verifier session
+        new_tokens = len(conv.session.tokens) - committed_1  # the user turn plus the reply
+        draft_2 = gemma_draft.decoded_tokens - draft_1
+        target_2 = gemma_server.service.sessions.get(sid).decoded - target_1
+        assert committed_1 > 150
+        # Each side decodes the new tokens plus, per round, its drafted block: never the history.
+        assert draft_2 <= new_tokens + second.stats.drafted
+        assert target_2 <= new_tokens + second.stats.drafted + second.stats.rounds
+        assert draft_2 < committed_1 and target_2 < committed_1
+        conv.close()

@@ -1,0 +1,41 @@
+"""The examples run, on the gemma pair."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.models
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_minimal(gemma_server):
+    r = run(str(EXAMPLES / "minimal.py"), "--pair", "gemma-270m", "--verifier", gemma_server.address)
+    assert r.returncode == 0, r.stderr
+    assert "tokens in" in r.stdout and "acceptance" in r.stdout
+
+
+def test_iot_report_with_a_local_verifier():
+    r = run(str(EXAMPLES / "iot_report.py"), "--pair", "gemma-270m", "--cycles", "2", "--max-tokens", "24")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("acceptance") == 2
+
+
+def test_own_draft(gemma_server, gemma_paths):
+    r = run(str(EXAMPLES / "own_draft.py"), str(gemma_paths[0]), "--verifier", gemma_server.address)
+    assert r.returncode == 0, r.stderr
+    assert "-> target gemma-3-270m" in r.stdout
+
+
+def test_own_draft_with_the_wrong_tokenizer_is_one_clear_error(gemma_server):
+    from edgekit.models import model_path
+
+    r = run(str(EXAMPLES / "own_draft.py"), str(model_path("smollm2-135m-instruct")), "--verifier", gemma_server.address)
+    assert r.returncode == 1 and "does not share a tokenizer" in r.stderr and "Traceback" not in r.stderr
