@@ -15,7 +15,7 @@ from edgekit.cli.app import app
 runner = CliRunner()
 
 
-def edgekit(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def edgekit(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real entry point, in a fresh process, with no standard input."""
     return subprocess.run(
         [sys.executable, "-m", "edgekit.cli.app", *args],
