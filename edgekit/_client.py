@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -111,6 +113,7 @@ class EdgeClient:
             self.close()
             raise
         self._server: ServerInfo | None = None
+        self._draft_lock = threading.Lock()  # the draft model serves one round at a time
 
     def _load_draft(self, draft_model: str | Path | DraftModel | None) -> DraftModel:
         if draft_model is None:
@@ -187,7 +190,7 @@ class EdgeClient:
     def session(self, **overrides: object) -> SpeculativeSession:
         """A session for several turns; `generate` opens and closes one per call."""
         gen = replace(self.generation, **overrides) if overrides else self.generation
-        return SpeculativeSession(self.draft, self.transport, self.server_info(), gen)
+        return SpeculativeSession(self.draft, self.transport, self.server_info(), gen, draft_lock=self._draft_lock)
 
     def generate(self, prompt: str | Sequence[int], **overrides: object) -> GenerationStream:
         """Speculative generation; overrides are GenerationConfig fields."""
@@ -205,7 +208,7 @@ class EdgeClient:
         gen = replace(self.generation, **overrides) if overrides else self.generation
         self.server_info()
         tokens = self.tokenize(prompt)
-        seed = gen.seed if gen.seed is not None else 0
+        seed = gen.seed if gen.seed is not None else secrets.randbits(63)
 
         def events() -> Iterator[Event]:
             stats = GenerationStats(mode=gen.mode, draft_k=0, prompt_tokens=len(tokens))

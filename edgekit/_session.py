@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import codecs
 import secrets
+import threading
 import time
+import weakref
 from dataclasses import replace
 from typing import Iterator, Sequence
 
@@ -27,6 +29,9 @@ from ._sampling import SparseDistribution, draft_distribution
 from .transport._base import BlockRequest, LinkState, ServerInfo, VerifierTransport
 
 __all__ = ["SpeculativeSession", "TextDecoder"]
+
+# Which session's tokens each draft model's KV cache holds (by draft object id).
+_draft_owner: "weakref.WeakValueDictionary[int, SpeculativeSession]" = weakref.WeakValueDictionary()
 
 
 class TextDecoder:
@@ -52,6 +57,7 @@ class SpeculativeSession:
         config: GenerationConfig,
         *,
         controller: Controller | None = None,
+        draft_lock: threading.Lock | None = None,
     ) -> None:
         if config.mode not in server.modes:
             raise ConfigError(
@@ -61,6 +67,10 @@ class SpeculativeSession:
         if config.mode == "sample" and config.draft_top_k > server.max_draft_top_k:
             raise ConfigError(f"draft_top_k {config.draft_top_k} exceeds the verifier's {server.max_draft_top_k}")
         self.draft = draft
+        # One draft model (one KV sequence) may serve several sessions of a
+        # client: a round holds the lock, and a session whose tokens are not
+        # the ones in the draft's cache re-prefills them first.
+        self._draft_lock = draft_lock or threading.Lock()
         self.transport = transport
         self.server = server
         self.config = config
@@ -110,10 +120,16 @@ class SpeculativeSession:
         )
         self.session_id = opened.session_id
         self.max_context = min(self.max_context, opened.max_context)
-        self.draft.truncate(0)
-        self.draft.prefill(list(prompt_tokens[:-1]))
         self.tokens = list(prompt_tokens)
+        with self._draft_lock:
+            self._claim_draft()
         return (time.perf_counter() - t0) * 1e3
+
+    def _claim_draft(self) -> None:
+        if _draft_owner.get(id(self.draft)) is not self:
+            self.draft.truncate(0)
+            self.draft.prefill(self.tokens[:-1])
+            _draft_owner[id(self.draft)] = self
 
     def extend(self, tokens: Sequence[int]) -> float:
         """Appends tokens to the conversation without verifying them (a new user turn)."""
@@ -161,6 +177,11 @@ class SpeculativeSession:
         tokens, the round's figures and whether the context is full."""
         if self.session_id is None:
             raise EdgekitError("the session is not open")
+        with self._draft_lock:
+            self._claim_draft()
+            return self._round_locked(limit)
+
+    def _round_locked(self, limit: int) -> tuple[list[int], RoundStats, bool]:
         base = len(self.tokens)
         t0 = time.perf_counter()
         block, dists = self._draft_block(self.controller.window(limit))

@@ -158,3 +158,21 @@ def test_sampling_through_the_session_is_distributed_as_the_target():
     p1 = target_probs(target.logits(prompt), 1.0)
     exact = np.array([p1[a] * target_probs(target.logits(prompt + [a]), 1.0) for a in range(vocab)])
     assert chisquare(counts.ravel(), exact.ravel() * runs).pvalue > 1e-3
+
+
+def test_two_conversations_on_one_client_keep_their_own_tokens():
+    """One draft model, two sessions taking turns: each re-claims the draft's KV."""
+    client, draft, _ = make_client(draft_k=4, max_tokens=12, stop_at_eos=False)
+    a, b = client.session(), client.session()
+    a.open(client.tokenize("first conversation"))
+    b.open(client.tokenize("second one"))
+    for _ in range(4):
+        for s in (a, b):
+            s.round(4)
+            assert draft.evaluated == s.tokens[: draft.n_past]
+    solo_client, _, _ = make_client(draft_k=4, max_tokens=12, stop_at_eos=False)
+    solo = solo_client.session()
+    solo.open(solo_client.tokenize("first conversation"))
+    for _ in range(4):
+        solo.round(4)
+    assert a.tokens == solo.tokens
