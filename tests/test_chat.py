@@ -120,3 +120,16 @@ def test_second_turn_reuses_both_kv_caches(gemma_server, gemma_draft):
         assert target_2 <= new_tokens + second.stats.drafted + second.stats.rounds
         assert draft_2 < committed_1 and target_2 < committed_1
         conv.close()
+
+
+@pytest.mark.models
+def test_chat_transcript_on_the_real_pair(gemma_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path))
+    result = runner.invoke(
+        app,
+        ["chat", "--pair", "gemma-270m", "--verifier", gemma_server.address, "-n", "16"],
+        input="Name three colours.\n/stats\n/exit\n",
+    )
+    assert result.exit_code == 0, result.output
+    assert "16 tokens" in result.output and "acceptance" in result.output
+    assert "RTT median" in result.output and "numerics exact" in result.output
