@@ -85,3 +85,30 @@ def test_generate_without_a_verifier_starts_one_on_loopback():
 def test_models_path_prints_the_cached_file():
     result = runner.invoke(app, ["models", "path", "gemma-3-270m"])
     assert result.exit_code == 0 and result.stdout.strip().endswith(".gguf")
+
+
+@pytest.mark.models
+def test_serve_announces_its_address_serves_and_stops_on_sigterm(gemma_draft):
+    import re
+    import signal as sig
+
+    from edgekit.transport import GrpcTransport
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgekit.cli.app", "serve", "--pair", "gemma-270m", "--port", "0", "--max-sessions", "2",
+         "--max-context", "512"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+    )
+    try:
+        line = proc.stderr.readline()
+        match = re.search(r"on (127\.0\.0\.1:\d+) \(exact numerics, invariant batch \d+", line)
+        assert match, line
+        with GrpcTransport(match.group(1)) as t:
+            assert t.health() == "SERVING"
+            assert t.handshake(gemma_draft.fingerprint(), draft_model="d", draft_hidden_size=640).max_sessions == 2
+        proc.send_signal(sig.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert "stopping" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
