@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -41,7 +43,7 @@ def _cpu_model() -> str:
 def _version(module: str) -> str | None:
     try:
         mod = __import__(module)
-    except Exception:
+    except ImportError:
         return None
     return getattr(mod, "__version__", None)
 
@@ -54,12 +56,53 @@ def _loadavg() -> str | None:
         return None
 
 
+def _edgekit_source() -> dict[str, Any] | None:
+    """The git commit of the edgekit checkout that is imported, and whether its code differs from it."""
+    import subprocess
+
+    try:
+        import edgekit
+
+        root = Path(edgekit.__file__).resolve().parent.parent
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "status",
+                "--porcelain",
+                "--",
+                "edgekit",
+                "models",
+                "predictors",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
+    except (ImportError, OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": head or None, "code_modified": bool(dirty)}
+
+
 _START: dict[str, Any] = {}
 
 
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = (
+        len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count()
+    )
     return {
         "cpu": _cpu_model(),
         "cores": cores,
@@ -67,6 +110,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "llama_cpp": _version("llama_cpp"),
         "edgekit": _version("edgekit"),
+        "edgekit_source": _edgekit_source(),
         "numpy": _version("numpy"),
         "edgekit_threads_env": os.environ.get("EDGEKIT_THREADS"),
         "loadavg": _loadavg(),
@@ -91,7 +135,9 @@ def load_prompts(name: str = "eval", limit: int | None = None) -> list[dict[str,
             if missing:
                 raise ValueError(f"{path}:{n}: missing {sorted(missing)}")
             if row["kind"] not in PROMPT_KINDS:
-                raise ValueError(f"{path}:{n}: kind {row['kind']!r} not in {PROMPT_KINDS}")
+                raise ValueError(
+                    f"{path}:{n}: kind {row['kind']!r} not in {PROMPT_KINDS}"
+                )
             if row["id"] in seen:
                 raise ValueError(f"{path}:{n}: duplicate id {row['id']!r}")
             seen.add(row["id"])
@@ -133,8 +179,13 @@ def write_result(name: str, payload: dict[str, Any]) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     m = machine()
     m["loadavg_at_start"] = _START.get("loadavg")
+    m["edgekit_source_at_start"] = _START.get("edgekit_source")
     m["loadavg_at_end"] = m.pop("loadavg")
-    out = {"benchmark": name, "command": " ".join([Path(sys.executable).name] + sys.argv), "machine": m}
+    out = {
+        "benchmark": name,
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "machine": m,
+    }
     out.update(payload)
     path = RESULTS_DIR / f"{name}.json"
     with open(path, "w", encoding="utf-8") as f:
@@ -155,17 +206,24 @@ def fmt(x: Any, digits: int = 2) -> str:
     if x is None:
         return "-"
     if isinstance(x, float):
-        if x != x:  # NaN
+        if math.isnan(x):
             return "-"
         return f"{x:.{digits}f}"
     return str(x)
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 2) -> str:
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 2
+) -> str:
     """A Markdown-compatible table (pipes), columns padded."""
     body = [[fmt(c, digits) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    widths = [
+        max(len(h), *(len(r[i]) for r in body)) if body else len(h)
+        for i, h in enumerate(headers)
+    ]
+    line = lambda cells: (
+        "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+    )
     out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out.extend(line(r) for r in body)
     return "\n".join(out)
@@ -190,6 +248,7 @@ def apply_threads(threads: int) -> int | None:
 def print_machine() -> None:
     m = machine()
     _START.setdefault("loadavg", m["loadavg"])
+    _START.setdefault("edgekit_source", m["edgekit_source"])
     print(
         f"machine: {m['cpu']}, {m['cores']} cores, python {m['python']}, llama_cpp {m['llama_cpp']}, "
         f"edgekit {m['edgekit']}, load {m['loadavg']}, {m['date']}",

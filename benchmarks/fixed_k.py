@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C  # noqa: E402
+import _common as C
+from edgekit.models import get_pair
 
-from edgekit import EdgeClient, GenerationConfig, ServerConfig  # noqa: E402
-from edgekit.models import get_pair  # noqa: E402
+from edgekit import EdgeClient, GenerationConfig, ServerConfig
 
 ALL_PAIRS = ("gemma-270m", "qwen-coder")
 
@@ -69,7 +69,9 @@ def spec_row(prompt: dict, k: int, final, baseline) -> dict:  # type: ignore[no-
         "round_trip_ms": d["round_trip_ms"],
         "verify_ms_per_round": C.ratio(d["server_verify_ms"], d["rounds"]),
         "round_trip_ms_per_round": C.ratio(d["round_trip_ms"], d["rounds"]),
-        "speedup_vs_target_only": C.ratio(d["tokens_per_second"], baseline.stats.tokens_per_second),
+        "speedup_vs_target_only": C.ratio(
+            d["tokens_per_second"], baseline.stats.tokens_per_second
+        ),
         "identical_to_target_only": final.token_ids == baseline.token_ids,
         "first_divergence": div,
         "text": final.text if final.token_ids != baseline.token_ids else None,
@@ -78,14 +80,19 @@ def spec_row(prompt: dict, k: int, final, baseline) -> dict:  # type: ignore[no-
 
 def aggregate(rows: list[dict], baseline_rows: list[dict]) -> dict:
     """Totals over prompts, and ratios of totals (micro averages) beside per-prompt means."""
-    tot = lambda key: sum(r[key] for r in rows)  # noqa: E731
-    drafted, accepted, rounds, tokens = tot("drafted"), tot("accepted"), tot("rounds"), tot("completion_tokens")
+    tot = lambda key: sum(r[key] for r in rows)
+    drafted, accepted, rounds, tokens = (
+        tot("drafted"),
+        tot("accepted"),
+        tot("rounds"),
+        tot("completion_tokens"),
+    )
     wdt, elapsed = tot("wasted_draft_tokens"), tot("elapsed_s")
     base_tokens = sum(r["completion_tokens"] for r in baseline_rows)
     base_elapsed = sum(r["elapsed_s"] for r in baseline_rows)
     spec_tps = C.ratio(tokens, elapsed)
     base_tps = C.ratio(base_tokens, base_elapsed)
-    mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    mean = lambda key: sum(r[key] for r in rows) / len(rows)
     return {
         "prompts": len(rows),
         "total_drafted": drafted,
@@ -107,22 +114,36 @@ def aggregate(rows: list[dict], baseline_rows: list[dict]) -> dict:
         "draft_ms_per_token": C.ratio(tot("draft_ms"), drafted),
         "verify_ms_per_round": C.ratio(tot("server_verify_ms"), rounds),
         "round_trip_ms_per_round": C.ratio(tot("round_trip_ms"), rounds),
-        "time_to_first_token_ms_median": C.median([r["time_to_first_token_ms"] for r in rows]),
+        "time_to_first_token_ms_median": C.median(
+            [r["time_to_first_token_ms"] for r in rows]
+        ),
         "target_only_tokens_per_second": base_tps,
         "speedup_vs_target_only": C.ratio(spec_tps, base_tps),
-        "speedup_vs_target_only_median_of_prompts": C.median([r["speedup_vs_target_only"] for r in rows]),
+        "speedup_vs_target_only_median_of_prompts": C.median(
+            [r["speedup_vs_target_only"] for r in rows]
+        ),
         "identical_to_target_only": sum(r["identical_to_target_only"] for r in rows),
     }
 
 
-def run_pair(pair: str, prompts: list[dict], ks: list[int], max_tokens: int, threads: int | None) -> dict:
+def run_pair(
+    pair: str, prompts: list[dict], ks: list[int], max_tokens: int, threads: int | None
+) -> dict:
     spec = get_pair(pair)
     t0 = time.perf_counter()
     client = EdgeClient(
         None,
         pair=pair,
-        generation=GenerationConfig(max_tokens=max_tokens, draft_k=ks[0], mode="greedy"),
-        local_server=ServerConfig(port=0, max_sessions=2, max_context=4096, max_block=max(32, max(ks)), threads=threads),
+        generation=GenerationConfig(
+            max_tokens=max_tokens, draft_k=ks[0], mode="greedy"
+        ),
+        local_server=ServerConfig(
+            port=0,
+            max_sessions=2,
+            max_context=4096,
+            max_block=max(32, max(ks)),
+            threads=threads,
+        ),
     )
     try:
         info = client.server_info()
@@ -140,9 +161,13 @@ def run_pair(pair: str, prompts: list[dict], ks: list[int], max_tokens: int, thr
             finals = {}
             for m in order:
                 if m == "target-only":
-                    finals[m] = client.generate_target_only(prompt["prompt"]).until_done()
+                    finals[m] = client.generate_target_only(
+                        prompt["prompt"]
+                    ).until_done()
                 else:
-                    finals[m] = client.generate(prompt["prompt"], draft_k=int(m[1:])).until_done()
+                    finals[m] = client.generate(
+                        prompt["prompt"], draft_k=int(m[1:])
+                    ).until_done()
             base = finals["target-only"]
             bd = base.stats.to_dict()
             baseline_rows.append(
@@ -155,7 +180,9 @@ def run_pair(pair: str, prompts: list[dict], ks: list[int], max_tokens: int, thr
                     "tokens_per_second": bd["tokens_per_second"],
                     "elapsed_s": bd["elapsed_s"],
                     "time_to_first_token_ms": bd["time_to_first_token_ms"],
-                    "server_decode_ms_per_token": C.ratio(bd["server_verify_ms"], bd["completion_tokens"]),
+                    "server_decode_ms_per_token": C.ratio(
+                        bd["server_verify_ms"], bd["completion_tokens"]
+                    ),
                     "text": base.text,
                     "token_ids": list(base.token_ids),
                 }
@@ -163,9 +190,12 @@ def run_pair(pair: str, prompts: list[dict], ks: list[int], max_tokens: int, thr
             for k in ks:
                 spec_rows.append(spec_row(prompt, k, finals[f"k{k}"], base))
             accs = " ".join(
-                f"K={k}:{spec_rows[-len(ks) + j]['acceptance_rate']:.2f}" for j, k in enumerate(ks)
+                f"K={k}:{spec_rows[-len(ks) + j]['acceptance_rate']:.2f}"
+                for j, k in enumerate(ks)
             )
-            print(f"  {pair} [{i + 1}/{len(prompts)}] {prompt['id']}: {accs}", flush=True)
+            print(
+                f"  {pair} [{i + 1}/{len(prompts)}] {prompt['id']}: {accs}", flush=True
+            )
 
         aggregates = {}
         by_kind = {}
@@ -178,10 +208,15 @@ def run_pair(pair: str, prompts: list[dict], ks: list[int], max_tokens: int, thr
             by_kind[str(k)] = {
                 kind: {
                     "prompts": len(rs),
-                    "acceptance_rate": C.ratio(sum(r["accepted"] for r in rs), sum(r["drafted"] for r in rs)),
-                    "accepted_length_no_bonus": C.ratio(sum(r["accepted"] for r in rs), sum(r["rounds"] for r in rs)),
+                    "acceptance_rate": C.ratio(
+                        sum(r["accepted"] for r in rs), sum(r["drafted"] for r in rs)
+                    ),
+                    "accepted_length_no_bonus": C.ratio(
+                        sum(r["accepted"] for r in rs), sum(r["rounds"] for r in rs)
+                    ),
                     "target_passes_per_token": C.ratio(
-                        sum(r["rounds"] for r in rs), sum(r["completion_tokens"] for r in rs)
+                        sum(r["rounds"] for r in rs),
+                        sum(r["completion_tokens"] for r in rs),
                     ),
                 }
                 for kind, rs in sorted(kinds.items())
@@ -200,9 +235,12 @@ def run_pair(pair: str, prompts: list[dict], ks: list[int], max_tokens: int, thr
             "load_s": load_s,
             "target_only": {
                 "tokens_per_second": C.ratio(
-                    sum(r["completion_tokens"] for r in baseline_rows), sum(r["elapsed_s"] for r in baseline_rows)
+                    sum(r["completion_tokens"] for r in baseline_rows),
+                    sum(r["elapsed_s"] for r in baseline_rows),
                 ),
-                "total_completion_tokens": sum(r["completion_tokens"] for r in baseline_rows),
+                "total_completion_tokens": sum(
+                    r["completion_tokens"] for r in baseline_rows
+                ),
                 "rows": baseline_rows,
             },
             "aggregates": aggregates,
@@ -214,12 +252,27 @@ def run_pair(pair: str, prompts: list[dict], ks: list[int], max_tokens: int, thr
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", default=",".join(ALL_PAIRS), help="comma-separated pairs, or 'all' (default both)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--pairs",
+        default=",".join(ALL_PAIRS),
+        help="comma-separated pairs, or 'all' (default both)",
+    )
     ap.add_argument("--k", default="2,4,8", help="draft windows (default 2,4,8)")
-    ap.add_argument("--prompts", default="eval", help="prompt set: benchmarks/prompts/<name>.jsonl or a path")
+    ap.add_argument(
+        "--prompts",
+        default="eval",
+        help="prompt set: benchmarks/prompts/<name>.jsonl or a path",
+    )
     ap.add_argument("--limit", type=int, help="first N prompts only")
-    ap.add_argument("--max-tokens", type=int, default=128, help="completion tokens per prompt (default 128)")
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=128,
+        help="completion tokens per prompt (default 128)",
+    )
     ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
     ap.add_argument("--out", default="fixed_k", help="results/<out>.json")
     args = ap.parse_args()
@@ -229,7 +282,10 @@ def main() -> None:
     prompts = C.load_prompts(args.prompts, args.limit)
     threads = C.apply_threads(args.threads)
     C.print_machine()
-    print(f"pairs {pairs}, K {ks}, {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy", flush=True)
+    print(
+        f"pairs {pairs}, K {ks}, {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy",
+        flush=True,
+    )
 
     started = time.perf_counter()
     results = []
@@ -261,8 +317,21 @@ def main() -> None:
     for res in results:
         for k in ks:
             for kind, v in res["by_kind"][str(k)].items():
-                kind_rows.append([res["pair"], k, kind, v["prompts"], v["acceptance_rate"], v["accepted_length_no_bonus"]])
-    print(C.table(["pair", "K", "kind", "prompts", "acceptance", "AAL (no bonus)"], kind_rows))
+                kind_rows.append(
+                    [
+                        res["pair"],
+                        k,
+                        kind,
+                        v["prompts"],
+                        v["acceptance_rate"],
+                        v["accepted_length_no_bonus"],
+                    ]
+                )
+    print(
+        C.table(
+            ["pair", "K", "kind", "prompts", "acceptance", "AAL (no bonus)"], kind_rows
+        )
+    )
     path = C.write_result(
         args.out,
         {

@@ -34,10 +34,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C  # noqa: E402
+import _common as C
+from edgekit.models import get_pair, pair_paths
 
-from edgekit.models import get_pair, pair_paths  # noqa: E402
-from edgekit.verifier._engine import TargetEngine  # noqa: E402
+from edgekit.verifier._engine import TargetEngine
 
 ALL_PAIRS = ("gemma-270m", "qwen-coder")
 
@@ -115,7 +115,9 @@ def measure(
             ctx, pending, block = ids[: L - 1], ids[L - 1], ids[L : L + k]
             seq_reuse, seq_re = 2 * i, 2 * i + 1
             engine.drop(seq_reuse)
-            _, _, prefill_ms = engine.run(seq_reuse, ctx, 0, 0)  # once: the session's prompt prefill
+            _, _, prefill_ms = engine.run(
+                seq_reuse, ctx, 0, 0
+            )  # once: the session's prompt prefill
             data[(num, L)] = {
                 "ctx": ctx,
                 "feed": [pending] + block,
@@ -167,9 +169,16 @@ def measure(
                 d["identical"] += int(np.array_equal(a, b))
                 d["argmax_identical"] += int(np.array_equal(a.argmax(-1), b.argmax(-1)))
         elapsed = time.perf_counter() - started
-        print(f"  {pair}: round {r + 1}/{warmup + rounds} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+        print(
+            f"  {pair}: round {r + 1}/{warmup + rounds} ({elapsed:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     if stopped_early:
-        print(f"  {pair}: stopped after {measured} measured rounds (--max-minutes {max_minutes})", flush=True)
+        print(
+            f"  {pair}: stopped after {measured} measured rounds (--max-minutes {max_minutes})",
+            flush=True,
+        )
 
     lo, hi = min(contexts), max(contexts)
     out = []
@@ -193,14 +202,19 @@ def measure(
                     }
                 )
             per_l[str(L)] = {
-                "reprefill_over_reuse": C.ratio(C.median(d["ms"]["reprefill"]), C.median(d["ms"]["reuse"])),
+                "reprefill_over_reuse": C.ratio(
+                    C.median(d["ms"]["reprefill"]), C.median(d["ms"]["reuse"])
+                ),
                 "initial_prefill_ms": d["prefill_ms"],
                 "logits_identical_rounds": d["identical"],
                 "argmax_identical_rounds": d["argmax_identical"],
                 "rounds": measured,
             }
         growth = {
-            method: C.ratio(C.median(data[(num, hi)]["ms"][method]), C.median(data[(num, lo)]["ms"][method]))
+            method: C.ratio(
+                C.median(data[(num, hi)]["ms"][method]),
+                C.median(data[(num, lo)]["ms"][method]),
+            )
             for method in ("reuse", "reprefill")
         }
         out.append(
@@ -222,7 +236,8 @@ def measure(
         for res in out:
             res["fast_over_exact_median"] = {
                 f"{L}/{m}": C.ratio(
-                    C.median(data[("fast", L)]["ms"][m]), C.median(data[("exact", L)]["ms"][m])
+                    C.median(data[("fast", L)]["ms"][m]),
+                    C.median(data[("exact", L)]["ms"][m]),
                 )
                 for L in contexts
                 for m in ("reuse", "reprefill")
@@ -233,17 +248,32 @@ def measure(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pair", action="append", help="a pair (repeatable); default gemma-270m")
-    ap.add_argument("--pairs", help="comma-separated pairs, or 'all'")
-    ap.add_argument("--contexts", default="64,1024", help="context lengths L (default 64,1024)")
-    ap.add_argument("--numerics", default="exact,fast", help="exact,fast (default both)")
-    ap.add_argument("--k", type=int, default=4, help="draft block length K (default 4)")
-    ap.add_argument("--rounds", type=int, default=20, help="measured rounds per cell (default 20)")
-    ap.add_argument("--warmup", type=int, default=2, help="warm-up rounds (default 2)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the per-round cell order")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument(
-        "--max-minutes", type=float, default=20.0, help="per pair: stop measuring after this long (default 20)"
+        "--pair", action="append", help="a pair (repeatable); default gemma-270m"
+    )
+    ap.add_argument("--pairs", help="comma-separated pairs, or 'all'")
+    ap.add_argument(
+        "--contexts", default="64,1024", help="context lengths L (default 64,1024)"
+    )
+    ap.add_argument(
+        "--numerics", default="exact,fast", help="exact,fast (default both)"
+    )
+    ap.add_argument("--k", type=int, default=4, help="draft block length K (default 4)")
+    ap.add_argument(
+        "--rounds", type=int, default=20, help="measured rounds per cell (default 20)"
+    )
+    ap.add_argument("--warmup", type=int, default=2, help="warm-up rounds (default 2)")
+    ap.add_argument(
+        "--seed", type=int, default=0, help="seed of the per-round cell order"
+    )
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=20.0,
+        help="per pair: stop measuring after this long (default 20)",
     )
     ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
     ap.add_argument("--out", default="verifier_context", help="results/<out>.json")
@@ -262,13 +292,36 @@ def main() -> None:
     results = []
     started = time.perf_counter()
     for pair in pairs:
-        print(f"{pair}: numerics {numerics}, contexts {contexts}, K={args.k}, {args.rounds} rounds", flush=True)
+        print(
+            f"{pair}: numerics {numerics}, contexts {contexts}, K={args.k}, {args.rounds} rounds",
+            flush=True,
+        )
         results.extend(
-            measure(pair, numerics, contexts, args.k, args.rounds, args.warmup, args.seed, threads, args.max_minutes)
+            measure(
+                pair,
+                numerics,
+                contexts,
+                args.k,
+                args.rounds,
+                args.warmup,
+                args.seed,
+                threads,
+                args.max_minutes,
+            )
         )
 
     lo, hi = contexts[0], contexts[-1]
-    headers = ["pair", "numerics", "L", "method", "median ms", "p90 ms", f"{hi}/{lo}", "re-prefill/reuse", "identical"]
+    headers = [
+        "pair",
+        "numerics",
+        "L",
+        "method",
+        "median ms",
+        "p90 ms",
+        f"{hi}/{lo}",
+        "re-prefill/reuse",
+        "identical",
+    ]
     rows = []
     for res in results:
         growth = res[f"growth_{hi}_over_{lo}"]
@@ -278,14 +331,18 @@ def main() -> None:
             rows.append(
                 [
                     res["pair"],
-                    f"{res['numerics']} (ib={res['invariant_batch']})" if res["numerics"] == "exact" else "fast",
+                    f"{res['numerics']} (ib={res['invariant_batch']})"
+                    if res["numerics"] == "exact"
+                    else "fast",
                     row["L"],
                     row["method"],
                     row["median_ms"],
                     row["p90_ms"],
                     growth[key] if row["L"] == hi else None,
                     per_l["reprefill_over_reuse"] if key == "reprefill" else None,
-                    f"{per_l['logits_identical_rounds']}/{per_l['rounds']}" if key == "reprefill" else None,
+                    f"{per_l['logits_identical_rounds']}/{per_l['rounds']}"
+                    if key == "reprefill"
+                    else None,
                 ]
             )
     print(C.table(headers, rows))
