@@ -132,10 +132,10 @@ class _ChatSession:
             return
         self.out.print()
         if stopped:
-            self.out.print("[dim][stopped][/dim]")
+            self.out.print("[dim]\\[stopped][/dim]")  # escaped: rich would read [stopped] as a tag
         elif stats is not None:
             self.out.print(
-                f"[dim][{stats.completion_tokens} tokens · {stats.tokens_per_second:.1f} tok/s · acceptance "
+                f"[dim]\\[{stats.completion_tokens} tokens · {stats.tokens_per_second:.1f} tok/s · acceptance "
                 f"{stats.acceptance_rate:.2f} · AAL {stats.accepted_length:.2f} · {stats.rounds} rounds · "
                 f"finish: {stats.finish_reason}][/dim]"
             )

@@ -15,7 +15,7 @@ import datetime
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ._errors import ConfigError, EdgekitError, SessionNotFoundError
-from ._events import Event, FinalStats, TextDelta
+from ._events import Event, FinalStats, RoundEvent, TextDelta
 from ._metrics import GenerationStats
 
 if TYPE_CHECKING:
@@ -120,15 +120,27 @@ class Conversation:
         def events() -> Iterator[Event]:
             session, prefill_ms = self._prepare(user)
             reply: list[str] = []
+            # Figures of a reply stopped early (no FinalStats comes), from its rounds.
+            partial = GenerationStats(mode=session.config.mode, draft_k=session.config.draft_k, prefill_ms=prefill_ms)
+            final = None
             try:
                 for ev in session.stream(prefill_ms=prefill_ms):
                     if isinstance(ev, TextDelta):
                         reply.append(ev.text)
+                        partial.completion_tokens += len(ev.token_ids)
+                    elif isinstance(ev, RoundEvent):
+                        partial.add_round(ev.stats)
                     elif isinstance(ev, FinalStats):
-                        self.last_stats = ev.stats
-                        self.totals.append(ev.stats)
+                        final = ev.stats
                     yield ev
             finally:
+                if final is None and partial.rounds:
+                    partial.finish_reason = "stopped"
+                    partial.elapsed_s = (partial.draft_ms + partial.round_trip_ms) / 1e3
+                    final = partial
+                if final is not None:
+                    self.last_stats = final
+                    self.totals.append(final)
                 # Also on interruption between rounds: the session holds what was shown.
                 self._close_turn(user, "".join(reply), session)
 

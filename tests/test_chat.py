@@ -133,3 +133,21 @@ def test_chat_transcript_on_the_real_pair(gemma_server, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "16 tokens" in result.output and "acceptance" in result.output
     assert "RTT median" in result.output and "numerics exact" in result.output
+
+
+def test_a_reply_stopped_early_still_counts_in_the_figures():
+    client = EdgeClient(
+        FakeVerifier(ToyLanguageModel(seed=4)),
+        draft_model=FakeDraftModel(ToyLanguageModel(seed=4, noise=1.0)),
+        generation=GenerationConfig(max_tokens=200, draft_k=3, stop_at_eos=False),
+    )
+    conv = client.conversation()
+    with conv.send("stop me") as stream:
+        for i, event in enumerate(stream):
+            if event.type == "round" and i > 6:
+                break
+    stats = conv.last_stats
+    assert stats.finish_reason == "stopped" and 0 < stats.completion_tokens < 200 and stats.rounds >= 2
+    assert conv.messages[-1]["role"] == "assistant" and conv.messages[-1]["content"]
+    follow = conv.send("go on").until_done()  # the session is still consistent
+    assert follow.stats.completion_tokens == 200 and len(conv.totals) == 2
