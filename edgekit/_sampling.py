@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "SparseDistribution",
+    "cut_at_end",
     "accept_greedy",
     "accept_sampling",
     "draft_distribution",
@@ -113,3 +114,12 @@ def accept_sampling(
             residual = target_probs(target_logits[i], temperature)
         return i, _draw(residual, rng)
     return k, _draw(target_probs(target_logits[k], temperature), rng)
+
+
+def cut_at_end(accepted: int, next_token: int, draft_tokens: Sequence[int], is_end) -> tuple[int, int | None]:
+    """Ends a verdict at the first accepted end-of-text token: nothing is sampled
+    after the end of the text. Returns (accepted, next token or None if ended)."""
+    for i in range(accepted):
+        if is_end(int(draft_tokens[i])):
+            return i + 1, None
+    return accepted, next_token

@@ -195,18 +195,20 @@ class SpeculativeSession:
                 link=self.link,
                 slo_class=self.config.slo_class,
                 round_index=self._round_index,
+                continue_after_eog=not self.config.stop_at_eos,
             )
         )
         t2 = time.perf_counter()
         a = verdict.accepted
-        if not 0 <= a <= len(block) or verdict.committed_length != base + a + 1:
+        new = block[:a] + ([verdict.next_token] if verdict.next_token is not None else [])
+        if not 0 <= a <= len(block) or not new or verdict.committed_length != base + len(new):
             raise ProtocolError(
                 f"verifier at {self.transport.address} sent an inconsistent verdict: accepted {a} of {len(block)}, "
                 f"committed {verdict.committed_length} on base {base}"
             )
-        new = block[:a] + [verdict.next_token]
         self.tokens.extend(new)
-        self.draft.truncate(min(self.draft.n_past, base + a))
+        # What the draft evaluated stays valid up to the last committed token, which it has not run.
+        self.draft.truncate(min(self.draft.n_past, len(self.tokens) - 1))
         self.controller.observe(len(block), a)
         stats = RoundStats(
             index=self._round_index,
@@ -214,7 +216,7 @@ class SpeculativeSession:
             drafted=len(block),
             accepted=a,
             bonus=verdict.bonus,
-            committed=a + 1,
+            committed=len(new),
             wasted=len(block) - a,
             draft_ms=(t1 - t0) * 1e3,
             round_trip_ms=(t2 - t1) * 1e3,

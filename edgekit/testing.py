@@ -18,7 +18,7 @@ import numpy as np
 from ._draft import DraftOutput
 from ._errors import LimitExceededError, ProtocolError, SessionNotFoundError, StaleRoundError
 from ._llama import Fingerprint
-from ._sampling import accept_greedy, accept_sampling, target_probs
+from ._sampling import accept_greedy, accept_sampling, cut_at_end, target_probs
 from .transport._base import BlockRequest, GeneratedToken, OpenedSession, ServerInfo, VerifyResult
 
 __all__ = ["FakeDraftModel", "FakeVerifier", "ToyLanguageModel"]
@@ -188,12 +188,14 @@ class FakeVerifier:
             a, nxt = accept_greedy(logits, draft)
         else:
             a, nxt = accept_sampling(logits, draft, block.draft_distributions, s["temperature"], s["rng"])
-        toks.extend(draft[:a])
-        toks.append(nxt)
+        end: int | None = nxt
+        if not block.continue_after_eog:
+            a, end = cut_at_end(a, nxt, draft, lambda t: t == self.lm.eos)
+        toks.extend(draft[:a] + ([end] if end is not None else []))
         return VerifyResult(
             accepted=a,
-            next_token=nxt,
-            bonus=a == len(draft),
+            next_token=end,
+            bonus=end is not None and a == len(draft),
             committed_length=len(toks),
             context_full=len(toks) + 2 > self.max_context,
         )

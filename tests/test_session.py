@@ -176,3 +176,25 @@ def test_two_conversations_on_one_client_keep_their_own_tokens():
     for _ in range(4):
         solo.round(4)
     assert a.tokens == solo.tokens
+
+
+def test_an_accepted_end_token_ends_the_round_with_nothing_after_it():
+    client, draft, verifier = make_client(noise=0.0, eos_bias=6.0, draft_k=6, max_tokens=50)
+    session = client.session()
+    session.open(client.tokenize("end"))
+    new, stats, _ = session.round(6)
+    eos = draft.lm.eos
+    assert new[-1] == eos and stats.accepted == len(new) and not stats.bonus  # no token sampled after the end
+    assert verifier.sessions[session.session_id]["tokens"] == session.tokens
+    assert draft.n_past == len(session.tokens) - 1 and draft.evaluated == session.tokens[:-1]
+    # A chat turn appends after the end token: both sides agree on the sequence.
+    session.extend([7, 8, 9])
+    session.round(6)
+    assert verifier.sessions[session.session_id]["tokens"] == session.tokens
+
+
+def test_going_on_past_the_end_token_when_asked():
+    client, draft, verifier = make_client(noise=0.0, eos_bias=6.0, draft_k=6, max_tokens=30, stop_at_eos=False)
+    final = client.generate("past the end").until_done()
+    assert final.token_ids.count(draft.lm.eos) >= 1 and len(final.token_ids) == 30
+    assert all(b.continue_after_eog for b in verifier.verify_calls)

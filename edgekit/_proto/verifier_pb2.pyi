@@ -255,7 +255,7 @@ class HiddenStates(_message.Message):
     def __init__(self, encoding: _Optional[_Union[HiddenEncoding, str]] = ..., count: _Optional[int] = ..., dim: _Optional[int] = ..., data: _Optional[bytes] = ..., scales: _Optional[_Iterable[float]] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "base_position", "draft_tokens", "draft_distributions", "upload_protocol", "hidden", "link", "slo_class", "round_index")
+    __slots__ = ("session_id", "base_position", "draft_tokens", "draft_distributions", "upload_protocol", "hidden", "link", "slo_class", "round_index", "continue_after_eog")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +265,7 @@ class VerifyRequest(_message.Message):
     LINK_FIELD_NUMBER: _ClassVar[int]
     SLO_CLASS_FIELD_NUMBER: _ClassVar[int]
     ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_AFTER_EOG_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     base_position: int
     draft_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -274,7 +275,8 @@ class VerifyRequest(_message.Message):
     link: LinkState
     slo_class: SloClass
     round_index: int
-    def __init__(self, session_id: _Optional[str] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., upload_protocol: _Optional[_Union[UploadProtocol, str]] = ..., hidden: _Optional[_Union[HiddenStates, _Mapping]] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., slo_class: _Optional[_Union[SloClass, str]] = ..., round_index: _Optional[int] = ...) -> None: ...
+    continue_after_eog: bool
+    def __init__(self, session_id: _Optional[str] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., upload_protocol: _Optional[_Union[UploadProtocol, str]] = ..., hidden: _Optional[_Union[HiddenStates, _Mapping]] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., slo_class: _Optional[_Union[SloClass, str]] = ..., round_index: _Optional[int] = ..., continue_after_eog: _Optional[bool] = ...) -> None: ...
 
 class ServerTimings(_message.Message):
     __slots__ = ("queue_ms", "verify_ms", "batch_size")
@@ -287,20 +289,22 @@ class ServerTimings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("accepted", "next_token", "bonus", "committed_length", "next_budget", "context_full")
+    __slots__ = ("accepted", "next_token", "bonus", "committed_length", "next_budget", "context_full", "ended")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BONUS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     NEXT_BUDGET_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FULL_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     next_token: int
     bonus: bool
     committed_length: int
     next_budget: int
     context_full: bool
-    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., bonus: _Optional[bool] = ..., committed_length: _Optional[int] = ..., next_budget: _Optional[int] = ..., context_full: _Optional[bool] = ...) -> None: ...
+    ended: bool
+    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., bonus: _Optional[bool] = ..., committed_length: _Optional[int] = ..., next_budget: _Optional[int] = ..., context_full: _Optional[bool] = ..., ended: _Optional[bool] = ...) -> None: ...
 
 class HiddenRequest(_message.Message):
     __slots__ = ("positions", "encoding")

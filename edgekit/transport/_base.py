@@ -75,12 +75,13 @@ class BlockRequest:
     link: LinkState = field(default_factory=LinkState)
     slo_class: str = "interactive"
     round_index: int = 0
+    continue_after_eog: bool = False  # default: an accepted end-of-text token ends the round
 
 
 @dataclass(frozen=True)
 class VerifyResult:
     accepted: int
-    next_token: int
+    next_token: int | None  # None: the accepted block ended the text
     bonus: bool
     committed_length: int
     next_budget: int = 0

@@ -209,6 +209,7 @@ class GrpcTransport:
             ),
             slo_class=SLO_TO_PB.get(block.slo_class, pb.SLO_CLASS_STANDARD),
             round_index=block.round_index,
+            continue_after_eog=block.continue_after_eog,
         )
         r = self._call(self._stub.Verify, req, during=f"round {block.round_index}")
         if r.WhichOneof("result") != "verdict":
@@ -219,7 +220,7 @@ class GrpcTransport:
         v, t = r.verdict, r.timings
         return VerifyResult(
             accepted=v.accepted,
-            next_token=v.next_token,
+            next_token=None if v.ended else v.next_token,
             bonus=v.bonus,
             committed_length=v.committed_length,
             next_budget=v.next_budget,

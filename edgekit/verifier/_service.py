@@ -23,7 +23,7 @@ from .._errors import EdgekitError, LimitExceededError, SessionNotFoundError
 from .._llama import KVCacheFullError
 from .._proto import verifier_pb2 as pb
 from .._wire import MODE_FROM_PB, SLO_FROM_PB, fingerprint_from_pb, fingerprint_to_pb
-from .._sampling import SparseDistribution, accept_greedy, accept_sampling, target_probs
+from .._sampling import SparseDistribution, accept_greedy, accept_sampling, cut_at_end, target_probs
 from ..transport._base import PROTOCOL_VERSION
 from ._engine import TargetEngine
 from ._sessions import Session, SessionTable
@@ -266,20 +266,25 @@ class VerifierService:
                     for d in req.draft_distributions
                 ]
                 accepted, nxt = accept_sampling(logits, block, dists, sess.temperature, sess.rng)
+            end: int | None = nxt
+            if not req.continue_after_eog:
+                accepted, end = cut_at_end(accepted, nxt, block, self.model.is_eog)
             accept_ms = (time.perf_counter() - t0) * 1e3
-            self.engine.truncate(sess.seq, base + accepted)
-            sess.tokens.extend(block[:accepted])
-            sess.tokens.append(nxt)
-            sess.n_kv = base + accepted
+            new = block[:accepted] + ([end] if end is not None else [])
+            # The KV keeps every committed token but the last (which is not yet decoded).
+            sess.n_kv = base + len(new) - 1
+            self.engine.truncate(sess.seq, sess.n_kv)
+            sess.tokens.extend(new)
             sess.rounds += 1
             committed = len(sess.tokens)
             resp = pb.VerifyResponse(
                 verdict=pb.Verdict(
                     accepted=accepted,
-                    next_token=nxt,
-                    bonus=accepted == len(block),
+                    next_token=end if end is not None else -1,
+                    bonus=end is not None and accepted == len(block),
                     committed_length=committed,
                     context_full=committed + 2 > self.config.max_context,
+                    ended=end is None,
                 ),
                 timings=pb.ServerTimings(queue_ms=queue_ms, verify_ms=decode_ms + accept_ms, batch_size=1),
             )
