@@ -35,29 +35,40 @@ _CALIBRATION_TEXT = (
 )
 
 
-def calibrate_invariant_batch(model: LlamaModel, ctx: LlamaContext, seq: int, limit: int) -> int:
+def calibrate_invariant_batch(model: LlamaModel, limit: int, threads: int | None = None) -> int:
     """The largest n <= limit such that every batch of 2..n rows gives the same
-    logits, bit for bit, as decoding the rows one at a time."""
+    logits, bit for bit, as decoding the rows one at a time.
+
+    Runs in a small context of its own (same model, threads and attention
+    kernels as the engine's): one sequence decodes the reference one token at a
+    time, as far as the search goes; the other holds the same head and takes
+    each trial batch, rolled back after it. The search stops at the first size
+    that differs.
+    """
     tokens = model.tokenize(_CALIBRATION_TEXT)
     head, span = 4, min(limit, len(tokens) - 4)
-    ctx.remove(seq)
-    reference = []
-    for i, tok in enumerate(tokens[: head + span]):
-        ctx.decode([tok], [i], [seq], [True])
-        if i >= head:
-            reference.append(ctx.logits(0).copy())
-    best = 1
-    for n in range(2, span + 1):
-        ctx.remove(seq)
+    ctx = LlamaContext(model, n_ctx=512, n_batch=max(64, span + 1), n_seq=2, n_threads=threads, flash_attn=True)
+    ref, trial = 0, 1
+    try:
         for i, tok in enumerate(tokens[:head]):
-            ctx.decode([tok], [i], [seq], [False])
-        rows = tokens[head : head + n]
-        ctx.decode(rows, range(head, head + n), [seq] * n, [True] * n)
-        if not all(np.array_equal(ctx.logits(i), reference[i]) for i in range(n)):
-            break
-        best = n
-    ctx.remove(seq)
-    return best
+            ctx.decode([tok], [i], [ref], [False])
+            ctx.decode([tok], [i], [trial], [False])
+        reference: list[np.ndarray] = []
+        best = 1
+        for n in range(2, span + 1):
+            while len(reference) < n:
+                i = head + len(reference)
+                ctx.decode([tokens[i]], [i], [ref], [True])
+                reference.append(ctx.logits(0).copy())
+            ctx.decode(tokens[head : head + n], range(head, head + n), [trial] * n, [True] * n)
+            same = all(np.array_equal(ctx.logits(i), reference[i]) for i in range(n))
+            ctx.truncate(trial, head)
+            if not same:
+                break
+            best = n
+        return best
+    finally:
+        ctx.close()
 
 
 class TargetEngine:
@@ -84,7 +95,7 @@ class TargetEngine:
         )
         self._lock = threading.Lock()
         self.exact = exact
-        self.invariant_batch = calibrate_invariant_batch(self.model, self._ctx, 0, max_block + 1) if exact else 0
+        self.invariant_batch = calibrate_invariant_batch(self.model, max_block + 1, threads) if exact else 0
 
     def run(self, seq: int, tokens: Sequence[int], start: int, n_out: int) -> tuple[np.ndarray, float, float]:
         """Appends tokens to a sequence; returns the last n_out rows' logits (a copy),
