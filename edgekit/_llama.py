@@ -126,10 +126,6 @@ class LlamaModel:
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token]) if 0 <= token < self.n_vocab else False
 
-    @property
-    def eog_tokens(self) -> list[int]:
-        return [int(t) for t in np.flatnonzero(self._eog)]
-
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
         cap = len(data) + 16
@@ -178,11 +174,6 @@ class LlamaModel:
 
     def chat_template(self) -> str | None:
         return self.meta("tokenizer.chat_template")
-
-    def description(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        _lc.llama_model_desc(self._model, buf, len(buf))
-        return buf.value.decode()
 
 
 class LlamaContext:
@@ -320,6 +311,3 @@ class LlamaContext:
 
     def remove(self, seq: int) -> None:
         _lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
-
-    def seq_length(self, seq: int) -> int:
-        return int(_lc.llama_memory_seq_pos_max(self._mem, seq)) + 1

@@ -275,7 +275,6 @@ class VerifierService:
             sess.n_kv = base + len(new) - 1
             self.engine.truncate(sess.seq, sess.n_kv)
             sess.tokens.extend(new)
-            sess.rounds += 1
             committed = len(sess.tokens)
             resp = pb.VerifyResponse(
                 verdict=pb.Verdict(

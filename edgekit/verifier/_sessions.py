@@ -35,7 +35,6 @@ class Session:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # (request key, response) of the last applied round, for idempotent retries.
     last_round: tuple[bytes, object] | None = None
-    rounds: int = 0
     decoded: int = 0  # tokens run through the target for this session: prefix reuse shows here
 
 
