@@ -18,7 +18,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	@echo "installing edgekit and its dependencies (llama.cpp compiles on first install: ~8 min on 2 cores)"
-	$(BIN)/python -m pip install --quiet -e '.[predictor,test]'
+	$(BIN)/python -m pip install --quiet -e '.[predictor,train,bench,test]'
 	touch $@
 
 install: $(VENV)/.installed

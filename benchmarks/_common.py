@@ -254,3 +254,8 @@ def print_machine() -> None:
         f"edgekit {m['edgekit']}, load {m['loadavg']}, {m['date']}",
         flush=True,
     )
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr (stdout carries the table)."""
+    print(message, file=sys.stderr, flush=True)

@@ -15,11 +15,12 @@ def build_client(
     token: Optional[str],
     generation,  # GenerationConfig
     announce: bool = True,
+    local_server=None,  # ServerConfig of the local verifier, when one is started
 ):
     from edgekit import ClientConfig, EdgeClient
 
     config = ClientConfig(timeout=timeout, connect_timeout=min(10.0, timeout), token=token)
-    client = EdgeClient(verifier, pair=pair, config=config, generation=generation)
+    client = EdgeClient(verifier, pair=pair, config=config, generation=generation, local_server=local_server)
     if client.local_verifier_address and announce:
         info = client.server_info()
         numerics = "exact numerics" if info.exact_numerics else "fast numerics"

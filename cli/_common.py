@@ -23,3 +23,23 @@ def print_json(data: Any) -> None:
 def note(message: str) -> None:
     """A diagnostic line on stderr, so stdout stays clean for --json."""
     typer.echo(message, err=True)
+
+
+# Drafting policy options, shared by `generate` and `chat`.
+DRAFTING_HELP = (
+    "How long each block is: auto (the pair's shipped predictor when there is one, else fixed), "
+    "fixed (--draft-k tokens), predictor (stop at the first predicted rejection), p-min (stop below --p-min)."
+)
+
+
+def drafting_options():  # type: ignore[no-untyped-def]
+    """(--drafting, --predictor, --max-window, --p-min) option defaults for a command signature."""
+    return (
+        typer.Option("auto", "--drafting", help=DRAFTING_HELP),
+        typer.Option(None, "--predictor", help="An ONNX rejection predictor (default: the one shipped for the pair)."),
+        typer.Option(10, "--max-window", min=1, max=64, help="Most tokens per block for predictor and p-min drafting."),
+        typer.Option(0.5, "--p-min", min=0.0, max=1.0, help="Confidence threshold of p-min drafting."),
+    )
+
+
+_DRAFTING, _PREDICTOR, _MAX_WINDOW, _P_MIN = drafting_options()

@@ -8,7 +8,7 @@ import typer
 
 from edgekit._errors import EdgekitError
 
-from . import chat, generate, models, serve
+from . import chat, generate, models, predictor, profile, serve
 
 app = typer.Typer(
     name="edgekit",
@@ -20,7 +20,9 @@ app = typer.Typer(
 app.command("chat")(chat.chat)
 app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
+app.command("profile")(profile.profile)
 app.add_typer(models.app, name="models")
+app.add_typer(predictor.app, name="predictor")
 
 
 def fail(message: str, code: int = 1) -> "typer.Exit":

@@ -12,19 +12,21 @@ from typing import Iterator, Optional
 
 import typer
 
-from ._common import PAIR_HELP, VERIFIER_HELP
+from ._common import _DRAFTING, _MAX_WINDOW, _P_MIN, _PREDICTOR, PAIR_HELP, VERIFIER_HELP
 from .generate import Mode
 
 HELP_TEXT = """\
 Type a message and press Enter. Commands:
   /help                 this text
   /stats                acceptance, accepted length, rounds, speed, link
-  /set KEY VALUE        k (draft window), temperature, mode (greedy|sample), max_tokens, seed
+  /set KEY VALUE        k (draft window), drafting (auto|fixed|predictor|p-min), max_window,
+                        p_min, temperature, mode (greedy|sample), max_tokens, seed
   /clear                start a new conversation (keeps the system prompt)
   /exit                 leave (or Ctrl-D); Ctrl-C stops the current answer"""
 
 _SET_KEYS = {"k": "draft_k", "draft_k": "draft_k", "temperature": "temperature", "t": "temperature", "mode": "mode",
-             "max_tokens": "max_tokens", "seed": "seed"}
+             "max_tokens": "max_tokens", "seed": "seed", "drafting": "drafting", "max_window": "max_window",
+             "p_min": "p_min"}
 
 
 class _Interrupt:
@@ -65,6 +67,10 @@ def chat(
     mode: Mode = typer.Option(Mode.greedy, "--mode", help="greedy (exact target argmax) or sample (lossless)."),
     temperature: float = typer.Option(0.7, "--temperature", "-t", help="Sampling temperature (mode sample)."),
     draft_k: int = typer.Option(4, "--draft-k", "-k", min=1, max=64, help="Draft window K: tokens drafted per round."),
+    drafting: str = _DRAFTING,
+    predictor: Optional[str] = _PREDICTOR,
+    max_window: int = _MAX_WINDOW,
+    p_min: float = _P_MIN,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (reproducible answers)."),
     history: bool = typer.Option(
         True, "--history/--no-history", help="Keep the chat in the per-user data directory (EDGEKIT_NO_HISTORY=1 also turns it off)."
@@ -80,7 +86,10 @@ def chat(
     from . import _client
     from ._history import History
 
-    gen = GenerationConfig(max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed)
+    gen = GenerationConfig(
+        max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
+        drafting=drafting, predictor=predictor, max_window=max_window, p_min=p_min,
+    )
     # With --json, stdout carries only JSON lines; everything for people goes to stderr.
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
     log = History(history, pair)
@@ -201,7 +210,7 @@ class _ChatSession:
                 return True
             key, raw = _SET_KEYS[args[0].lower()], args[1]
             try:
-                value = raw if key == "mode" else float(raw) if key == "temperature" else int(raw)
+                value = raw if key in ("mode", "drafting") else float(raw) if key in ("temperature", "p_min") else int(raw)
                 current = replace(self.client.generation, **self.conv.overrides)
                 GenerationConfig(**{**current.__dict__, key: value})  # validates
             except (ValueError, ConfigError) as exc:

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ._common import PAIR_HELP, VERIFIER_HELP, note, print_json
+from ._common import _DRAFTING, _MAX_WINDOW, _P_MIN, _PREDICTOR, PAIR_HELP, VERIFIER_HELP, note, print_json
 
 
 class Mode(str, Enum):
@@ -28,6 +28,10 @@ def generate(
     mode: Mode = typer.Option(Mode.greedy, "--mode", help="greedy: exact target argmax; sample: lossless speculative sampling."),
     temperature: float = typer.Option(0.8, "--temperature", "-t", help="Sampling temperature (mode sample)."),
     draft_k: int = typer.Option(4, "--draft-k", "-k", min=1, max=64, help="Fixed draft window K: tokens drafted per round."),
+    drafting: str = _DRAFTING,
+    predictor: Optional[str] = _PREDICTOR,
+    max_window: int = _MAX_WINDOW,
+    p_min: float = _P_MIN,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling on both sides (reproducible runs)."),
     baseline: Optional[Baseline] = typer.Option(
         None, "--baseline", help="target-only: generate with the verifier's target alone (centralized baseline)."
@@ -43,7 +47,8 @@ def generate(
     from . import _client
 
     gen = GenerationConfig(
-        max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed
+        max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
+        drafting=drafting, predictor=predictor, max_window=max_window, p_min=p_min,
     )
     with _client.build_client(
         pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, announce=not json_out
@@ -68,6 +73,7 @@ def generate(
                     "method": "target-only" if baseline else "speculative",
                     "mode": mode.value,
                     "draft_k": 0 if baseline else draft_k,
+                    "drafting": "target-only" if baseline else final.stats.drafting,
                     "seed": seed,
                     "prompt": prompt,
                     "token_ids": list(final.token_ids),

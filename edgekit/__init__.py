@@ -6,7 +6,7 @@ from ._async_client import AsyncConversation, AsyncEdgeClient, AsyncGenerationSt
 from ._chat import ChatTemplate, Conversation
 from ._client import EdgeClient, GenerationStream
 from ._config import ClientConfig, GenerationConfig, ServerConfig
-from ._controller import Controller, FixedWindow
+from ._controller import ConfidenceThreshold, Controller, FixedWindow
 from ._draft import DraftModel, LlamaDraftModel
 from ._errors import (
     AuthenticationError,
@@ -39,6 +39,7 @@ __all__ = [
     "ClientConfig",
     "Conversation",
     "ConfigError",
+    "ConfidenceThreshold",
     "Controller",
     "DependencyMissingError",
     "DraftModel",

@@ -121,7 +121,12 @@ class Conversation:
             session, prefill_ms = self._prepare(user)
             reply: list[str] = []
             # Figures of a reply stopped early (no FinalStats comes), from its rounds.
-            partial = GenerationStats(mode=session.config.mode, draft_k=session.config.draft_k, prefill_ms=prefill_ms)
+            partial = GenerationStats(
+                mode=session.config.mode,
+                draft_k=session.config.draft_k,
+                drafting=session.controller.name,
+                prefill_ms=prefill_ms,
+            )
             final = None
             try:
                 for ev in session.stream(prefill_ms=prefill_ms):

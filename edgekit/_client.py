@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ._config import ClientConfig, GenerationConfig, ServerConfig
+from ._controller import Controller
 from ._draft import DraftModel, LlamaDraftModel
 from ._errors import IncompatibleModelsError
 from ._events import Event, FinalStats, TextDelta
@@ -114,6 +115,7 @@ class EdgeClient:
             raise
         self._server: ServerInfo | None = None
         self._draft_lock = threading.Lock()  # the draft model serves one round at a time
+        self._predictors: dict = {}  # loaded ONNX predictors by path, shared by sessions
 
     def _load_draft(self, draft_model: str | Path | DraftModel | None) -> DraftModel:
         if draft_model is None:
@@ -187,14 +189,32 @@ class EdgeClient:
         prompt = self.chat_template().render(messages, add_generation_prompt=True)
         return self.generate(self.tokenize(prompt), **overrides)
 
-    def session(self, **overrides: object) -> SpeculativeSession:
-        """A session for several turns; `generate` opens and closes one per call."""
+    def session(self, *, controller: Controller | None = None, **overrides: object) -> SpeculativeSession:
+        """A session for several turns; `generate` opens and closes one per call.
+        `controller` replaces the drafting policy the config names."""
         gen = replace(self.generation, **overrides) if overrides else self.generation
-        return SpeculativeSession(self.draft, self.transport, self.server_info(), gen, draft_lock=self._draft_lock)
+        server = self.server_info()
+        return SpeculativeSession(
+            self.draft,
+            self.transport,
+            server,
+            gen,
+            controller=controller,
+            controllers=self.controller_for,
+            draft_lock=self._draft_lock,
+        )
 
-    def generate(self, prompt: str | Sequence[int], **overrides: object) -> GenerationStream:
+    def controller_for(self, gen: GenerationConfig) -> Controller:
+        """The drafting controller `gen.drafting` names (see GenerationConfig)."""
+        from ._drafting import make_controller
+
+        return make_controller(gen, self.draft.name, self.server_info().target_model, self._predictors)
+
+    def generate(
+        self, prompt: str | Sequence[int], *, controller: Controller | None = None, **overrides: object
+    ) -> GenerationStream:
         """Speculative generation; overrides are GenerationConfig fields."""
-        session = self.session(**overrides)
+        session = self.session(controller=controller, **overrides)
         tokens = self.tokenize(prompt)
 
         def events() -> Iterator[Event]:

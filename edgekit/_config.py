@@ -16,6 +16,7 @@ __all__ = ["ClientConfig", "GenerationConfig", "ServerConfig"]
 
 Mode = Literal["greedy", "sample"]
 SloClass = Literal["interactive", "standard", "batch"]
+Drafting = Literal["auto", "fixed", "predictor", "p-min"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,17 @@ class GenerationConfig:
     # lossless for any draft distribution, only acceptance changes. None: same.
     draft_temperature: float | None = None
     seed: int | None = None
+    # How long each round's block is: "fixed" drafts draft_k tokens; "predictor"
+    # stops at the first rejection an ONNX predictor foresees (WISP), "p-min" where
+    # the draft's top probability falls below p_min (llama.cpp's draft p-min),
+    # both within max_window; "auto" is "predictor" when one is shipped for this
+    # draft and target (or given) and onnxruntime is installed, else "fixed".
+    drafting: Drafting = "auto"
     draft_k: int = 4  # fixed draft window (SLED-style baseline)
+    max_window: int = 10  # bound of the adaptive policies
+    predictor: str | None = None  # an ONNX predictor file; None: the one shipped for the pair
+    predictor_threshold: float | None = None  # None: the predictor's own operating threshold
+    p_min: float = 0.5
     draft_top_k: int = 32  # support of the uploaded draft distribution when sampling
     stop_at_eos: bool = True
     slo_class: SloClass = "interactive"
@@ -45,6 +56,14 @@ class GenerationConfig:
             raise ConfigError(f"draft_temperature must be > 0, got {self.draft_temperature}")
         if not 1 <= self.draft_k <= 64:
             raise ConfigError(f"draft_k must be between 1 and 64, got {self.draft_k}")
+        if self.drafting not in ("auto", "fixed", "predictor", "p-min"):
+            raise ConfigError(f"drafting must be auto, fixed, predictor or p-min, got {self.drafting!r}")
+        if not 1 <= self.max_window <= 64:
+            raise ConfigError(f"max_window must be between 1 and 64, got {self.max_window}")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise ConfigError(f"p_min must be between 0 and 1, got {self.p_min}")
+        if self.predictor_threshold is not None and not 0.0 <= self.predictor_threshold <= 1.0:
+            raise ConfigError(f"predictor_threshold must be between 0 and 1, got {self.predictor_threshold}")
         if not 1 <= self.draft_top_k <= 1024:
             raise ConfigError(f"draft_top_k must be between 1 and 1024, got {self.draft_top_k}")
         if self.slo_class not in ("interactive", "standard", "batch"):

@@ -29,6 +29,7 @@ class RoundStats:
     committed: int  # tokens this round added to the output: accepted + 1
     wasted: int  # drafted - accepted
     draft_ms: float  # device time spent drafting the block
+    draft_steps: int  # draft model evaluations this round (a stop decision costs one past the block)
     round_trip_ms: float  # client-side time of the verify call
     server_verify_ms: float
     server_queue_ms: float
@@ -41,12 +42,14 @@ class RoundStats:
 class GenerationStats:
     mode: str
     draft_k: int
+    drafting: str = ""  # the controller's name: fixed-4, predictor-gemma-270m, p-min-0.5
     prompt_tokens: int = 0
     completion_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
     wasted_draft_tokens: int = 0
+    draft_steps: int = 0
     bonus_tokens: int = 0
     draft_ms: float = 0.0
     round_trip_ms: float = 0.0
@@ -63,6 +66,7 @@ class GenerationStats:
         self.drafted += r.drafted
         self.accepted += r.accepted
         self.wasted_draft_tokens += r.wasted
+        self.draft_steps += r.draft_steps
         self.bonus_tokens += int(r.bonus)
         self.draft_ms += r.draft_ms
         self.round_trip_ms += r.round_trip_ms

@@ -15,7 +15,7 @@ import threading
 import time
 import weakref
 from dataclasses import replace
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -57,6 +57,7 @@ class SpeculativeSession:
         config: GenerationConfig,
         *,
         controller: Controller | None = None,
+        controllers: Callable[[GenerationConfig], Controller] | None = None,
         draft_lock: threading.Lock | None = None,
     ) -> None:
         if config.mode not in server.modes:
@@ -74,7 +75,10 @@ class SpeculativeSession:
         self.transport = transport
         self.server = server
         self.config = config
-        self.controller = controller or FixedWindow(config.draft_k)
+        # `controllers` builds the drafting controller a config asks for (again
+        # when `reconfigure` changes it); without one, a fixed window.
+        self._controllers = controllers or (lambda cfg: FixedWindow(cfg.draft_k))
+        self.controller = controller or self._controllers(config)
         self.seed = config.seed if config.seed is not None else secrets.randbits(63)
         # Independent streams for the two sides: the verifier's acceptance draw
         # must not be the number the draft sampled its token with, or min(1, p/q)
@@ -90,6 +94,7 @@ class SpeculativeSession:
 
     # Settings the verifier knows about: changing one needs a new session.
     _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class")
+    _DRAFTING = ("drafting", "draft_k", "max_window", "predictor", "predictor_threshold", "p_min")
 
     def reconfigure(self, **changes: object) -> bool:
         """Applies client-side changes (window, limits) at once; returns False, and
@@ -97,8 +102,8 @@ class SpeculativeSession:
         if any(k in self._SERVER_SIDE and changes[k] != getattr(self.config, k) for k in changes):
             return False
         self.config = replace(self.config, **changes)
-        if "draft_k" in changes and isinstance(self.controller, FixedWindow):
-            self.controller = FixedWindow(self.config.draft_k)
+        if any(k in self._DRAFTING for k in changes):
+            self.controller = self._controllers(self.config)
         return True
 
     # -- session lifecycle -----------------------------------------------------------
@@ -152,14 +157,19 @@ class SpeculativeSession:
 
     # -- rounds ------------------------------------------------------------------------
 
-    def _draft_block(self, k: int) -> tuple[list[int], list[SparseDistribution]]:
+    def _draft_block(self, k: int) -> tuple[list[int], list[SparseDistribution], int]:
+        """The block, its draft distributions (when sampling) and how many draft steps it took."""
         feed = self.tokens[self.draft.n_past :]
         block: list[int] = []
         dists: list[SparseDistribution] = []
         greedy = self.config.mode == "greedy"
         temperature = self.config.draft_temperature or self.config.temperature
-        for _ in range(k):
+        steps = 0
+        for index in range(1, k + 1):
             out = self.draft.eval(feed)
+            steps += 1
+            if not self.controller.draft_next(index, out.logits):
+                break
             if greedy:
                 tok = int(np.argmax(out.logits))
             else:
@@ -167,10 +177,10 @@ class SpeculativeSession:
                 tok = dist.sample(self._rng)
                 dists.append(dist)
             block.append(tok)
-            if self.draft.is_eog(tok) or not self.controller.keep_drafting(len(block), out, tok):
+            if self.draft.is_eog(tok):
                 break
             feed = [tok]
-        return block, dists
+        return block, dists, steps
 
     def round(self, limit: int) -> tuple[list[int], RoundStats, bool]:
         """Runs one round drafting at most `limit` tokens; returns the newly committed
@@ -184,7 +194,7 @@ class SpeculativeSession:
     def _round_locked(self, limit: int) -> tuple[list[int], RoundStats, bool]:
         base = len(self.tokens)
         t0 = time.perf_counter()
-        block, dists = self._draft_block(self.controller.window(limit))
+        block, dists, steps = self._draft_block(self.controller.window(limit))
         t1 = time.perf_counter()
         verdict = self.transport.verify(
             BlockRequest(
@@ -219,6 +229,7 @@ class SpeculativeSession:
             committed=len(new),
             wasted=len(block) - a,
             draft_ms=(t1 - t0) * 1e3,
+            draft_steps=steps,
             round_trip_ms=(t2 - t1) * 1e3,
             server_verify_ms=verdict.verify_ms,
             server_queue_ms=verdict.queue_ms,
@@ -230,7 +241,11 @@ class SpeculativeSession:
         """Rounds until EOS, `max_tokens` or a full context, as events."""
         max_tokens = max_tokens or self.config.max_tokens
         stats = GenerationStats(
-            mode=self.config.mode, draft_k=self.config.draft_k, prompt_tokens=len(self.tokens), prefill_ms=prefill_ms
+            mode=self.config.mode,
+            draft_k=self.config.draft_k,
+            drafting=self.controller.name,
+            prompt_tokens=len(self.tokens),
+            prefill_ms=prefill_ms,
         )
         decoder = TextDecoder(self.draft)
         out: list[int] = []

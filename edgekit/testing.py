@@ -179,7 +179,7 @@ class FakeVerifier:
                 address=self.address,
             )
         draft = list(block.draft_tokens)
-        if not draft or len(draft) > self.max_block:
+        if len(draft) > self.max_block:
             raise ProtocolError(f"bad block length {len(draft)}", address=self.address)
         if len(toks) + len(draft) + 1 > self.max_context:
             raise LimitExceededError("context full", address=self.address)

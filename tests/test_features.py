@@ -57,3 +57,23 @@ def test_random_logits_match_the_definitions(vocab, scale, seed):
 def test_ties_at_the_top_give_zero_margin():
     z = np.array([1.0, 3.0, 3.0, 0.0], dtype=np.float32)
     assert dict(zip(FEATURE_NAMES, LogitFeatures(4)(z, 1, 0.0)))["margin"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_a_long_tail_far_below_the_top_is_bounded():
+    """Real logits: a few entries near the top, most tens of nats below. Only
+    those within TAIL_NATS enter the softmax sums; the rest may move them by
+    at most V * exp(-TAIL_NATS) relative."""
+    from edgekit.predictors.features import TAIL_NATS
+
+    rng = np.random.default_rng(4)
+    z = (rng.normal(size=262_144) * 6.8).astype(np.float32)
+    z[11] += 45.0
+    z[99] += 43.0
+    z[500:540] += rng.uniform(20, 40, size=40).astype(np.float32)
+    bound = 262_144 * np.exp(-TAIL_NATS)
+    f = dict(zip(FEATURE_NAMES, LogitFeatures(z.size)(z, 1, 0.5)))
+    ref = reference(z)
+    assert f["confidence"] == pytest.approx(ref["confidence"], rel=bound)
+    assert f["margin"] == pytest.approx(ref["margin"], rel=bound)
+    assert f["entropy"] == pytest.approx(ref["entropy"], rel=bound, abs=1e-5)
+    assert f["logit_std"] == pytest.approx(ref["logit_std"], rel=1e-5)

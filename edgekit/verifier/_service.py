@@ -291,8 +291,8 @@ class VerifierService:
             return resp
 
     def _check_block(self, sess: Session, req: pb.VerifyRequest, block: list[int]) -> None:
-        if not block:
-            raise _invalid("the draft block is empty")
+        # An empty block is a plain target step (a controller that predicts the
+        # first draft token rejected sends none: WISP eq. 25 allows K = 0).
         if len(block) > self.config.max_block:
             raise _invalid(f"draft block of {len(block)} tokens exceeds max_block={self.config.max_block}")
         self._check_tokens(block, "the draft block")

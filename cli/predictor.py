@@ -1,0 +1,139 @@
+"""`edgekit predictor collect|train|check`: traces, training and the shipped predictors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ._common import PAIR_HELP, VERIFIER_HELP, note, print_json
+
+app = typer.Typer(help="The WISP rejection predictor: collect traces, train, export to ONNX.", no_args_is_help=True)
+
+def _default_prompts() -> Path:
+    from edgekit.predictors import TRAIN_PROMPTS
+
+    return TRAIN_PROMPTS
+
+
+@app.command()
+def collect(
+    out: Path = typer.Option(..., "--out", "-o", help="Trace file to write (.npz)."),
+    pair: str = typer.Option("gemma-270m", "--pair", help=PAIR_HELP),
+    verifier: Optional[str] = typer.Option(None, "--verifier", help=VERIFIER_HELP),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL prompt set; default: the training set shipped with edgekit."),
+    limit: int = typer.Option(0, "--limit", min=0, help="Use only the first N prompts (0: all)."),
+    window: int = typer.Option(8, "--window", "-k", min=1, max=64, help="Fixed draft window while recording."),
+    max_tokens: int = typer.Option(64, "--max-tokens", "-n", min=1, help="Tokens generated per prompt."),
+    mode: str = typer.Option("greedy", "--mode", help="greedy or sample (labels depend on the acceptance rule)."),
+    seed: int = typer.Option(0, "--seed"),
+    numerics: str = typer.Option("exact", "--numerics", help="Numerics of the local verifier: exact or fast."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, seconds."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Verifier bearer token."),
+    json_out: bool = typer.Option(False, "--json", help="Print the trace summary as JSON."),
+) -> None:
+    """Run speculative decoding with a fixed window over a prompt set and record
+    each drafted position's features and outcome (accepted / first rejection)."""
+    from edgekit import GenerationConfig, ServerConfig
+    from edgekit.predictors.collect import collect as run_collect
+    from edgekit.predictors.collect import load_prompts
+
+    from . import _client
+
+    rows = load_prompts(prompts or _default_prompts())
+    if limit:
+        rows = rows[:limit]
+    gen = GenerationConfig(mode=mode, drafting="fixed", draft_k=window, max_tokens=max_tokens)
+    local = ServerConfig(port=0, max_sessions=2, numerics=numerics)
+    with _client.build_client(
+        pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, local_server=local
+    ) as client:
+
+        def progress(i: int, p: dict, n: int) -> None:
+            note(f"[{i + 1}/{len(rows)}] {p['id']}: {n} positions")
+
+        trace = run_collect(client, rows, window=window, max_tokens=max_tokens, mode=mode, seed=seed, on_prompt=progress)
+    trace.header["pair"] = pair
+    trace.header["verifier_numerics"] = numerics if verifier is None else "remote"
+    trace.save(out)
+    summary = _summary(trace)
+    summary["path"] = str(out)
+    if json_out:
+        print_json(summary)
+    else:
+        note(
+            f"wrote {out}: {summary['positions']} positions, {summary['accepted']} accepted, "
+            f"{summary['first_rejections']} first rejections, {summary['after_rejection']} after ({trace.header['seconds']} s)"
+        )
+
+
+def _summary(trace) -> dict:  # type: ignore[no-untyped-def]
+    return {
+        "positions": int(len(trace.label)),
+        "accepted": int((trace.label == 1).sum()),
+        "first_rejections": int((trace.label == 0).sum()),
+        "after_rejection": int((trace.label == -1).sum()),
+        "prompts": len(trace.header.get("prompts", [])),
+        "draft": trace.header.get("draft"),
+        "target": trace.header.get("target"),
+    }
+
+
+@app.command()
+def train(
+    traces: List[Path] = typer.Argument(..., help="Trace files from `edgekit predictor collect` (same pair)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output stem: writes STEM.onnx, STEM.json (metric card), STEM.md."),
+    round_ms: float = typer.Option(60.0, "--round-ms", help="Cost model: fixed time of a round (RTT + verification), ms."),
+    verify_token_ms: float = typer.Option(0.0, "--verify-token-ms", help="Cost model: verification time per block token, ms."),
+    draft_step_ms: Optional[float] = typer.Option(None, "--draft-step-ms", help="Cost model: draft step, ms (default: measured in the trace)."),
+    max_window: Optional[int] = typer.Option(None, "--max-window", min=1, max=64, help="Largest block (default: the trace's window)."),
+    features: Optional[str] = typer.Option(None, "--features", help="Comma-separated feature names (default: all)."),
+    seed: int = typer.Option(0, "--seed"),
+    json_out: bool = typer.Option(False, "--json", help="Print the metric card as JSON."),
+) -> None:
+    """Fit the MLP and a logistic baseline, pick the threshold by expected goodput, export to ONNX with a metric card."""
+    from edgekit._errors import ConfigError
+    from edgekit.predictors.collect import Trace
+    from edgekit.predictors.features import FEATURE_NAMES
+    from edgekit.predictors.pipeline import train_from_trace
+    from edgekit.predictors.train import CostModel
+
+    try:
+        loaded = [Trace.load(t) for t in traces]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"cannot read trace: {exc}") from exc
+    pairs = {(t.header.get("draft"), t.header.get("target")) for t in loaded}
+    if len(pairs) > 1:
+        raise ConfigError(f"the traces come from different model pairs: {sorted(pairs)}")
+    # Keep prompts distinct across files so the split stays by prompt.
+    offset = 0
+    for t in loaded:
+        t.prompt = t.prompt + offset
+        offset += len(t.header.get("prompts", [])) or int(t.prompt.max(initial=-1)) + 1
+    trace = Trace.concat(loaded)
+    trace.header = dict(loaded[0].header, prompts=[p for t in loaded for p in t.header.get("prompts", [])])
+    names = tuple(n.strip() for n in features.split(",")) if features else FEATURE_NAMES
+    unknown = [n for n in names if n not in FEATURE_NAMES]
+    if unknown:
+        raise ConfigError(f"unknown features {', '.join(unknown)}; choose from {', '.join(FEATURE_NAMES)}")
+    measured = trace.header.get("cost_model", {}).get("draft_step_ms")
+    if draft_step_ms is None and measured is None:
+        raise ConfigError("the trace has no measured draft step time; pass --draft-step-ms")
+    cost = CostModel(draft_step_ms=draft_step_ms or measured, round_ms=round_ms, verify_token_ms=verify_token_ms)
+    try:
+        card = train_from_trace(trace, out, cost=cost, max_window=max_window, feature_names=names, seed=seed)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if json_out:
+        print_json(card)
+        return
+    m = card["metrics_validation"]
+    r = card["replay_validation"]["predictor"]
+    note(
+        f"wrote {card['path']} ({card['model']}, threshold {card['threshold']:.3f}): validation AUC {m['auc']:.3f}, "
+        f"specificity {m['specificity']:.3f}, recall on accepted {m['recall_accepted']:.3f}; replayed acceptance "
+        f"{r['acceptance_rate']:.3f}, goodput {r['goodput_tok_s']:.1f} tok/s "
+        f"(best fixed window {card['best_fixed_window']}: "
+        f"{card['replay_validation']['fixed-' + str(card['best_fixed_window'])]['goodput_tok_s']:.1f})"
+    )

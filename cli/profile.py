@@ -1,0 +1,58 @@
+"""`edgekit profile`: per-token cost of drafting, features and predictor on this device."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import typer
+
+from ._common import PAIR_HELP, print_json
+
+
+def profile(
+    pair: str = typer.Option("gemma-270m", "--pair", help=PAIR_HELP),
+    predictor: Optional[str] = typer.Option(
+        None, "--predictor", help="ONNX predictor to time; default: the one shipped for the pair; 'none' to skip."
+    ),
+    steps: int = typer.Option(200, "--steps", min=10, help="Draft steps to time."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Time a draft step, its logit features and the predictor's decision (median and p99, microseconds)."""
+    if threads:
+        os.environ["EDGEKIT_THREADS"] = str(threads)
+    from edgekit import LlamaDraftModel
+    from edgekit._errors import ConfigError
+    from edgekit.models import get_pair, model_path
+    from edgekit.predictors.profile import profile_drafting
+    from edgekit.predictors.shipped import shipped_predictor
+
+    spec = get_pair(pair)
+    pred = None
+    if predictor != "none":
+        from edgekit.predictors.runtime import OnnxPredictor
+
+        path = predictor or shipped_predictor(spec.draft, spec.target)
+        if path is None:
+            raise ConfigError(f"no predictor is shipped for {pair}; pass --predictor PATH or --predictor none")
+        pred = OnnxPredictor(path)
+    draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=1024)
+    try:
+        result = profile_drafting(draft, pred, steps=steps)
+    finally:
+        draft.close()
+    result["pair"] = pair
+    if json_out:
+        print_json(result)
+        return
+    rows = [("draft step", result["draft_step_us"], None), ("features", result["features_us"], result["features_share"])]
+    if pred is not None:
+        rows += [
+            ("predictor", result["predictor_us"], result["predictor_share"]),
+            ("features + predictor", result["features_and_predictor_us"], result["features_and_predictor_share"]),
+        ]
+    typer.echo(f"{pair}: {result['draft']} (vocab {result['n_vocab']}), {steps} steps, threads {result['threads']}")
+    for name, t, share in rows:
+        share_s = f"  {100 * share:5.2f}% of a step" if share is not None else ""
+        typer.echo(f"  {name:<21} median {t['median']:>9.1f} us   p99 {t['p99']:>9.1f} us{share_s}")

@@ -1,0 +1,211 @@
+"""From a trace to a shipped predictor: fit, pick the operating point, compare
+with the fixed-window and confidence-threshold policies, export, write the card.
+
+`train_from_trace` is what `edgekit predictor train` runs; it writes
+`<stem>.onnx`, `<stem>.json` (the metric card, machine-readable) and
+`<stem>.md` (the same for people). Everything is seeded: the same trace and
+options give the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .collect import Trace
+from .features import FEATURE_NAMES
+from .train import (
+    CostModel,
+    best_threshold,
+    classification_metrics,
+    features_matrix,
+    replay_policy,
+    split_by_prompt,
+    train_logistic,
+    train_mlp,
+)
+
+__all__ = ["train_from_trace"]
+
+
+def _ablation(x_tr, y_tr, x_va, y_va, names) -> dict:  # type: ignore[no-untyped-def]
+    """Validation AUC of logistic regression on all features and with each one dropped."""
+    from .train import auc
+
+    full = auc(y_va, train_logistic(x_tr, y_tr).predict(x_va))
+    out = {"all": full}
+    for j, name in enumerate(names):
+        keep = [i for i in range(len(names)) if i != j]
+        out[f"without {name}"] = auc(y_va, train_logistic(x_tr[:, keep], y_tr).predict(x_va[:, keep]))
+    return out
+
+
+def train_from_trace(
+    trace: Trace,
+    out_stem: str | os.PathLike[str],
+    *,
+    cost: CostModel | None = None,
+    max_window: int | None = None,
+    feature_names: tuple[str, ...] = FEATURE_NAMES,
+    hidden: tuple[int, ...] = (32, 16),
+    seed: int = 0,
+) -> dict:
+    from .export import export_onnx
+    from .runtime import OnnxPredictor
+
+    header = trace.header
+    window = int(header.get("window", 8))
+    max_window = max_window or window
+    if max_window > window:
+        raise ValueError(f"the trace drafted {window} tokens per round; it cannot evaluate a window of {max_window}")
+    cost = cost or CostModel(draft_step_ms=float(header["cost_model"]["draft_step_ms"]))
+    train_rows, val_rows = split_by_prompt(trace, 0.2, seed)
+    tr = Trace(trace.features[train_rows], trace.label[train_rows], trace.prompt[train_rows], trace.round[train_rows], header)
+    va = Trace(trace.features[val_rows], trace.label[val_rows], trace.prompt[val_rows], trace.round[val_rows], header)
+    trl, val = tr.labelled(), va.labelled()
+    x_tr, y_tr = features_matrix(trl, feature_names), trl.label.astype(np.float64)
+    x_va, y_va = features_matrix(val, feature_names), val.label.astype(np.float64)
+    if len(np.unique(y_tr)) < 2 or len(np.unique(y_va)) < 2:
+        raise ValueError("the trace needs both accepted tokens and rejections in its training and validation prompts")
+
+    models = {
+        "logistic": train_logistic(x_tr, y_tr),
+        "mlp": train_mlp(x_tr, y_tr, x_va, y_va, hidden=hidden, seed=seed),
+    }
+    x_all_va = features_matrix(va, feature_names)
+    candidates: dict[str, dict] = {}
+    for kind, model in models.items():
+        thr, replay = best_threshold(va, model.predict(x_all_va), cost, max_window=max_window)
+        candidates[kind] = {
+            "threshold": thr,
+            "replay": replay,
+            "metrics": classification_metrics(y_va, model.predict(x_va), thr),
+        }
+    conf = va.features[:, FEATURE_NAMES.index("confidence")]
+    p_min, p_min_replay = best_threshold(va, conf, cost, max_window=max_window)
+    fixed = {
+        str(k): replay_policy(va, np.ones(len(va.label), bool), cost, max_window=k) for k in range(1, max_window + 1)
+    }
+    best_fixed = max(fixed, key=lambda k: fixed[k]["goodput_tok_s"])
+    chosen = max(candidates, key=lambda k: candidates[k]["replay"]["goodput_tok_s"])
+    model, threshold = models[chosen], candidates[chosen]["threshold"]
+
+    out_stem = Path(out_stem)
+    pair = header.get("pair", "")
+    onnx_path = export_onnx(
+        model,
+        out_stem.with_suffix(".onnx"),
+        feature_names=feature_names,
+        threshold=threshold,
+        metadata={"edgekit.draft": header.get("draft", ""), "edgekit.target": header.get("target", ""),
+                  "edgekit.pair": pair, "edgekit.model": chosen},
+    )
+    # The exported graph must reproduce the numpy model.
+    onnx_p = OnnxPredictor(onnx_path).p_accept_batch(val.features)
+    onnx_max_diff = float(np.abs(onnx_p - model.predict(x_va)).max())
+
+    labelled = trace.labelled()
+    card = {
+        "pair": pair,
+        "draft": header.get("draft"),
+        "target": header.get("target"),
+        "mode": header.get("mode", "greedy"),
+        "model": chosen,
+        "architecture": (f"MLP {len(feature_names)}-" + "-".join(map(str, hidden)) + "-1, ReLU, sigmoid")
+        if chosen == "mlp" else f"logistic regression on {len(feature_names)} features",
+        "features": list(feature_names),
+        "threshold": threshold,
+        "max_window": max_window,
+        "metrics_validation": candidates[chosen]["metrics"],
+        "cost_model": {"draft_step_ms": cost.draft_step_ms, "round_ms": cost.round_ms,
+                       "verify_token_ms": cost.verify_token_ms},
+        "replay_validation": {
+            "predictor": candidates[chosen]["replay"],
+            **{f"{k} (threshold {v['threshold']:.3f})": v["replay"] for k, v in candidates.items()},
+            f"p-min {p_min:.3f}": p_min_replay,
+            **{f"fixed-{k}": v for k, v in fixed.items()},
+        },
+        "best_fixed_window": int(best_fixed),
+        "best_p_min": p_min,
+        "candidates": {k: {"threshold": v["threshold"], "metrics": v["metrics"]} for k, v in candidates.items()},
+        "feature_ablation_auc": _ablation(x_tr, y_tr, x_va, y_va, feature_names),
+        "onnx_max_abs_diff_vs_numpy": onnx_max_diff,
+        "training_data": {
+            "prompts": len(header.get("prompts", [])),
+            "train_prompts": int(len(np.unique(tr.prompt))),
+            "validation_prompts": int(len(np.unique(va.prompt))),
+            "labelled_positions": int(len(labelled.label)),
+            "accepted": int((labelled.label == 1).sum()),
+            "first_rejections": int((labelled.label == 0).sum()),
+            "train_samples": int(len(y_tr)),
+            "validation_samples": int(len(y_va)),
+            "collection": {k: header.get(k) for k in ("window", "max_tokens", "seed", "committed_tokens", "seconds")},
+            "measured_cost_model": header.get("cost_model"),
+        },
+        "seed": seed,
+    }
+    out_stem.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
+    out_stem.with_suffix(".md").write_text(render_card(card))
+    card["path"] = str(onnx_path)
+    return card
+
+
+def render_card(card: dict) -> str:
+    m = card["metrics_validation"]
+    td = card["training_data"]
+    cm = card["cost_model"]
+    lines = [
+        f"# Rejection predictor: {card['pair']} ({card['draft']} drafting for {card['target']}, {card['mode']})",
+        "",
+        f"{card['architecture']}; features {', '.join(card['features'])}; operating threshold "
+        f"{card['threshold']:.3f} on P(accepted); max window {card['max_window']}.",
+        "",
+        "## Held-out classification (validation prompts, WISP Table 4)",
+        "",
+        "| model | threshold | accuracy | AUC | recall accepted | specificity | FPR | balanced accuracy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, c in card["candidates"].items():
+        x = c["metrics"]
+        mark = " (shipped)" if kind == card["model"] else ""
+        lines.append(
+            f"| {kind}{mark} | {c['threshold']:.3f} | {x['accuracy']:.3f} | {x['auc']:.3f} | {x['recall_accepted']:.3f} | "
+            f"{x['specificity']:.3f} | {x['false_positive_rate']:.3f} | {x['balanced_accuracy']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Confusion of the shipped model: {m['confusion']} over {m['samples']} labelled validation positions.",
+        "",
+        "## Policies replayed on the validation rounds",
+        "",
+        f"Cost model: {cm['draft_step_ms']:.2f} ms per draft step (measured), {cm['round_ms']:.1f} ms per round, "
+        f"{cm['verify_token_ms']:.1f} ms per verified token. Replay is offline: each traced round is re-cut by "
+        "the policy; later rounds are not moved.",
+        "",
+        "| policy | acceptance | accepted/round | wasted | rounds | target passes/token | goodput tok/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in card["replay_validation"].items():
+        lines.append(
+            f"| {name} | {r['acceptance_rate']:.3f} | {r['accepted_per_round']:.2f} | {r['wasted']} | {r['rounds']} | "
+            f"{r['target_passes_per_token']:.3f} | {r['goodput_tok_s']:.1f} |"
+        )
+    lines += [
+        "",
+        "## Feature ablation (logistic regression, validation AUC)",
+        "",
+        *[f"- {k}: {v:.4f}" for k, v in card["feature_ablation_auc"].items()],
+        "",
+        "## Training data",
+        "",
+        f"{td['prompts']} prompts ({td['train_prompts']} train / {td['validation_prompts']} validation, split by prompt), "
+        f"{td['labelled_positions']} labelled positions ({td['accepted']} accepted, {td['first_rejections']} first "
+        f"rejections); collected with a fixed window of {td['collection']['window']}, "
+        f"{td['collection']['max_tokens']} tokens per prompt, greedy, seed {td['collection']['seed']}.",
+        f"ONNX export reproduces the numpy model to {card['onnx_max_abs_diff_vs_numpy']:.1e}.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,132 @@
+"""The rejection predictor at run time: an ONNX classifier and the controller
+that stops drafting at its first predicted rejection (WISP sec. 4.1, eq. 25).
+
+A predictor is an ONNX model with one float input `[N, F]` of features and an
+output giving the probability that the token is accepted, either `[N]`,
+`[N, 1]` or `[N, 2]` (the second column). Which features, in which order, is
+read from the model's metadata key `edgekit.features` (comma-separated names
+from `FEATURE_NAMES`); a model without it must take all of `FEATURE_NAMES` in
+order. `edgekit.threshold` holds the operating threshold chosen at training.
+A model that does not fit is refused when loaded, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from edgekit._errors import ConfigError
+
+from .features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
+
+__all__ = ["OnnxPredictor", "PredictorController", "PredictorError"]
+
+
+class PredictorError(ConfigError):
+    """A predictor file that cannot be used: missing, not ONNX, or the wrong inputs or outputs."""
+
+
+class OnnxPredictor:
+    """Probability that a drafted token is accepted, from its feature vector."""
+
+    def __init__(self, path: str | os.PathLike[str], *, threshold: float | None = None) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise PredictorError("the rejection predictor needs onnxruntime: pip install 'edgekit[predictor]'") from exc
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise PredictorError(f"no predictor at {self.path}")
+        opts = ort.SessionOptions()
+        # One decision per drafted token: a thread pool only adds wake-up latency.
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        try:
+            self._session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types for bad files
+            raise PredictorError(f"{self.path} is not a usable ONNX model: {exc}") from exc
+        meta = self._session.get_modelmeta().custom_metadata_map
+        self.metadata = dict(meta)
+        inputs = self._session.get_inputs()
+        if len(inputs) != 1:
+            raise PredictorError(f"{self.path}: a predictor takes one input, this one takes {len(inputs)}")
+        inp = inputs[0]
+        names = tuple(n.strip() for n in meta["edgekit.features"].split(",")) if "edgekit.features" in meta else FEATURE_NAMES
+        unknown = [n for n in names if n not in FEATURE_NAMES]
+        if unknown:
+            raise PredictorError(
+                f"{self.path}: unknown features {', '.join(unknown)}; edgekit computes {', '.join(FEATURE_NAMES)}"
+            )
+        width = inp.shape[-1] if len(inp.shape) == 2 else None
+        if inp.type != "tensor(float)" or width != len(names):
+            raise PredictorError(
+                f"{self.path}: the input {inp.name!r} is {inp.type} {inp.shape}; expected tensor(float) [N, {len(names)}] "
+                f"for features {', '.join(names)}"
+            )
+        self.feature_names = names
+        self._columns = np.array([FEATURE_NAMES.index(n) for n in names])
+        self._input = inp.name
+        self._output = self._session.get_outputs()[0].name
+        self._x = np.zeros((1, len(names)), dtype=np.float32)
+        if threshold is None:
+            threshold = float(meta.get("edgekit.threshold", 0.5))
+        if not 0.0 <= threshold <= 1.0:
+            raise PredictorError(f"threshold must be in [0, 1], got {threshold}")
+        self.threshold = threshold
+        self._check_output()
+
+    def _check_output(self) -> None:
+        try:
+            p = self.p_accept_batch(np.full((3, len(FEATURE_NAMES)), 0.5, dtype=np.float32))
+        except Exception as exc:
+            raise PredictorError(f"{self.path}: running it on a test input failed: {exc}") from exc
+        if p.shape != (3,) or not np.all((p >= 0) & (p <= 1)):
+            raise PredictorError(
+                f"{self.path}: the output must be probabilities shaped [N], [N, 1] or [N, 2]; got {p.shape} {p[:3]}"
+            )
+
+    def p_accept_batch(self, features: np.ndarray) -> np.ndarray:
+        """Acceptance probabilities for rows of full `FEATURE_NAMES` vectors."""
+        x = np.ascontiguousarray(features[:, self._columns], dtype=np.float32)
+        out = np.asarray(self._session.run([self._output], {self._input: x})[0])
+        if out.ndim == 2 and out.shape[1] == 2:
+            out = out[:, 1]
+        return out.reshape(len(x)) if out.size == len(x) else out
+
+    def p_accept(self, features: np.ndarray) -> float:
+        """The acceptance probability of one full `FEATURE_NAMES` vector."""
+        self._x[0] = features[self._columns]
+        out = self._session.run([self._output], {self._input: self._x})[0]
+        return float(out.reshape(-1)[-1])
+
+
+class PredictorController:
+    """Stop-at-first-predicted-rejection: draft while the predictor says the
+    next token will be accepted (p >= threshold), within [min_window, max_window]."""
+
+    def __init__(
+        self, predictor: OnnxPredictor, max_window: int, *, min_window: int = 1, threshold: float | None = None
+    ) -> None:
+        self.predictor = predictor
+        self.max_window = max_window
+        self.min_window = min_window
+        self.threshold = predictor.threshold if threshold is None else threshold
+        self.name = f"predictor-{predictor.path.stem}"
+        self.features: LogitFeatures | None = None
+        self.acceptance = AcceptanceTracker()
+
+    def window(self, limit: int) -> int:
+        return min(self.max_window, limit)
+
+    def draft_next(self, index: int, logits: np.ndarray) -> bool:
+        if index <= self.min_window:
+            return True
+        if self.features is None:
+            self.features = LogitFeatures(logits.shape[0])
+        f = self.features(logits, index, self.acceptance.value)
+        return self.predictor.p_accept(f) >= self.threshold
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.acceptance.update(drafted, accepted)

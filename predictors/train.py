@@ -1,0 +1,313 @@
+"""Training the rejection predictor (WISP sec. 5.4, appendix B) in numpy.
+
+- Data: the labelled positions of a trace (accepted 1, first rejection 0),
+  split by prompt into train and validation so no prompt is in both.
+- Models: a compact MLP (two ReLU hidden layers, sigmoid output, Adam on
+  class-weighted binary cross-entropy, early stopping on validation loss) and
+  a logistic-regression baseline with the same weighting.
+- Operating threshold: the one that maximises expected goodput (committed
+  tokens per second) when the stop-at-first-predicted-rejection rule is
+  replayed over the validation rounds under a cost model, not accuracy.
+- Export: ONNX (input standardisation folded into the first layer), with the
+  feature names and threshold in the model's metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .collect import Trace
+from .features import FEATURE_NAMES
+
+__all__ = [
+    "CostModel",
+    "LinearModel",
+    "Mlp",
+    "auc",
+    "classification_metrics",
+    "replay_policy",
+    "split_by_prompt",
+    "train_logistic",
+    "train_mlp",
+]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Time of a round: fixed round cost (RTT and a verification whose cost does
+    not grow with the block, as on a GPU verifier), per-token verification, and
+    one draft step per position examined on the device."""
+
+    draft_step_ms: float
+    round_ms: float = 60.0
+    verify_token_ms: float = 0.0
+
+    def round_time(self, steps: np.ndarray, block: np.ndarray) -> np.ndarray:
+        return self.round_ms + self.draft_step_ms * steps + self.verify_token_ms * (block + 1)
+
+
+# -- models --------------------------------------------------------------------------
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+@dataclass
+class LinearModel:
+    """Logistic regression on standardised features."""
+
+    mean: np.ndarray
+    scale: np.ndarray
+    w: np.ndarray  # [F]
+    b: float
+    kind: str = "logistic"
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return _sigmoid(((x - self.mean) / self.scale) @ self.w + self.b)
+
+    def layers(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(self.w[:, None], np.array([self.b]))]
+
+
+@dataclass
+class Mlp:
+    mean: np.ndarray
+    scale: np.ndarray
+    weights: list[np.ndarray] = field(default_factory=list)  # [in, out] each
+    biases: list[np.ndarray] = field(default_factory=list)
+    kind: str = "mlp"
+
+    def _forward(self, x: np.ndarray) -> list[np.ndarray]:
+        acts = [(x - self.mean) / self.scale]
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            z = acts[-1] @ w + b
+            acts.append(np.maximum(z, 0.0) if i < len(self.weights) - 1 else z)
+        return acts
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return _sigmoid(self._forward(x)[-1][:, 0])
+
+    def layers(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return list(zip(self.weights, self.biases))
+
+
+def _class_weights(y: np.ndarray) -> np.ndarray:
+    """Balanced: each class carries half the total weight."""
+    n, pos = len(y), max(int(y.sum()), 1)
+    neg = max(n - pos, 1)
+    return np.where(y == 1, n / (2 * pos), n / (2 * neg))
+
+
+def _standardiser(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = x.mean(axis=0)
+    scale = x.std(axis=0)
+    return mean, np.where(scale > 1e-8, scale, 1.0)
+
+
+def _weighted_bce(p: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+    p = np.clip(p, 1e-7, 1 - 1e-7)
+    return float(-(w * (y * np.log(p) + (1 - y) * np.log(1 - p))).sum() / w.sum())
+
+
+def train_logistic(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 50) -> LinearModel:
+    """Class-weighted, L2-regularised logistic regression by Newton's method."""
+    mean, scale = _standardiser(x)
+    xs = np.hstack([(x - mean) / scale, np.ones((len(x), 1))])
+    sw = _class_weights(y)
+    theta = np.zeros(xs.shape[1])
+    reg = l2 * len(x) * np.eye(xs.shape[1])
+    reg[-1, -1] = 0.0
+    for _ in range(iters):
+        p = _sigmoid(xs @ theta)
+        grad = xs.T @ (sw * (p - y)) + reg @ theta
+        hess = (xs * (sw * p * (1 - p))[:, None]).T @ xs + reg
+        step = np.linalg.solve(hess, grad)
+        theta -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return LinearModel(mean, scale, theta[:-1].copy(), float(theta[-1]))
+
+
+def train_mlp(
+    x: np.ndarray,
+    y: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    *,
+    hidden: tuple[int, ...] = (32, 16),
+    lr: float = 3e-3,
+    batch: int = 256,
+    epochs: int = 300,
+    patience: int = 25,
+    l2: float = 1e-4,
+    seed: int = 0,
+) -> Mlp:
+    """Adam on class-weighted BCE; keeps the weights of the best validation loss."""
+    rng = np.random.default_rng(seed)
+    mean, scale = _standardiser(x)
+    model = Mlp(mean, scale)
+    sizes = (x.shape[1], *hidden, 1)
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        model.weights.append(rng.normal(0.0, np.sqrt(2.0 / fan_in), (fan_in, fan_out)))
+        model.biases.append(np.zeros(fan_out))
+    params = model.weights + model.biases
+    m1 = [np.zeros_like(p) for p in params]
+    m2 = [np.zeros_like(p) for p in params]
+    sw, sw_val = _class_weights(y), _class_weights(y_val)
+    best = (np.inf, [p.copy() for p in params])
+    stale, t = 0, 0
+    n_layers = len(model.weights)
+    for _ in range(epochs):
+        order = rng.permutation(len(x))
+        for start in range(0, len(x), batch):
+            idx = order[start : start + batch]
+            acts = model._forward(x[idx])
+            # d(weighted BCE)/d(logit) = w (p - y), normalised by the batch weight
+            wb = sw[idx]
+            delta = (wb * (_sigmoid(acts[-1][:, 0]) - y[idx]) / wb.sum())[:, None]
+            grads_w, grads_b = [None] * n_layers, [None] * n_layers
+            for i in range(n_layers - 1, -1, -1):
+                grads_w[i] = acts[i].T @ delta + l2 * model.weights[i]
+                grads_b[i] = delta.sum(axis=0)
+                if i:
+                    delta = (delta @ model.weights[i].T) * (acts[i] > 0)
+            t += 1
+            for j, g in enumerate(grads_w + grads_b):
+                m1[j] = 0.9 * m1[j] + 0.1 * g
+                m2[j] = 0.999 * m2[j] + 0.001 * g * g
+                params[j] -= lr * (m1[j] / (1 - 0.9**t)) / (np.sqrt(m2[j] / (1 - 0.999**t)) + 1e-8)
+        loss = _weighted_bce(model.predict(x_val), y_val, sw_val)
+        if loss < best[0] - 1e-5:
+            best, stale = (loss, [p.copy() for p in params]), 0
+        else:
+            stale += 1
+            if stale >= patience:
+                break
+    for p, b in zip(params, best[1]):
+        p[...] = b
+    return model
+
+
+# -- evaluation ------------------------------------------------------------------------
+
+
+def auc(y: np.ndarray, score: np.ndarray) -> float:
+    """Area under the ROC curve (Mann-Whitney, ties counted half)."""
+    order = np.argsort(score, kind="mergesort")
+    ranks = np.empty(len(score))
+    s = score[order]
+    # average ranks over ties
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    pos = y == 1
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def classification_metrics(y: np.ndarray, p: np.ndarray, threshold: float) -> dict:
+    """WISP Table 4: accuracy, AUC, recall on accepted (Rec1), specificity, FPR, balanced accuracy."""
+    pred = p >= threshold
+    pos, neg = y == 1, y == 0
+    tp, tn = int((pred & pos).sum()), int((~pred & neg).sum())
+    fp, fn = int((pred & neg).sum()), int((~pred & pos).sum())
+    rec1 = tp / max(tp + fn, 1)
+    spec = tn / max(tn + fp, 1)
+    return {
+        "accuracy": (tp + tn) / max(len(y), 1),
+        "auc": auc(y, p),
+        "recall_accepted": rec1,
+        "specificity": spec,
+        "false_positive_rate": 1.0 - spec,
+        "balanced_accuracy": (rec1 + spec) / 2,
+        "confusion": {"tp": tp, "fn": fn, "tn": tn, "fp": fp},
+        "samples": int(len(y)),
+    }
+
+
+def rounds_of(trace: Trace) -> list[tuple[np.ndarray, int, int]]:
+    """Each traced round as (row indices in block order, drafted, accepted)."""
+    out = []
+    key = trace.prompt.astype(np.int64) * 1_000_000 + trace.round
+    _, starts = np.unique(key, return_index=True)
+    bounds = list(np.sort(starts)) + [len(key)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        labels = trace.label[a:b]
+        out.append((np.arange(a, b), b - a, int((labels == 1).sum())))
+    return out
+
+
+def replay_policy(
+    trace: Trace, keep: np.ndarray, cost: CostModel, *, max_window: int | None = None, min_window: int = 1
+) -> dict:
+    """Replays stop-at-first-'False' over the traced rounds (WISP eq. 25).
+
+    `keep[i]` says whether the policy drafts the token at row i. Each traced
+    round starts where a real one did; the replayed block is the leading run of
+    kept positions (at least `min_window`, at most `max_window` and what the
+    round drafted), its accepted tokens those of the traced outcome within it.
+    Offline: a shorter block would move later rounds, which is not modelled.
+    """
+    drafted = accepted = steps = rounds = 0
+    time_ms = 0.0
+    for rows, n, acc in rounds_of(trace):
+        limit = min(n, max_window or n)
+        k = min_window if min_window <= limit else limit
+        while k < limit and keep[rows[k]]:
+            k += 1
+        step = k + 1 if k < limit else k  # a stop is decided on one more draft step
+        a = min(k, acc)
+        drafted += k
+        accepted += a
+        steps += step
+        rounds += 1
+        time_ms += float(cost.round_time(np.array(step), np.array(k)))
+    committed = accepted + rounds
+    return {
+        "rounds": rounds,
+        "drafted": drafted,
+        "accepted": accepted,
+        "wasted": drafted - accepted,
+        "draft_steps": steps,
+        "acceptance_rate": accepted / max(drafted, 1),
+        "accepted_per_round": accepted / max(rounds, 1),
+        "committed_per_round": committed / max(rounds, 1),
+        "target_passes_per_token": rounds / max(committed, 1),
+        "goodput_tok_s": committed / (time_ms / 1e3) if time_ms else 0.0,
+    }
+
+
+def best_threshold(
+    trace: Trace, score: np.ndarray, cost: CostModel, *, max_window: int, candidates: int = 99
+) -> tuple[float, dict]:
+    """The threshold on `score` (keep where score >= threshold) with the highest replayed goodput."""
+    grid = np.unique(np.quantile(score, np.linspace(0.0, 1.0, candidates)))
+    best: tuple[float, dict] | None = None
+    for thr in grid:
+        r = replay_policy(trace, score >= thr, cost, max_window=max_window)
+        if best is None or r["goodput_tok_s"] > best[1]["goodput_tok_s"]:
+            best = (float(thr), r)
+    assert best is not None
+    return best
+
+
+def split_by_prompt(trace: Trace, fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Row masks (train, validation) with whole prompts on one side."""
+    prompts = np.unique(trace.prompt)
+    rng = np.random.default_rng(seed)
+    val = rng.choice(prompts, size=max(1, int(round(fraction * len(prompts)))), replace=False)
+    is_val = np.isin(trace.prompt, val)
+    return ~is_val, is_val
+
+
+def features_matrix(trace: Trace, names: tuple[str, ...]) -> np.ndarray:
+    return trace.features[:, [FEATURE_NAMES.index(n) for n in names]].astype(np.float64)
