@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
 
-.PHONY: chat test test-all install models-test models-chat clean
+.PHONY: chat test test-all install models-test models-chat predictors traces clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,16 @@ test: models-test
 
 test-all: models-test models-chat
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The shipped rejection predictors, from the traces in predictors/traces/ (seconds, deterministic).
+predictors: install
+	$(BIN)/edgekit predictor train predictors/traces/gemma-270m.npz -o predictors/shipped/gemma-270m
+	$(BIN)/edgekit predictor train predictors/traces/qwen-coder.npz -o predictors/shipped/qwen-coder
+
+# Those traces, collected again over predictors/prompts/train.jsonl (~20 + ~35 min on 2 cores).
+traces: models-test models-chat
+	$(BIN)/edgekit predictor collect --pair gemma-270m -o predictors/traces/gemma-270m.npz --window 8 --max-tokens 64
+	$(BIN)/edgekit predictor collect --pair qwen-coder -o predictors/traces/qwen-coder.npz --window 8 --max-tokens 32 --numerics fast
 
 clean:
 	rm -rf $(VENV)

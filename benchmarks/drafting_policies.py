@@ -136,12 +136,15 @@ def main() -> None:
     if args.limit:
         prompts = prompts[: args.limit]
     fixed = C.csv_list(args.fixed, int)
-    results = [run_pair(pair, prompts, args.max_tokens, fixed) for pair in C.csv_list(args.pairs)]
-    path = C.write_result("drafting_policies", {
-        "settings": {"pairs": args.pairs, "humaneval": args.humaneval, "max_tokens": args.max_tokens,
-                     "prompts": len(prompts), "fixed": fixed, "mode": "greedy"},
-        "results": results,
-    })
+    results, paths = [], []
+    for pair in C.csv_list(args.pairs):
+        r = run_pair(pair, prompts, args.max_tokens, fixed)
+        results.append(r)
+        paths.append(C.write_result(f"drafting_policies-{pair}", {
+            "settings": {"pair": pair, "humaneval": args.humaneval, "max_tokens": args.max_tokens,
+                         "prompts": len(prompts), "fixed": fixed, "mode": "greedy"},
+            "result": r,
+        }))
     for r in results:
         print(f"\n{r['pair']} (threshold {r['threshold']:.3f}, round {r['cost_model']['round_ms']} ms)")
         print(f"{'policy':<16}{'accept':>8}{'wasted':>8}{'acc/rnd':>9}{'rounds':>8}{'pass/tok':>9}"
@@ -154,7 +157,7 @@ def main() -> None:
         h = r["held_out_classification"]
         print(f"held-out classification: AUC {h['auc']:.3f}, recall accepted {h['recall_accepted']:.3f}, "
               f"specificity {h['specificity']:.3f}, balanced accuracy {h['balanced_accuracy']:.3f} ({h['samples']} positions)")
-    print(path)
+    print(*paths, sep="\n")
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ def run_pair(
         None,
         pair=pair,
         generation=GenerationConfig(
-            max_tokens=max_tokens, draft_k=ks[0], mode="greedy"
+            max_tokens=max_tokens, draft_k=ks[0], mode="greedy", drafting="fixed"
         ),
         local_server=ServerConfig(
             port=0,

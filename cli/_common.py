@@ -37,7 +37,7 @@ def drafting_options():  # type: ignore[no-untyped-def]
     return (
         typer.Option("auto", "--drafting", help=DRAFTING_HELP),
         typer.Option(None, "--predictor", help="An ONNX rejection predictor (default: the one shipped for the pair)."),
-        typer.Option(10, "--max-window", min=1, max=64, help="Most tokens per block for predictor and p-min drafting."),
+        typer.Option(8, "--max-window", min=1, max=64, help="Most tokens per block for predictor and p-min drafting."),
         typer.Option(0.5, "--p-min", min=0.0, max=1.0, help="Confidence threshold of p-min drafting."),
     )
 

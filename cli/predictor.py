@@ -1,4 +1,4 @@
-"""`edgekit predictor collect|train|check`: traces, training and the shipped predictors."""
+"""`edgekit predictor collect|train|list`: traces, training and the shipped predictors."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import typer
 from ._common import PAIR_HELP, VERIFIER_HELP, note, print_json
 
 app = typer.Typer(help="The WISP rejection predictor: collect traces, train, export to ONNX.", no_args_is_help=True)
+
 
 def _default_prompts() -> Path:
     from edgekit.predictors import TRAIN_PROMPTS
@@ -88,7 +89,7 @@ def train(
     verify_token_ms: float = typer.Option(0.0, "--verify-token-ms", help="Cost model: verification time per block token, ms."),
     draft_step_ms: Optional[float] = typer.Option(None, "--draft-step-ms", help="Cost model: draft step, ms (default: measured in the trace)."),
     max_window: Optional[int] = typer.Option(None, "--max-window", min=1, max=64, help="Largest block (default: the trace's window)."),
-    features: Optional[str] = typer.Option(None, "--features", help="Comma-separated feature names (default: all)."),
+    features: Optional[str] = typer.Option(None, "--features", help="Comma-separated feature names (default: all but recent_acceptance)."),
     seed: int = typer.Option(0, "--seed"),
     json_out: bool = typer.Option(False, "--json", help="Print the metric card as JSON."),
 ) -> None:
@@ -97,7 +98,7 @@ def train(
     from edgekit.predictors.collect import Trace
     from edgekit.predictors.features import FEATURE_NAMES
     from edgekit.predictors.pipeline import train_from_trace
-    from edgekit.predictors.train import CostModel
+    from edgekit.predictors.train import DEFAULT_FEATURES, CostModel
 
     try:
         loaded = [Trace.load(t) for t in traces]
@@ -113,7 +114,7 @@ def train(
         offset += len(t.header.get("prompts", [])) or int(t.prompt.max(initial=-1)) + 1
     trace = Trace.concat(loaded)
     trace.header = dict(loaded[0].header, prompts=[p for t in loaded for p in t.header.get("prompts", [])])
-    names = tuple(n.strip() for n in features.split(",")) if features else FEATURE_NAMES
+    names = tuple(n.strip() for n in features.split(",")) if features else DEFAULT_FEATURES
     unknown = [n for n in names if n not in FEATURE_NAMES]
     if unknown:
         raise ConfigError(f"unknown features {', '.join(unknown)}; choose from {', '.join(FEATURE_NAMES)}")
@@ -137,3 +138,20 @@ def train(
         f"(best fixed window {card['best_fixed_window']}: "
         f"{card['replay_validation']['fixed-' + str(card['best_fixed_window'])]['goodput_tok_s']:.1f})"
     )
+
+
+@app.command("list")
+def list_(json_out: bool = typer.Option(False, "--json", help="Print the metric cards as JSON.")) -> None:
+    """The predictors shipped with edgekit, with their held-out figures."""
+    from edgekit.predictors import shipped_cards
+
+    cards = shipped_cards()
+    if json_out:
+        print_json(cards)
+        return
+    for c in cards:
+        m = c["metrics_validation"]
+        typer.echo(
+            f"{c['pair']:<11} {c['model']:<8} threshold {c['threshold']:.3f}  AUC {m['auc']:.3f}  "
+            f"recall accepted {m['recall_accepted']:.3f}  specificity {m['specificity']:.3f}  {c['path']}"
+        )

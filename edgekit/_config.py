@@ -37,7 +37,7 @@ class GenerationConfig:
     # draft and target (or given) and onnxruntime is installed, else "fixed".
     drafting: Drafting = "auto"
     draft_k: int = 4  # fixed draft window (SLED-style baseline)
-    max_window: int = 10  # bound of the adaptive policies
+    max_window: int = 8  # bound of the adaptive policies (the shipped predictors saw blocks of up to 8)
     predictor: str | None = None  # an ONNX predictor file; None: the one shipped for the pair
     predictor_threshold: float | None = None  # None: the predictor's own operating threshold
     p_min: float = 0.5

@@ -62,7 +62,7 @@ class ConfidenceThreshold:
         self.max_window = max_window
         self.min_window = min_window
         self.name = f"p-min-{p_min:g}"
-        self._buf: np.ndarray | None = None
+        self._features = None  # LogitFeatures, sized on first use
 
     def window(self, limit: int) -> int:
         return min(self.max_window, limit)
@@ -70,12 +70,11 @@ class ConfidenceThreshold:
     def draft_next(self, index: int, logits: np.ndarray) -> bool:
         if index <= self.min_window:
             return True
-        if self._buf is None or self._buf.shape != logits.shape:
-            self._buf = np.empty_like(logits, dtype=np.float32)
-        # top probability = 1 / sum(exp(z - max))
-        np.subtract(logits, logits.max(), out=self._buf)
-        np.exp(self._buf, out=self._buf)
-        return 1.0 / float(self._buf.sum(dtype=np.float64)) >= self.p_min
+        if self._features is None:
+            from edgekit.predictors.features import LogitFeatures
+
+            self._features = LogitFeatures(logits.shape[0])
+        return float(self._features(logits, index, 0.0)[0]) >= self.p_min  # [0]: confidence
 
     def observe(self, drafted: int, accepted: int) -> None:
         pass

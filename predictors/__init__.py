@@ -1,6 +1,29 @@
 """Rejection predictors (WISP): logit features, the ONNX runtime wrapper, trace
-collection, training and export, and the shipped predictors with their metric cards."""
+collection, training and export, and the shipped predictors with their metric cards.
+
+    from edgekit.predictors import OnnxPredictor, PredictorController
+    controller = PredictorController(OnnxPredictor("my.onnx"), max_window=8)
+    client.generate("...", controller=controller)
+
+or, through the configuration: GenerationConfig(drafting="predictor", predictor="my.onnx").
+"""
 
 from pathlib import Path
 
+from .features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
+from .runtime import OnnxPredictor, PredictorController, PredictorError
+from .shipped import shipped_cards, shipped_predictor
+
 TRAIN_PROMPTS = Path(__file__).parent / "prompts" / "train.jsonl"  # the training prompt set (issue 4)
+
+__all__ = [
+    "FEATURE_NAMES",
+    "TRAIN_PROMPTS",
+    "AcceptanceTracker",
+    "LogitFeatures",
+    "OnnxPredictor",
+    "PredictorController",
+    "PredictorError",
+    "shipped_cards",
+    "shipped_predictor",
+]

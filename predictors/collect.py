@@ -58,6 +58,9 @@ class Trace:
                     f, features=self.features, label=self.label, prompt=self.prompt, round=self.round,
                     header=np.frombuffer(json.dumps(self.header).encode(), dtype=np.uint8),
                 )
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a trace is ordinary data
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

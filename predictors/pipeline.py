@@ -18,6 +18,7 @@ import numpy as np
 from .collect import Trace
 from .features import FEATURE_NAMES
 from .train import (
+    DEFAULT_FEATURES,
     CostModel,
     best_threshold,
     classification_metrics,
@@ -49,7 +50,7 @@ def train_from_trace(
     *,
     cost: CostModel | None = None,
     max_window: int | None = None,
-    feature_names: tuple[str, ...] = FEATURE_NAMES,
+    feature_names: tuple[str, ...] = DEFAULT_FEATURES,
     hidden: tuple[int, ...] = (32, 16),
     seed: int = 0,
 ) -> dict:

@@ -27,13 +27,18 @@ def edgekit(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
     )
 
 
-@pytest.mark.parametrize("command", [[], ["generate"], ["serve"], ["models"], ["models", "pull"]])
+@pytest.mark.parametrize(
+    "command",
+    [[], ["generate"], ["serve"], ["models"], ["models", "pull"], ["predictor"], ["predictor", "collect"],
+     ["predictor", "train"], ["profile"], ["chat"]],
+)
 def test_every_command_explains_its_options(command):
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output
     assert "Usage:" in result.output
     if command == ["generate"]:
-        for option in ("--pair", "--verifier", "--prompt", "--max-tokens", "--mode", "--draft-k", "--seed", "--json", "--baseline"):
+        for option in ("--pair", "--verifier", "--prompt", "--max-tokens", "--mode", "--draft-k", "--seed", "--json",
+                       "--baseline", "--drafting", "--predictor", "--max-window", "--p-min"):
             assert option in result.output
 
 

@@ -41,7 +41,7 @@ MAX_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def client(gemma_server, gemma_draft):
-    c = EdgeClient(gemma_server.address, draft_model=gemma_draft, generation=GenerationConfig(max_tokens=MAX_TOKENS))
+    c = EdgeClient(gemma_server.address, draft_model=gemma_draft, generation=GenerationConfig(max_tokens=MAX_TOKENS, drafting="fixed"))
     yield c
     c.close()
 
@@ -68,6 +68,24 @@ def test_greedy_is_token_identical_to_target_only(client, target_only, k):
             mismatches.append((prompt, final.token_ids, target_only[prompt]))
     assert not mismatches, f"{len(mismatches)} of {len(PROMPTS)} prompts differ, first: {mismatches[0]}"
     assert accepted > 0.3 * drafted  # the pair really speculates (measured: 0.72 at K=1, 0.48 at K=4)
+
+
+@pytest.mark.parametrize("drafting", ["predictor", "p-min"])
+def test_adaptive_windows_stay_token_identical(client, target_only, drafting):
+    """Blocks cut by the shipped predictor or by p-min (empty blocks included,
+    min_window 0 for p-min) commit exactly the target's greedy tokens."""
+    from edgekit import ConfidenceThreshold
+
+    drafted = []
+    for prompt in PROMPTS[:8]:
+        controller = ConfidenceThreshold(0.6, 8, min_window=0) if drafting == "p-min" else None
+        final = client.generate(prompt, drafting=drafting, max_window=8, controller=controller).until_done()
+        assert final.token_ids == target_only[prompt], prompt
+        assert final.stats.drafting.startswith(drafting)
+        drafted += [r.drafted for r in final.stats.rounds_detail]
+    assert len(set(drafted)) > 2  # the windows really vary
+    if drafting == "p-min":
+        assert 0 in drafted
 
 
 def test_concurrent_sessions_do_not_disturb_each_other(gemma_server, gemma_paths, target_only):

@@ -290,3 +290,20 @@ def test_shipped_predictors_load_and_run():
         assert pred.p_accept(confident) > pred.threshold > pred.p_accept(unsure)
         assert card["metrics_validation"]["auc"] > 0.7
         assert json.dumps(card)  # the card is plain JSON
+
+
+def test_the_shipped_gemma_predictor_is_reproducible_from_its_trace(tmp_path):
+    """`make predictors` retrains from the committed trace; the figures must come back
+    (to float tolerance: BLAS sums may differ in the last bits across machines)."""
+    from pathlib import Path
+
+    from edgekit.predictors.pipeline import train_from_trace
+
+    card = next(c for c in shipped_cards() if c["pair"] == "gemma-270m")
+    trace = Trace.load(Path(card["path"]).parent.parent / "traces" / "gemma-270m.npz")
+    cost = CostModel(**card["cost_model"])
+    again = train_from_trace(trace, tmp_path / "g", cost=cost, feature_names=tuple(card["features"]))
+    assert again["model"] == card["model"]
+    assert again["metrics_validation"]["auc"] == pytest.approx(card["metrics_validation"]["auc"], abs=0.005)
+    got, want = again["replay_validation"]["predictor"], card["replay_validation"]["predictor"]
+    assert got["goodput_tok_s"] == pytest.approx(want["goodput_tok_s"], rel=0.01)

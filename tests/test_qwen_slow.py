@@ -18,7 +18,7 @@ def qwen():
     pair_paths("qwen-coder")  # fails with the pull command if missing
     client = EdgeClient(
         pair="qwen-coder",
-        generation=GenerationConfig(max_tokens=24),
+        generation=GenerationConfig(max_tokens=24, drafting="fixed"),
         local_server=ServerConfig(port=0, max_sessions=2, max_context=2048),
     )
     yield client
