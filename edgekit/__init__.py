@@ -6,7 +6,7 @@ from ._async_client import AsyncConversation, AsyncEdgeClient, AsyncGenerationSt
 from ._chat import ChatTemplate, Conversation
 from ._client import EdgeClient, GenerationStream
 from ._config import ClientConfig, GenerationConfig, ServerConfig
-from ._controller import ConfidenceThreshold, Controller, FixedWindow
+from ._controller import ConfidenceThreshold, Controller, Decision, FixedWindow
 from ._draft import DraftModel, LlamaDraftModel
 from ._errors import (
     AuthenticationError,
@@ -41,6 +41,7 @@ __all__ = [
     "ConfigError",
     "ConfidenceThreshold",
     "Controller",
+    "Decision",
     "DependencyMissingError",
     "DraftModel",
     "EdgeClient",

@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ._config import GenerationConfig
-from ._controller import Controller, FixedWindow
+from ._controller import Controller, Decision, FixedWindow
 from ._draft import DraftModel
 from ._errors import ConfigError, EdgekitError, ProtocolError
 from ._events import Event, FinalStats, RoundEvent, TextDelta
@@ -168,7 +168,8 @@ class SpeculativeSession:
         for index in range(1, k + 1):
             out = self.draft.eval(feed)
             steps += 1
-            if not self.controller.draft_next(index, out.logits):
+            decision = self.controller.draft_next(index, out.logits)
+            if not decision:
                 break
             if greedy:
                 tok = int(np.argmax(out.logits))
@@ -177,7 +178,7 @@ class SpeculativeSession:
                 tok = dist.sample(self._rng)
                 dists.append(dist)
             block.append(tok)
-            if self.draft.is_eog(tok):
+            if self.draft.is_eog(tok) or decision == Decision.LAST:
                 break
             feed = [tok]
         return block, dists, steps

@@ -108,7 +108,7 @@ class TraceRecorder:
         if self.features is None:
             self.features = LogitFeatures(logits.shape[0])
         self._block.append(self.features(logits, index, self.acceptance.value).copy())
-        return True
+        return True  # Decision.DRAFT
 
     def observe(self, drafted: int, accepted: int) -> None:
         # The last position's features may belong to a token the block never got

@@ -79,20 +79,27 @@ def train_from_trace(
     x_all_va = features_matrix(va, feature_names)
     candidates: dict[str, dict] = {}
     for kind, model in models.items():
-        thr, replay = best_threshold(va, model.predict(x_all_va), cost, max_window=max_window)
+        thr, stop, replay = best_threshold(va, model.predict(x_all_va), cost, max_window=max_window)
         candidates[kind] = {
             "threshold": thr,
+            "stop": stop,
             "replay": replay,
             "metrics": classification_metrics(y_va, model.predict(x_va), thr),
         }
     conf = va.features[:, FEATURE_NAMES.index("confidence")]
-    p_min, p_min_replay = best_threshold(va, conf, cost, max_window=max_window)
+    p_min, p_min_stop, p_min_replay = best_threshold(va, conf, cost, max_window=max_window)
+    # the p-min baseline as llama.cpp runs it (the unsure token is dropped), for comparison
+    llama_p_min = max(
+        ((float(t), replay_policy(va, conf >= t, cost, max_window=max_window)) for t in np.unique(
+            np.quantile(conf, np.linspace(0.0, 1.0, 99)))),
+        key=lambda item: item[1]["goodput_tok_s"],
+    )
     fixed = {
         str(k): replay_policy(va, np.ones(len(va.label), bool), cost, max_window=k) for k in range(1, max_window + 1)
     }
     best_fixed = max(fixed, key=lambda k: fixed[k]["goodput_tok_s"])
     chosen = max(candidates, key=lambda k: candidates[k]["replay"]["goodput_tok_s"])
-    model, threshold = models[chosen], candidates[chosen]["threshold"]
+    model, threshold, stop = models[chosen], candidates[chosen]["threshold"], candidates[chosen]["stop"]
 
     out_stem = Path(out_stem)
     pair = header.get("pair", "")
@@ -102,7 +109,7 @@ def train_from_trace(
         feature_names=feature_names,
         threshold=threshold,
         metadata={"edgekit.draft": header.get("draft", ""), "edgekit.target": header.get("target", ""),
-                  "edgekit.pair": pair, "edgekit.model": chosen},
+                  "edgekit.pair": pair, "edgekit.model": chosen, "edgekit.stop": stop},
     )
     # The exported graph must reproduce the numpy model.
     onnx_p = OnnxPredictor(onnx_path).p_accept_batch(val.features)
@@ -119,19 +126,23 @@ def train_from_trace(
         if chosen == "mlp" else f"logistic regression on {len(feature_names)} features",
         "features": list(feature_names),
         "threshold": threshold,
+        "stop": stop,
         "max_window": max_window,
         "metrics_validation": candidates[chosen]["metrics"],
         "cost_model": {"draft_step_ms": cost.draft_step_ms, "round_ms": cost.round_ms,
                        "verify_token_ms": cost.verify_token_ms},
         "replay_validation": {
             "predictor": candidates[chosen]["replay"],
-            **{f"{k} (threshold {v['threshold']:.3f})": v["replay"] for k, v in candidates.items()},
-            f"p-min {p_min:.3f}": p_min_replay,
+            **{f"{k} (threshold {v['threshold']:.3f}, stop {v['stop']})": v["replay"] for k, v in candidates.items()},
+            f"p-min {p_min:.3f} (stop {p_min_stop})": p_min_replay,
+            f"p-min {llama_p_min[0]:.3f} (stop before, as llama.cpp)": llama_p_min[1],
             **{f"fixed-{k}": v for k, v in fixed.items()},
         },
         "best_fixed_window": int(best_fixed),
-        "best_p_min": p_min,
-        "candidates": {k: {"threshold": v["threshold"], "metrics": v["metrics"]} for k, v in candidates.items()},
+        "best_p_min": {"p_min": p_min, "stop": p_min_stop},
+        "best_p_min_llama": {"p_min": llama_p_min[0], "stop": "before"},
+        "candidates": {k: {"threshold": v["threshold"], "stop": v["stop"], "metrics": v["metrics"]}
+                       for k, v in candidates.items()},
         "feature_ablation_auc": _ablation(x_tr, y_tr, x_va, y_va, feature_names),
         "onnx_max_abs_diff_vs_numpy": onnx_max_diff,
         "training_data": {
@@ -162,7 +173,8 @@ def render_card(card: dict) -> str:
         f"# Rejection predictor: {card['pair']} ({card['draft']} drafting for {card['target']}, {card['mode']})",
         "",
         f"{card['architecture']}; features {', '.join(card['features'])}; operating threshold "
-        f"{card['threshold']:.3f} on P(accepted); max window {card['max_window']}.",
+        f"{card['threshold']:.3f} on P(accepted); a predicted rejection ends the block "
+        f"{'without that token' if card['stop'] == 'before' else 'after that token'}; max window {card['max_window']}.",
         "",
         "## Held-out classification (validation prompts, WISP Table 4)",
         "",

@@ -6,7 +6,9 @@ output giving the probability that the token is accepted, either `[N]`,
 `[N, 1]` or `[N, 2]` (the second column). Which features, in which order, is
 read from the model's metadata key `edgekit.features` (comma-separated names
 from `FEATURE_NAMES`); a model without it must take all of `FEATURE_NAMES` in
-order. `edgekit.threshold` holds the operating threshold chosen at training.
+order. `edgekit.threshold` holds the operating threshold chosen at training and
+`edgekit.stop` the stop rule ("before": a predicted rejection is not sent, WISP
+eq. 25; "after": it is sent as the block's last token), also chosen there.
 A model that does not fit is refused when loaded, with the reason.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgekit._controller import Decision, StopRule
 from edgekit._errors import ConfigError
 
 from .features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
@@ -75,6 +78,9 @@ class OnnxPredictor:
         if not 0.0 <= threshold <= 1.0:
             raise PredictorError(f"threshold must be in [0, 1], got {threshold}")
         self.threshold = threshold
+        self.stop: StopRule = meta.get("edgekit.stop", "before")  # type: ignore[assignment]
+        if self.stop not in ("before", "after"):
+            raise PredictorError(f"{self.path}: edgekit.stop must be 'before' or 'after', got {self.stop!r}")
         self._check_output()
 
     def _check_output(self) -> None:
@@ -104,15 +110,24 @@ class OnnxPredictor:
 
 class PredictorController:
     """Stop-at-first-predicted-rejection: draft while the predictor says the
-    next token will be accepted (p >= threshold), within [min_window, max_window]."""
+    next token will be accepted (p >= threshold), within [min_window, max_window];
+    at a predicted rejection, end the block before or after that token (`stop`,
+    by default the predictor's own rule)."""
 
     def __init__(
-        self, predictor: OnnxPredictor, max_window: int, *, min_window: int = 1, threshold: float | None = None
+        self,
+        predictor: OnnxPredictor,
+        max_window: int,
+        *,
+        min_window: int = 1,
+        threshold: float | None = None,
+        stop: StopRule | None = None,
     ) -> None:
         self.predictor = predictor
         self.max_window = max_window
         self.min_window = min_window
         self.threshold = predictor.threshold if threshold is None else threshold
+        self.stop: StopRule = stop or getattr(predictor, "stop", "before")
         self.name = f"predictor-{predictor.path.stem}"
         self.features: LogitFeatures | None = None
         self.acceptance = AcceptanceTracker()
@@ -120,13 +135,15 @@ class PredictorController:
     def window(self, limit: int) -> int:
         return min(self.max_window, limit)
 
-    def draft_next(self, index: int, logits: np.ndarray) -> bool:
+    def draft_next(self, index: int, logits: np.ndarray) -> Decision:
         if index <= self.min_window:
-            return True
+            return Decision.DRAFT
         if self.features is None:
             self.features = LogitFeatures(logits.shape[0])
         f = self.features(logits, index, self.acceptance.value)
-        return self.predictor.p_accept(f) >= self.threshold
+        if self.predictor.p_accept(f) >= self.threshold:
+            return Decision.DRAFT
+        return Decision.stop(self.stop)
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.acceptance.update(drafted, accepted)

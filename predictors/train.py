@@ -255,24 +255,38 @@ def rounds_of(trace: Trace) -> list[tuple[np.ndarray, int, int]]:
 
 
 def replay_policy(
-    trace: Trace, keep: np.ndarray, cost: CostModel, *, max_window: int | None = None, min_window: int = 1
+    trace: Trace,
+    keep: np.ndarray,
+    cost: CostModel,
+    *,
+    max_window: int | None = None,
+    min_window: int = 1,
+    stop: str = "before",
 ) -> dict:
-    """Replays stop-at-first-'False' over the traced rounds (WISP eq. 25).
+    """Replays stop-at-first-predicted-rejection over the traced rounds.
 
-    `keep[i]` says whether the policy drafts the token at row i. Each traced
-    round starts where a real one did; the replayed block is the leading run of
-    kept positions (at least `min_window`, at most `max_window` and what the
-    round drafted), its accepted tokens those of the traced outcome within it.
-    Offline: a shorter block would move later rounds, which is not modelled.
+    `keep[i]` says whether the policy predicts row i's token accepted. Each
+    traced round starts where a real one did; the replayed block runs to the
+    first position predicted rejected, which it leaves out (`stop="before"`,
+    WISP eq. 25: the step that produced its logits is paid for nothing) or
+    sends as its last token ("after"); at least `min_window` tokens, at most
+    `max_window` and what the round drafted. Its accepted tokens are those of
+    the traced outcome within it. Offline: a shorter block would move later
+    rounds, which is not modelled.
     """
     drafted = accepted = steps = rounds = 0
     time_ms = 0.0
+    after = stop == "after"
     for rows, n, acc in rounds_of(trace):
         limit = min(n, max_window or n)
-        k = min_window if min_window <= limit else limit
+        k = min(min_window, limit)
         while k < limit and keep[rows[k]]:
             k += 1
-        step = k + 1 if k < limit else k  # a stop is decided on one more draft step
+        if k < limit and after:  # the first predicted rejection goes in, and the block ends
+            k += 1
+            step = k
+        else:
+            step = k + 1 if k < limit else k  # stopping before a token costs the step that produced it
         a = min(k, acc)
         drafted += k
         accepted += a
@@ -296,14 +310,16 @@ def replay_policy(
 
 def best_threshold(
     trace: Trace, score: np.ndarray, cost: CostModel, *, max_window: int, candidates: int = 99
-) -> tuple[float, dict]:
-    """The threshold on `score` (keep where score >= threshold) with the highest replayed goodput."""
+) -> tuple[float, str, dict]:
+    """The threshold on `score` (predicted accepted where score >= threshold) and
+    stop rule with the highest replayed goodput: (threshold, rule, replay)."""
     grid = np.unique(np.quantile(score, np.linspace(0.0, 1.0, candidates)))
-    best: tuple[float, dict] | None = None
-    for thr in grid:
-        r = replay_policy(trace, score >= thr, cost, max_window=max_window)
-        if best is None or r["goodput_tok_s"] > best[1]["goodput_tok_s"]:
-            best = (float(thr), r)
+    best: tuple[float, str, dict] | None = None
+    for stop in ("before", "after"):
+        for thr in grid:
+            r = replay_policy(trace, score >= thr, cost, max_window=max_window, stop=stop)
+            if best is None or r["goodput_tok_s"] > best[2]["goodput_tok_s"]:
+                best = (float(thr), stop, r)
     assert best is not None
     return best
 

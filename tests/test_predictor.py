@@ -120,6 +120,15 @@ def test_controller_stops_before_the_first_predicted_rejection():
     assert final.stats.drafting == "predictor-stub"
 
 
+def test_stop_after_sends_the_predicted_rejection_and_ends_the_block():
+    ctl = PredictorController(StubPredictor({3: 0.2}), max_window=8, stop="after")
+    client, _, verifier = fake_client(max_tokens=60, stop_at_eos=False)
+    final = client.generate("stop after", controller=ctl).until_done()
+    assert max(len(b.draft_tokens) for b in verifier.verify_calls) == 3
+    # no draft step is spent past the block: a round of 3 tokens took 3 steps
+    assert {r.draft_steps for r in final.stats.rounds_detail if r.drafted == 3} == {3}
+
+
 def test_controller_keeps_the_minimum_window_and_the_maximum():
     client, _, verifier = fake_client(max_tokens=30, stop_at_eos=False)
     never = PredictorController(StubPredictor({i: 0.0 for i in range(1, 65)}), max_window=8, min_window=1)
@@ -151,13 +160,17 @@ def test_predictor_sees_the_tracked_acceptance():
 
 
 def test_confidence_threshold_stops_on_a_flat_distribution():
+    from edgekit import Decision
+
     ctl = ConfidenceThreshold(0.5, max_window=8)
     peaked = np.full(100, -20.0, dtype=np.float32)
     peaked[3] = 10.0
     flat = np.zeros(100, dtype=np.float32)
-    assert ctl.draft_next(2, peaked) and not ctl.draft_next(2, flat)
-    assert ctl.draft_next(1, flat)  # the minimum window
+    assert ctl.draft_next(2, peaked) == Decision.DRAFT and ctl.draft_next(2, flat) == Decision.STOP
+    assert ctl.draft_next(1, flat) == Decision.DRAFT  # the minimum window
     assert ctl.window(20) == 8 and ctl.window(3) == 3
+    after = ConfidenceThreshold(0.5, max_window=8, stop="after")
+    assert after.draft_next(2, flat) == Decision.LAST and after.name == "p-min-0.5-after"
 
 
 def test_generation_config_picks_the_policy():
@@ -273,6 +286,9 @@ def test_replay_of_fixed_windows_and_a_stop_rule():
     # round 1 stops before position 3 (drafts 2, 3 steps), round 2 before position 4 (3, 4 steps)
     assert (stop["drafted"], stop["accepted"], stop["wasted"], stop["draft_steps"]) == (5, 5, 0, 7)
     assert stop["acceptance_rate"] == 1.0
+    after = replay_policy(t, t.features[:, 0] >= 0.5, cost, stop="after")
+    # round 1 sends positions 1-3 (3 rejected), round 2 all 4: no extra steps
+    assert (after["drafted"], after["accepted"], after["wasted"], after["draft_steps"]) == (7, 6, 1, 7)
 
 
 # -- shipped predictors -------------------------------------------------------------------
