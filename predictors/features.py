@@ -21,6 +21,8 @@ Features, in order (`FEATURE_NAMES`):
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = ["FEATURE_NAMES", "TAIL_NATS", "AcceptanceTracker", "LogitFeatures"]
@@ -31,33 +33,44 @@ FEATURE_NAMES = ("confidence", "entropy", "margin", "logit_std", "position", "re
 
 
 class LogitFeatures:
-    """Computes `FEATURE_NAMES` for one vocabulary size, reusing its buffers."""
+    """Computes `FEATURE_NAMES` for one vocabulary size, reusing its buffers.
 
-    def __init__(self, n_vocab: int) -> None:
+    `names` limits the work to the features a predictor reads (the others come
+    out NaN): logit_std alone costs two more passes over the vocabulary.
+    Every numpy call counts here: inside the drafting loop each one starts
+    cache-cold after the llama.cpp decode, so the code keeps them few.
+    """
+
+    def __init__(self, n_vocab: int, names: tuple[str, ...] = FEATURE_NAMES) -> None:
         self.n_vocab = n_vocab
+        self._std = "logit_std" in names
+        self._mask = np.empty(n_vocab, dtype=bool)
         # Sums as BLAS dot products with ones: 3x faster than numpy's sum here.
-        self._ones = np.ones(n_vocab, dtype=np.float32)
-        self._out = np.empty(len(FEATURE_NAMES), dtype=np.float32)
+        self._ones = np.ones(n_vocab, dtype=np.float32) if self._std else None
+        self._out = np.full(len(FEATURE_NAMES), np.nan, dtype=np.float32)
 
     def __call__(self, logits: np.ndarray, position: int, recent_acceptance: float) -> np.ndarray:
         """The feature vector (a view into a reused buffer: copy to keep)."""
         z = logits
         m = float(z.max())
-        near = z[z > m - TAIL_NATS] - m  # <= 0, the top entry (or entries) exactly 0
+        np.greater(z, m - TAIL_NATS, out=self._mask)
+        near = z[self._mask]
+        near -= m  # <= 0, the top entry (or entries) exactly 0
         e = np.exp(near)
         s = float(e.sum(dtype=np.float64))
         # entropy = log s - sum(p * (z - m)) = log s - sum(e * near) / s
         en = float(np.dot(e, near))
-        ties = int(np.count_nonzero(near == 0.0))
-        second = 0.0 if ties > 1 else float(np.max(near, where=near < 0.0, initial=-np.inf))
-        n = z.shape[0]
-        mean = float(np.dot(z, self._ones)) / n
-        var = max(float(np.dot(z, z)) / n - mean * mean, 0.0)
+        # the second largest: mask one top entry; a tie leaves another 0 (margin 0)
+        near[near.argmax()] = -np.inf
+        second = float(near.max()) if near.size > 1 else -math.inf
         out = self._out
         out[0] = 1.0 / s
-        out[1] = max(np.log(s) - en / s, 0.0)
-        out[2] = (1.0 - np.exp(second)) / s  # exp(-inf) = 0: nothing else near the top
-        out[3] = np.sqrt(var)
+        out[1] = max(math.log(s) - en / s, 0.0)
+        out[2] = (1.0 - math.exp(second)) / s  # exp(-inf) = 0: nothing else near the top
+        if self._std:
+            n = z.shape[0]
+            mean = float(np.dot(z, self._ones)) / n
+            out[3] = math.sqrt(max(float(np.dot(z, z)) / n - mean * mean, 0.0))
         out[4] = position
         out[5] = recent_acceptance
         return out

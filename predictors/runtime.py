@@ -72,7 +72,11 @@ class OnnxPredictor:
         self._columns = np.array([FEATURE_NAMES.index(n) for n in names])
         self._input = inp.name
         self._output = self._session.get_outputs()[0].name
+        # One decision per call on a bound input: run_with_ort_values skips the
+        # conversions of run(), which cost more than the model inside the draft loop.
         self._x = np.zeros((1, len(names)), dtype=np.float32)
+        self._x_ort = {inp.name: ort.OrtValue.ortvalue_from_numpy(self._x)._ortvalue}
+        self._run_options = ort.RunOptions()
         if threshold is None:
             threshold = float(meta.get("edgekit.threshold", 0.5))
         if not 0.0 <= threshold <= 1.0:
@@ -104,8 +108,8 @@ class OnnxPredictor:
     def p_accept(self, features: np.ndarray) -> float:
         """The acceptance probability of one full `FEATURE_NAMES` vector."""
         self._x[0] = features[self._columns]
-        out = self._session.run([self._output], {self._input: self._x})[0]
-        return float(out.reshape(-1)[-1])
+        out = self._session._sess.run_with_ort_values(self._x_ort, [self._output], self._run_options)[0]
+        return float(out.numpy().reshape(-1)[-1])
 
 
 class PredictorController:
@@ -139,7 +143,7 @@ class PredictorController:
         if index <= self.min_window:
             return Decision.DRAFT
         if self.features is None:
-            self.features = LogitFeatures(logits.shape[0])
+            self.features = LogitFeatures(logits.shape[0], self.predictor.feature_names)
         f = self.features(logits, index, self.acceptance.value)
         if self.predictor.p_accept(f) >= self.threshold:
             return Decision.DRAFT

@@ -77,3 +77,13 @@ def test_a_long_tail_far_below_the_top_is_bounded():
     assert f["margin"] == pytest.approx(ref["margin"], rel=bound)
     assert f["entropy"] == pytest.approx(ref["entropy"], rel=bound, abs=1e-5)
     assert f["logit_std"] == pytest.approx(ref["logit_std"], rel=1e-5)
+
+
+def test_only_the_features_asked_for_are_computed():
+    z = (np.random.default_rng(5).normal(size=5000) * 3).astype(np.float32)
+    full = LogitFeatures(z.size)(z, 2, 0.5).copy()
+    part = LogitFeatures(z.size, ("confidence", "entropy", "margin", "position"))(z, 2, 0.5)
+    std = FEATURE_NAMES.index("logit_std")
+    assert np.isnan(part[std]) and not np.isnan(full[std])
+    keep = [i for i in range(len(FEATURE_NAMES)) if i != std]
+    np.testing.assert_array_equal(part[keep], full[keep])

@@ -96,6 +96,7 @@ class StubPredictor:
     def __init__(self, by_position: dict[int, float], threshold: float = 0.5) -> None:
         self.by_position = by_position
         self.threshold = threshold
+        self.feature_names = FEATURE_NAMES
         self.seen: list[np.ndarray] = []
         from pathlib import Path
 
