@@ -29,7 +29,9 @@ def profile_drafting(draft, predictor=None, *, steps: int = 200, warmup: int = 1
     """Times `steps` greedy draft steps on `draft` (a LlamaDraftModel), with the
     features and, if given, the predictor (an OnnxPredictor) on each step's logits.
     Times are microseconds; shares are medians over the draft step's median."""
-    features = LogitFeatures(draft.n_vocab)
+    features = LogitFeatures(draft.n_vocab, predictor.feature_names) if predictor is not None else LogitFeatures(
+        draft.n_vocab
+    )
     prompt = draft.tokenize(_PROMPT)
     draft.truncate(0)
     draft.prefill(prompt[:-1])
