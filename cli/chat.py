@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import statistics
 import sys
 from contextlib import contextmanager
 from dataclasses import replace
@@ -252,14 +251,14 @@ class _ChatSession:
             table.add_row("drafting per token", f"{last.draft_ms_per_token:.1f} ms", "")
             self.out.print(table)
         try:
-            ping = getattr(self.client.transport, "ping", None)
-            rtts = [ping() for _ in range(5)] if ping else []
+            measured = self.client.probe_link(pings=5, tries=1, payload_bytes=64 * 1024).link
         except EdgekitError as exc:
             self.out.print(f"[red]link: {exc}[/red]")
             return
-        link = f"link: {self.client.transport.address}"
-        if rtts:
-            link += f" · RTT median {statistics.median(rtts):.2f} ms (min {min(rtts):.2f}, max {max(rtts):.2f}, 5 pings)"
+        link = (
+            f"link: {self.client.transport.address} · RTT {measured.rtt_ms:.2f} ms (jitter {measured.rtt_jitter_ms:.2f}) · "
+            f"up {measured.uplink_mbps:.0f} / down {measured.downlink_mbps:.0f} Mbit/s · loss {measured.loss_rate:.1%}"
+        )
         info = self.client.server_info()
         link += f" · numerics {'exact' if info.exact_numerics else 'fast'}"
         self.out.print(f"[dim]{link}[/dim]")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ._config import ClientConfig, GenerationConfig, ServerConfig
 from ._controller import Controller
+from ._link import LinkEstimator, ProbeResult, probe
 from ._draft import DraftModel, LlamaDraftModel
 from ._errors import IncompatibleModelsError
 from ._events import Event, FinalStats, TextDelta
@@ -116,6 +117,7 @@ class EdgeClient:
         self._server: ServerInfo | None = None
         self._draft_lock = threading.Lock()  # the draft model serves one round at a time
         self._predictors: dict = {}  # loaded ONNX predictors by path, shared by sessions
+        self.link = LinkEstimator()  # this device's view of its link to the verifier
 
     def _load_draft(self, draft_model: str | Path | DraftModel | None) -> DraftModel:
         if draft_model is None:
@@ -202,7 +204,12 @@ class EdgeClient:
             controller=controller,
             controllers=self.controller_for,
             draft_lock=self._draft_lock,
+            link=self.link,
         )
+
+    def probe_link(self, **options: object) -> "ProbeResult":
+        """Measures RTT, jitter, rates and loss with timed pings (see `edgekit._link.probe`)."""
+        return probe(self.transport, self.link, **options)  # type: ignore[arg-type]
 
     def controller_for(self, gen: GenerationConfig) -> Controller:
         """The drafting controller `gen.drafting` names (see GenerationConfig)."""

@@ -23,10 +23,11 @@ from ._config import GenerationConfig
 from ._controller import Controller, Decision, FixedWindow
 from ._draft import DraftModel
 from ._errors import ConfigError, EdgekitError, ProtocolError
+from ._link import LinkEstimator
 from ._events import Event, FinalStats, RoundEvent, TextDelta
 from ._metrics import GenerationStats, RoundStats
 from ._sampling import SparseDistribution, draft_distribution
-from .transport._base import BlockRequest, LinkState, ServerInfo, VerifierTransport
+from .transport._base import BlockRequest, ServerInfo, VerifierTransport
 
 __all__ = ["SpeculativeSession", "TextDecoder"]
 
@@ -59,6 +60,7 @@ class SpeculativeSession:
         controller: Controller | None = None,
         controllers: Callable[[GenerationConfig], Controller] | None = None,
         draft_lock: threading.Lock | None = None,
+        link: LinkEstimator | None = None,
     ) -> None:
         if config.mode not in server.modes:
             raise ConfigError(
@@ -89,7 +91,9 @@ class SpeculativeSession:
         self.tokens: list[int] = []
         self.session_id: str | None = None
         self.max_context = min(server.max_context, draft.n_ctx)
-        self.link = LinkState()
+        # The client's link estimate (shared by its sessions): sent with each
+        # round, updated from each round's network time.
+        self.link = link or LinkEstimator()
         self._round_index = 0
 
     # Settings the verifier knows about: changing one needs a new session.
@@ -203,13 +207,14 @@ class SpeculativeSession:
                 base_position=base,
                 draft_tokens=block,
                 draft_distributions=dists,
-                link=self.link,
+                link=self.link.state(),
                 slo_class=self.config.slo_class,
                 round_index=self._round_index,
                 continue_after_eog=not self.config.stop_at_eos,
             )
         )
         t2 = time.perf_counter()
+        self.link.add_round((t2 - t1) * 1e3, verdict.verify_ms + verdict.queue_ms)
         a = verdict.accepted
         new = block[:a] + ([verdict.next_token] if verdict.next_token is not None else [])
         if not 0 <= a <= len(block) or not new or verdict.committed_length != base + len(new):

@@ -21,7 +21,7 @@ from ._llama import Fingerprint
 from ._sampling import accept_greedy, accept_sampling, cut_at_end, target_probs
 from .transport._base import BlockRequest, GeneratedToken, OpenedSession, ServerInfo, VerifyResult
 
-__all__ = ["FakeDraftModel", "FakeVerifier", "ToyLanguageModel"]
+__all__ = ["FakeDraftModel", "FakeVerifier", "SimulatedLink", "ToyLanguageModel"]
 
 
 class ToyLanguageModel:
@@ -117,17 +117,55 @@ class FakeDraftModel:
         del self.evaluated[length:]
 
 
+class SimulatedLink:
+    """Times of exchanges over a modelled link, without waiting: base RTT, rates
+    each way, Gaussian jitter and, with probability `loss`, one retransmission
+    timeout (seeded, so tests are exact)."""
+
+    def __init__(
+        self,
+        rtt_ms: float = 0.0,
+        uplink_mbps: float = 1e6,
+        downlink_mbps: float = 1e6,
+        jitter_ms: float = 0.0,
+        loss: float = 0.0,
+        rto_ms: float = 200.0,
+        seed: int = 0,
+    ) -> None:
+        self.rtt_ms, self.uplink_mbps, self.downlink_mbps = rtt_ms, uplink_mbps, downlink_mbps
+        self.jitter_ms, self.loss, self.rto_ms = jitter_ms, loss, rto_ms
+        self._rng = np.random.default_rng(seed)
+
+    def exchange_ms(self, up_bytes: int, down_bytes: int) -> float:
+        t = self.rtt_ms + up_bytes * 8 / (self.uplink_mbps * 1e3) + down_bytes * 8 / (self.downlink_mbps * 1e3)
+        t += abs(self._rng.normal(0.0, self.jitter_ms)) if self.jitter_ms else 0.0
+        if self.loss and self._rng.random() < self.loss:
+            t += self.rto_ms
+        return t
+
+
 class FakeVerifier:
     """An in-process verifier over a toy target LM, with the protocol's checks."""
 
-    def __init__(self, lm: ToyLanguageModel, *, max_block: int = 32, max_context: int = 4096) -> None:
+    def __init__(
+        self,
+        lm: ToyLanguageModel,
+        *,
+        max_block: int = 32,
+        max_context: int = 4096,
+        link: "SimulatedLink | None" = None,
+    ) -> None:
         self.lm = lm
+        self.link = link or SimulatedLink()
         self.address = "fake"
         self.max_block = max_block
         self.max_context = max_context
         self.sessions: dict[str, dict] = {}
         self.verify_calls: list[BlockRequest] = []
         self._ids = itertools.count()
+
+    def ping(self, payload_bytes: int = 0, reply_bytes: int = 0) -> float:
+        return self.link.exchange_ms(payload_bytes, reply_bytes)
 
     def handshake(self, draft: Fingerprint, *, draft_model: str, draft_hidden_size: int) -> ServerInfo:
         return ServerInfo(

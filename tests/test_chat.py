@@ -42,7 +42,8 @@ def test_chat_transcript(fake_client, tmp_path):
     assert out.count("12 tokens") == 2  # two answers, each with its figures line
     assert "draft_k = 2" in out
     assert "cannot set mode" in out
-    assert "acceptance rate" in out and "accepted length" in out and "RTT" not in out  # the fake has no ping
+    assert "acceptance rate" in out and "accepted length" in out
+    assert "link: fake · RTT " in out and "Mbit/s" in out  # the fake verifier simulates its link
     assert "/set KEY VALUE" in out  # the help text
     assert "conversation cleared" in out
     conv_client = fake_client[0]
@@ -132,7 +133,7 @@ def test_chat_transcript_on_the_real_pair(gemma_server, tmp_path, monkeypatch):
     )
     assert result.exit_code == 0, result.output
     assert "16 tokens" in result.output and "acceptance" in result.output
-    assert "RTT median" in result.output and "numerics exact" in result.output
+    assert "RTT " in result.output and "Mbit/s" in result.output and "numerics exact" in result.output
 
 
 def test_a_reply_stopped_early_still_counts_in_the_figures():

@@ -103,6 +103,9 @@ class GeneratedToken:
 class VerifierTransport(Protocol):
     address: str
 
+    def ping(self, payload_bytes: int = 0, reply_bytes: int = 0) -> float:
+        """One echo carrying `payload_bytes` up and `reply_bytes` back; its round trip in ms."""
+
     def handshake(self, draft: Fingerprint, *, draft_model: str, draft_hidden_size: int) -> ServerInfo: ...
 
     def open_session(

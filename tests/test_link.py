@@ -1,0 +1,86 @@
+"""Link estimation: RFC 6298 smoothing, rates from payload pings, loss from
+retransmission delays, passive updates from rounds, and dead verifiers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from edgekit import EdgeClient, GenerationConfig, VerifierUnavailableError
+from edgekit._link import MIN_RTO_MS, LinkEstimator, probe
+from edgekit.testing import FakeDraftModel, FakeVerifier, SimulatedLink, ToyLanguageModel
+
+
+def test_srtt_and_rttvar_follow_rfc_6298():
+    est = LinkEstimator()
+    est.add_rtt(100.0)
+    assert (est.srtt_ms, est.rttvar_ms) == (100.0, 50.0)
+    est.add_rtt(60.0)
+    assert est.rttvar_ms == pytest.approx(0.75 * 50 + 0.25 * 40)
+    assert est.srtt_ms == pytest.approx(0.875 * 100 + 0.125 * 60)
+    assert est.state().samples == 2
+
+
+def test_a_retransmission_delay_counts_as_loss_not_as_delay():
+    est = LinkEstimator()
+    for _ in range(10):
+        est.add_rtt(20.0)
+    est.add_rtt(20.0 + MIN_RTO_MS + 5)
+    assert est.srtt_ms == pytest.approx(20.0)  # kept out of the smoothed RTT
+    assert est.loss_rate == pytest.approx(1 / 16)
+
+
+@pytest.mark.parametrize("rtt, up, down", [(5.0, 20.0, 20.0), (50.0, 500.0, 500.0), (50.0, 20.0, 100.0)])
+def test_probe_recovers_a_simulated_link(rtt, up, down):
+    link = SimulatedLink(rtt_ms=rtt, uplink_mbps=up, downlink_mbps=down, jitter_ms=0.2, seed=1)
+    result = probe(FakeVerifier(ToyLanguageModel(), link=link), payload_bytes=256 * 1024, tries=5)
+    assert result.link.rtt_ms == pytest.approx(rtt, abs=1.0)
+    assert result.link.rtt_jitter_ms < 1.0
+    # the best of 5 tries sees at most a little jitter on top of bits / rate
+    assert result.link.uplink_mbps == pytest.approx(up, rel=0.1)
+    assert result.link.downlink_mbps == pytest.approx(down, rel=0.1)
+    assert result.pings == 5 + 2 * 2 * 5
+
+
+def test_probe_estimates_loss_on_a_lossy_link():
+    link = SimulatedLink(rtt_ms=10.0, loss=0.1, seed=3)
+    est = LinkEstimator(loss_alpha=0.01)
+    for _ in range(10):
+        probe(FakeVerifier(ToyLanguageModel(), link=link), est, pings=50, tries=1)
+    assert 0.05 < est.loss_rate < 0.15
+    assert est.srtt_ms == pytest.approx(10.0, abs=0.5)
+
+
+def test_rounds_update_the_link_and_carry_it():
+    target = ToyLanguageModel(seed=3)
+    verifier = FakeVerifier(target)
+    client = EdgeClient(verifier, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.0)),
+                        generation=GenerationConfig(max_tokens=20, stop_at_eos=False, drafting="fixed"))
+    client.generate("link").until_done()
+    assert client.link.samples == len(verifier.verify_calls)
+    # each round carries the estimate as it stood before that round
+    assert [b.link.samples for b in verifier.verify_calls] == list(range(len(verifier.verify_calls)))
+
+
+def test_probing_a_dead_verifier_fails_within_its_deadline():
+    from edgekit import ClientConfig
+    from edgekit.transport import GrpcTransport
+
+    t = GrpcTransport("127.0.0.1:9", ClientConfig(timeout=1.0, connect_timeout=1.0))
+    t0 = time.perf_counter()
+    with pytest.raises(VerifierUnavailableError, match="127.0.0.1:9"):
+        probe(t)
+    assert time.perf_counter() - t0 < 5.0
+    t.close()
+
+
+@pytest.mark.models
+def test_probe_of_the_real_verifier_on_loopback(gemma_server):
+    from edgekit import ClientConfig
+    from edgekit.transport import GrpcTransport
+
+    with GrpcTransport(gemma_server.address, ClientConfig(timeout=10.0)) as t:
+        r = probe(t, pings=5, tries=2, payload_bytes=1 << 20)
+    assert 0 < r.link.rtt_ms < 50
+    assert r.link.uplink_mbps > 50 and r.link.downlink_mbps > 50  # loopback moves 1 MB fast
