@@ -32,14 +32,7 @@ DRAFTING_HELP = (
 )
 
 
-def drafting_options():  # type: ignore[no-untyped-def]
-    """(--drafting, --predictor, --max-window, --p-min) option defaults for a command signature."""
-    return (
-        typer.Option("auto", "--drafting", help=DRAFTING_HELP),
-        typer.Option(None, "--predictor", help="An ONNX rejection predictor (default: the one shipped for the pair)."),
-        typer.Option(8, "--max-window", min=1, max=64, help="Most tokens per block for predictor and p-min drafting."),
-        typer.Option(0.5, "--p-min", min=0.0, max=1.0, help="Confidence threshold of p-min drafting."),
-    )
-
-
-_DRAFTING, _PREDICTOR, _MAX_WINDOW, _P_MIN = drafting_options()
+_DRAFTING = typer.Option("auto", "--drafting", help=DRAFTING_HELP)
+_PREDICTOR = typer.Option(None, "--predictor", help="An ONNX rejection predictor (default: the one shipped for the pair).")
+_MAX_WINDOW = typer.Option(8, "--max-window", min=1, max=64, help="Most tokens per block for predictor and p-min drafting.")
+_P_MIN = typer.Option(0.5, "--p-min", min=0.0, max=1.0, help="Confidence threshold of p-min drafting.")

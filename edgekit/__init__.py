@@ -6,7 +6,7 @@ from ._async_client import AsyncConversation, AsyncEdgeClient, AsyncGenerationSt
 from ._chat import ChatTemplate, Conversation
 from ._client import EdgeClient, GenerationStream
 from ._config import ClientConfig, GenerationConfig, ServerConfig
-from ._controller import ConfidenceThreshold, Controller, Decision, FixedWindow
+from ._controller import Controller, Decision, FixedWindow
 from ._draft import DraftModel, LlamaDraftModel
 from ._errors import (
     AuthenticationError,
@@ -29,6 +29,7 @@ from ._errors import (
 from ._events import Event, FinalStats, RoundEvent, TextDelta
 from ._metrics import GenerationStats, RoundStats
 from ._session import SpeculativeSession
+from .predictors.runtime import ConfidenceThreshold  # the p-min policy is a predictor that reads confidence
 
 __all__ = [
     "AsyncConversation",

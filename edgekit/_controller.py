@@ -12,9 +12,9 @@ as DRAFT/STOP. The verdict comes back through `observe`.
 
 - `FixedWindow`: the SLED-style baseline, always K tokens (less only where the
   output or context limit leaves less room, or the draft ends the text).
-- `ConfidenceThreshold`: stop where the draft's top probability falls below
-  p_min, as llama.cpp's `--draft-p-min` does.
-- The predictor-guided controller lives in `edgekit.predictors`.
+- `edgekit.predictors.PredictorController`: stop at the first rejection a
+  predictor foresees; `ConfidenceThreshold` is that rule on the draft's top
+  probability alone (llama.cpp's `--draft-p-min`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-__all__ = ["ConfidenceThreshold", "Controller", "Decision", "FixedWindow", "StopRule"]
+__all__ = ["Controller", "Decision", "FixedWindow", "StopRule"]
 
 StopRule = Literal["before", "after"]  # end a block before the predicted rejection, or after it
 
@@ -63,41 +63,6 @@ class FixedWindow:
 
     def draft_next(self, index: int, logits: np.ndarray) -> Decision:
         return Decision.DRAFT
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        pass
-
-
-class ConfidenceThreshold:
-    """Draft while the top token's probability is at least `p_min`, up to
-    `max_window` tokens and never fewer than `min_window`. `stop="before"` drops
-    the unsure token, as llama.cpp does; "after" sends it and ends the block."""
-
-    def __init__(self, p_min: float, max_window: int, *, min_window: int = 1, stop: StopRule = "before") -> None:
-        if not 0.0 <= p_min <= 1.0:
-            raise ValueError(f"p_min must be in [0, 1], got {p_min}")
-        if stop not in ("before", "after"):
-            raise ValueError(f"stop must be 'before' or 'after', got {stop!r}")
-        self.p_min = p_min
-        self.max_window = max_window
-        self.min_window = min_window
-        self.stop = stop
-        self.name = f"p-min-{p_min:g}" + ("-after" if stop == "after" else "")
-        self._features = None  # LogitFeatures, sized on first use
-
-    def window(self, limit: int) -> int:
-        return min(self.max_window, limit)
-
-    def draft_next(self, index: int, logits: np.ndarray) -> Decision:
-        if index <= self.min_window:
-            return Decision.DRAFT
-        if self._features is None:
-            from edgekit.predictors.features import LogitFeatures
-
-            self._features = LogitFeatures(logits.shape[0])
-        if float(self._features(logits, index, 0.0)[0]) >= self.p_min:  # [0]: confidence
-            return Decision.DRAFT
-        return Decision.stop(self.stop)
 
     def observe(self, drafted: int, accepted: int) -> None:
         pass

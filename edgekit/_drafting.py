@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ._config import GenerationConfig
-from ._controller import ConfidenceThreshold, Controller, FixedWindow
+from ._controller import Controller, FixedWindow
 from ._errors import ConfigError
 
 __all__ = ["make_controller"]
@@ -14,6 +14,8 @@ def make_controller(gen: GenerationConfig, draft: str, target: str, loaded: dict
     if gen.drafting == "fixed":
         return FixedWindow(gen.draft_k)
     if gen.drafting == "p-min":
+        from edgekit.predictors.runtime import ConfidenceThreshold
+
         return ConfidenceThreshold(gen.p_min, gen.max_window)
     from edgekit.predictors.shipped import shipped_predictor
 

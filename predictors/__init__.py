@@ -11,13 +11,14 @@ or, through the configuration: GenerationConfig(drafting="predictor", predictor=
 from pathlib import Path
 
 from .features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
-from .runtime import OnnxPredictor, PredictorController, PredictorError
+from .runtime import ConfidenceThreshold, OnnxPredictor, PredictorController, PredictorError
 from .shipped import shipped_cards, shipped_predictor
 
 TRAIN_PROMPTS = Path(__file__).parent / "prompts" / "train.jsonl"  # the training prompt set (issue 4)
 
 __all__ = [
     "FEATURE_NAMES",
+    "ConfidenceThreshold",
     "TRAIN_PROMPTS",
     "AcceptanceTracker",
     "LogitFeatures",

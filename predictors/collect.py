@@ -40,10 +40,6 @@ class Trace:
     round: np.ndarray  # [N] int32: round index within its prompt's generation
     header: dict = field(default_factory=dict)
 
-    @property
-    def position(self) -> np.ndarray:
-        return self.features[:, FEATURE_NAMES.index("position")].astype(np.int32)
-
     def labelled(self) -> "Trace":
         keep = self.label >= 0
         return Trace(self.features[keep], self.label[keep], self.prompt[keep], self.round[keep], self.header)

@@ -89,11 +89,7 @@ def train_from_trace(
     conf = va.features[:, FEATURE_NAMES.index("confidence")]
     p_min, p_min_stop, p_min_replay = best_threshold(va, conf, cost, max_window=max_window)
     # the p-min baseline as llama.cpp runs it (the unsure token is dropped), for comparison
-    llama_p_min = max(
-        ((float(t), replay_policy(va, conf >= t, cost, max_window=max_window)) for t in np.unique(
-            np.quantile(conf, np.linspace(0.0, 1.0, 99)))),
-        key=lambda item: item[1]["goodput_tok_s"],
-    )
+    llama_p_min = best_threshold(va, conf, cost, max_window=max_window, stops=("before",))
     fixed = {
         str(k): replay_policy(va, np.ones(len(va.label), bool), cost, max_window=k) for k in range(1, max_window + 1)
     }
@@ -135,7 +131,7 @@ def train_from_trace(
             "predictor": candidates[chosen]["replay"],
             **{f"{k} (threshold {v['threshold']:.3f}, stop {v['stop']})": v["replay"] for k, v in candidates.items()},
             f"p-min {p_min:.3f} (stop {p_min_stop})": p_min_replay,
-            f"p-min {llama_p_min[0]:.3f} (stop before, as llama.cpp)": llama_p_min[1],
+            f"p-min {llama_p_min[0]:.3f} (stop before, as llama.cpp)": llama_p_min[2],
             **{f"fixed-{k}": v for k, v in fixed.items()},
         },
         "best_fixed_window": int(best_fixed),

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from .features import LogitFeatures
+from .features import FEATURE_NAMES, LogitFeatures
 
 __all__ = ["profile_drafting"]
 
@@ -29,9 +29,7 @@ def profile_drafting(draft, predictor=None, *, steps: int = 200, warmup: int = 1
     """Times `steps` greedy draft steps on `draft` (a LlamaDraftModel), with the
     features and, if given, the predictor (an OnnxPredictor) on each step's logits.
     Times are microseconds; shares are medians over the draft step's median."""
-    features = LogitFeatures(draft.n_vocab, predictor.feature_names) if predictor is not None else LogitFeatures(
-        draft.n_vocab
-    )
+    features = LogitFeatures(draft.n_vocab, predictor.feature_names if predictor is not None else FEATURE_NAMES)
     prompt = draft.tokenize(_PROMPT)
     draft.truncate(0)
     draft.prefill(prompt[:-1])

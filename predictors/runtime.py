@@ -24,7 +24,7 @@ from edgekit._errors import ConfigError
 
 from .features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
 
-__all__ = ["OnnxPredictor", "PredictorController", "PredictorError"]
+__all__ = ["ConfidenceThreshold", "OnnxPredictor", "PredictorController", "PredictorError"]
 
 
 class PredictorError(ConfigError):
@@ -75,8 +75,7 @@ class OnnxPredictor:
         # One decision per call on a bound input: run_with_ort_values skips the
         # conversions of run(), which cost more than the model inside the draft loop.
         self._x = np.zeros((1, len(names)), dtype=np.float32)
-        self._x_ort = {inp.name: ort.OrtValue.ortvalue_from_numpy(self._x)._ortvalue}
-        self._run_options = ort.RunOptions()
+        self._x_ort = {inp.name: ort.OrtValue.ortvalue_from_numpy(self._x)}
         if threshold is None:
             threshold = float(meta.get("edgekit.threshold", 0.5))
         if not 0.0 <= threshold <= 1.0:
@@ -108,7 +107,7 @@ class OnnxPredictor:
     def p_accept(self, features: np.ndarray) -> float:
         """The acceptance probability of one full `FEATURE_NAMES` vector."""
         self._x[0] = features[self._columns]
-        out = self._session._sess.run_with_ort_values(self._x_ort, [self._output], self._run_options)[0]
+        out = self._session.run_with_ort_values([self._output], self._x_ort)[0]
         return float(out.numpy().reshape(-1)[-1])
 
 
@@ -126,13 +125,14 @@ class PredictorController:
         min_window: int = 1,
         threshold: float | None = None,
         stop: StopRule | None = None,
+        name: str | None = None,
     ) -> None:
         self.predictor = predictor
         self.max_window = max_window
         self.min_window = min_window
         self.threshold = predictor.threshold if threshold is None else threshold
         self.stop: StopRule = stop or getattr(predictor, "stop", "before")
-        self.name = f"predictor-{predictor.path.stem}"
+        self.name = name or f"predictor-{predictor.path.stem}"
         self.features: LogitFeatures | None = None
         self.acceptance = AcceptanceTracker()
 
@@ -151,3 +151,31 @@ class PredictorController:
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.acceptance.update(drafted, accepted)
+
+
+class _TopProbability:
+    """The draft's top probability read as P(accepted): p-min as a predictor."""
+
+    feature_names = ("confidence",)
+    threshold = 0.5
+
+    def p_accept(self, features: np.ndarray) -> float:
+        return float(features[0])  # FEATURE_NAMES[0] is confidence
+
+
+class ConfidenceThreshold(PredictorController):
+    """Draft while the top token's probability is at least `p_min`, up to
+    `max_window` tokens and never fewer than `min_window`. `stop="before"` drops
+    the unsure token, as llama.cpp's `--draft-p-min` does; "after" sends it and
+    ends the block."""
+
+    def __init__(self, p_min: float, max_window: int, *, min_window: int = 1, stop: StopRule = "before") -> None:
+        if not 0.0 <= p_min <= 1.0:
+            raise ValueError(f"p_min must be in [0, 1], got {p_min}")
+        if stop not in ("before", "after"):
+            raise ValueError(f"stop must be 'before' or 'after', got {stop!r}")
+        name = f"p-min-{p_min:g}" + ("-after" if stop == "after" else "")
+        super().__init__(
+            _TopProbability(), max_window, min_window=min_window, threshold=p_min, stop=stop, name=name  # type: ignore[arg-type]
+        )
+        self.p_min = p_min

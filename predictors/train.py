@@ -310,13 +310,19 @@ def replay_policy(
 
 
 def best_threshold(
-    trace: Trace, score: np.ndarray, cost: CostModel, *, max_window: int, candidates: int = 99
+    trace: Trace,
+    score: np.ndarray,
+    cost: CostModel,
+    *,
+    max_window: int,
+    candidates: int = 99,
+    stops: tuple[str, ...] = ("before", "after"),
 ) -> tuple[float, str, dict]:
     """The threshold on `score` (predicted accepted where score >= threshold) and
-    stop rule with the highest replayed goodput: (threshold, rule, replay)."""
+    stop rule (of `stops`) with the highest replayed goodput: (threshold, rule, replay)."""
     grid = np.unique(np.quantile(score, np.linspace(0.0, 1.0, candidates)))
     best: tuple[float, str, dict] | None = None
-    for stop in ("before", "after"):
+    for stop in stops:
         for thr in grid:
             r = replay_policy(trace, score >= thr, cost, max_window=max_window, stop=stop)
             if best is None or r["goodput_tok_s"] > best[2]["goodput_tok_s"]:

@@ -69,7 +69,8 @@ def test_train_refuses_what_it_cannot_use(fake_client, tmp_path):
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"nope")
     r = runner.invoke(app, ["predictor", "train", str(bad), "-o", str(tmp_path / "x")])
-    assert r.exit_code != 0
+    assert r.exit_code != 0 and "cannot read trace" in str(r.exception)
+    assert not list(tmp_path.glob("x.*"))  # nothing half-written
 
 
 def test_predictor_that_does_not_exist_is_one_clear_error(fake_client, capsys):

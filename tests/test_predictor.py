@@ -3,7 +3,6 @@ the ONNX round trip and refusal of unusable models, the shipped predictors."""
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -306,7 +305,6 @@ def test_shipped_predictors_load_and_run():
         unsure = np.array([0.2, 3.5, 0.01, 4.0, 6, 0.3], dtype=np.float32)
         assert pred.p_accept(confident) > pred.threshold > pred.p_accept(unsure)
         assert card["metrics_validation"]["auc"] > 0.7
-        assert json.dumps(card)  # the card is plain JSON
 
 
 def test_the_shipped_gemma_predictor_is_reproducible_from_its_trace(tmp_path):
