@@ -28,7 +28,13 @@ def note(message: str) -> None:
 # Drafting policy options, shared by `generate` and `chat`.
 DRAFTING_HELP = (
     "How long each block is: auto (the pair's shipped predictor when there is one, else fixed), "
-    "fixed (--draft-k tokens), predictor (stop at the first predicted rejection), p-min (stop below --p-min)."
+    "fixed (--draft-k tokens), predictor (stop at the first predicted rejection), p-min (stop below --p-min), "
+    "latency (the window the latency model expects fastest on the measured link)."
+)
+UPLOAD_HELP = (
+    "Draft hidden states to the verifier: tokens (none), fh (all, with the block), sh (only the verifier's "
+    "mismatch positions, one more exchange), auto (FH or SH each round by the latency model), rtt (FH when "
+    "RTT > 10 ms, WISV's rule). Only the semantic mode reads them; the lossless modes' output does not change."
 )
 
 
@@ -36,3 +42,5 @@ _DRAFTING = typer.Option("auto", "--drafting", help=DRAFTING_HELP)
 _PREDICTOR = typer.Option(None, "--predictor", help="An ONNX rejection predictor (default: the one shipped for the pair).")
 _MAX_WINDOW = typer.Option(8, "--max-window", min=1, max=64, help="Most tokens per block for predictor and p-min drafting.")
 _P_MIN = typer.Option(0.5, "--p-min", min=0.0, max=1.0, help="Confidence threshold of p-min drafting.")
+_UPLOAD = typer.Option("tokens", "--upload", help=UPLOAD_HELP)
+_HIDDEN_ENCODING = typer.Option("fp16", "--hidden-encoding", help="fp16, or int8 with a scale per row.")

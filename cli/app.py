@@ -8,7 +8,7 @@ import typer
 
 from edgekit._errors import EdgekitError
 
-from . import chat, generate, models, predictor, profile, serve
+from . import chat, generate, models, predictor, probe, profile, serve
 
 app = typer.Typer(
     name="edgekit",
@@ -21,6 +21,7 @@ app.command("chat")(chat.chat)
 app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
 app.command("profile")(profile.profile)
+app.command("probe")(probe.probe)
 app.add_typer(models.app, name="models")
 app.add_typer(predictor.app, name="predictor")
 

@@ -11,21 +11,22 @@ from typing import Iterator, Optional
 
 import typer
 
-from ._common import _DRAFTING, _MAX_WINDOW, _P_MIN, _PREDICTOR, PAIR_HELP, VERIFIER_HELP
+from ._common import _DRAFTING, _MAX_WINDOW, _P_MIN, _PREDICTOR, _UPLOAD, PAIR_HELP, VERIFIER_HELP
 from .generate import Mode
 
 HELP_TEXT = """\
 Type a message and press Enter. Commands:
   /help                 this text
   /stats                acceptance, accepted length, rounds, speed, link
-  /set KEY VALUE        k (draft window), drafting (auto|fixed|predictor|p-min), max_window,
-                        p_min, temperature, mode (greedy|sample), max_tokens, seed
+  /set KEY VALUE        k (draft window), drafting (auto|fixed|predictor|p-min|latency), max_window,
+                        p_min, upload (tokens|fh|sh|auto|rtt), temperature, mode (greedy|sample),
+                        max_tokens, seed
   /clear                start a new conversation (keeps the system prompt)
   /exit                 leave (or Ctrl-D); Ctrl-C stops the current answer"""
 
 _SET_KEYS = {"k": "draft_k", "draft_k": "draft_k", "temperature": "temperature", "t": "temperature", "mode": "mode",
              "max_tokens": "max_tokens", "seed": "seed", "drafting": "drafting", "max_window": "max_window",
-             "p_min": "p_min"}
+             "p_min": "p_min", "upload": "upload"}
 
 
 class _Interrupt:
@@ -70,6 +71,7 @@ def chat(
     predictor: Optional[str] = _PREDICTOR,
     max_window: int = _MAX_WINDOW,
     p_min: float = _P_MIN,
+    upload: str = _UPLOAD,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (reproducible answers)."),
     history: bool = typer.Option(
         True, "--history/--no-history", help="Keep the chat in the per-user data directory (EDGEKIT_NO_HISTORY=1 also turns it off)."
@@ -87,7 +89,7 @@ def chat(
 
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
-        drafting=drafting, predictor=predictor, max_window=max_window, p_min=p_min,
+        drafting=drafting, predictor=predictor, max_window=max_window, p_min=p_min, upload=upload,
     )
     # With --json, stdout carries only JSON lines; everything for people goes to stderr.
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
@@ -209,13 +211,13 @@ class _ChatSession:
                 return True
             key, raw = _SET_KEYS[args[0].lower()], args[1]
             try:
-                value = raw if key in ("mode", "drafting") else float(raw) if key in ("temperature", "p_min") else int(raw)
+                value = raw if key in ("mode", "drafting", "upload") else float(raw) if key in ("temperature", "p_min") else int(raw)
                 current = replace(self.client.generation, **self.conv.overrides)
                 GenerationConfig(**{**current.__dict__, key: value})  # validates
+                self.conv.configure(**{key: value})  # refuses what the verifier cannot do
             except (ValueError, ConfigError) as exc:
                 self.out.print(f"[red]cannot set {key}: {exc}[/red]")
                 return True
-            self.conv.configure(**{key: value})
             self.out.print(f"[dim]{key} = {value}[/dim]")
         else:
             self.out.print(f"unknown command /{name}; /help lists them", markup=False)

@@ -8,7 +8,18 @@ from typing import Optional
 
 import typer
 
-from ._common import _DRAFTING, _MAX_WINDOW, _P_MIN, _PREDICTOR, PAIR_HELP, VERIFIER_HELP, note, print_json
+from ._common import (
+    _DRAFTING,
+    _HIDDEN_ENCODING,
+    _MAX_WINDOW,
+    _P_MIN,
+    _PREDICTOR,
+    _UPLOAD,
+    PAIR_HELP,
+    VERIFIER_HELP,
+    note,
+    print_json,
+)
 
 
 class Mode(str, Enum):
@@ -32,6 +43,8 @@ def generate(
     predictor: Optional[str] = _PREDICTOR,
     max_window: int = _MAX_WINDOW,
     p_min: float = _P_MIN,
+    upload: str = _UPLOAD,
+    hidden_encoding: str = _HIDDEN_ENCODING,
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling on both sides (reproducible runs)."),
     baseline: Optional[Baseline] = typer.Option(
         None, "--baseline", help="target-only: generate with the verifier's target alone (centralized baseline)."
@@ -49,6 +62,7 @@ def generate(
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
         drafting=drafting, predictor=predictor, max_window=max_window, p_min=p_min,
+        upload=upload, hidden_encoding=hidden_encoding,
     )
     with _client.build_client(
         pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, announce=not json_out

@@ -107,10 +107,10 @@ class Conversation:
     def configure(self, **overrides: object) -> None:
         """Changes generation settings from the next turn on; a new sampling mode,
         temperature or seed needs a new verifier session, the rest does not."""
-        self.overrides.update(overrides)
-        if self._session is not None and not self._session.reconfigure(**overrides):
+        if self._session is not None and not self._session.reconfigure(**overrides):  # may refuse: nothing changes
             self._session.close()
             self._session = None
+        self.overrides.update(overrides)
 
     def send(self, text: str) -> "GenerationStream":
         from ._client import GenerationStream

@@ -16,7 +16,8 @@ __all__ = ["ClientConfig", "GenerationConfig", "ServerConfig"]
 
 Mode = Literal["greedy", "sample"]
 SloClass = Literal["interactive", "standard", "batch"]
-Drafting = Literal["auto", "fixed", "predictor", "p-min"]
+Drafting = Literal["auto", "fixed", "predictor", "p-min", "latency"]
+Upload = Literal["tokens", "fh", "sh", "auto", "rtt"]
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,10 @@ class GenerationConfig:
     # How long each round's block is: "fixed" drafts draft_k tokens; "predictor"
     # stops at the first rejection an ONNX predictor foresees (WISP), "p-min" where
     # the draft's top probability falls below p_min (llama.cpp's draft p-min),
-    # both within max_window; "auto" is "predictor" when one is shipped for this
-    # draft and target (or given) and onnxruntime is installed, else "fixed".
+    # both within max_window; "latency" drafts the window (up to max_window) that
+    # the latency model expects to be fastest per committed token on the measured
+    # link; "auto" is "predictor" when one is shipped for this draft and target
+    # (or given) and onnxruntime is installed, else "fixed".
     drafting: Drafting = "auto"
     draft_k: int = 4  # fixed draft window (SLED-style baseline)
     max_window: int = 8  # bound of the adaptive policies (the shipped predictors saw blocks of up to 8)
@@ -42,6 +45,15 @@ class GenerationConfig:
     predictor_threshold: float | None = None  # None: the predictor's own operating threshold
     p_min: float = 0.5
     draft_top_k: int = 32  # support of the uploaded draft distribution when sampling
+    # Draft hidden states to the verifier (WISV): "tokens" sends none; "fh" every
+    # row with the block; "sh" only the rows the verifier asks for (its
+    # mismatches), one more exchange; "auto" picks FH or SH each round by the
+    # latency model; "rtt" is WISV's fixed rule (FH when RTT > rtt_rule_ms).
+    # Only the semantic mode reads them; in the lossless modes they cost link
+    # time and change nothing in the output.
+    upload: Upload = "tokens"
+    hidden_encoding: Literal["fp16", "int8"] = "fp16"
+    rtt_rule_ms: float = 10.0
     stop_at_eos: bool = True
     slo_class: SloClass = "interactive"
 
@@ -56,8 +68,14 @@ class GenerationConfig:
             raise ConfigError(f"draft_temperature must be > 0, got {self.draft_temperature}")
         if not 1 <= self.draft_k <= 64:
             raise ConfigError(f"draft_k must be between 1 and 64, got {self.draft_k}")
-        if self.drafting not in ("auto", "fixed", "predictor", "p-min"):
-            raise ConfigError(f"drafting must be auto, fixed, predictor or p-min, got {self.drafting!r}")
+        if self.drafting not in ("auto", "fixed", "predictor", "p-min", "latency"):
+            raise ConfigError(f"drafting must be auto, fixed, predictor, p-min or latency, got {self.drafting!r}")
+        if self.upload not in ("tokens", "fh", "sh", "auto", "rtt"):
+            raise ConfigError(f"upload must be tokens, fh, sh, auto or rtt, got {self.upload!r}")
+        if self.hidden_encoding not in ("fp16", "int8"):
+            raise ConfigError(f"hidden_encoding must be fp16 or int8, got {self.hidden_encoding!r}")
+        if not self.rtt_rule_ms >= 0:
+            raise ConfigError(f"rtt_rule_ms must be >= 0, got {self.rtt_rule_ms}")
         if not 1 <= self.max_window <= 64:
             raise ConfigError(f"max_window must be between 1 and 64, got {self.max_window}")
         if not 0.0 <= self.p_min <= 1.0:

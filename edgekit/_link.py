@@ -3,8 +3,9 @@
 `LinkEstimator` keeps a smoothed RTT and its jitter (RFC 6298's SRTT and
 RTTVAR), uplink and downlink rates, and a loss estimate. It is fed actively by
 `probe()` (timed pings: empty ones for the RTT, ones carrying a payload each
-way for the rates) and passively by every round: a round's network time is its
-client-side round trip minus the verifier's reported queue and compute time.
+way for the rates) and passively by every exchange of a round: its network time
+is its client-side round trip minus the verifier's reported queue and compute
+time and the payloads' serialization; large uploads (FH) also time the uplink.
 
 Rates come from the extra time a payload takes over an empty ping of the same
 moment (bits / (t_payload - t_empty)), the fastest of several tries, so that
@@ -16,6 +17,7 @@ fraction of samples delayed that much.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -24,6 +26,8 @@ from .transport._base import LinkState
 __all__ = ["LinkEstimator", "ProbeResult", "probe"]
 
 MIN_RTO_MS = 200.0
+RATE_SAMPLE_BYTES = 16 * 1024  # an upload this large times the uplink passively
+MIN_TIMED_MS = 2.0  # a payload's extra time below this is mostly noise: probe with a larger one
 
 
 class LinkEstimator:
@@ -54,9 +58,24 @@ class LinkEstimator:
             self.rttvar_ms = (1 - self.beta) * self.rttvar_ms + self.beta * abs(self.srtt_ms - ms)
             self.srtt_ms = (1 - self.alpha) * self.srtt_ms + self.alpha * ms
 
-    def add_round(self, round_trip_ms: float, server_ms: float) -> None:
-        """A verification round: its network time is the round trip minus the server's time."""
-        self.add_rtt(max(round_trip_ms - server_ms, 0.0))
+    def add_exchange(self, round_trip_ms: float, server_ms: float, up_bytes: int = 0, down_bytes: int = 0) -> None:
+        """A request and its answer (a verification round, or half of an SH one).
+
+        Its RTT sample is the round trip less the server's time and the payloads'
+        serialization at the current rates. An upload large enough to take
+        clearly longer than the RTT's noise is also an uplink rate sample."""
+        network = max(round_trip_ms - server_ms, 0.0)
+        serial = self._serial_ms(up_bytes, self.uplink_mbps) + self._serial_ms(down_bytes, self.downlink_mbps)
+        if self.srtt_ms is not None and up_bytes >= RATE_SAMPLE_BYTES:
+            extra = network - self._serial_ms(down_bytes, self.downlink_mbps) - self.srtt_ms
+            if extra > max(1.0, 2 * self.rttvar_ms) and network < self.srtt_ms + MIN_RTO_MS:
+                mbps = up_bytes * 8 / (extra * 1e3)
+                self.uplink_mbps = mbps if not self.uplink_mbps else self.uplink_mbps + self.beta * (mbps - self.uplink_mbps)
+        self.add_rtt(max(network - serial, 0.0))
+
+    @staticmethod
+    def _serial_ms(nbytes: int, mbps: float) -> float:
+        return nbytes * 8 / (mbps * 1e3) if mbps > 0 and nbytes else 0.0
 
     def set_rate(self, direction: str, nbytes: int, extra_ms: float) -> None:
         """A rate sample: `nbytes` took `extra_ms` more than an empty exchange."""
@@ -95,25 +114,38 @@ def probe(
     pings: int = 5,
     payload_bytes: int = 256 * 1024,
     tries: int = 3,
+    max_payload_bytes: int = 8 * 1024 * 1024,
 ) -> ProbeResult:
     """Measures the link with pings: `pings` empty ones, then `tries` pairs of an
-    empty ping and a payload each way. Each ping has the transport's deadline;
-    a dead or silent verifier raises the transport's error within it."""
+    empty ping and a payload each way. A payload that takes too little extra time
+    to tell from the RTT's noise is made 4x larger, up to `max_payload_bytes`
+    (and the verifier's message limit). Each ping has the transport's deadline; a
+    dead or silent verifier raises the transport's error within it."""
     est = estimator or LinkEstimator()
     t0 = time.perf_counter()
     n = 0
+    empties: list[float] = []
     for _ in range(pings):
-        est.add_rtt(transport.ping())
+        empties.append(transport.ping())
+        est.add_rtt(empties[-1])
         n += 1
-    for direction, kwargs in (("up", {"payload_bytes": payload_bytes}), ("down", {"reply_bytes": payload_bytes})):
-        best = None
-        for _ in range(tries):
-            empty = transport.ping()
-            loaded = transport.ping(**kwargs)
-            n += 2
-            est.add_rtt(empty)
-            extra = loaded - empty
-            best = extra if best is None or extra < best else best
-        if best is not None:
-            est.set_rate(direction, payload_bytes, best)
+    for direction in ("up", "down"):
+        size = payload_bytes
+        while True:
+            kwargs = {"payload_bytes": size} if direction == "up" else {"reply_bytes": size}
+            best = None
+            for _ in range(tries):
+                empty = transport.ping()
+                loaded = transport.ping(**kwargs)
+                n += 2
+                est.add_rtt(empty)
+                empties.append(empty)
+                extra = loaded - empty
+                best = extra if best is None or extra < best else best
+            assert best is not None
+            noise = statistics.pstdev(empties) if len(empties) > 1 else 0.0
+            if best >= max(MIN_TIMED_MS, 3 * noise) or size * 4 > max_payload_bytes:
+                break
+            size *= 4
+        est.set_rate(direction, size, best)
     return ProbeResult(est.state(), n, time.perf_counter() - t0)

@@ -33,6 +33,11 @@ class RoundStats:
     round_trip_ms: float  # client-side time of the verify call
     server_verify_ms: float
     server_queue_ms: float
+    upload: str = "tokens"  # how hidden states went: tokens, fh, sh
+    exchanges: int = 1  # request/answer pairs (SH with mismatches: 2)
+    uplink_bytes: int = 0  # serialized requests
+    downlink_bytes: int = 0  # serialized answers
+    hidden_rows: int = 0  # hidden states the verifier took
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +60,11 @@ class GenerationStats:
     round_trip_ms: float = 0.0
     server_verify_ms: float = 0.0
     server_queue_ms: float = 0.0
+    exchanges: int = 0
+    uplink_bytes: int = 0
+    downlink_bytes: int = 0
+    hidden_rows: int = 0
+    uploads: dict[str, int] = field(default_factory=dict)  # rounds per upload protocol
     prefill_ms: float = 0.0  # client-side time to open the session (both prefills)
     time_to_first_token_ms: float | None = None
     elapsed_s: float = 0.0
@@ -72,6 +82,11 @@ class GenerationStats:
         self.round_trip_ms += r.round_trip_ms
         self.server_verify_ms += r.server_verify_ms
         self.server_queue_ms += r.server_queue_ms
+        self.exchanges += r.exchanges
+        self.uplink_bytes += r.uplink_bytes
+        self.downlink_bytes += r.downlink_bytes
+        self.hidden_rows += r.hidden_rows
+        self.uploads[r.upload] = self.uploads.get(r.upload, 0) + 1
         self.rounds_detail.append(r)
 
     @property

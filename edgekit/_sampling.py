@@ -89,6 +89,16 @@ def accept_greedy(target_logits: np.ndarray, draft_tokens: Sequence[int]) -> tup
     return k, int(best[k])
 
 
+def mismatch_positions(target_logits: np.ndarray, draft_tokens: Sequence[int]) -> list[int]:
+    """Block offsets whose draft token is not the target's top-1: the positions
+    an SH verifier asks hidden states for (WISV's mismatch-first upload)."""
+    k = len(draft_tokens)
+    if not k:
+        return []
+    best = np.argmax(target_logits[:k], axis=1)
+    return [i for i in range(k) if int(best[i]) != int(draft_tokens[i])]
+
+
 def accept_sampling(
     target_logits: np.ndarray,
     draft_tokens: Sequence[int],

@@ -24,10 +24,11 @@ from ._controller import Controller, Decision, FixedWindow
 from ._draft import DraftModel
 from ._errors import ConfigError, EdgekitError, ProtocolError
 from ._link import LinkEstimator
+from ._link_policy import LatencyWindow, LinkPolicy
 from ._events import Event, FinalStats, RoundEvent, TextDelta
 from ._metrics import GenerationStats, RoundStats
 from ._sampling import SparseDistribution, draft_distribution
-from .transport._base import BlockRequest, ServerInfo, VerifierTransport
+from .transport._base import BlockRequest, Exchange, ServerInfo, VerifierTransport
 
 __all__ = ["SpeculativeSession", "TextDecoder"]
 
@@ -69,6 +70,7 @@ class SpeculativeSession:
             )
         if config.mode == "sample" and config.draft_top_k > server.max_draft_top_k:
             raise ConfigError(f"draft_top_k {config.draft_top_k} exceeds the verifier's {server.max_draft_top_k}")
+        _check_upload(config, server, transport.address)
         self.draft = draft
         # One draft model (one KV sequence) may serve several sessions of a
         # client: a round holds the lock, and a session whose tokens are not
@@ -77,9 +79,16 @@ class SpeculativeSession:
         self.transport = transport
         self.server = server
         self.config = config
+        # The client's link estimate (shared by its sessions): sent with each
+        # round, updated from each exchange; the policy reads it every round.
+        self.link = link or LinkEstimator()
+        self.policy = LinkPolicy(config, self.link, hidden_dim=draft.n_embd, n_vocab=draft.n_vocab)
         # `controllers` builds the drafting controller a config asks for (again
         # when `reconfigure` changes it); without one, a fixed window.
-        self._controllers = controllers or (lambda cfg: FixedWindow(cfg.draft_k))
+        base = controllers or (lambda cfg: FixedWindow(cfg.draft_k))
+        self._controllers = lambda cfg: (
+            LatencyWindow(self.policy, cfg.max_window) if cfg.drafting == "latency" else base(cfg)
+        )
         self.controller = controller or self._controllers(config)
         self.seed = config.seed if config.seed is not None else secrets.randbits(63)
         # Independent streams for the two sides: the verifier's acceptance draw
@@ -91,21 +100,21 @@ class SpeculativeSession:
         self.tokens: list[int] = []
         self.session_id: str | None = None
         self.max_context = min(server.max_context, draft.n_ctx)
-        # The client's link estimate (shared by its sessions): sent with each
-        # round, updated from each round's network time.
-        self.link = link or LinkEstimator()
         self._round_index = 0
+        self._budget = 0  # the draft budget the verifier assigned last (0: none)
 
     # Settings the verifier knows about: changing one needs a new session.
     _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class")
     _DRAFTING = ("drafting", "draft_k", "max_window", "predictor", "predictor_threshold", "p_min")
 
     def reconfigure(self, **changes: object) -> bool:
-        """Applies client-side changes (window, limits) at once; returns False, and
-        changes nothing, if a setting the verifier holds would change."""
+        """Applies client-side changes (window, limits, uploads) at once; returns False,
+        and changes nothing, if a setting the verifier holds would change."""
         if any(k in self._SERVER_SIDE and changes[k] != getattr(self.config, k) for k in changes):
             return False
-        self.config = replace(self.config, **changes)
+        config = replace(self.config, **changes)
+        _check_upload(config, self.server, self.transport.address)
+        self.config = self.policy.config = config
         if any(k in self._DRAFTING for k in changes):
             self.controller = self._controllers(self.config)
         return True
@@ -126,8 +135,10 @@ class SpeculativeSession:
             seed=self._verifier_seed,
             slo_class=self.config.slo_class,
             draft=self.draft.fingerprint(),
+            draft_hidden_size=self.draft.n_embd,
         )
         self.session_id = opened.session_id
+        self._budget = opened.next_budget
         self.max_context = min(self.max_context, opened.max_context)
         self.tokens = list(prompt_tokens)
         with self._draft_lock:
@@ -161,16 +172,19 @@ class SpeculativeSession:
 
     # -- rounds ------------------------------------------------------------------------
 
-    def _draft_block(self, k: int) -> tuple[list[int], list[SparseDistribution], int]:
-        """The block, its draft distributions (when sampling) and how many draft steps it took."""
+    def _draft_block(self, k: int) -> tuple[list[int], list[SparseDistribution], list[np.ndarray], int]:
+        """The block, its draft distributions (when sampling), the hidden state that
+        produced each token (when uploads want them) and how many draft steps it took."""
         feed = self.tokens[self.draft.n_past :]
         block: list[int] = []
         dists: list[SparseDistribution] = []
+        rows: list[np.ndarray] = []
+        hidden = self.config.upload != "tokens"
         greedy = self.config.mode == "greedy"
         temperature = self.config.draft_temperature or self.config.temperature
         steps = 0
         for index in range(1, k + 1):
-            out = self.draft.eval(feed)
+            out = self.draft.eval(feed, hidden=hidden)
             steps += 1
             decision = self.controller.draft_next(index, out.logits)
             if not decision:
@@ -182,10 +196,12 @@ class SpeculativeSession:
                 tok = dist.sample(self._rng)
                 dists.append(dist)
             block.append(tok)
+            if hidden:
+                rows.append(np.array(out.hidden, dtype=np.float32))  # the draft's buffer is reused next step
             if self.draft.is_eog(tok) or decision == Decision.LAST:
                 break
             feed = [tok]
-        return block, dists, steps
+        return block, dists, rows, steps
 
     def round(self, limit: int) -> tuple[list[int], RoundStats, bool]:
         """Runs one round drafting at most `limit` tokens; returns the newly committed
@@ -199,7 +215,8 @@ class SpeculativeSession:
     def _round_locked(self, limit: int) -> tuple[list[int], RoundStats, bool]:
         base = len(self.tokens)
         t0 = time.perf_counter()
-        block, dists, steps = self._draft_block(self.controller.window(limit))
+        block, dists, rows, steps = self._draft_block(self.controller.window(limit))
+        upload = self.policy.upload_for(len(block))
         t1 = time.perf_counter()
         verdict = self.transport.verify(
             BlockRequest(
@@ -211,10 +228,15 @@ class SpeculativeSession:
                 slo_class=self.config.slo_class,
                 round_index=self._round_index,
                 continue_after_eog=not self.config.stop_at_eos,
+                upload=upload,
+                hidden=np.stack(rows) if upload != "tokens" else None,
+                hidden_encoding=self.config.hidden_encoding,
             )
         )
         t2 = time.perf_counter()
-        self.link.add_round((t2 - t1) * 1e3, verdict.verify_ms + verdict.queue_ms)
+        exchanges = verdict.exchanges or (Exchange((t2 - t1) * 1e3, verdict.verify_ms + verdict.queue_ms, 0, 0),)
+        for ex in exchanges:
+            self.link.add_exchange(ex.round_trip_ms, ex.server_ms, ex.uplink_bytes, ex.downlink_bytes)
         a = verdict.accepted
         new = block[:a] + ([verdict.next_token] if verdict.next_token is not None else [])
         if not 0 <= a <= len(block) or not new or verdict.committed_length != base + len(new):
@@ -223,9 +245,18 @@ class SpeculativeSession:
                 f"committed {verdict.committed_length} on base {base}"
             )
         self.tokens.extend(new)
+        self._budget = verdict.next_budget
         # What the draft evaluated stays valid up to the last committed token, which it has not run.
         self.draft.truncate(min(self.draft.n_past, len(self.tokens) - 1))
         self.controller.observe(len(block), a)
+        self.policy.costs.observe(
+            drafted=len(block),
+            accepted=a,
+            draft_ms=(t1 - t0) * 1e3,
+            draft_steps=steps,
+            verify_ms=verdict.verify_ms + verdict.queue_ms,
+            mismatches=len(verdict.hidden_requested) if upload == "sh" else None,
+        )
         stats = RoundStats(
             index=self._round_index,
             base_position=base,
@@ -239,6 +270,11 @@ class SpeculativeSession:
             round_trip_ms=(t2 - t1) * 1e3,
             server_verify_ms=verdict.verify_ms,
             server_queue_ms=verdict.queue_ms,
+            upload=upload,
+            exchanges=len(exchanges),
+            uplink_bytes=sum(e.uplink_bytes for e in exchanges),
+            downlink_bytes=sum(e.downlink_bytes for e in exchanges),
+            hidden_rows=verdict.hidden_rows,
         )
         self._round_index += 1
         return new, stats, verdict.context_full
@@ -266,6 +302,8 @@ class SpeculativeSession:
                 break
             # A round commits up to K+1 tokens: keep K+1 within what is left to produce.
             limit = max(1, min(self.server.max_block, room, remaining - 1))
+            if self._budget:
+                limit = min(limit, self._budget)  # the verifier's assigned budget bounds every policy
             new, rstats, context_full = self.round(limit)
             stats.add_round(rstats)
             emitted: list[int] = []
@@ -297,3 +335,14 @@ class SpeculativeSession:
         stats.elapsed_s = time.perf_counter() - start + prefill_ms / 1e3
         stats.finish_reason = finish
         yield FinalStats(stats, tuple(out), "".join(text_parts))
+
+
+def _check_upload(config: GenerationConfig, server: ServerInfo, address: str) -> None:
+    """Refuses an upload the verifier cannot take: never a silent downgrade."""
+    needs = {"tokens": (), "fh": ("fh",), "sh": ("sh",), "auto": ("fh", "sh"), "rtt": ("fh", "sh")}[config.upload]
+    missing = [u for u in needs if u not in server.upload_protocols]
+    if missing:
+        raise ConfigError(
+            f"upload {config.upload!r} needs {' and '.join(u.upper() for u in missing)} uploads, which the verifier "
+            f"at {address} does not take (it offers: {', '.join(server.upload_protocols) or 'none'}); use upload='tokens'"
+        )

@@ -17,9 +17,12 @@ import numpy as np
 
 from ._draft import DraftOutput
 from ._errors import LimitExceededError, ProtocolError, SessionNotFoundError, StaleRoundError
+from ._hidden import HiddenError, decode_hidden, encode_hidden
 from ._llama import Fingerprint
-from ._sampling import accept_greedy, accept_sampling, cut_at_end, target_probs
-from .transport._base import BlockRequest, GeneratedToken, OpenedSession, ServerInfo, VerifyResult
+from ._proto import verifier_pb2 as pb
+from ._sampling import accept_greedy, accept_sampling, cut_at_end, mismatch_positions, target_probs
+from ._wire import hidden_answer_to_pb, hidden_from_pb, verify_request_to_pb
+from .transport._base import BlockRequest, Exchange, GeneratedToken, OpenedSession, ServerInfo, VerifyResult
 
 __all__ = ["FakeDraftModel", "FakeVerifier", "SimulatedLink", "ToyLanguageModel"]
 
@@ -67,10 +70,9 @@ class ToyLanguageModel:
 class FakeDraftModel:
     """A `DraftModel` over a toy LM; its "KV cache" is the list of tokens it has evaluated."""
 
-    n_embd = 8
-
-    def __init__(self, lm: ToyLanguageModel, *, n_ctx: int = 4096) -> None:
+    def __init__(self, lm: ToyLanguageModel, *, n_ctx: int = 4096, n_embd: int = 8) -> None:
         self.lm = lm
+        self.n_embd = n_embd
         self.name = lm.name
         self.n_vocab = lm.vocab_size
         self.n_ctx = n_ctx
@@ -110,8 +112,9 @@ class FakeDraftModel:
             raise ValueError("eval needs at least one token")
         self.eval_calls += 1
         self.evaluated.extend(tokens)
-        h = np.zeros(self.n_embd, dtype=np.float32) if hidden else None
-        return DraftOutput(self.lm.logits(self.evaluated), h)
+        logits = self.lm.logits(self.evaluated)
+        h = np.resize(logits, self.n_embd) if hidden else None  # a stand-in that differs from step to step
+        return DraftOutput(logits, h)
 
     def truncate(self, length: int) -> None:
         del self.evaluated[length:]
@@ -174,7 +177,7 @@ class FakeVerifier:
             target_fingerprint=self.lm.fingerprint(),
             target_hidden_size=8,
             modes=("greedy", "sample"),
-            upload_protocols=("tokens",),
+            upload_protocols=("tokens", "fh", "sh"),
             max_block=self.max_block,
             max_context=self.max_context,
             max_sessions=64,
@@ -184,9 +187,10 @@ class FakeVerifier:
             exact_numerics=True,
         )
 
-    def open_session(self, prompt_tokens, *, mode, temperature, seed, slo_class, draft) -> OpenedSession:  # type: ignore[no-untyped-def]
+    def open_session(self, prompt_tokens, *, mode, temperature, seed, slo_class, draft, draft_hidden_size=0) -> OpenedSession:  # type: ignore[no-untyped-def]
         sid = f"fake-{next(self._ids)}"
         self.sessions[sid] = {
+            "hidden_size": draft_hidden_size,
             "tokens": list(prompt_tokens),
             "mode": mode,
             "temperature": temperature,
@@ -222,6 +226,14 @@ class FakeVerifier:
         if len(toks) + len(draft) + 1 > self.max_context:
             raise LimitExceededError("context full", address=self.address)
         logits = np.stack([self.lm.logits(toks + draft[:i]) for i in range(len(draft) + 1)])
+        # The uploads as the real verifier takes them; times from the simulated link and real message sizes.
+        first = verify_request_to_pb(block)
+        requested: tuple[int, ...] = ()
+        rows = 0
+        if block.upload == "fh":
+            rows = len(self._hidden(s, block, first.hidden, tuple(range(len(draft)))))
+        elif block.upload == "sh":
+            requested = tuple(mismatch_positions(logits, draft))
         if s["mode"] == "greedy":
             a, nxt = accept_greedy(logits, draft)
         else:
@@ -229,6 +241,15 @@ class FakeVerifier:
         end: int | None = nxt
         if not block.continue_after_eog:
             a, end = cut_at_end(a, nxt, draft, lambda t: t == self.lm.eos)
+        verdict = pb.VerifyResponse(verdict=pb.Verdict(accepted=a, next_token=end if end is not None else -1))
+        exchanges = []
+        if requested:
+            second = hidden_answer_to_pb(block, encode_hidden(block.hidden[list(requested)], block.hidden_encoding, requested))
+            rows = len(self._hidden(s, block, second.hidden, requested))
+            ask = pb.VerifyResponse(hidden_request=pb.HiddenRequest(positions=requested))
+            exchanges.append(self._exchange(first, ask))
+            first = second
+        exchanges.append(self._exchange(first, verdict))
         toks.extend(draft[:a] + ([end] if end is not None else []))
         return VerifyResult(
             accepted=a,
@@ -236,7 +257,22 @@ class FakeVerifier:
             bonus=end is not None and a == len(draft),
             committed_length=len(toks),
             context_full=len(toks) + 2 > self.max_context,
+            exchanges=tuple(exchanges),
+            hidden_rows=rows,
+            hidden_requested=requested,
         )
+
+    def _exchange(self, request: pb.VerifyRequest, answer: pb.VerifyResponse) -> Exchange:
+        up, down = request.ByteSize(), answer.ByteSize()
+        return Exchange(self.link.exchange_ms(up, down), 0.0, up, down)
+
+    def _hidden(self, s: dict, block: BlockRequest, h: pb.HiddenStates, positions: tuple[int, ...]) -> np.ndarray:
+        if not s["hidden_size"]:
+            raise ProtocolError("this session was opened without draft_hidden_size", address=self.address)
+        try:
+            return decode_hidden(hidden_from_pb(h), dim=s["hidden_size"], positions=positions)
+        except HiddenError as exc:
+            raise ProtocolError(f"verifier at {self.address} refused round {block.round_index}: {exc}", address=self.address) from None
 
     def close_session(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)

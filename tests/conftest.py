@@ -7,6 +7,9 @@ would look green while testing nothing.
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 
 from edgekit import ClientConfig, LlamaDraftModel, ModelNotFoundError, ServerConfig
@@ -48,3 +51,30 @@ def transport(gemma_server):
     t = GrpcTransport(gemma_server.address, ClientConfig(timeout=30))
     yield t
     t.close()
+
+
+@pytest.fixture()
+def silent_address():
+    """HOST:PORT of a host that accepts TCP connections and never says a word."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    listener.close()

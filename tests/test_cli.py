@@ -30,7 +30,7 @@ def edgekit(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
 @pytest.mark.parametrize(
     "command",
     [[], ["generate"], ["serve"], ["models"], ["models", "pull"], ["predictor"], ["predictor", "collect"],
-     ["predictor", "train"], ["profile"], ["chat"]],
+     ["predictor", "train"], ["profile"], ["chat"], ["probe"]],
 )
 def test_every_command_explains_its_options(command):
     result = runner.invoke(app, [*command, "--help"])

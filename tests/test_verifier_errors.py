@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import grpc
@@ -164,37 +163,14 @@ def test_a_dead_verifier_fails_fast_naming_its_address(gemma_draft):
     assert address in str(info.value) and "edgekit serve" in str(info.value)
 
 
-def test_a_silent_verifier_fails_within_the_deadline(gemma_draft):
+def test_a_silent_verifier_fails_within_the_deadline(gemma_draft, silent_address):
     """A host that accepts TCP but never answers: the deadline, not a hang."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    held = []
-    stop = threading.Event()
-
-    def accept():
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                pass
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
-    try:
-        t0 = time.monotonic()
-        with GrpcTransport(address, ClientConfig(timeout=1.0, connect_timeout=1.0)) as t:
-            with pytest.raises(VerifierUnavailableError) as info:
-                t.handshake(gemma_draft.fingerprint(), draft_model="d", draft_hidden_size=640)
-        elapsed = time.monotonic() - t0
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        listener.close()
+    address = silent_address
+    t0 = time.monotonic()
+    with GrpcTransport(address, ClientConfig(timeout=1.0, connect_timeout=1.0)) as t:
+        with pytest.raises(VerifierUnavailableError) as info:
+            t.handshake(gemma_draft.fingerprint(), draft_model="d", draft_hidden_size=640)
+    elapsed = time.monotonic() - t0
     assert elapsed < 3.0
     assert address in str(info.value) and "1 s" in str(info.value)
 

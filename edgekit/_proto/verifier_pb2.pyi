@@ -183,18 +183,20 @@ class SamplingParams(_message.Message):
     def __init__(self, mode: _Optional[_Union[AcceptanceMode, str]] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., semantic_threshold: _Optional[float] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("prompt_tokens", "sampling", "slo_class", "draft_tokenizer", "client_id")
+    __slots__ = ("prompt_tokens", "sampling", "slo_class", "draft_tokenizer", "client_id", "draft_hidden_size")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SLO_CLASS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     slo_class: SloClass
     draft_tokenizer: TokenizerFingerprint
     client_id: str
-    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., slo_class: _Optional[_Union[SloClass, str]] = ..., draft_tokenizer: _Optional[_Union[TokenizerFingerprint, _Mapping]] = ..., client_id: _Optional[str] = ...) -> None: ...
+    draft_hidden_size: int
+    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., slo_class: _Optional[_Union[SloClass, str]] = ..., draft_tokenizer: _Optional[_Union[TokenizerFingerprint, _Mapping]] = ..., client_id: _Optional[str] = ..., draft_hidden_size: _Optional[int] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("session_id", "committed_length", "max_context", "next_budget", "prefill_ms", "reused_tokens")
@@ -289,7 +291,7 @@ class ServerTimings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("accepted", "next_token", "bonus", "committed_length", "next_budget", "context_full", "ended")
+    __slots__ = ("accepted", "next_token", "bonus", "committed_length", "next_budget", "context_full", "ended", "hidden_rows")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BONUS_FIELD_NUMBER: _ClassVar[int]
@@ -297,6 +299,7 @@ class Verdict(_message.Message):
     NEXT_BUDGET_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FULL_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_ROWS_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     next_token: int
     bonus: bool
@@ -304,7 +307,8 @@ class Verdict(_message.Message):
     next_budget: int
     context_full: bool
     ended: bool
-    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., bonus: _Optional[bool] = ..., committed_length: _Optional[int] = ..., next_budget: _Optional[int] = ..., context_full: _Optional[bool] = ..., ended: _Optional[bool] = ...) -> None: ...
+    hidden_rows: int
+    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., bonus: _Optional[bool] = ..., committed_length: _Optional[int] = ..., next_budget: _Optional[int] = ..., context_full: _Optional[bool] = ..., ended: _Optional[bool] = ..., hidden_rows: _Optional[int] = ...) -> None: ...
 
 class HiddenRequest(_message.Message):
     __slots__ = ("positions", "encoding")

@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Protocol, Sequence
 
+import numpy as np
+
 from .._llama import Fingerprint
 from .._sampling import SparseDistribution
 
 __all__ = [
     "BlockRequest",
+    "Exchange",
     "GeneratedToken",
     "LinkState",
     "OpenedSession",
@@ -76,6 +79,21 @@ class BlockRequest:
     slo_class: str = "interactive"
     round_index: int = 0
     continue_after_eog: bool = False  # default: an accepted end-of-text token ends the round
+    # How hidden states travel: "tokens" (none), "fh" (every row with the block)
+    # or "sh" (the rows the verifier asks for, in a second exchange).
+    upload: str = "tokens"
+    hidden: np.ndarray | None = None  # [len(draft_tokens), d] float32: row i produced draft token i
+    hidden_encoding: str = "fp16"
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request and its answer, as the client saw it."""
+
+    round_trip_ms: float
+    server_ms: float  # the verifier's queue and compute time within it
+    uplink_bytes: int  # serialized request
+    downlink_bytes: int  # serialized answer
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,11 @@ class VerifyResult:
     queue_ms: float = 0.0
     verify_ms: float = 0.0
     batch_size: int = 1
+    # How it went on the wire: one exchange, or two under SH with mismatches.
+    # Measurements, not part of the verdict: a retry's verdict equals the original's.
+    exchanges: tuple[Exchange, ...] = field(default=(), compare=False)
+    hidden_rows: int = 0  # hidden rows the verifier received and validated
+    hidden_requested: tuple[int, ...] = ()  # SH: the block offsets it asked for (its mismatches)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from .._errors import (
     VerifierError,
     VerifierUnavailableError,
 )
+from .._hidden import EncodedHidden, HiddenError, encode_hidden
 from .._llama import Fingerprint
 from .._proto import verifier_pb2 as pb
 from .._proto import verifier_pb2_grpc as pb_grpc
@@ -33,11 +34,14 @@ from .._wire import (
     UPLOAD_FROM_PB,
     fingerprint_from_pb,
     fingerprint_to_pb,
+    hidden_answer_to_pb,
     sampling_to_pb,
+    verify_request_to_pb,
 )
 from ._base import (
     PROTOCOL_VERSION,
     BlockRequest,
+    Exchange,
     GeneratedToken,
     OpenedSession,
     ServerInfo,
@@ -161,6 +165,7 @@ class GrpcTransport:
         seed: int,
         slo_class: str,
         draft: Fingerprint,
+        draft_hidden_size: int = 0,
     ) -> OpenedSession:
         r = self._call(
             self._stub.OpenSession,
@@ -169,6 +174,7 @@ class GrpcTransport:
                 sampling=sampling_to_pb(mode, temperature, seed),
                 slo_class=SLO_TO_PB.get(slo_class, pb.SLO_CLASS_STANDARD),
                 draft_tokenizer=fingerprint_to_pb(draft),
+                draft_hidden_size=draft_hidden_size,
             ),
             during="opening a session",
         )
@@ -190,33 +196,22 @@ class GrpcTransport:
         return r.committed_length
 
     def verify(self, block: BlockRequest) -> VerifyResult:
-        link = block.link
-        req = pb.VerifyRequest(
-            session_id=block.session_id,
-            base_position=block.base_position,
-            draft_tokens=block.draft_tokens,
-            draft_distributions=[
-                pb.DraftDistribution(token_ids=d.ids.tolist(), probs=d.probs.tolist()) for d in block.draft_distributions
-            ],
-            upload_protocol=pb.UPLOAD_PROTOCOL_TOKENS_ONLY,
-            link=pb.LinkState(
-                rtt_ms=link.rtt_ms,
-                rtt_jitter_ms=link.rtt_jitter_ms,
-                uplink_mbps=link.uplink_mbps,
-                downlink_mbps=link.downlink_mbps,
-                loss_rate=link.loss_rate,
-                samples=link.samples,
-            ),
-            slo_class=SLO_TO_PB.get(block.slo_class, pb.SLO_CLASS_STANDARD),
-            round_index=block.round_index,
-            continue_after_eog=block.continue_after_eog,
-        )
-        r = self._call(self._stub.Verify, req, during=f"round {block.round_index}")
-        if r.WhichOneof("result") != "verdict":
-            raise ProtocolError(
-                f"verifier at {self.address} asked for hidden states, which this client did not offer",
-                address=self.address,
-            )
+        req = verify_request_to_pb(block)
+        exchanges: list[Exchange] = []
+        timings: list[tuple[float, float]] = []  # (queue, verify) of each answer
+        r = self._exchange(req, block, exchanges, timings)
+        requested: tuple[int, ...] = ()
+        if r.WhichOneof("result") == "hidden_request":
+            requested = tuple(r.hidden_request.positions)
+            answer = hidden_answer_to_pb(block, requested_rows(block, requested, self.address))
+            r = self._exchange(answer, block, exchanges, timings)
+            if r.WhichOneof("result") != "verdict":
+                raise ProtocolError(
+                    f"verifier at {self.address} asked for hidden states twice in round {block.round_index}",
+                    address=self.address,
+                )
+        elif r.WhichOneof("result") != "verdict":
+            raise ProtocolError(f"verifier at {self.address} sent neither a verdict nor a request", address=self.address)
         v, t = r.verdict, r.timings
         return VerifyResult(
             accepted=v.accepted,
@@ -225,10 +220,25 @@ class GrpcTransport:
             committed_length=v.committed_length,
             next_budget=v.next_budget,
             context_full=v.context_full,
-            queue_ms=t.queue_ms,
-            verify_ms=t.verify_ms,
+            queue_ms=sum(q for q, _ in timings),
+            verify_ms=sum(v for _, v in timings),
             batch_size=t.batch_size or 1,
+            exchanges=tuple(exchanges),
+            hidden_rows=v.hidden_rows,
+            hidden_requested=requested,
         )
+
+    def _exchange(
+        self, req: pb.VerifyRequest, block: BlockRequest, exchanges: list[Exchange], timings: list[tuple[float, float]]
+    ) -> pb.VerifyResponse:
+        t0 = time.perf_counter()
+        r = self._call(self._stub.Verify, req, during=f"round {block.round_index}")
+        ms = (time.perf_counter() - t0) * 1e3
+        t = r.timings
+        exchanges.append(Exchange(ms, t.queue_ms + t.verify_ms, req.ByteSize(), r.ByteSize()))
+        timings.append((t.queue_ms, t.verify_ms))
+        return r
+
 
     def close_session(self, session_id: str) -> None:
         self._call(self._stub.CloseSession, pb.CloseSessionRequest(session_id=session_id), during="closing the session")
@@ -285,3 +295,19 @@ class GrpcTransport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def requested_rows(block: BlockRequest, positions: tuple[int, ...], address: str) -> EncodedHidden:
+    """The rows an SH verifier asked for, encoded; a request the block cannot answer is the verifier's fault."""
+    k = len(block.draft_tokens)
+    if block.upload != "sh" or block.hidden is None:
+        raise ProtocolError(f"verifier at {address} asked for hidden states, which this round did not offer", address=address)
+    if not positions or list(positions) != sorted(set(positions)) or positions[-1] >= k:
+        raise ProtocolError(
+            f"verifier at {address} asked for hidden states at offsets {list(positions)} of a block of {k}",
+            address=address,
+        )
+    try:
+        return encode_hidden(block.hidden[list(positions)], block.hidden_encoding, positions)
+    except HiddenError as exc:
+        raise ProtocolError(f"cannot send hidden states to {address}: {exc}", address=address) from None

@@ -22,11 +22,19 @@ from .._config import ServerConfig
 from .._errors import EdgekitError, LimitExceededError, SessionNotFoundError
 from .._llama import KVCacheFullError
 from .._proto import verifier_pb2 as pb
-from .._wire import MODE_FROM_PB, SLO_FROM_PB, fingerprint_from_pb, fingerprint_to_pb
-from .._sampling import SparseDistribution, accept_greedy, accept_sampling, cut_at_end, target_probs
+from .._hidden import HiddenError, decode_hidden
+from .._wire import MODE_FROM_PB, SLO_FROM_PB, UPLOAD_FROM_PB, fingerprint_from_pb, fingerprint_to_pb, hidden_from_pb
+from .._sampling import (
+    SparseDistribution,
+    accept_greedy,
+    accept_sampling,
+    cut_at_end,
+    mismatch_positions,
+    target_probs,
+)
 from ..transport._base import PROTOCOL_VERSION
 from ._engine import TargetEngine
-from ._sessions import Session, SessionTable
+from ._sessions import PendingRound, Session, SessionTable
 
 __all__ = ["VerifierService", "SERVICE_NAME"]
 
@@ -139,7 +147,12 @@ class VerifierService:
             target_hidden_size=self.model.n_embd,
             capabilities=pb.Capabilities(
                 acceptance_modes=[pb.ACCEPTANCE_MODE_GREEDY, pb.ACCEPTANCE_MODE_SAMPLING],
-                upload_protocols=[pb.UPLOAD_PROTOCOL_TOKENS_ONLY],
+                upload_protocols=[
+                    pb.UPLOAD_PROTOCOL_TOKENS_ONLY,
+                    pb.UPLOAD_PROTOCOL_FULL_HIDDEN,
+                    pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN,
+                ],
+                hidden_encodings=[pb.HIDDEN_ENCODING_FP16, pb.HIDDEN_ENCODING_INT8],
                 max_block=c.max_block,
                 max_context=c.max_context,
                 max_sessions=c.max_sessions,
@@ -200,6 +213,7 @@ class VerifierService:
                 raise
             sess.tokens = tokens
             sess.n_kv = len(tokens) - 1
+            sess.hidden_size = req.draft_hidden_size
             sess.decoded += len(tokens) - 1
         return pb.OpenSessionResponse(
             session_id=sess.id,
@@ -220,6 +234,7 @@ class VerifierService:
                     f"extending to {len(sess.tokens) + len(tokens)} tokens exceeds the context limit of "
                     f"{self.config.max_context}",
                 )
+            self._drop_pending(sess)
             # Decode all but the new last token, which stays pending as usual.
             pending = sess.tokens[sess.n_kv :] + tokens
             _, _, ms = self.engine.run(sess.seq, pending[:-1], sess.n_kv, 0)
@@ -245,50 +260,117 @@ class VerifierService:
     # -- rounds --------------------------------------------------------------------
 
     def verify(self, req: pb.VerifyRequest, context: grpc.ServicerContext) -> pb.VerifyResponse:
+        """One round; under SH, one half of one (see the HiddenRequest message)."""
         sess = self.sessions.get(req.session_id)
-        key = hashlib.sha256(req.SerializeToString(deterministic=True)).digest()
+        key = _key(req)
+        upload = req.upload_protocol or pb.UPLOAD_PROTOCOL_TOKENS_ONLY
         with sess.lock:
             if sess.last_round is not None and sess.last_round[0] == key:
                 return sess.last_round[1]  # an exact retry of the applied round: same verdict, applied once
+            pending = sess.pending
+            if pending is not None and pending.key == key:
+                return pending.response  # a retried first half: the same request for hidden states
+            if upload == pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN and req.hidden.count and not req.draft_tokens:
+                # SH's second half: only the requested rows, naming the round by base and index.
+                first = pending.request if pending is not None else None
+                if first is None or (req.base_position, req.round_index) != (first.base_position, first.round_index):
+                    raise _invalid(
+                        f"hidden states for round {req.round_index} at base {req.base_position}, which the verifier "
+                        "did not ask about; send the block first"
+                    )
+                rows = self._hidden_rows(sess, req.hidden, pending.positions)
+                sess.pending = None
+                return self._finish(
+                    sess, first, pending.logits, pending.queue_ms, pending.verify_ms, (pending.positions, rows), key
+                )
+            self._drop_pending(sess)
             self._check_base(sess, req.base_position)
             block = list(req.draft_tokens)
             self._check_block(sess, req, block)
-            base = len(sess.tokens)
+            hidden = None
+            if upload == pb.UPLOAD_PROTOCOL_FULL_HIDDEN:
+                offsets = tuple(range(len(block)))
+                hidden = (offsets, self._hidden_rows(sess, req.hidden, offsets))
+            elif req.hidden.count or req.hidden.data:
+                what = "SH sends the tokens first" if upload == pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN else "a tokens-only round"
+                raise _invalid(f"hidden states arrived with the block, but {what}")
             feed = sess.tokens[sess.n_kv :] + block
             logits, queue_ms, decode_ms = self.engine.run(sess.seq, feed, sess.n_kv, len(block) + 1)
             sess.decoded += len(feed)
-            t0 = time.perf_counter()
-            if sess.mode == "greedy":
-                accepted, nxt = accept_greedy(logits, block)
-            else:
-                dists = [
-                    SparseDistribution(np.asarray(d.token_ids, dtype=np.int32), np.asarray(d.probs, dtype=np.float32))
-                    for d in req.draft_distributions
-                ]
-                accepted, nxt = accept_sampling(logits, block, dists, sess.temperature, sess.rng)
-            end: int | None = nxt
-            if not req.continue_after_eog:
-                accepted, end = cut_at_end(accepted, nxt, block, self.model.is_eog)
-            accept_ms = (time.perf_counter() - t0) * 1e3
-            new = block[:accepted] + ([end] if end is not None else [])
-            # The KV keeps every committed token but the last (which is not yet decoded).
-            sess.n_kv = base + len(new) - 1
+            if upload == pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN:
+                positions = tuple(mismatch_positions(logits, block))
+                if positions:
+                    resp = pb.VerifyResponse(
+                        hidden_request=pb.HiddenRequest(positions=positions, encoding=req.hidden.encoding or pb.HIDDEN_ENCODING_FP16),
+                        timings=pb.ServerTimings(queue_ms=queue_ms, verify_ms=decode_ms, batch_size=1),
+                    )
+                    sess.pending = PendingRound(key, req, resp, logits, positions, queue_ms, decode_ms)
+                    return resp
+            return self._finish(sess, req, logits, queue_ms, decode_ms, hidden, key)
+
+    def _finish(
+        self,
+        sess: Session,
+        req: pb.VerifyRequest,
+        logits: np.ndarray,
+        queue_ms: float,
+        decode_ms: float,
+        hidden: tuple[tuple[int, ...], np.ndarray] | None,
+        key: bytes,
+    ) -> pb.VerifyResponse:
+        """Accepts a verified block: the verdict, the session's tokens and KV."""
+        block = list(req.draft_tokens)
+        base = len(sess.tokens)
+        t0 = time.perf_counter()
+        if sess.mode == "greedy":
+            accepted, nxt = accept_greedy(logits, block)
+        else:
+            dists = [
+                SparseDistribution(np.asarray(d.token_ids, dtype=np.int32), np.asarray(d.probs, dtype=np.float32))
+                for d in req.draft_distributions
+            ]
+            accepted, nxt = accept_sampling(logits, block, dists, sess.temperature, sess.rng)
+        end: int | None = nxt
+        if not req.continue_after_eog:
+            accepted, end = cut_at_end(accepted, nxt, block, self.model.is_eog)
+        accept_ms = (time.perf_counter() - t0) * 1e3
+        new = block[:accepted] + ([end] if end is not None else [])
+        # The KV keeps every committed token but the last (which is not yet decoded).
+        sess.n_kv = base + len(new) - 1
+        self.engine.truncate(sess.seq, sess.n_kv)
+        sess.tokens.extend(new)
+        sess.last_hidden = hidden
+        n_hidden = 0 if hidden is None else len(hidden[0])
+        sess.hidden_rows += n_hidden
+        committed = len(sess.tokens)
+        resp = pb.VerifyResponse(
+            verdict=pb.Verdict(
+                accepted=accepted,
+                next_token=end if end is not None else -1,
+                bonus=end is not None and accepted == len(block),
+                committed_length=committed,
+                context_full=committed + 2 > self.config.max_context,
+                ended=end is None,
+                hidden_rows=n_hidden,
+            ),
+            timings=pb.ServerTimings(queue_ms=queue_ms, verify_ms=decode_ms + accept_ms, batch_size=1),
+        )
+        sess.last_round = (key, resp)
+        return resp
+
+    def _drop_pending(self, sess: Session) -> None:
+        """Abandons a half-done SH round: its block leaves the KV cache."""
+        if sess.pending is not None:
+            sess.pending = None
             self.engine.truncate(sess.seq, sess.n_kv)
-            sess.tokens.extend(new)
-            committed = len(sess.tokens)
-            resp = pb.VerifyResponse(
-                verdict=pb.Verdict(
-                    accepted=accepted,
-                    next_token=end if end is not None else -1,
-                    bonus=end is not None and accepted == len(block),
-                    committed_length=committed,
-                    context_full=committed + 2 > self.config.max_context,
-                    ended=end is None,
-                ),
-                timings=pb.ServerTimings(queue_ms=queue_ms, verify_ms=decode_ms + accept_ms, batch_size=1),
-            )
-            sess.last_round = (key, resp)
-            return resp
+
+    def _hidden_rows(self, sess: Session, h: pb.HiddenStates, positions: tuple[int, ...]) -> np.ndarray:
+        if not sess.hidden_size:
+            raise _invalid("this session was opened without draft_hidden_size, so it takes no hidden states")
+        try:
+            return decode_hidden(hidden_from_pb(h), dim=sess.hidden_size, positions=positions)
+        except HiddenError as exc:
+            raise _invalid(str(exc)) from None
 
     def _check_block(self, sess: Session, req: pb.VerifyRequest, block: list[int]) -> None:
         # An empty block is a plain target step (a controller that predicts the
@@ -302,8 +384,8 @@ class VerifierService:
                 f"a block of {len(block)} on {len(sess.tokens)} committed tokens exceeds the context limit of "
                 f"{self.config.max_context}",
             )
-        if req.upload_protocol not in (pb.UPLOAD_PROTOCOL_UNSPECIFIED, pb.UPLOAD_PROTOCOL_TOKENS_ONLY):
-            raise _invalid(f"upload protocol {pb.UploadProtocol.Name(req.upload_protocol)} is not supported yet")
+        if req.upload_protocol not in UPLOAD_FROM_PB and req.upload_protocol != pb.UPLOAD_PROTOCOL_UNSPECIFIED:
+            raise _invalid(f"upload protocol {req.upload_protocol} is not one this verifier knows")
         if sess.mode == "sample":
             self._check_distributions(req, block)
 
@@ -372,6 +454,11 @@ class VerifierService:
                     last = tok
         finally:
             self.sessions.close(sess.id)
+
+
+def _key(req: pb.VerifyRequest) -> bytes:
+    """What identifies a round request: a hash of its bytes."""
+    return hashlib.sha256(req.SerializeToString(deterministic=True)).digest()
 
 
 def _serialize(msg: Message) -> bytes:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .._errors import LimitExceededError, SessionNotFoundError
 
-__all__ = ["Session", "SessionTable"]
+__all__ = ["PendingRound", "Session", "SessionTable"]
 
 
 @dataclass(eq=False)
@@ -36,6 +36,24 @@ class Session:
     # (request key, response) of the last applied round, for idempotent retries.
     last_round: tuple[bytes, object] | None = None
     decoded: int = 0  # tokens run through the target for this session: prefix reuse shows here
+    hidden_size: int = 0  # width of the draft hidden states the session may upload; 0: none
+    # SH: a block run and waiting for its hidden states (its KV cells are still in place).
+    pending: "PendingRound | None" = None
+    # The draft hidden states of the last round, as decoded: (block offsets, [n, d] rows).
+    # What a decision head reads; the lossless modes only check and count them.
+    last_hidden: tuple[tuple[int, ...], np.ndarray] | None = None
+    hidden_rows: int = 0  # hidden rows received over the session's life
+
+
+@dataclass(frozen=True)
+class PendingRound:
+    key: bytes  # hash of the first half's request (a retry of it gets `response` again)
+    request: object  # the first half: block, distributions, flags
+    response: object  # the HiddenRequest answer, for a retried first half
+    logits: np.ndarray
+    positions: tuple[int, ...]
+    queue_ms: float
+    verify_ms: float
 
 
 class SessionTable:

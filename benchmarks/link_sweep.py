@@ -1,0 +1,226 @@
+"""FH, SH, the latency model's choice and WISV's 10 ms rule over emulated links.
+
+The real client (gemma-270m draft, here) and the real verifier (gemma-270m
+target, in a network namespace) run through `edgekit.linkemu`: tc tbf for the
+rates, a user-space proxy for delay, jitter and loss. For each link condition:
+a fresh link estimate (probe), then every prompt under each upload policy, in
+rotating order, with the same fixed drafting window, so every policy drafts
+and verifies the same blocks and only the upload differs. Greedy, so the
+outputs must be identical (checked).
+
+Figures per condition and policy: end-to-end time per committed token (wall
+clock of the generation over tokens), rounds, exchanges, bytes up and down as
+the client serialized them and as the proxy counted them on the wire.
+
+Also: the window. At a few conditions, fixed windows 1..8 against
+drafting="latency" (the model's choice), with upload auto.
+
+Needs root (network namespaces). Writes benchmarks/results/link_sweep.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import time
+
+import _common as C
+
+from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel
+from edgekit.linkemu import LinkProfile, Testbed
+from edgekit.models import get_pair, model_path
+from edgekit.transport import GrpcTransport
+
+POLICIES = ("fh", "sh", "auto", "rtt")
+
+
+def conditions(quick: bool) -> list[LinkProfile]:
+    if quick:
+        return [LinkProfile(5, 20), LinkProfile(50, 500)]
+    grid = [LinkProfile(rtt, rate) for rtt in (5, 10, 25, 50) for rate in (10, 20, 100, 500)]
+    return grid + [
+        LinkProfile(10, 100, loss=0.01),
+        LinkProfile(50, 20, loss=0.01),
+        LinkProfile(5, 10, loss=0.02),
+        LinkProfile(25, 20, jitter_ms=5),
+    ]
+
+
+def run_one(bed: Testbed, draft, prompt: str, gen: GenerationConfig, link_state) -> dict:  # type: ignore[no-untyped-def]
+    client = EdgeClient(GrpcTransport(bed.address), draft_model=draft, generation=gen)
+    # each run starts from the condition's probed estimate (then updates it passively)
+    client.link.__dict__.update(link_state)
+    with client:
+        bed.proxy.reset_counters()
+        t0 = time.perf_counter()
+        final = client.generate(prompt).until_done()
+        wall = time.perf_counter() - t0
+    s = final.stats
+    return {
+        "tokens": list(final.token_ids),
+        "wall_s": wall,
+        "committed": s.completion_tokens,
+        "rounds": s.rounds,
+        "exchanges": s.exchanges,
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "hidden_rows": s.hidden_rows,
+        "uploads": dict(s.uploads),
+        "uplink_bytes": s.uplink_bytes,
+        "downlink_bytes": s.downlink_bytes,
+        "wire_up": bed.proxy.bytes_up,
+        "wire_down": bed.proxy.bytes_down,
+        "draft_ms": s.draft_ms,
+        "server_ms": s.server_verify_ms + s.server_queue_ms,
+        "round_trip_ms": s.round_trip_ms,
+        "windows": [r.drafted for r in s.rounds_detail],
+    }
+
+
+def summarize(runs: list[dict]) -> dict:
+    committed = sum(r["committed"] for r in runs)
+    tot = lambda key: sum(r[key] for r in runs)  # noqa: E731
+    uploads: dict[str, int] = {}
+    for r in runs:
+        for k, v in r["uploads"].items():
+            uploads[k] = uploads.get(k, 0) + v
+    return {
+        "ms_per_token": 1e3 * tot("wall_s") / committed,
+        "committed": committed,
+        "rounds": tot("rounds"),
+        "exchanges": tot("exchanges"),
+        "accepted_length": tot("accepted") / tot("rounds"),
+        "hidden_rows": tot("hidden_rows"),
+        "uploads": uploads,
+        "uplink_bytes": tot("uplink_bytes"),
+        "downlink_bytes": tot("downlink_bytes"),
+        "wire_up": tot("wire_up"),
+        "wire_down": tot("wire_down"),
+        "network_ms_per_token": (tot("round_trip_ms") - tot("server_ms")) / committed,
+        "compute_ms_per_token": (tot("draft_ms") + tot("server_ms")) / committed,
+        "mean_window": statistics.fmean(w for r in runs for w in r["windows"]),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default="gemma-270m")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=40)
+    ap.add_argument("--draft-k", type=int, default=6)
+    ap.add_argument("--quick", action="store_true", help="two conditions, for a smoke run")
+    ap.add_argument("--no-windows", action="store_true", help="skip the window part")
+    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
+    args = ap.parse_args()
+    C.apply_threads(args.threads)
+    C.print_machine()
+    spec = get_pair(args.pair)
+    prompts = C.load_prompts("eval", args.prompts)
+    draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=2048)
+    serve = ["--pair", args.pair, "--max-sessions", "4", "--threads", str(args.threads)]
+    results: dict = {"conditions": [], "windows": []}
+    with Testbed(serve, log=str(C.RESULTS_DIR / "link_sweep-verifier.log")) as bed:
+        # warm both models once, off the clock
+        bed.shape(LinkProfile(1, 1000))
+        run_one(bed, draft, prompts[0]["prompt"], GenerationConfig(max_tokens=8, drafting="fixed"), {})
+        for ci, cond in enumerate(conditions(args.quick)):
+            bed.shape(cond)
+            with EdgeClient(GrpcTransport(bed.address), draft_model=draft) as prober:
+                probed = prober.probe_link(pings=10, tries=3, payload_bytes=64 * 1024).link
+                state = dict(prober.link.__dict__)
+            runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
+            for pi, prompt in enumerate(prompts):
+                order = POLICIES[pi % len(POLICIES) :] + POLICIES[: pi % len(POLICIES)]
+                for policy in order:
+                    gen = GenerationConfig(
+                        max_tokens=args.max_tokens, drafting="fixed", draft_k=args.draft_k, upload=policy,
+                        stop_at_eos=False,
+                    )
+                    runs[policy].append(run_one(bed, draft, prompt["prompt"], gen, state))
+                outputs = {p: tuple(runs[p][-1]["tokens"]) for p in POLICIES}
+                assert len(set(outputs.values())) == 1, f"outputs differ under {cond.name} on {prompt['id']}"
+            summary = {p: summarize(runs[p]) for p in POLICIES}
+            best = min(summary["fh"]["ms_per_token"], summary["sh"]["ms_per_token"])
+            entry = {
+                "condition": cond.__dict__ | {"name": cond.name},
+                "probed": probed.__dict__,
+                "policies": summary,
+                "auto_vs_best": summary["auto"]["ms_per_token"] / best - 1,
+                "rtt_vs_best": summary["rtt"]["ms_per_token"] / best - 1,
+                "auto_vs_rtt": summary["auto"]["ms_per_token"] / summary["rtt"]["ms_per_token"] - 1,
+            }
+            results["conditions"].append(entry)
+            C.progress(
+                f"[{ci + 1}] {cond.name}: "
+                + ", ".join(f"{p} {summary[p]['ms_per_token']:.1f}" for p in POLICIES)
+                + f" ms/token; auto vs best {100 * entry['auto_vs_best']:+.1f}%"
+            )
+        if not args.no_windows:
+            for cond in (LinkProfile(5, 100), LinkProfile(50, 100)):
+                bed.shape(cond)
+                with EdgeClient(GrpcTransport(bed.address), draft_model=draft) as prober:
+                    prober.probe_link(pings=10, tries=3, payload_bytes=64 * 1024)
+                    state = dict(prober.link.__dict__)
+                policies = [("fixed", k) for k in (1, 2, 3, 4, 6, 8)] + [("latency", 8)]
+                runs = {p: [] for p in policies}
+                for pi, prompt in enumerate(prompts):
+                    for drafting, k in itertools.islice(itertools.cycle(policies), pi, pi + len(policies)):
+                        gen = GenerationConfig(
+                            max_tokens=args.max_tokens, drafting=drafting, draft_k=k, max_window=8, upload="auto",
+                            stop_at_eos=False,
+                        )
+                        runs[(drafting, k)].append(run_one(bed, draft, prompt["prompt"], gen, state))
+                row = {"condition": cond.__dict__ | {"name": cond.name}}
+                row["policies"] = {
+                    (f"fixed-{k}" if d == "fixed" else "latency"): summarize(runs[(d, k)]) for d, k in policies
+                }
+                results["windows"].append(row)
+                C.progress(
+                    f"window {cond.name}: "
+                    + ", ".join(f"{n} {v['ms_per_token']:.1f}" for n, v in row["policies"].items())
+                )
+    draft.close()
+
+    conds = results["conditions"]
+    headers = ["link", "FH ms/tok", "SH ms/tok", "auto ms/tok", "rule ms/tok", "auto picks", "auto vs best", "rule vs best"]
+    rows = []
+    for e in conds:
+        p = e["policies"]
+        picks = "/".join(f"{k}:{v}" for k, v in sorted(p["auto"]["uploads"].items()))
+        rows.append([
+            e["condition"]["name"], p["fh"]["ms_per_token"], p["sh"]["ms_per_token"], p["auto"]["ms_per_token"],
+            p["rtt"]["ms_per_token"], picks, f"{100 * e['auto_vs_best']:+.1f}%", f"{100 * e['rtt_vs_best']:+.1f}%",
+        ])
+    print(C.table(headers, rows))
+    within = sum(e["auto_vs_best"] <= 0.03 for e in conds)
+    mean_auto = statistics.fmean(e["policies"]["auto"]["ms_per_token"] for e in conds)
+    mean_rule = statistics.fmean(e["policies"]["rtt"]["ms_per_token"] for e in conds)
+    verdict = {
+        "conditions": len(conds),
+        "auto_within_3pct_of_best": within,
+        "worst_auto_vs_best": max(e["auto_vs_best"] for e in conds),
+        "mean_ms_per_token_auto": mean_auto,
+        "mean_ms_per_token_rtt_rule": mean_rule,
+        "auto_vs_rule_mean": mean_auto / mean_rule - 1,
+    }
+    print(
+        f"auto within 3% of the better of FH and SH in {within}/{len(conds)} conditions "
+        f"(worst {100 * verdict['worst_auto_vs_best']:+.1f}%); mean {mean_auto:.2f} ms/token vs the 10 ms rule's "
+        f"{mean_rule:.2f} ({100 * verdict['auto_vs_rule_mean']:+.1f}%)"
+    )
+    for row in results["windows"]:
+        print(f"\nwindow, {row['condition']['name']}:")
+        print(C.table(["drafting", "ms/token", "mean window", "AAL", "rounds"], [
+            [n, v["ms_per_token"], v["mean_window"], v["accepted_length"], v["rounds"]] for n, v in row["policies"].items()
+        ]))
+    path = C.write_result("link_sweep", {
+        "settings": vars(args) | {"policies": POLICIES, "prompts": [p["id"] for p in prompts]},
+        "verdict": verdict,
+        **results,
+    })
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""`edgekit probe HOST:PORT`: the measured link, and the upload and window the policy would choose."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ._common import PAIR_HELP, note, print_json
+
+# Drafted on to measure acceptance, draft and verification time (a short, ordinary code prompt).
+CALIBRATION_PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is a prime number.\"\"\"\n"
+
+
+def probe(
+    address: str = typer.Argument(..., help="Verifier address HOST:PORT (or grpc://HOST:PORT)."),
+    pair: str = typer.Option("qwen-coder", "--pair", help=PAIR_HELP),
+    pings: int = typer.Option(10, "--pings", min=1, help="Empty pings for the RTT."),
+    tries: int = typer.Option(3, "--tries", min=1, help="Payload pings each way for the rates (the fastest counts)."),
+    payload_kib: int = typer.Option(64, "--payload-kib", min=1, help="Payload of a rate ping, KiB."),
+    link_only: bool = typer.Option(
+        False, "--link-only", help="Only ping: no draft model, no calibration rounds (costs are then the defaults)."
+    ),
+    calibration_tokens: int = typer.Option(48, "--calibration-tokens", min=8, help="Tokens drafted to measure costs."),
+    max_window: int = typer.Option(8, "--max-window", min=1, max=64, help="Longest window the policy may choose."),
+    hidden_encoding: str = typer.Option("fp16", "--hidden-encoding", help="fp16 or int8."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
+    timeout: float = typer.Option(5.0, "--timeout", help="Deadline of each call, in seconds."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Measure the link to a verifier (RTT, jitter, rates, loss) and show the upload (FH or SH) and the
+    draft window the latency model would choose, next to WISV's fixed rule (FH when RTT > 10 ms)."""
+    from edgekit import ClientConfig, GenerationConfig
+    from edgekit._link import LinkEstimator, probe as probe_link
+    from edgekit._link_policy import LinkPolicy
+    from edgekit.models import get_model, get_pair
+    from edgekit.transport import GrpcTransport
+
+    spec = get_pair(pair)
+    draft_spec = get_model(spec.draft)
+    gen = GenerationConfig(
+        max_tokens=calibration_tokens, drafting="latency", max_window=max_window, upload="auto",
+        hidden_encoding=hidden_encoding, stop_at_eos=False,
+    )
+    config = ClientConfig(timeout=timeout, connect_timeout=timeout, token=token)
+    link = LinkEstimator()
+    transport = GrpcTransport(address, config)
+    try:
+        measured = probe_link(transport, link, pings=pings, tries=tries, payload_bytes=payload_kib * 1024)
+        calibration = None
+        if link_only:
+            policy = LinkPolicy(gen, link, hidden_dim=draft_spec.hidden_size, n_vocab=draft_spec.vocab_size)
+        else:
+            policy, calibration = _calibrate(transport, link, pair, gen, config)
+    finally:
+        transport.close()
+    state = measured.link if link_only else link.state()
+    model = policy.model()
+    plan = policy.plan(max_window)
+    rule = "fh" if state.rtt_ms > gen.rtt_rule_ms else "sh"
+    windows = [
+        {
+            "window": k,
+            "fh_round_ms": model.round_ms(k, "fh"),
+            "sh_round_ms": model.round_ms(k, "sh"),
+            "fh_ms_per_token": model.per_token_ms(k, "fh"),
+            "sh_ms_per_token": model.per_token_ms(k, "sh"),
+        }
+        for k in range(1, max_window + 1)
+    ]
+    costs = policy.costs
+    a, b = costs.verify_line()
+    result = {
+        "verifier": transport.address,
+        "pair": pair,
+        "link": state.__dict__ | {"pings": measured.pings, "probe_seconds": measured.seconds},
+        "costs": {
+            "measured": calibration is not None,
+            "draft_step_ms": costs.draft_step_ms,
+            "verify_ms": {"base": a, "per_token": b},
+            "acceptance": costs.acceptance,
+            "mismatch_density": costs.mismatch_density,
+            "hidden_size": draft_spec.hidden_size,
+            "hidden_encoding": hidden_encoding,
+        },
+        "choice": {
+            "upload": plan.upload,
+            "window": plan.window,
+            "round_ms": plan.expected_ms,
+            "ms_per_token": plan.per_token_ms,
+            "rtt_rule_upload": rule,
+            "rtt_rule_ms_per_token": model.per_token_ms(plan.window, rule),
+        },
+        "windows": windows,
+    }
+    if calibration is not None:
+        result["calibration"] = calibration
+    if json_out:
+        print_json(result)
+        return
+    _print(result)
+
+
+def _calibrate(transport, link, pair: str, gen, config):  # type: ignore[no-untyped-def]
+    """A short real generation through the verifier, so the costs are this device's and this verifier's."""
+    from edgekit import EdgeClient
+
+    with EdgeClient(transport, pair=pair, config=config, generation=gen) as client:
+        session = client.session()
+        try:
+            session.open(client.tokenize(CALIBRATION_PROMPT))
+            *_, final = session.stream()
+        finally:
+            session.close()
+    s = final.stats
+    return session.policy, {
+        "rounds": s.rounds,
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "uploads": s.uploads,
+        "exchanges": s.exchanges,
+        "uplink_bytes": s.uplink_bytes,
+        "downlink_bytes": s.downlink_bytes,
+    }
+
+
+def _print(r: dict) -> None:
+    link, costs, choice = r["link"], r["costs"], r["choice"]
+    typer.echo(f"verifier {r['verifier']} ({link['pings']} pings, {link['probe_seconds']:.2f} s)")
+    typer.echo(
+        f"  RTT {link['rtt_ms']:.2f} ms (jitter {link['rtt_jitter_ms']:.2f}), uplink {_rate(link['uplink_mbps'])}, "
+        f"downlink {_rate(link['downlink_mbps'])}, loss {100 * link['loss_rate']:.1f}%"
+    )
+    source = "measured in a short generation" if costs["measured"] else "defaults (--link-only)"
+    v = costs["verify_ms"]
+    typer.echo(
+        f"  costs ({source}): draft {costs['draft_step_ms']:.2f} ms/step, verify {v['base']:.1f} + "
+        f"{v['per_token']:.2f} ms/token, acceptance {costs['acceptance']:.2f}"
+    )
+    typer.echo("  window   FH ms/token   SH ms/token")
+    for w in r["windows"]:
+        mark = "  <" if w["window"] == choice["window"] else ""
+        typer.echo(f"  {w['window']:>6}   {w['fh_ms_per_token']:>11.2f}   {w['sh_ms_per_token']:>11.2f}{mark}")
+    typer.echo(
+        f"policy: {choice['upload'].upper()} with a window of {choice['window']} "
+        f"({choice['ms_per_token']:.2f} ms per committed token); the 10 ms RTT rule would send "
+        f"{choice['rtt_rule_upload'].upper()} ({choice['rtt_rule_ms_per_token']:.2f} ms)"
+    )
+    if not costs["measured"]:
+        note("costs are defaults; drop --link-only to measure them on this device and verifier")
+
+
+def _rate(mbps: float) -> str:
+    # 0 means a payload took no measurable time beyond an empty ping (loopback, or a fast LAN)
+    return f"{mbps:.1f} Mbit/s" if mbps > 0 else "too fast to time (rate ignored)"

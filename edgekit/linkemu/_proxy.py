@@ -1,0 +1,147 @@
+"""`DelayProxy`: a TCP relay that delays each direction by half the RTT, with
+jitter and retransmission-style loss, preserving byte order (as TCP does)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+__all__ = ["DelayProxy", "Impairment"]
+
+MSS = 1448  # bytes of payload per TCP segment on an Ethernet-sized path
+RTO_MS = 200.0  # Linux's minimum retransmission timeout
+
+
+@dataclass
+class Impairment:
+    rtt_ms: float = 0.0  # added round trip, half each way
+    jitter_ms: float = 0.0  # |N(0, jitter)| extra per chunk, order kept
+    loss: float = 0.0  # per-segment loss probability; a loss costs RTO + RTT
+
+
+class DelayProxy:
+    """Listens on `listen` and relays each connection to `upstream`.
+
+    Settings (`impairment`) may change while it runs; they apply to bytes read
+    afterwards. Counts bytes each way, so payloads can be measured on the wire.
+    """
+
+    def __init__(self, upstream: tuple[str, int], listen: tuple[str, int] = ("127.0.0.1", 0), *, seed: int = 0) -> None:
+        self.upstream = upstream
+        self.impairment = Impairment()
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.losses = 0
+        self._rng = random.Random(seed)
+        self._sock = socket.create_server(listen)
+        self.address = "%s:%d" % self._sock.getsockname()[:2]
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="delay-proxy", daemon=True)
+        self._ready = threading.Event()
+
+    def start(self) -> "DelayProxy":
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def reset_counters(self) -> None:
+        self.bytes_up = self.bytes_down = self.losses = 0
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+        self._thread.join(5)
+        self._sock.close()
+
+    async def _shutdown(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.get_running_loop().stop()
+
+    def __enter__(self) -> "DelayProxy":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- inside the loop ------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        async def serve() -> None:
+            await asyncio.start_server(self._handle, sock=self._sock)
+            self._ready.set()
+
+        self._loop.run_until_complete(serve())
+        self._loop.run_forever()
+
+    def _delay_s(self, nbytes: int) -> float:
+        imp = self.impairment
+        d = imp.rtt_ms / 2
+        if imp.jitter_ms:
+            d += abs(self._rng.gauss(0.0, imp.jitter_ms))
+        if imp.loss:
+            segments = max(1, math.ceil(nbytes / MSS))
+            if self._rng.random() < 1 - (1 - imp.loss) ** segments:
+                self.losses += 1
+                d += RTO_MS + imp.rtt_ms
+        return d / 1e3
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._relay(reader, writer)
+        except asyncio.CancelledError:
+            writer.close()  # the proxy is closing
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.close()
+            return
+        for w in (writer, up_writer):
+            sock = w.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.gather(self._pump(reader, up_writer, "up"), self._pump(up_reader, writer, "down"))
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str) -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def release() -> None:
+            while True:
+                due, data = await queue.get()
+                if data is None:
+                    break
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        sender = asyncio.ensure_future(release())
+        last_due = 0.0
+        try:
+            while data := await reader.read(65536):
+                if direction == "up":
+                    self.bytes_up += len(data)
+                else:
+                    self.bytes_down += len(data)
+                last_due = max(last_due, time.monotonic() + self._delay_s(len(data)))  # in order, as TCP delivers
+                queue.put_nowait((last_due, data))
+        except (ConnectionError, OSError):
+            pass
+        queue.put_nowait((0.0, None))
+        try:
+            await sender
+        except (ConnectionError, OSError):
+            pass
