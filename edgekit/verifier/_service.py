@@ -278,24 +278,28 @@ class VerifierService:
                         f"hidden states for round {req.round_index} at base {req.base_position}, which the verifier "
                         "did not ask about; send the block first"
                     )
+                t0 = time.perf_counter()
                 rows = self._hidden_rows(sess, req.hidden, pending.positions)
                 sess.pending = None
-                return self._finish(
-                    sess, first, pending.logits, pending.queue_ms, pending.verify_ms, (pending.positions, rows), key
-                )
+                # This exchange's own time: the first half reported the target pass.
+                own_ms = (time.perf_counter() - t0) * 1e3
+                return self._finish(sess, first, pending.logits, 0.0, own_ms, (pending.positions, rows), key)
             self._drop_pending(sess)
             self._check_base(sess, req.base_position)
             block = list(req.draft_tokens)
             self._check_block(sess, req, block)
             hidden = None
+            t0 = time.perf_counter()
             if upload == pb.UPLOAD_PROTOCOL_FULL_HIDDEN:
                 offsets = tuple(range(len(block)))
                 hidden = (offsets, self._hidden_rows(sess, req.hidden, offsets))
             elif req.hidden.count or req.hidden.data:
                 what = "SH sends the tokens first" if upload == pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN else "a tokens-only round"
                 raise _invalid(f"hidden states arrived with the block, but {what}")
+            checks_ms = (time.perf_counter() - t0) * 1e3
             feed = sess.tokens[sess.n_kv :] + block
             logits, queue_ms, decode_ms = self.engine.run(sess.seq, feed, sess.n_kv, len(block) + 1)
+            decode_ms += checks_ms
             sess.decoded += len(feed)
             if upload == pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN:
                 positions = tuple(mismatch_positions(logits, block))
@@ -304,7 +308,7 @@ class VerifierService:
                         hidden_request=pb.HiddenRequest(positions=positions, encoding=req.hidden.encoding or pb.HIDDEN_ENCODING_FP16),
                         timings=pb.ServerTimings(queue_ms=queue_ms, verify_ms=decode_ms, batch_size=1),
                     )
-                    sess.pending = PendingRound(key, req, resp, logits, positions, queue_ms, decode_ms)
+                    sess.pending = PendingRound(key, req, resp, logits, positions)
                     return resp
             return self._finish(sess, req, logits, queue_ms, decode_ms, hidden, key)
 

@@ -52,8 +52,6 @@ class PendingRound:
     response: object  # the HiddenRequest answer, for a retried first half
     logits: np.ndarray
     positions: tuple[int, ...]
-    queue_ms: float
-    verify_ms: float
 
 
 class SessionTable:
