@@ -27,8 +27,11 @@ from ._errors import (
     VerifierUnavailableError,
 )
 from ._events import Event, FinalStats, RoundEvent, TextDelta
+from ._link import LinkEstimator, ProbeResult
+from ._latency import RoundPlan
 from ._metrics import GenerationStats, RoundStats
 from ._session import SpeculativeSession
+from .transport._base import LinkState
 from .predictors.runtime import ConfidenceThreshold  # the p-min policy is a predictor that reads confidence
 
 __all__ = [
@@ -55,14 +58,18 @@ __all__ = [
     "GenerationStream",
     "IncompatibleModelsError",
     "LimitExceededError",
+    "LinkEstimator",
+    "LinkState",
     "LlamaDraftModel",
     "ModelError",
     "ModelFetchError",
     "ModelIntegrityError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "ProbeResult",
     "ProtocolError",
     "RoundEvent",
+    "RoundPlan",
     "RoundStats",
     "ServerConfig",
     "SessionNotFoundError",

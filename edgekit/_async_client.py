@@ -12,6 +12,7 @@ import asyncio
 import threading
 from typing import Any, AsyncIterator, Callable, Sequence
 
+from ._link import ProbeResult
 from ._client import EdgeClient, GenerationStream
 from ._events import Event, FinalStats
 from .transport._base import ServerInfo
@@ -133,6 +134,11 @@ class AsyncEdgeClient:
     async def server_info(self) -> ServerInfo:
         client = await self._sync()
         return await asyncio.to_thread(client.server_info)
+
+    async def probe_link(self, **options: Any) -> ProbeResult:
+        """Measures RTT, jitter, rates and loss (see `EdgeClient.probe_link`)."""
+        client = await self._sync()
+        return await asyncio.to_thread(client.probe_link, **options)
 
     async def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         return (await self._sync()).tokenize(prompt)

@@ -21,12 +21,13 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from ._errors import VerifierUnavailableError
 from .transport._base import LinkState
 
 __all__ = ["LinkEstimator", "ProbeResult", "probe"]
 
 MIN_RTO_MS = 200.0
-RATE_SAMPLE_BYTES = 16 * 1024  # an upload this large times the uplink passively
+RATE_SAMPLE_BYTES = 4 * 1024  # an upload this large times the uplink passively
 MIN_TIMED_MS = 2.0  # a payload's extra time below this is mostly noise: probe with a larger one
 
 
@@ -136,7 +137,16 @@ def probe(
             best = None
             for _ in range(tries):
                 empty = transport.ping()
-                loaded = transport.ping(**kwargs)
+                try:
+                    loaded = transport.ping(**kwargs)
+                except VerifierUnavailableError as exc:
+                    raise VerifierUnavailableError(
+                        f"{exc}; empty pings took {empty:.0f} ms but a {size // 1024} KiB payload "
+                        f"{'up' if direction == 'up' else 'down'} did not cross in time: a very slow link, or "
+                        "probe with a smaller payload",
+                        address=exc.address,
+                        code=exc.code,
+                    ) from None
                 n += 2
                 est.add_rtt(empty)
                 empties.append(empty)

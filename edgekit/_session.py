@@ -23,7 +23,7 @@ from ._config import GenerationConfig
 from ._controller import Controller, Decision, FixedWindow
 from ._draft import DraftModel
 from ._errors import ConfigError, EdgekitError, ProtocolError
-from ._link import LinkEstimator
+from ._link import LinkEstimator, probe
 from ._link_policy import LatencyWindow, LinkPolicy
 from ._events import Event, FinalStats, RoundEvent, TextDelta
 from ._metrics import GenerationStats, RoundStats
@@ -128,6 +128,9 @@ class SpeculativeSession:
         if len(prompt_tokens) + 2 > self.max_context:
             raise ConfigError(f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.max_context}")
         t0 = time.perf_counter()
+        if self._needs_rates():
+            # The latency model weighs payloads by the link's rates; measure them once (a second or less).
+            probe(self.transport, self.link, pings=5, tries=2, payload_bytes=64 * 1024)
         opened = self.transport.open_session(
             prompt_tokens,
             mode=self.config.mode,
@@ -144,6 +147,10 @@ class SpeculativeSession:
         with self._draft_lock:
             self._claim_draft()
         return (time.perf_counter() - t0) * 1e3
+
+    def _needs_rates(self) -> bool:
+        uses_model = self.config.upload == "auto" or self.config.drafting == "latency"
+        return uses_model and not (self.link.uplink_mbps and self.link.downlink_mbps)
 
     def _claim_draft(self) -> None:
         if _draft_owner.get(id(self.draft)) is not self:

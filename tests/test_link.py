@@ -84,3 +84,34 @@ def test_probe_of_the_real_verifier_on_loopback(gemma_server):
         r = probe(t, pings=5, tries=2, payload_bytes=1 << 20)
     assert 0 < r.link.rtt_ms < 50
     assert r.link.uplink_mbps > 50 and r.link.downlink_mbps > 50  # loopback moves 1 MB fast
+
+
+def test_the_async_client_probes_the_same_way():
+    import asyncio
+
+    from edgekit import AsyncEdgeClient
+
+    async def main():
+        link = SimulatedLink(rtt_ms=12.0, uplink_mbps=50.0, downlink_mbps=50.0, seed=2)
+        client = AsyncEdgeClient(FakeVerifier(ToyLanguageModel(), link=link), draft_model=FakeDraftModel(ToyLanguageModel()))
+        try:
+            return await client.probe_link(pings=5, tries=2, payload_bytes=128 * 1024)
+        finally:
+            await client.close()
+
+    result = asyncio.run(main())
+    assert result.link.rtt_ms == pytest.approx(12.0, abs=0.5)
+    assert result.link.uplink_mbps == pytest.approx(50.0, rel=0.1)
+
+
+def test_a_payload_that_cannot_cross_in_time_says_so():
+    from edgekit import VerifierUnavailableError
+
+    class SlowUplink(FakeVerifier):
+        def ping(self, payload_bytes=0, reply_bytes=0):  # type: ignore[no-untyped-def]
+            if payload_bytes:
+                raise VerifierUnavailableError("verifier at fake did not answer a ping within 2 s", address="fake")
+            return 8.0
+
+    with pytest.raises(VerifierUnavailableError, match="empty pings took 8 ms but a 64 KiB payload up did not cross"):
+        probe(SlowUplink(ToyLanguageModel()), payload_bytes=64 * 1024)

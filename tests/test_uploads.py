@@ -206,11 +206,19 @@ def test_the_rtt_rule_and_the_latency_model_choose_by_the_link():
             assert full == {expected}, (link.rtt_ms, upload, full)
 
 
+def test_auto_measures_the_rates_it_needs_before_the_first_round():
+    link = SimulatedLink(rtt_ms=3.0, uplink_mbps=4.0, downlink_mbps=40.0, seed=6)
+    client, verifier = _client("auto", link=link)
+    rounds = _run(client).stats.rounds_detail
+    assert client.link.uplink_mbps == pytest.approx(4.0, rel=0.15)
+    assert rounds[0].upload == "sh"  # a slow uplink, known before the first block went out
+
+
 def test_the_link_keeps_current_from_both_exchanges_of_sh_rounds():
     link = SimulatedLink(rtt_ms=30.0, uplink_mbps=100.0, downlink_mbps=100.0, seed=2)
     client, _ = _client("sh", link=link)
     stats = _run(client).stats
-    assert client.link.samples == stats.exchanges
+    assert client.link.samples == stats.exchanges  # no probe: SH needs no rates
     assert client.link.state().rtt_ms == pytest.approx(30.0, rel=0.05)
 
 

@@ -43,6 +43,27 @@ def available() -> str | None:
     return None
 
 
+def _remove_stale() -> None:
+    """Removes testbeds left by processes that died without closing them (their verifier too)."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if not (name.startswith("ek") and name[2:].isdigit()):
+            continue
+        owner = int(name[2:])
+        if owner != os.getpid() % 100000 and not any(
+            p.isdigit() and int(p) % 100000 == owner for p in os.listdir("/proc")
+        ):
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), 9)
+                except (OSError, ValueError):
+                    pass
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            subprocess.run(["ip", "link", "del", f"{name}a"], capture_output=True)
+
+
 def _sh(*args: str) -> None:
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
@@ -84,6 +105,7 @@ class Testbed:
         return self.proxy.address
 
     def start(self) -> "Testbed":
+        _remove_stale()
         host, peer = self._veth
         try:
             _sh("ip", "netns", "add", self.netns)
