@@ -148,8 +148,9 @@ class Testbed:
         host, peer = self._veth
         down = profile.downlink_mbps or profile.uplink_mbps
         for dev, mbps, prefix in ((host, profile.uplink_mbps, ()), (peer, down, ("ip", "netns", "exec", self.netns))):
-            # burst: at least 10 ms of the rate (tbf needs rate/HZ); the queue holds 200 ms
-            burst = max(16 * 1024, int(mbps * 1e6 / 8 * 0.01))
+            # A small bucket (1 ms of the rate, at least two full frames), so that even a burst of a
+            # few KB is serialized at the rate, as on the modelled link; the queue holds 200 ms.
+            burst = max(2 * 1514, int(mbps * 1e6 / 8 * 0.001))
             _sh(*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
                 "rate", f"{mbps:g}mbit", "burst", str(burst), "latency", "200ms")
         assert self.proxy is not None
