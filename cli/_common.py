@@ -10,8 +10,10 @@ import typer
 
 PAIR_HELP = "Draft/target pair from the model registry (see `edgekit models list`)."
 VERIFIER_HELP = (
-    "Verifier address HOST:PORT (or grpc://HOST:PORT). Without it, the pair's target is "
-    "started as a verifier on a free loopback port in this process."
+    "Verifier: HOST:PORT or grpc://HOST:PORT (edgekit serve; grpcs:// for TLS), "
+    "openai+http://HOST:PORT/v1 (an OpenAI-compatible completions server with prompt logprobs), "
+    "sglang+http://HOST:PORT (SGLang's /generate); the last two verify greedy decoding only. "
+    "Without it, the pair's target is started as a verifier on a free loopback port in this process."
 )
 
 

@@ -13,7 +13,7 @@ CALIBRATION_PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is a prime nu
 
 
 def probe(
-    address: str = typer.Argument(..., help="Verifier address HOST:PORT (or grpc://HOST:PORT)."),
+    address: str = typer.Argument(..., help="Verifier: HOST:PORT, grpc://, grpcs://, openai+http://, sglang+http://."),
     pair: str = typer.Option("qwen-coder", "--pair", help=PAIR_HELP),
     pings: int = typer.Option(10, "--pings", min=1, help="Empty pings for the RTT."),
     tries: int = typer.Option(3, "--tries", min=1, help="Payload pings each way for the rates (the fastest counts)."),
@@ -30,11 +30,13 @@ def probe(
 ) -> None:
     """Measure the link to a verifier (RTT, jitter, rates, loss) and show the upload (FH or SH) and the
     draft window the latency model would choose, next to WISV's fixed rule (FH when RTT > 10 ms)."""
+    from dataclasses import replace
+
     from edgekit import ClientConfig, GenerationConfig
     from edgekit._link import LinkEstimator, probe as probe_link
     from edgekit._link_policy import LinkPolicy
     from edgekit.models import get_model, get_pair
-    from edgekit.transport import GrpcTransport
+    from edgekit.transport import connect
 
     spec = get_pair(pair)
     draft_spec = get_model(spec.draft)
@@ -44,7 +46,17 @@ def probe(
     )
     config = ClientConfig(timeout=timeout, connect_timeout=timeout, token=token)
     link = LinkEstimator()
-    transport = GrpcTransport(address, config)
+    if "+http" in address.partition("://")[0]:
+        # a stock server: its transport needs the draft's tokenizer even to ping
+        from edgekit import LlamaDraftModel
+        from edgekit.models import model_path
+
+        tokenizer = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=256)
+    else:
+        tokenizer = None
+    transport = connect(address, config, tokenizer)  # type: ignore[arg-type]
+    if tokenizer is not None:
+        gen = replace(gen, upload="tokens")  # stock servers take no hidden states
     try:
         measured = probe_link(transport, link, pings=pings, tries=tries, payload_bytes=payload_kib * 1024)
         calibration = None
@@ -54,6 +66,8 @@ def probe(
             policy, calibration = _calibrate(transport, link, pair, gen, config)
     finally:
         transport.close()
+        if tokenizer is not None:
+            tokenizer.close()
     state = measured.link if link_only else link.state()
     model = policy.model()
     plan = policy.plan(max_window)

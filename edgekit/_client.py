@@ -21,7 +21,7 @@ from ._session import SpeculativeSession, TextDecoder
 if TYPE_CHECKING:
     from ._chat import ChatTemplate, Conversation
 from .transport._base import ServerInfo, VerifierTransport
-from .transport._grpc import GrpcTransport
+from .transport._connect import connect
 
 __all__ = ["EdgeClient", "GenerationStream"]
 
@@ -109,7 +109,7 @@ class EdgeClient:
                 self._local = self._start_local(local_server)
                 verifier = self._local.address
             self.transport: VerifierTransport = (
-                GrpcTransport(verifier, self.config) if isinstance(verifier, str) else verifier
+                connect(verifier, self.config, self._draft) if isinstance(verifier, str) else verifier
             )
         except BaseException:
             self.close()

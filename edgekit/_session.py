@@ -243,7 +243,8 @@ class SpeculativeSession:
         t2 = time.perf_counter()
         exchanges = verdict.exchanges or (Exchange((t2 - t1) * 1e3, verdict.verify_ms + verdict.queue_ms, 0, 0),)
         for ex in exchanges:
-            self.link.add_exchange(ex.round_trip_ms, ex.server_ms, ex.uplink_bytes, ex.downlink_bytes)
+            if ex.server_ms is not None:  # without the server's time, a round trip says nothing about the link
+                self.link.add_exchange(ex.round_trip_ms, ex.server_ms, ex.uplink_bytes, ex.downlink_bytes)
         a = verdict.accepted
         new = block[:a] + ([verdict.next_token] if verdict.next_token is not None else [])
         if not 0 <= a <= len(block) or not new or verdict.committed_length != base + len(new):

@@ -24,7 +24,7 @@ from ._sampling import accept_greedy, accept_sampling, cut_at_end, mismatch_posi
 from ._wire import hidden_answer_to_pb, hidden_from_pb, verify_request_to_pb
 from .transport._base import BlockRequest, Exchange, GeneratedToken, OpenedSession, ServerInfo, VerifyResult
 
-__all__ = ["FakeDraftModel", "FakeVerifier", "SimulatedLink", "ToyLanguageModel"]
+__all__ = ["FakeDraftModel", "FakeSGLangServer", "FakeVerifier", "SimulatedLink", "ToyLanguageModel"]
 
 
 class ToyLanguageModel:
@@ -294,3 +294,118 @@ class FakeVerifier:
 
     def close(self) -> None:
         pass
+
+
+class FakeSGLangServer:
+    """A local HTTP server speaking SGLang's documented native API over a toy target:
+    GET /get_model_info and POST /generate with input_ids, sampling_params
+    (max_new_tokens, temperature 0), return_logprob, logprob_start_len,
+    top_logprobs_num and return_text_in_logprobs; meta_info carries
+    input_token_logprobs, input_top_logprobs, output_token_logprobs and
+    output_top_logprobs as (logprob, token_id, text) entries.
+
+    `fault` makes it misbehave for error tests: "http500", "not-json",
+    "no-logprobs", "slow" (sleeps `delay` seconds).
+    """
+
+    def __init__(self, lm: ToyLanguageModel, text_of, *, name: str = "toy-target") -> None:  # type: ignore[no-untyped-def]
+        import http.server
+        import json
+        import threading
+        import time as _time
+
+        self.lm, self.text_of, self.name = lm, text_of, name
+        self.fault: str | None = None
+        self.delay = 0.0
+        self.requests: list[dict] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a deadline test)
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path == "/get_model_info":
+                    self._send(200, json.dumps({"model_path": server.name, "is_generation": True}).encode())
+                else:
+                    self._send(404, b'{"detail": "Not Found"}')
+
+            def do_POST(self) -> None:  # noqa: N802
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path != "/generate":
+                    self._send(404, b'{"detail": "Not Found"}')
+                    return
+                req = json.loads(raw)
+                server.requests.append(req)
+                if server.fault == "slow":
+                    _time.sleep(server.delay)
+                if server.fault == "http500":
+                    self._send(500, b'{"error": {"message": "CUDA out of memory"}}')
+                    return
+                if server.fault == "not-json":
+                    self._send(200, b"<html>502 Bad Gateway</html>", "text/html")
+                    return
+                self._send(200, json.dumps(server.answer(req)).encode())
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def answer(self, req: dict) -> dict:
+        ids = list(req["input_ids"])
+        params = req.get("sampling_params") or {}
+        start = req.get("logprob_start_len", -1)
+        texts = bool(req.get("return_text_in_logprobs"))
+        k = int(req.get("top_logprobs_num") or 0)
+
+        def entry(lp: np.ndarray, tok: int) -> list:
+            return [float(lp[tok]), int(tok), self.text_of(tok) if texts else None]
+
+        def logprobs(context: Sequence[int]) -> np.ndarray:
+            z = self.lm.logits(context).astype(np.float64)
+            return z - (np.log(np.exp(z - z.max()).sum()) + z.max())
+
+        meta: dict = {"prompt_tokens": len(ids)}
+        if req.get("return_logprob") and start is not None and start >= 0 and self.fault != "no-logprobs":
+            inp, top = [], []
+            for p in range(start, len(ids)):
+                if p == 0:
+                    inp.append([None, ids[0], self.text_of(ids[0]) if texts else None])
+                    top.append(None)
+                    continue
+                lp = logprobs(ids[:p])
+                inp.append(entry(lp, ids[p]))
+                top.append([entry(lp, int(t)) for t in np.argsort(-lp, kind="stable")[:k]])
+            meta["input_token_logprobs"], meta["input_top_logprobs"] = inp, top
+        out, out_top, context = [], [], list(ids)
+        for _ in range(int(params.get("max_new_tokens", 16))):
+            lp = logprobs(context)
+            tok = int(np.argmax(lp))
+            out.append(entry(lp, tok))
+            out_top.append([entry(lp, int(t)) for t in np.argsort(-lp, kind="stable")[:k]])
+            context.append(tok)
+            if tok == self.lm.eos:
+                break
+        if req.get("return_logprob") and self.fault != "no-logprobs":
+            meta["output_token_logprobs"], meta["output_top_logprobs"] = out, out_top
+        return {"text": "".join(self.text_of(e[1]) for e in out), "meta_info": meta}
+
+    def __enter__(self) -> "FakeSGLangServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -9,12 +9,19 @@ from ._base import (
     VerifierTransport,
     VerifyResult,
 )
+from ._connect import SCHEMES, connect
 from ._grpc import GrpcTransport
+from ._openai import OpenAITransport
+from ._sglang import SGLangTransport
 
 __all__ = [
     "BlockRequest",
     "GeneratedToken",
     "GrpcTransport",
+    "OpenAITransport",
+    "SCHEMES",
+    "SGLangTransport",
+    "connect",
     "LinkState",
     "OpenedSession",
     "ServerInfo",

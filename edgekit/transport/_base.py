@@ -47,6 +47,8 @@ class ServerInfo:
     server_version: str = ""
     exact_numerics: bool = False
     invariant_batch: int = 0
+    backend: str = "edgekit"  # "edgekit" (our gRPC verifier), "openai", "sglang"
+    tokenizer_check: str = "fingerprint"  # how the target's tokenizer was matched to the draft's
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class Exchange:
     """One request and its answer, as the client saw it."""
 
     round_trip_ms: float
-    server_ms: float  # the verifier's queue and compute time within it
+    server_ms: float | None  # the verifier's queue and compute time within it; None: not reported
     uplink_bytes: int  # serialized request
     downlink_bytes: int  # serialized answer
 

@@ -1,0 +1,46 @@
+"""From a verifier URL to its transport: the scheme names the backend."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .._config import ClientConfig
+from .._draft import DraftModel
+from .._errors import ConfigError
+from ._base import VerifierTransport
+
+__all__ = ["SCHEMES", "connect"]
+
+SCHEMES = {
+    "grpc": "an edgekit verifier (edgekit serve), plain gRPC; also a bare HOST:PORT",
+    "grpcs": "an edgekit verifier over TLS",
+    "openai+http": "an OpenAI-compatible completions server with prompt logprobs (llama-cpp-python, vLLM)",
+    "openai+https": "the same over TLS",
+    "sglang+http": "SGLang's native /generate",
+    "sglang+https": "the same over TLS",
+}
+
+
+def connect(url: str, config: ClientConfig, tokenizer: DraftModel) -> VerifierTransport:
+    """`grpc://HOST:PORT` (or bare `HOST:PORT`), `grpcs://`, `openai+http(s)://HOST:PORT[/v1]`,
+    `sglang+http(s)://HOST:PORT`. The HTTP backends need the draft's tokenizer (shared with the target)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "grpc", url
+    if scheme in ("grpc", "grpcs"):
+        from ._grpc import GrpcTransport
+
+        return GrpcTransport(rest, replace(config, tls=True) if scheme == "grpcs" else config)
+    backend, _, http = scheme.partition("+")
+    if http in ("http", "https") and backend == "openai":
+        from ._openai import OpenAITransport
+
+        return OpenAITransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)
+    if http in ("http", "https") and backend == "sglang":
+        from ._sglang import SGLangTransport
+
+        return SGLangTransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)
+    raise ConfigError(
+        f"unknown verifier scheme {scheme!r} in {url!r}; use one of: "
+        + "; ".join(f"{s}:// ({what})" for s, what in SCHEMES.items())
+    )

@@ -1,0 +1,230 @@
+"""`OpenAITransport`: greedy verification on an OpenAI-compatible completions
+server that returns log-probabilities of prompt tokens (`echo` with `logprobs`).
+
+Each round sends committed tokens plus the draft block as one prompt with
+`echo: true, logprobs: 1, max_tokens: 1, temperature: 0`: every prompt position
+comes back with its top-1 alternative, and the one generated token is the
+target's greedy token after the block (the bonus).
+
+Prompts go as token ids where the server takes them (vLLM, llama.cpp's server),
+so no re-tokenization can shift positions. Where it takes text only
+(llama-cpp-python's server), the text of the tokens is sent and the server's
+echoed tokens are checked against ours, position by position: a sequence that
+text cannot carry exactly (a split the server would tokenize differently, or
+half a UTF-8 character) is refused, never verified on shifted positions.
+
+The API names tokens by their text, so the top-1 token's id is recovered from
+the draft's vocabulary (shared with the target: checked at the handshake); an
+empty string (a control token such as end-of-text) is resolved by the server's
+finish reason.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .._draft import DraftModel
+from .._errors import ConfigError, ProtocolError, VerifierError
+from ._http import HttpJson
+from ._stateless import TOKENIZER_PROBE, StatelessTransport
+
+__all__ = ["OpenAITransport"]
+
+
+class OpenAITransport(StatelessTransport):
+    backend = "openai"
+    kind = "OpenAI-compatible server"
+    prefix_cache = False  # nothing we can rely on: the whole context goes every round
+
+    def __init__(self, url: str, tokenizer: DraftModel, *, timeout: float = 30.0, token: str | None = None,
+                 model: str | None = None, max_block: int = 16, max_context: int = 4096) -> None:
+        base = url if url.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1"
+        super().__init__(HttpJson(base, timeout=timeout, token=token, kind=self.kind), tokenizer,
+                         max_context=max_context, max_block=max_block)
+        self.model = model or ""
+        self.prompt_ids: bool | None = None  # whether the server takes token-id prompts (found at the handshake)
+        self._by_text: dict[str, int] | None = None
+
+    # -- discovery -------------------------------------------------------------------------
+
+    def _discover(self) -> str:
+        data = self.http.request("GET", "/models", during="listing its models")
+        models = [m.get("id") for m in data.get("data", []) if isinstance(m, dict) and m.get("id")]
+        if not models:
+            raise ProtocolError(f"{self.kind} at {self.address} lists no models at /v1/models", address=self.address)
+        if self.model and self.model not in models:
+            raise ConfigError(f"{self.kind} at {self.address} serves {', '.join(models)}, not {self.model!r}")
+        name = self.model or models[0]
+        if self.prompt_ids is None:
+            self.prompt_ids = self._takes_token_ids(name)
+            self._check_prompt_logprobs(name)
+        return name
+
+    def _takes_token_ids(self, model: str) -> bool:
+        probe = self.tokenizer.tokenize("Hello", add_special=True)
+        try:
+            self.http.request("POST", "/completions", {"model": model, "prompt": probe, "max_tokens": 1, "temperature": 0},
+                              during="a token-id prompt")
+            return True
+        except ProtocolError as exc:
+            if exc.code in ("400", "422"):
+                return False  # a validation error: text prompts only
+            raise
+
+    def _check_prompt_logprobs(self, model: str) -> None:
+        tokens = self.tokenizer.tokenize("The quick brown fox", add_special=True)
+        choice = self._complete(model, tokens, during="a prompt log-probability check")
+        lp = choice.get("logprobs") or {}
+        if not isinstance(lp.get("token_logprobs"), list) or len(lp["token_logprobs"]) < 2:
+            raise ConfigError(
+                f"{self.kind} at {self.address} returns no log-probabilities of prompt tokens (echo with logprobs), "
+                "so it cannot verify drafts; for llama-cpp-python's server keep logits_all on, for vLLM use "
+                "an edgekit version with prompt_logprobs support"
+            )
+
+    def _check_tokenizer(self, draft_model: str) -> str:
+        """The server's tokenization of a probe text (llama-cpp-python's /extras/tokenize, vLLM's
+        /tokenize) against the draft's; without either, each round's echoed tokens are checked."""
+        ours = self.tokenizer.tokenize(TOKENIZER_PROBE, add_special=True)
+        root = self.http.base.removesuffix("/v1")
+        for path, body in (("/extras/tokenize", {"input": TOKENIZER_PROBE}), ("/tokenize", {"prompt": TOKENIZER_PROBE})):
+            saved, self.http.base = self.http.base, root
+            try:
+                data = self.http.request("POST", path, body, during="tokenizing a probe text")
+            except ProtocolError:
+                continue  # not this server's endpoint
+            finally:
+                self.http.base = saved
+            theirs = data.get("tokens")
+            if isinstance(theirs, list) and all(isinstance(t, int) for t in theirs):
+                if theirs != ours:
+                    at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+                    raise self._incompatible(draft_model, f"a probe text tokenizes differently from token {at} on")
+                return f"probe text through {path}"
+        return "none at the handshake; each round's echoed tokens"
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    def _offset(self, tokens: Sequence[int]) -> int:
+        """Text prompts leave the BOS to the server (it adds one)."""
+        bos = self.tokenizer.fingerprint().bos_token
+        return 1 if not self.prompt_ids and bos >= 0 and tokens and tokens[0] == bos else 0
+
+    def _prompt(self, tokens: Sequence[int]) -> list[int] | str:
+        if self.prompt_ids:
+            return list(tokens)
+        data = b"".join(self.tokenizer.token_bytes(t, special=True) for t in tokens[self._offset(tokens):])
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError(
+                f"the tokens end inside a UTF-8 character, which {self.kind} at {self.address} cannot take as text; "
+                "a server that takes token-id prompts can",
+                address=self.address,
+            ) from None
+
+    def _complete(self, model: str, tokens: Sequence[int], *, during: str, max_tokens: int = 1, echo: bool = True) -> dict:
+        body = {"model": model, "prompt": self._prompt(tokens), "max_tokens": max_tokens, "temperature": 0,
+                "echo": echo, "logprobs": 1}
+        data = self.http.request("POST", "/completions", body, during=during)
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise ProtocolError(f"{self.kind} at {self.address} sent a completion without choices", address=self.address)
+        return choices[0]
+
+    def _top1(self, tokens: Sequence[int], start: int) -> list[int]:
+        if start - self._offset(tokens) < 1:
+            raise ConfigError("the prompt needs at least one token besides BOS for the server to score the first draft")
+        choice = self._complete(self.model, tokens, during="verifying a block")
+        lp = choice.get("logprobs")
+        if not isinstance(lp, dict):
+            raise ProtocolError(f"{self.kind} at {self.address} sent no logprobs", address=self.address)
+        strs, lps, tops = lp.get("tokens"), lp.get("token_logprobs"), lp.get("top_logprobs")
+        offset = self._offset(tokens)
+        ours = list(tokens[offset:])
+        if not (isinstance(strs, list) and isinstance(lps, list) and isinstance(tops, list)) or not (
+            len(strs) == len(lps) == len(tops)
+        ):
+            raise ProtocolError(f"{self.kind} at {self.address} sent malformed logprobs", address=self.address)
+        self._check_echo(strs, ours)
+        best: list[int] = []
+        for i in range(start, len(tokens)):
+            j = i - offset
+            top, own = tops[j], lps[j]
+            if not isinstance(top, dict) or not top or not isinstance(own, (int, float)):
+                raise ProtocolError(f"{self.kind} at {self.address} sent no top log-probability at prompt position {j}",
+                                    address=self.address)
+            peak = max(top.values())
+            if own >= peak:
+                best.append(tokens[i])  # the draft token is the top-1 (ties go to the draft)
+            else:
+                best.append(self._resolve(max(top, key=top.get), tokens[:i]))
+                return best  # the block stops at its first rejection: later positions are never read
+        best.append(self._generated(choice, strs[len(ours)], tokens))
+        return best
+
+    def _check_echo(self, strs: list, ours: list[int]) -> None:
+        if len(strs) != len(ours) + 1:
+            raise ProtocolError(
+                f"{self.kind} at {self.address} tokenized the prompt text into {len(strs) - 1} tokens, not our "
+                f"{len(ours)}: this sequence cannot be verified through text prompts",
+                address=self.address,
+            )
+        for j, (s, t) in enumerate(zip(strs, ours)):
+            mine = self.tokenizer.token_bytes(t).decode("utf-8", errors="ignore")
+            if s != mine:
+                raise ProtocolError(
+                    f"{self.kind} at {self.address} re-tokenized the prompt text: token {j} is {s!r}, ours is "
+                    f"{mine!r}; this sequence cannot be verified through text prompts",
+                    address=self.address,
+                )
+
+    def _generated(self, choice: dict, text: str, tokens: Sequence[int]) -> int:
+        if text == "" and choice.get("finish_reason") == "stop":
+            return self.tokenizer.fingerprint().eos_token
+        return self._resolve(text, tokens)
+
+    def _resolve(self, text: str, context: Sequence[int]) -> int:
+        """The id of the token the server names by `text`, the target's greedy choice after `context`."""
+        if self._by_text is None:
+            self._by_text = _reverse_vocabulary(self.tokenizer)
+        tok = self._by_text.get(text, -1)
+        if tok >= 0:
+            return tok
+        if text == "":  # a control token or a byte piece: let the server's own generation say
+            choice = self._complete(self.model, context, during="naming a token", echo=False)
+            if choice.get("finish_reason") == "stop" and not choice.get("text"):
+                return self.tokenizer.fingerprint().eos_token
+        raise ProtocolError(
+            f"{self.kind} at {self.address} named the target's token {text!r}, which matches "
+            f"{'no' if tok == -1 else 'several'} tokens of the vocabulary; it cannot be identified through this API",
+            address=self.address,
+        )
+
+    def _generate_ids(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
+        choice = self._complete(self.model, tokens, during="generating", max_tokens=max_tokens, echo=False)
+        strs = (choice.get("logprobs") or {}).get("tokens")
+        if not isinstance(strs, list):
+            raise ProtocolError(f"{self.kind} at {self.address} sent no tokens with its completion", address=self.address)
+        ids: list[int] = []
+        for i, s in enumerate(strs):
+            last = i + 1 == len(strs)
+            if s == "" and last and choice.get("finish_reason") == "stop":
+                ids.append(self.tokenizer.fingerprint().eos_token)
+            else:
+                if self._by_text is None:
+                    self._by_text = _reverse_vocabulary(self.tokenizer)
+                tok = self._by_text.get(s, -1)
+                if tok < 0:
+                    raise VerifierError(f"cannot identify generated token {s!r} from {self.address}", address=self.address)
+                ids.append(tok)
+        return ids
+
+
+def _reverse_vocabulary(tokenizer: DraftModel) -> dict[str, int]:
+    """Token text (as the API renders it: special tokens empty, partial UTF-8 dropped) to id; -2 where ambiguous."""
+    out: dict[str, int] = {}
+    for tok in range(tokenizer.n_vocab):
+        text = tokenizer.token_bytes(tok).decode("utf-8", errors="ignore")
+        out[text] = -2 if text in out else tok
+    return out

@@ -1,0 +1,92 @@
+"""The OpenAI-compatible transport against a real third-party server on loopback:
+llama-cpp-python's own server, started here with the gemma target."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from edgekit import ConfigError, EdgeClient, GenerationConfig, ProtocolError
+from edgekit.transport import OpenAITransport
+
+pytestmark = pytest.mark.models
+pytest.importorskip("fastapi", reason="llama-cpp-python's server needs the test extras (fastapi, uvicorn)")
+
+PROMPTS = ["def fibonacci(n):\n", "The three primary colours are", "Paris is the capital of"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def llama_server(gemma_paths, tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("llama-server") / "server.log"
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gemma_paths[1]), "--host", "127.0.0.1",
+           "--port", str(port), "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1", "--logits_all", "true"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"llama-cpp-python's server exited: {log.read_text()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.5)
+    yield f"openai+http://127.0.0.1:{port}/v1"
+    proc.terminate()
+    proc.wait(10)
+
+
+def _client(url: str, draft, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
+    config = GenerationConfig(**({"max_tokens": 24, "drafting": "fixed", "draft_k": 3, "stop_at_eos": False} | gen))
+    return EdgeClient(url, draft_model=draft, generation=config)
+
+
+def test_greedy_through_the_openai_server_is_its_own_target_only_decoding(llama_server, gemma_draft):
+    with _client(llama_server, gemma_draft) as client:
+        info = client.server_info()
+        assert (info.backend, info.modes, info.prefix_cache) == ("openai", ("greedy",), False)
+        assert info.tokenizer_check == "probe text through /extras/tokenize"
+        assert client.transport.prompt_ids is False  # llama-cpp-python's server takes text prompts only
+        for prompt in PROMPTS:
+            spec = client.generate(prompt).until_done()
+            alone = client.generate_target_only(prompt).until_done()
+            assert spec.token_ids == alone.token_ids, prompt
+            assert spec.stats.accepted > 0 and spec.stats.rounds < len(spec.token_ids)
+
+
+def test_what_text_prompts_cannot_carry_is_refused_not_verified_shifted(llama_server, gemma_draft):
+    transport = OpenAITransport(llama_server.removeprefix("openai+"), gemma_draft)
+    transport.handshake(gemma_draft.fingerprint(), draft_model=gemma_draft.name, draft_hidden_size=0)
+    # "Hello" as two tokens: the server would read the text back as one
+    split = gemma_draft.tokenize("Hel") + gemma_draft.tokenize("lo", add_special=False)
+    assert gemma_draft.detokenize(split[1:]) == "Hello" and len(gemma_draft.tokenize("Hello")) < len(split)
+    opened = transport.open_session(split, mode="greedy", temperature=0, seed=0, slo_class="standard",
+                                    draft=gemma_draft.fingerprint())
+    from edgekit.transport import BlockRequest
+
+    with pytest.raises(ProtocolError, match="cannot be verified through text prompts"):
+        transport.verify(BlockRequest(opened.session_id, len(split), gemma_draft.tokenize(" world", add_special=False)))
+    transport.close()
+
+
+def test_sampling_is_refused_with_the_reason(llama_server, gemma_draft):
+    with _client(llama_server, gemma_draft, mode="sample") as client:
+        with pytest.raises(ConfigError, match="does not support 'sample' acceptance"):
+            client.generate("x").until_done()
+
+
+def test_a_wrong_api_path_names_the_fix(llama_server, gemma_draft):
+    with _client(llama_server.replace("/v1", "/v2"), gemma_draft) as client:
+        with pytest.raises(ProtocolError, match="HTTP 404.*check the URL's path"):
+            client.server_info()

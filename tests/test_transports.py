@@ -1,0 +1,122 @@
+"""Stock-server transports on fakes: SGLang's native API served locally over a toy
+target, URL schemes, capability refusals and error mapping."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from edgekit import (
+    ClientConfig,
+    ConfigError,
+    EdgeClient,
+    GenerationConfig,
+    IncompatibleModelsError,
+    ProtocolError,
+    VerifierError,
+    VerifierUnavailableError,
+)
+from edgekit.testing import FakeDraftModel, FakeSGLangServer, FakeVerifier, ToyLanguageModel
+from edgekit.transport import GrpcTransport, OpenAITransport, SGLangTransport, connect
+
+TARGET = ToyLanguageModel(seed=11)
+
+
+def _draft(noise: float = 1.5) -> FakeDraftModel:
+    return FakeDraftModel(ToyLanguageModel(seed=11, noise=noise))
+
+
+def _text_of(draft: FakeDraftModel):  # type: ignore[no-untyped-def]
+    return lambda t: draft.token_bytes(t).decode()
+
+
+@pytest.fixture()
+def sglang():
+    with FakeSGLangServer(TARGET, _text_of(_draft())) as server:
+        yield server
+
+
+def _client(url: str, draft=None, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
+    config = GenerationConfig(**({"max_tokens": 48, "stop_at_eos": False, "drafting": "fixed", "draft_k": 5} | gen))
+    return EdgeClient(url, draft_model=draft or _draft(), generation=config, config=ClientConfig(timeout=2.0))
+
+
+def test_greedy_through_sglang_is_the_targets_own_decoding(sglang):
+    with _client(f"sglang+{sglang.url}") as client:
+        result = client.generate("speculate").until_done()
+        info = client.server_info()
+    reference = list(FakeVerifier(TARGET).generate(_draft().tokenize("speculate"), mode="greedy", temperature=0,
+                                                     seed=0, max_tokens=48))
+    assert list(result.token_ids) == [g.token for g in reference]
+    assert result.stats.rounds < 48 and result.stats.accepted > 0  # drafts were accepted, several per round
+    assert (info.backend, info.modes, info.upload_protocols, info.prefix_cache) == ("sglang", ("greedy",), ("tokens",), True)
+    assert info.tokenizer_check == "token texts of a probe text's ids"
+    # every round sent ids and asked for the block's positions only
+    first = sglang.requests[-1]
+    assert first["input_ids"] and first["top_logprobs_num"] == 1 and first["logprob_start_len"] > 0
+
+
+def test_a_mode_or_upload_the_backend_lacks_is_refused_not_downgraded(sglang):
+    with _client(f"sglang+{sglang.url}", mode="sample") as client:
+        with pytest.raises(ConfigError, match="does not support 'sample' acceptance \\(it offers: greedy\\)"):
+            client.generate("x").until_done()
+    with _client(f"sglang+{sglang.url}", upload="fh") as client:
+        with pytest.raises(ConfigError, match="needs FH uploads, which the verifier at .* does not take"):
+            client.generate("x").until_done()
+
+
+def test_a_different_tokenizer_is_refused_naming_the_server():
+    from edgekit.transport._stateless import TOKENIZER_PROBE
+
+    renamed = _draft().tokenize(TOKENIZER_PROBE)[3]  # a token of the probe text means something else there
+    other = FakeSGLangServer(TARGET, lambda t: "?" if t == renamed else _text_of(_draft())(t))
+    with other, _client(f"sglang+{other.url}") as client:
+        with pytest.raises(IncompatibleModelsError, match="does not share a tokenizer with 'toy-target'"):
+            client.server_info()
+
+
+@pytest.mark.parametrize(
+    "fault, error, message",
+    [
+        ("http500", VerifierError, "SGLang server at http://127.0.0.1:\\d+ answered verifying a block with HTTP 500: CUDA out of memory"),
+        ("not-json", ProtocolError, "with something that is not a JSON object: '<html>502 Bad Gateway</html>'"),
+        ("no-logprobs", ProtocolError, "sent no input_top_logprobs for the block"),
+        ("slow", VerifierUnavailableError, "did not answer verifying a block within 2 s"),
+    ],
+)
+def test_server_failures_map_into_the_error_tree(sglang, fault, error, message):
+    with _client(f"sglang+{sglang.url}") as client:
+        client.server_info()
+        sglang.fault, sglang.delay = fault, 3.0
+        with pytest.raises(error, match=message):
+            client.generate("x").until_done()
+
+
+def test_a_dead_server_is_unavailable_with_its_address():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for url in (f"sglang+http://127.0.0.1:{port}", f"openai+http://127.0.0.1:{port}/v1"):
+        with _client(url) as client:
+            with pytest.raises(VerifierUnavailableError, match=f"127.0.0.1:{port}.* is unavailable"):
+                client.server_info()
+
+
+def test_schemes_pick_the_transport():
+    draft = _draft()
+    config = ClientConfig()
+    assert isinstance(connect("127.0.0.1:1", config, draft), GrpcTransport)
+    assert isinstance(connect("grpc://127.0.0.1:1", config, draft), GrpcTransport)
+    assert connect("grpcs://example.org:443", config, draft).config.tls
+    openai = connect("openai+http://127.0.0.1:8000", config, draft)
+    assert isinstance(openai, OpenAITransport) and openai.address == "http://127.0.0.1:8000/v1"
+    assert isinstance(connect("sglang+https://gpu.example.org", config, draft), SGLangTransport)
+    with pytest.raises(ConfigError, match="unknown verifier scheme 'vllm'.*openai\\+http://"):
+        connect("vllm://127.0.0.1:8000", config, draft)
+
+
+def test_rates_cannot_be_probed_without_an_echo_endpoint(sglang):
+    with _client(f"sglang+{sglang.url}") as client:
+        result = client.probe_link(pings=3)
+    assert result.link.rtt_ms > 0 and result.link.uplink_mbps == 0 and result.pings == 3
