@@ -21,6 +21,11 @@ mean compute of that prompt over the four policies plus the run's own remainder
 are reported; the 3% criterion is judged on the equalized figure, and the A/A
 spread (runs whose policy made the same choices) shows the raw noise.
 
+Loss. On lossy links a few retransmission timeouts (200 ms and more) decide a
+run's time, so every policy's run of a prompt restarts the proxy's random draws
+from the same seed (common random numbers): policies that send the same
+messages meet the same losses, and differences are the policies', not luck's.
+
 Also: the window. At a few conditions, fixed windows 1..8 against
 drafting="latency" (the model's choice), with upload auto.
 
@@ -44,9 +49,11 @@ from edgekit.transport import GrpcTransport
 POLICIES = ("fh", "sh", "auto", "rtt")
 
 
-def conditions(quick: bool) -> list[LinkProfile]:
+def conditions(quick: bool, only: str | None = None) -> list[LinkProfile]:
     if quick:
         return [LinkProfile(5, 20), LinkProfile(50, 500)]
+    if only == "impaired":  # lossy or jittery links only (more prompts tame their variance)
+        return [c for c in conditions(False) if c.loss or c.jitter_ms]
     # WISV Table I's RTT {5, 50} x rate {20, 500} inside a wider grid: gemma's hidden rows are
     # 1280 bytes (fp16), so SH only pays off on slow uplinks (2-5 Mbit/s, a weak cellular link)
     grid = [LinkProfile(rtt, rate) for rtt in (5, 10, 25, 50) for rate in (2, 5, 20, 500)]
@@ -58,12 +65,13 @@ def conditions(quick: bool) -> list[LinkProfile]:
     ]
 
 
-def run_one(bed: Testbed, draft, prompt: str, gen: GenerationConfig, link_state) -> dict:  # type: ignore[no-untyped-def]
+def run_one(bed: Testbed, draft, prompt: str, gen: GenerationConfig, link_state, seed: int = 0) -> dict:  # type: ignore[no-untyped-def]
     client = EdgeClient(GrpcTransport(bed.address), draft_model=draft, generation=gen)
     # each run starts from the condition's probed estimate (then updates it passively)
     client.link.__dict__.update(link_state)
     with client:
-        bed.proxy.reset_counters()
+        client.server_info()  # the handshake, before the loss draws restart
+        bed.proxy.reset_counters(seed)
         t0 = time.perf_counter()
         final = client.generate(prompt).until_done()
         wall = time.perf_counter() - t0
@@ -134,6 +142,8 @@ def main() -> None:
     ap.add_argument("--draft-k", type=int, default=6)
     ap.add_argument("--quick", action="store_true", help="two conditions, for a smoke run")
     ap.add_argument("--no-windows", action="store_true", help="skip the window part")
+    ap.add_argument("--only", choices=["impaired"], help="only the lossy and jittery conditions")
+    ap.add_argument("--out", default="link_sweep", help="result name (benchmarks/results/NAME.json)")
     ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
     args = ap.parse_args()
     C.apply_threads(args.threads)
@@ -147,7 +157,7 @@ def main() -> None:
         # warm both models once, off the clock
         bed.shape(LinkProfile(1, 1000))
         run_one(bed, draft, prompts[0]["prompt"], GenerationConfig(max_tokens=8, drafting="fixed"), {})
-        for ci, cond in enumerate(conditions(args.quick)):
+        for ci, cond in enumerate(conditions(args.quick, args.only)):
             bed.shape(cond)
             with EdgeClient(GrpcTransport(bed.address), draft_model=draft) as prober:
                 probed = prober.probe_link(pings=10, tries=3, payload_bytes=64 * 1024).link
@@ -160,7 +170,7 @@ def main() -> None:
                         max_tokens=args.max_tokens, drafting="fixed", draft_k=args.draft_k, upload=policy,
                         stop_at_eos=False,
                     )
-                    runs[policy].append(run_one(bed, draft, prompt["prompt"], gen, state))
+                    runs[policy].append(run_one(bed, draft, prompt["prompt"], gen, state, seed=1000 * ci + pi))
                 outputs = {p: tuple(runs[p][-1]["tokens"]) for p in POLICIES}
                 assert len(set(outputs.values())) == 1, f"outputs differ under {cond.name} on {prompt['id']}"
             equalize(runs)
@@ -245,7 +255,7 @@ def main() -> None:
         print(C.table(["drafting", "ms/token", "mean window", "AAL", "rounds"], [
             [n, v["ms_per_token"], v["mean_window"], v["accepted_length"], v["rounds"]] for n, v in row["policies"].items()
         ]))
-    path = C.write_result("link_sweep", {
+    path = C.write_result(args.out, {
         "settings": vars(args) | {"policies": POLICIES, "prompts": [p["id"] for p in prompts]},
         "verdict": verdict,
         **results,

@@ -49,8 +49,12 @@ class DelayProxy:
         self._ready.wait(5)
         return self
 
-    def reset_counters(self) -> None:
+    def reset_counters(self, seed: int | None = None) -> None:
+        """Zeroes the byte and loss counts; a seed restarts the jitter and loss draws, so that runs
+        compared side by side meet the same sequence of losses (common random numbers)."""
         self.bytes_up = self.bytes_down = self.losses = 0
+        if seed is not None:
+            self._rng.seed(seed)
 
     def close(self) -> None:
         if self._loop.is_running():

@@ -96,12 +96,13 @@ class HttpJson:
             if status in (502, 503, 504):
                 raise VerifierUnavailableError(msg, address=self.address, code=str(status))
             if 400 <= status < 500:
-                raise ProtocolError(msg, address=self.address, code=str(status))
-            raise VerifierError(msg, address=self.address, code=str(status))
+                raise ProtocolError(msg + "; the server refused the request as edgekit sent it", address=self.address,
+                                    code=str(status))
+            raise VerifierError(msg + "; the server failed: see its log", address=self.address, code=str(status))
         if not isinstance(data, dict):
             raise ProtocolError(
                 f"{self.kind} at {self.address} answered {during} with something that is not a JSON object: "
-                f"{text.strip()[:200]!r}",
+                f"{text.strip()[:200]!r}; is the URL the server's API root, not a proxy or a web page?",
                 address=self.address,
             )
         return data

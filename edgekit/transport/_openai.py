@@ -14,9 +14,12 @@ text cannot carry exactly (a split the server would tokenize differently, or
 half a UTF-8 character) is refused, never verified on shifted positions.
 
 The API names tokens by their text, so the top-1 token's id is recovered from
-the draft's vocabulary (shared with the target: checked at the handshake); an
-empty string (a control token such as end-of-text) is resolved by the server's
-finish reason.
+the draft's vocabulary (shared with the target: checked at the handshake): the
+token with that text, or where several share it (a byte-fallback token and the
+piece itself) the one the tokenizer produces; an empty string (a control token
+such as end-of-text) is resolved by the server's finish reason. A target that
+chose a non-canonical twin of the same text is indistinguishable through this
+API; token-id backends (SGLang, vLLM's token ids) do not have that limit.
 """
 
 from __future__ import annotations
@@ -66,9 +69,10 @@ class OpenAITransport(StatelessTransport):
             self.http.request("POST", "/completions", {"model": model, "prompt": probe, "max_tokens": 1, "temperature": 0},
                               during="a token-id prompt")
             return True
-        except ProtocolError as exc:
-            if exc.code in ("400", "422"):
-                return False  # a validation error: text prompts only
+        except VerifierError as exc:
+            # A validation error naming the prompt (llama-cpp-python answers one with HTTP 500): text only.
+            if exc.code in ("400", "422", "500") and "prompt" in str(exc):
+                return False
             raise
 
     def _check_prompt_logprobs(self, model: str) -> None:
@@ -191,6 +195,12 @@ class OpenAITransport(StatelessTransport):
         tok = self._by_text.get(text, -1)
         if tok >= 0:
             return tok
+        if tok == -2 and text:
+            # Several tokens render as this text (a byte-fallback token and the piece itself, say):
+            # take the one the tokenizer itself produces for it.
+            canonical = self.tokenizer.tokenize(text, add_special=False)
+            if len(canonical) == 1:
+                return canonical[0]
         if text == "":  # a control token or a byte piece: let the server's own generation say
             choice = self._complete(self.model, context, during="naming a token", echo=False)
             if choice.get("finish_reason") == "stop" and not choice.get("text"):
@@ -212,12 +222,7 @@ class OpenAITransport(StatelessTransport):
             if s == "" and last and choice.get("finish_reason") == "stop":
                 ids.append(self.tokenizer.fingerprint().eos_token)
             else:
-                if self._by_text is None:
-                    self._by_text = _reverse_vocabulary(self.tokenizer)
-                tok = self._by_text.get(s, -1)
-                if tok < 0:
-                    raise VerifierError(f"cannot identify generated token {s!r} from {self.address}", address=self.address)
-                ids.append(tok)
+                ids.append(self._resolve(s, list(tokens) + ids))
         return ids
 
 
