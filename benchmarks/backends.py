@@ -47,7 +47,9 @@ def run(client: EdgeClient, prompt: str) -> dict:
     final = client.generate(prompt).until_done()
     wall = time.perf_counter() - t0
     s = final.stats
-    sent = sum(r.base_position + r.drafted for r in s.rounds_detail)
+    # what the verifier is sent per round: the block to a session, the whole context to a stateless server
+    stateless = client.server_info().backend != "edgekit"
+    sent = sum((r.base_position if stateless else 0) + r.drafted for r in s.rounds_detail)
     return {
         "tokens": list(final.token_ids),
         "committed": s.completion_tokens,
