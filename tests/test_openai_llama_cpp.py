@@ -55,36 +55,17 @@ def _client(url: str, draft, **gen) -> EdgeClient:  # type: ignore[no-untyped-de
     return EdgeClient(url, draft_model=draft, generation=config)
 
 
-@pytest.mark.slow  # minutes: the server sorts the whole 262k vocabulary at every echoed position
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 6): on 'The three primary colours are' the speculative output leaves the server's own "
-    "target-only decoding at token 22, where the server's echoed and generated log-probabilities disagree by "
-    "more than a nat depending on its cache history",
-)
 def test_greedy_through_the_openai_server_is_its_own_target_only_decoding(llama_server, gemma_draft):
     with _client(llama_server, gemma_draft) as client:
         info = client.server_info()
         assert (info.backend, info.modes, info.prefix_cache) == ("openai", ("greedy",), False)
         assert info.tokenizer_check == "probe text through /extras/tokenize"
         assert client.transport.prompt_ids is False  # llama-cpp-python's server takes text prompts only
-        report = []
         for prompt in PROMPTS:
-            # The reference first: a prompt that is a prefix of the server's previous sequence was measured
-            # to get stale logits from llama-cpp-python (a 1.1 nat swing at one position), so target-only
-            # decoding must not follow the speculative requests of the same prompt.
             alone = client.generate_target_only(prompt).until_done()
             spec = client.generate(prompt).until_done()
+            assert spec.token_ids == alone.token_ids, prompt
             assert spec.stats.accepted > 0 and spec.stats.rounds < len(spec.token_ids)
-            same = next((i for i, (a, b) in enumerate(zip(spec.token_ids, alone.token_ids)) if a != b), None)
-            report.append((prompt, same))
-            if same is not None:
-                # Where they part, the server's two best tokens must be a near-tie (the last bits of a
-                # batched vs a single-row evaluation), not a protocol error such as a shifted position.
-                gap = _top2_gap(client.transport, client.tokenize(prompt) + list(alone.token_ids[:same]))
-                assert gap < 0.05, (prompt, same, gap)
-        print(report)
-        assert sum(same is None for _, same in report) >= 2, report
 
 
 def test_what_text_prompts_cannot_carry_is_refused_not_verified_shifted(llama_server, gemma_draft):
@@ -112,12 +93,3 @@ def test_a_wrong_api_path_names_the_fix(llama_server, gemma_draft):
     with _client(llama_server.replace("/v1", "/v2"), gemma_draft) as client:
         with pytest.raises(ProtocolError, match="HTTP 404.*check the URL's path"):
             client.server_info()
-
-
-def _top2_gap(transport: OpenAITransport, context: list[int]) -> float:
-    """The server's log-probability gap between its two best next tokens after `context`."""
-    choice = transport.http.request("POST", "/completions", {
-        "model": transport.model, "prompt": transport._prompt(context), "max_tokens": 1, "temperature": 0, "logprobs": 2,
-    }, during="a near-tie check")["choices"][0]
-    top = sorted(choice["logprobs"]["top_logprobs"][0].values(), reverse=True)
-    return top[0] - top[1]

@@ -46,6 +46,9 @@ class OpenAITransport(StatelessTransport):
                          max_context=max_context, max_block=max_block)
         self.model = model or ""
         self.prompt_ids: bool | None = None  # whether the server takes token-id prompts (found at the handshake)
+        # Sampling switches that are on by default in some servers and would make temperature 0 something
+        # other than the target's argmax (llama-cpp-python's repeat_penalty defaults to 1.1).
+        self._plain_sampling: dict = {}
         self._by_text: dict[str, int] | None = None
 
     # -- discovery -------------------------------------------------------------------------
@@ -104,6 +107,8 @@ class OpenAITransport(StatelessTransport):
                 if theirs != ours:
                     at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
                     raise self._incompatible(draft_model, f"a probe text tokenizes differently from token {at} on")
+                if path == "/extras/tokenize":  # llama-cpp-python: penalize nothing, so greedy is the argmax
+                    self._plain_sampling = {"repeat_penalty": 1.0}
                 return f"probe text through {path}"
         return "none at the handshake; each round's echoed tokens"
 
@@ -129,7 +134,7 @@ class OpenAITransport(StatelessTransport):
 
     def _complete(self, model: str, tokens: Sequence[int], *, during: str, max_tokens: int = 1, echo: bool = True) -> dict:
         body = {"model": model, "prompt": self._prompt(tokens), "max_tokens": max_tokens, "temperature": 0,
-                "echo": echo, "logprobs": 1}
+                "echo": echo, "logprobs": 1} | self._plain_sampling
         data = self.http.request("POST", "/completions", body, during=during)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):

@@ -4,9 +4,11 @@ Stock but for two llama.cpp parameters its CLI does not expose, set here as
 edgekit's exact-numerics verifier sets them (with `--flash_attn true` on the
 command line): weights kept in their file layout (no repacking) and a full-size
 SWA KV cache. With the defaults, the same prompt got logits that depended on
-which requests came before it (a 0.1 nat swing, enough to flip a greedy choice),
-since llama.cpp's CPU kernels, and so the last bits of every logit, change with
-the number of rows a batch evaluates. The server is otherwise unchanged.
+which requests came before it (a 0.1 nat swing at one position, enough to flip a
+greedy choice): llama.cpp's CPU kernels, and so the last bits of every logit,
+change with the number of rows a batch evaluates. The server is otherwise
+unchanged. (Its default repeat_penalty of 1.1, which makes temperature 0 differ
+from the argmax, is turned off per request by the transport.)
 
     python tests/servers/llama_cpp_openai.py --model M.gguf --port P --flash_attn true ...
 """
