@@ -175,9 +175,26 @@ def test_fh_uploads_every_row_and_sh_only_the_mismatches_with_the_same_output():
 
 def test_sh_asks_for_the_mismatch_positions():
     client, verifier = _client("sh")
+    answers = []
+    verify = verifier.verify
+
+    def recording(block):  # type: ignore[no-untyped-def]
+        context = list(verifier.sessions[block.session_id]["tokens"])
+        result = verify(block)
+        answers.append((block, context, result))
+        return result
+
+    verifier.verify = recording
     _run(client)
-    for call in verifier.verify_calls:
-        assert call.upload == "sh" and call.hidden.shape == (len(call.draft_tokens), 640)
+    asked = 0
+    for block, context, result in answers:
+        assert block.upload == "sh" and block.hidden.shape == (len(block.draft_tokens), 640)
+        # every offset whose draft token is not the target's own choice there, and no other
+        draft = list(block.draft_tokens)
+        expected = [i for i, t in enumerate(draft) if int(np.argmax(verifier.lm.logits(context + draft[:i]))) != t]
+        assert list(result.hidden_requested) == expected
+        asked += len(expected)
+    assert asked > 0
 
 
 def test_an_upload_the_verifier_cannot_take_is_refused_not_downgraded(monkeypatch):
