@@ -4,7 +4,11 @@ The same measurement as `edgekit profile --json` (edgekit.predictors.profile),
 for every pair, into benchmarks/results/profile_drafting.json. WISP's budget
 for features plus predictor is 2% of a draft step (issue 4).
 
-    python benchmarks/profile_drafting.py [--pairs gemma-270m,qwen-coder] [--steps 300] [--threads 2]
+    python benchmarks/profile_drafting.py [--pairs gemma-270m,qwen-coder] [--steps 400] [--threads 1,0] [--repeats 3]
+
+Each (pair, threads) is profiled `--repeats` times in one process; the summary
+gives every repeat's added share and their median, since the draft step itself
+moves by tens of percent with the load on a shared machine.
 """
 
 from __future__ import annotations
@@ -22,11 +26,10 @@ import _common as C
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default="gemma-270m,qwen-coder")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all cores, the default of edgekit)")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--threads", default="1,0", help="llama.cpp thread counts (0: all cores, edgekit's default)")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    if args.threads:
-        os.environ["EDGEKIT_THREADS"] = str(args.threads)
     from edgekit import LlamaDraftModel
     from edgekit.models import get_pair, model_path
     from edgekit.predictors.profile import profile_drafting
@@ -36,20 +39,35 @@ def main() -> None:
     rows = []
     for pair in C.csv_list(args.pairs):
         spec = get_pair(pair)
-        draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=1024)
-        try:
-            row = profile_drafting(draft, OnnxPredictor(shipped_predictor(spec.draft, spec.target)), steps=args.steps)
-        finally:
-            draft.close()
-        rows.append({"pair": pair, **row})
-    path = C.write_result("profile_drafting", {"settings": vars(args), "results": rows})
+        predictor = OnnxPredictor(shipped_predictor(spec.draft, spec.target))
+        for threads in (int(t) for t in C.csv_list(args.threads)):
+            if threads:
+                os.environ["EDGEKIT_THREADS"] = str(threads)
+            else:
+                os.environ.pop("EDGEKIT_THREADS", None)
+            draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=1024)
+            try:
+                for r in range(args.repeats):
+                    rows.append({"pair": pair, "repeat": r, **profile_drafting(draft, predictor, steps=args.steps)})
+                    print(_line(rows[-1]), flush=True)
+            finally:
+                draft.close()
+    summary = {}
     for r in rows:
-        print(
-            f"{r['pair']:<11} vocab {r['n_vocab']:>6}  step {r['draft_step_us']['median']:>7.0f} us  "
-            f"features {r['features_us']['median']:>5.0f} us  predictor {r['predictor_us']['median']:>4.0f} us  "
-            f"(p99 {r['features_and_predictor_us']['p99']:.0f})  share {100 * r['features_and_predictor_share']:.2f}%"
-        )
+        summary.setdefault(f"{r['pair']} threads={r['threads']}", []).append(r["added_share"])
+    summary = {k: {"added_share": v, "median": float(sorted(v)[len(v) // 2])} for k, v in summary.items()}
+    path = C.write_result("profile_drafting", {"settings": vars(args), "summary": summary, "results": rows})
+    for k, v in summary.items():
+        print(f"{k:<32} added share per repeat {' '.join(f'{100 * x:.2f}%' for x in v['added_share'])}  median {100 * v['median']:.2f}%")
     print(path)
+
+
+def _line(r: dict) -> str:
+    return (
+        f"{r['pair']:<11} threads {r['threads']:<16} step {r['draft_step_us']['median']:>7.0f} us  "
+        f"added {r['added_us']['median']:>5.0f} us ({100 * r['added_share']:.2f}%)  "
+        f"timed: features {r['features_us']['median']:>4.0f} us, predictor {r['predictor_us']['median']:>4.0f} us"
+    )
 
 
 if __name__ == "__main__":

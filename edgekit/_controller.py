@@ -1,8 +1,10 @@
 """The drafting controller seam: how long a block to draft this round.
 
 Each round the session asks `window(limit)` for the most tokens to draft, then,
-for each block position in turn, calls `draft_next(index, logits)` with the
-draft's logits for that position *before* a token is taken from them, and gets
+for each block position in turn, calls `draft_next(index, step)` with the
+draft step for that position (a `DraftOutput`: its logits, and their softmax
+statistics in `step.stats`, shared with the greedy token choice) *before* a
+token is taken from it, and gets
 a `Decision`: DRAFT the token and go on; STOP, ending the block without it
 (WISP's stop-at-first-predicted-rejection, eq. 25, and llama.cpp's draft p-min
 both stop this way, which costs the draft step that produced the logits); or
@@ -22,7 +24,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Literal, Protocol
 
-import numpy as np
+from ._draft import DraftOutput
 
 __all__ = ["Controller", "Decision", "FixedWindow", "StopRule"]
 
@@ -46,8 +48,8 @@ class Controller(Protocol):
     def window(self, limit: int) -> int:
         """The most tokens to draft this round, given at most `limit` fit."""
 
-    def draft_next(self, index: int, logits: np.ndarray) -> Decision | bool:
-        """What to do at block position `index` (1-based), given its logits."""
+    def draft_next(self, index: int, step: DraftOutput) -> Decision | bool:
+        """What to do at block position `index` (1-based), given its draft step."""
 
     def observe(self, drafted: int, accepted: int) -> None:
         """The verdict of the round."""
@@ -61,7 +63,7 @@ class FixedWindow:
     def window(self, limit: int) -> int:
         return min(self.k, limit)
 
-    def draft_next(self, index: int, logits: np.ndarray) -> Decision:
+    def draft_next(self, index: int, step: DraftOutput) -> Decision:
         return Decision.DRAFT
 
     def observe(self, drafted: int, accepted: int) -> None:

@@ -10,19 +10,28 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol, Sequence
 
 import numpy as np
 
 from ._llama import Fingerprint, LlamaContext, LlamaModel
+from ._logits import LogitStats
 
 __all__ = ["DraftModel", "DraftOutput", "LlamaDraftModel"]
 
 
 @dataclass(frozen=True)
 class DraftOutput:
+    """One draft step: the last position's logits (and hidden state)."""
+
     logits: np.ndarray  # [n_vocab] float32; a view valid until the next eval
     hidden: np.ndarray | None  # [n_embd] float32 view, when asked for
+
+    @cached_property
+    def stats(self) -> LogitStats:
+        """The step's softmax statistics, computed once for the greedy token and the features."""
+        return LogitStats(self.logits)
 
 
 class DraftModel(Protocol):

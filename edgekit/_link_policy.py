@@ -8,10 +8,10 @@ drafting controller of `drafting="latency"`.
 
 from __future__ import annotations
 
-import numpy as np
 
 from ._config import GenerationConfig
 from ._controller import Decision
+from ._draft import DraftOutput
 from ._latency import CostTracker, LatencyModel, Overheads, PayloadModel, RoundPlan
 from ._link import LinkEstimator
 
@@ -73,7 +73,7 @@ class LatencyWindow:
         self._k = self.policy.plan(max(1, min(limit, self.max_window))).window
         return self._k
 
-    def draft_next(self, index: int, logits: np.ndarray) -> Decision:
+    def draft_next(self, index: int, step: DraftOutput) -> Decision:
         return Decision.DRAFT
 
     def observe(self, drafted: int, accepted: int) -> None:

@@ -193,11 +193,11 @@ class SpeculativeSession:
         for index in range(1, k + 1):
             out = self.draft.eval(feed, hidden=hidden)
             steps += 1
-            decision = self.controller.draft_next(index, out.logits)
+            decision = self.controller.draft_next(index, out)
             if not decision:
                 break
             if greedy:
-                tok = int(np.argmax(out.logits))
+                tok = out.stats.argmax()
             else:
                 dist = draft_distribution(out.logits, temperature, self.config.draft_top_k)
                 tok = dist.sample(self._rng)

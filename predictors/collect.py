@@ -20,6 +20,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from edgekit._draft import DraftOutput
+
 from .features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
 
 __all__ = ["Trace", "TraceRecorder", "collect", "label_round", "load_prompts"]
@@ -90,7 +92,7 @@ class TraceRecorder:
         self.k = k
         self.name = f"record-fixed-{k}"
         self.acceptance = AcceptanceTracker()
-        self.features: LogitFeatures | None = None
+        self.features = LogitFeatures()
         self._block: list[np.ndarray] = []
         self.rows: list[np.ndarray] = []
         self.labels: list[int] = []
@@ -100,10 +102,8 @@ class TraceRecorder:
     def window(self, limit: int) -> int:
         return min(self.k, limit)
 
-    def draft_next(self, index: int, logits: np.ndarray) -> bool:
-        if self.features is None:
-            self.features = LogitFeatures(logits.shape[0])
-        self._block.append(self.features(logits, index, self.acceptance.value).copy())
+    def draft_next(self, index: int, step: DraftOutput) -> bool:
+        self._block.append(self.features(step.stats, index, self.acceptance.value).copy())
         return True  # Decision.DRAFT
 
     def observe(self, drafted: int, accepted: int) -> None:

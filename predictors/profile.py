@@ -1,7 +1,19 @@
-"""Profiling the drafting loop on this device: a draft step, the features of its
-logits and the predictor's decision, per token, interleaved so that machine
-noise falls on all three alike. WISP's budget for features plus predictor is
-2% of a draft step (issue 4)."""
+"""Profiling the drafting loop on this device: what the rejection predictor adds
+to a draft step. WISP's budget for features plus predictor is 2% of a draft
+step (issue 4).
+
+Steps alternate between the two ways the session drafts greedily: a plain step
+(decode, then the argmax for the token) and a predictor step (decode, then the
+controller's decision: features and predictor, then the token from the same
+logit statistics). Each pair of neighbouring steps gives one difference, so
+machine noise that drifts over seconds falls on both alike; the median
+difference is what the predictor adds to a step (`added_us`, `added_share`).
+
+The features and predictor are also timed inside the predictor steps
+(`features_us`, `predictor_us`), but those timers overstate them: the first code
+after a llama.cpp decode runs with cold caches, and a plain step pays that
+refill in its own argmax and loop instead.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +23,7 @@ import time
 
 import numpy as np
 
-from .features import FEATURE_NAMES, LogitFeatures
+from edgekit._logits import FEATURE_NAMES, KERNEL
 
 __all__ = ["profile_drafting"]
 
@@ -25,48 +37,64 @@ def _summary(us: np.ndarray) -> dict:
     return {"median": float(np.median(us)), "p99": float(np.percentile(us, 99)), "mean": float(us.mean())}
 
 
-def profile_drafting(draft, predictor=None, *, steps: int = 200, warmup: int = 10) -> dict:  # type: ignore[no-untyped-def]
-    """Times `steps` greedy draft steps on `draft` (a LlamaDraftModel), with the
-    features and, if given, the predictor (an OnnxPredictor) on each step's logits.
-    Times are microseconds; shares are medians over the draft step's median."""
-    features = LogitFeatures(draft.n_vocab, predictor.feature_names if predictor is not None else FEATURE_NAMES)
+def profile_drafting(draft, predictor=None, *, steps: int = 400, warmup: int = 10) -> dict:  # type: ignore[no-untyped-def]
+    """Times `steps` greedy draft steps on `draft` (a LlamaDraftModel), half of
+    them plain and half deciding with `predictor` (an OnnxPredictor; without
+    one, the features alone). Times are microseconds."""
+    if predictor is not None:  # what PredictorController.draft_next does, in its two parts
+        x, columns = predictor._x, predictor._column_bytes
+    else:
+        x, columns = np.empty(len(FEATURE_NAMES), dtype=np.float32), bytes(range(len(FEATURE_NAMES)))
     prompt = draft.tokenize(_PROMPT)
     draft.truncate(0)
     draft.prefill(prompt[:-1])
     token = prompt[-1]
-    step_us, feat_us, pred_us = [], [], []
-    acceptance = 0.7
+    plain_us, step_us, feat_us, pred_us = [], [], [], []
+    out = draft.eval([token])
+    t_prev = time.perf_counter()
     for i in range(steps + warmup):
-        t0 = time.perf_counter()
-        out = draft.eval([token])
-        t1 = time.perf_counter()
-        f = features(out.logits, i % 8 + 1, acceptance)
-        t2 = time.perf_counter()
-        if predictor is not None:
-            predictor.p_accept(f)
-        t3 = time.perf_counter()
-        token = int(np.argmax(out.logits))
-        if i >= warmup:
-            step_us.append((t1 - t0) * 1e6)
-            feat_us.append((t2 - t1) * 1e6)
-            pred_us.append((t3 - t2) * 1e6)
+        deciding = i % 2 == 1
+        if deciding:
+            t0 = time.perf_counter()
+            out.stats.features_into(x, columns, i % 8 + 1, 0.7)
+            t1 = time.perf_counter()
+            if predictor is not None:
+                predictor._run()
+            t2 = time.perf_counter()
+        token = out.stats.argmax()
         if draft.n_past >= draft.n_ctx - 2:
             draft.truncate(len(prompt) - 1)
             token = prompt[-1]
+        out = draft.eval([token])
+        t = time.perf_counter()
+        if i >= warmup:
+            (step_us if deciding else plain_us).append((t - t_prev) * 1e6)
+            if deciding:
+                feat_us.append((t1 - t0) * 1e6)
+                pred_us.append((t2 - t1) * 1e6)
+        t_prev = t
     draft.truncate(0)
-    s, f_, p = np.array(step_us), np.array(feat_us), np.array(pred_us)
-    step_med = float(np.median(s))
+    n = min(len(plain_us), len(step_us))
+    plain, deciding_steps = np.array(plain_us[:n]), np.array(step_us[:n])
+    added = deciding_steps - plain
+    f_ = np.array(feat_us)
+    step_med = float(np.median(plain))
     result = {
         "draft": draft.name,
         "n_vocab": draft.n_vocab,
         "steps": steps,
         "threads": os.environ.get("EDGEKIT_THREADS") or f"all cores ({os.cpu_count()})",
         "cpu": platform.processor() or platform.machine(),
-        "draft_step_us": _summary(s),
+        "kernel": KERNEL,
+        "draft_step_us": _summary(plain),
+        "deciding_step_us": _summary(deciding_steps),
+        "added_us": _summary(added),
+        "added_share": float(np.median(added)) / step_med,
         "features_us": _summary(f_),
         "features_share": float(np.median(f_)) / step_med,
     }
     if predictor is not None:
+        p = np.array(pred_us)
         both = f_ + p
         result.update(
             predictor=str(predictor.path),

@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from edgekit._controller import Decision, StopRule
+from edgekit._draft import DraftOutput
 from edgekit._errors import ConfigError
+from edgekit._logits import LogitStats
 
-from .features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
+from .features import FEATURE_NAMES, AcceptanceTracker
 
 __all__ = ["ConfidenceThreshold", "OnnxPredictor", "PredictorController", "PredictorError"]
 
@@ -32,7 +34,13 @@ class PredictorError(ConfigError):
 
 
 class OnnxPredictor:
-    """Probability that a drafted token is accepted, from its feature vector."""
+    """Probability that a drafted token is accepted, from its feature vector.
+
+    `p_accept` runs one row through buffers bound to the session once (ONNX
+    Runtime's IOBinding), the cheapest call it has: inside the drafting loop
+    each call starts with cold caches. It is one decision at a time, as the
+    client's draft lock orders them; `p_accept_batch` allocates and may be
+    called from anywhere."""
 
     def __init__(self, path: str | os.PathLike[str], *, threshold: float | None = None) -> None:
         try:
@@ -70,12 +78,12 @@ class OnnxPredictor:
             )
         self.feature_names = names
         self._columns = np.array([FEATURE_NAMES.index(n) for n in names])
+        self._column_bytes = bytes(self._columns.tolist())
         self._input = inp.name
-        self._output = self._session.get_outputs()[0].name
-        # One decision per call on a bound input: run_with_ort_values skips the
-        # conversions of run(), which cost more than the model inside the draft loop.
-        self._x = np.zeros((1, len(names)), dtype=np.float32)
-        self._x_ort = {inp.name: ort.OrtValue.ortvalue_from_numpy(self._x)}
+        out = self._session.get_outputs()[0]
+        if out.type != "tensor(float)":
+            raise PredictorError(f"{self.path}: the output {out.name!r} is {out.type}; expected tensor(float) probabilities")
+        self._output = out.name
         if threshold is None:
             threshold = float(meta.get("edgekit.threshold", 0.5))
         if not 0.0 <= threshold <= 1.0:
@@ -85,6 +93,7 @@ class OnnxPredictor:
         if self.stop not in ("before", "after"):
             raise PredictorError(f"{self.path}: edgekit.stop must be 'before' or 'after', got {self.stop!r}")
         self._check_output()
+        self._bind()
 
     def _check_output(self) -> None:
         try:
@@ -96,6 +105,15 @@ class OnnxPredictor:
                 f"{self.path}: the output must be probabilities shaped [N], [N, 1] or [N, 2]; got {p.shape} {p[:3]}"
             )
 
+    def _bind(self) -> None:
+        """Binds a one-row input and its output to numpy buffers, shaped by a trial run."""
+        self._x = np.zeros((1, len(self.feature_names)), dtype=np.float32)
+        y = np.asarray(self._session.run([self._output], {self._input: self._x})[0])
+        self._y = np.zeros(y.shape, dtype=np.float32)
+        self._binding = self._session.io_binding()
+        self._binding.bind_cpu_input(self._input, self._x)
+        self._binding.bind_output(self._output, "cpu", 0, np.float32, list(self._y.shape), self._y.ctypes.data)
+
     def p_accept_batch(self, features: np.ndarray) -> np.ndarray:
         """Acceptance probabilities for rows of full `FEATURE_NAMES` vectors."""
         x = np.ascontiguousarray(features[:, self._columns], dtype=np.float32)
@@ -106,9 +124,19 @@ class OnnxPredictor:
 
     def p_accept(self, features: np.ndarray) -> float:
         """The acceptance probability of one full `FEATURE_NAMES` vector."""
-        self._x[0] = features[self._columns]
-        out = self._session.run_with_ort_values([self._output], self._x_ort)[0]
-        return float(out.numpy().reshape(-1)[-1])
+        np.take(features, self._columns, out=self._x[0])
+        return self._run()
+
+    def p_accept_step(self, stats: LogitStats, position: int, recent_acceptance: float) -> float:
+        """The acceptance probability of a draft step's token, from its logit
+        statistics: the features go straight into the bound input (the drafting loop's path)."""
+        stats.features_into(self._x, self._column_bytes, position, recent_acceptance)
+        return self._run()
+
+    def _run(self) -> float:
+        """The model on the bound input row."""
+        self._session.run_with_iobinding(self._binding)
+        return self._y.item(-1)  # [1], [1, 1], or [1, 2] with P(accept) second
 
 
 class PredictorController:
@@ -133,19 +161,15 @@ class PredictorController:
         self.threshold = predictor.threshold if threshold is None else threshold
         self.stop: StopRule = stop or getattr(predictor, "stop", "before")
         self.name = name or f"predictor-{predictor.path.stem}"
-        self.features: LogitFeatures | None = None
         self.acceptance = AcceptanceTracker()
 
     def window(self, limit: int) -> int:
         return min(self.max_window, limit)
 
-    def draft_next(self, index: int, logits: np.ndarray) -> Decision:
+    def draft_next(self, index: int, step: DraftOutput) -> Decision:
         if index <= self.min_window:
             return Decision.DRAFT
-        if self.features is None:
-            self.features = LogitFeatures(logits.shape[0], self.predictor.feature_names)
-        f = self.features(logits, index, self.acceptance.value)
-        if self.predictor.p_accept(f) >= self.threshold:
+        if self.predictor.p_accept_step(step.stats, index, self.acceptance.value) >= self.threshold:
             return Decision.DRAFT
         return Decision.stop(self.stop)
 
@@ -161,6 +185,9 @@ class _TopProbability:
 
     def p_accept(self, features: np.ndarray) -> float:
         return float(features[0])  # FEATURE_NAMES[0] is confidence
+
+    def p_accept_step(self, stats: LogitStats, position: int, recent_acceptance: float) -> float:
+        return 1.0 / stats.softmax()[3]  # 1 / sum exp(z - max)
 
 
 class ConfidenceThreshold(PredictorController):

@@ -91,10 +91,17 @@ def test_predictor_that_does_not_exist_is_one_clear_error(fake_client, capsys):
 
 @pytest.mark.models
 def test_profile_reports_the_shares_of_a_draft_step(gemma_paths):
-    r = runner.invoke(app, ["profile", "--pair", "gemma-270m", "--steps", "20", "--threads", "1", "--json"])
+    r = runner.invoke(app, ["profile", "--pair", "gemma-270m", "--steps", "40", "--threads", "1", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout[r.stdout.index("{"):])
-    for key in ("draft_step_us", "features_us", "predictor_us", "features_and_predictor_us"):
+    for key in ("draft_step_us", "deciding_step_us", "features_us", "predictor_us", "features_and_predictor_us"):
         assert out[key]["median"] > 0 and out[key]["p99"] >= out[key]["median"]
     assert 0 < out["features_and_predictor_share"] < 1
-    assert out["n_vocab"] == 262144
+    # the added time is a difference of noisy steps: only its order of magnitude is certain
+    assert abs(out["added_share"]) < 0.5 and out["added_us"]["median"] == pytest.approx(
+        out["added_share"] * out["draft_step_us"]["median"]
+    )
+    assert out["n_vocab"] == 262144 and out["kernel"] in ("baseline", "avx2", "avx512f")
+    r = runner.invoke(app, ["profile", "--pair", "gemma-270m", "--steps", "20", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert "added by the decision" in r.output and "% of a step" in r.output

@@ -1,11 +1,48 @@
-"""Logit features on known logits, against plain definitions."""
+"""Logit statistics and features on known logits, against plain definitions,
+for every implementation this machine has: the compiled kernel in each of its
+instruction sets and the numpy path used without it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from edgekit.predictors.features import FEATURE_NAMES, LogitFeatures
+import edgekit._logits as logits_mod
+from edgekit._logits import LogitStats
+from edgekit.predictors.features import FEATURE_NAMES, TAIL_NATS, LogitFeatures
+
+try:
+    from edgekit import _logitstats
+except ImportError:  # pragma: no cover - installed without a C compiler
+    _logitstats = None
+
+
+def _implementations() -> list[str]:
+    names = ["numpy"]
+    if _logitstats is not None:
+        for isa in ("baseline", "avx2", "avx512f"):
+            try:
+                _logitstats.use(isa)
+            except ValueError:
+                continue  # this CPU lacks it
+            names.append(isa)
+        _logitstats.use(logits_mod.KERNEL)
+    return names
+
+
+@pytest.fixture(params=_implementations())
+def impl(request, monkeypatch):
+    if request.param == "numpy":
+        monkeypatch.setattr(logits_mod, "_kernel", None)
+    else:
+        _logitstats.use(request.param)
+        request.addfinalizer(lambda: _logitstats.use(logits_mod.KERNEL))
+    return request.param
+
+
+def test_the_kernel_is_built_where_a_compiler_is():
+    """CI installs with a compiler: the fast path must be there (numpy is the fallback)."""
+    assert _logitstats is not None and logits_mod.KERNEL in ("baseline", "avx2", "avx512f")
 
 
 def reference(z: np.ndarray) -> dict:
@@ -21,9 +58,12 @@ def reference(z: np.ndarray) -> dict:
     }
 
 
-def test_uniform_logits():
-    f = LogitFeatures(1000)(np.zeros(1000, dtype=np.float32), 3, 0.5)
-    values = dict(zip(FEATURE_NAMES, f))
+def features(z: np.ndarray, position: int = 1, acceptance: float = 0.5) -> dict:
+    return dict(zip(FEATURE_NAMES, LogitFeatures()(z, position, acceptance).tolist()))
+
+
+def test_uniform_logits(impl):
+    values = features(np.zeros(1000, dtype=np.float32), 3, 0.5)
     assert values["confidence"] == pytest.approx(1e-3)
     assert values["entropy"] == pytest.approx(np.log(1000), rel=1e-5)
     assert values["margin"] == pytest.approx(0.0, abs=1e-7)
@@ -31,47 +71,70 @@ def test_uniform_logits():
     assert values["position"] == 3 and values["recent_acceptance"] == 0.5
 
 
-def test_one_dominant_token():
+def test_one_dominant_token(impl):
     z = np.full(50, -10.0, dtype=np.float32)
     z[7] = 10.0
-    values = dict(zip(FEATURE_NAMES, LogitFeatures(50)(z.copy(), 1, 1.0)))
+    values = features(z.copy())
     ref = reference(z)  # confidence and margin 1 - 1e-7, entropy 2.1e-6
     assert values["confidence"] == pytest.approx(ref["confidence"], abs=1e-6) and values["confidence"] > 0.9999
     assert values["margin"] == pytest.approx(ref["margin"], abs=1e-6)
-    # Near zero, entropy is a difference of numbers around 10: a few 1e-6 nats of float32 error.
     assert values["entropy"] == pytest.approx(ref["entropy"], abs=5e-6) and values["entropy"] >= 0
 
 
-@pytest.mark.parametrize("vocab,scale,seed", [(262_144, 3.0, 0), (151_936, 1.0, 1), (64, 8.0, 2)])
-def test_random_logits_match_the_definitions(vocab, scale, seed):
+@pytest.mark.parametrize("vocab,scale,seed", [(262_144, 3.0, 0), (151_936, 1.0, 1), (64, 8.0, 2), (1001, 2.0, 3)])
+def test_random_logits_match_the_definitions(impl, vocab, scale, seed):
     z = (np.random.default_rng(seed).normal(size=vocab) * scale).astype(np.float32)
     z[5] = z.max() + 0.3  # a clear top-2 structure
     before = z.copy()
-    f = dict(zip(FEATURE_NAMES, LogitFeatures(vocab)(z, 2, 0.7)))
+    f = features(z, 2, 0.7)
     ref = reference(before)
     for name in ("confidence", "entropy", "margin", "logit_std"):
         assert f[name] == pytest.approx(ref[name], rel=1e-4, abs=1e-6), name
     np.testing.assert_array_equal(z, before)  # the logits are left as they were
 
 
-def test_ties_at_the_top_give_zero_margin():
-    z = np.array([1.0, 3.0, 3.0, 0.0], dtype=np.float32)
-    assert dict(zip(FEATURE_NAMES, LogitFeatures(4)(z, 1, 0.0)))["margin"] == pytest.approx(0.0, abs=1e-7)
+@pytest.mark.parametrize("where", [0, 63, 64, 1000, 262_143])
+def test_argmax_max_and_second_anywhere_in_the_vocabulary(impl, where):
+    z = (np.random.default_rng(where).normal(size=262_144)).astype(np.float32)
+    z[where] = 40.0
+    z[(where * 7 + 13) % z.size] = 39.5
+    st = LogitStats(z)
+    assert st.argmax() == where
+    m, second, argmax, *_ = st.softmax()
+    assert (m, second, argmax) == (40.0, 39.5, where)
 
 
-def test_a_long_tail_far_below_the_top_is_bounded():
-    """Real logits: a few entries near the top, most tens of nats below. Only
-    those within TAIL_NATS enter the softmax sums; the rest may move them by
-    at most V * exp(-TAIL_NATS) relative."""
-    from edgekit.predictors.features import TAIL_NATS
+def test_ties_take_the_first_index_and_give_zero_margin(impl):
+    z = np.zeros(3000, dtype=np.float32)
+    z[[2999, 70, 1500]] = 3.0  # the same top three times, spread over lanes and the tail
+    st = LogitStats(z)
+    assert st.argmax() == int(np.argmax(z)) == 70
+    assert features(z)["margin"] == pytest.approx(0.0, abs=1e-7)
 
+
+def test_masked_logits_stay_finite(impl):
+    """Logit masks (grammar, bans) set entries to -inf: they weigh nothing."""
+    z = np.full(5000, -np.inf, dtype=np.float32)
+    z[[10, 20, 30]] = [2.0, 1.0, 0.0]
+    f = features(z)
+    p = np.exp(np.array([2.0, 1.0, 0.0]) - 2.0)
+    p /= p.sum()
+    assert f["confidence"] == pytest.approx(p[0], rel=1e-5)
+    assert f["entropy"] == pytest.approx(float(-(p * np.log(p)).sum()), rel=1e-5)
+    assert f["margin"] == pytest.approx(p[0] - p[1], rel=1e-5)
+
+
+def test_a_long_tail_far_below_the_top(impl):
+    """Real logits: a few entries near the top, most tens of nats below. The
+    kernel sums them all; the numpy path only those within TAIL_NATS, which
+    moves the sums by at most V * exp(-TAIL_NATS) relative."""
     rng = np.random.default_rng(4)
     z = (rng.normal(size=262_144) * 6.8).astype(np.float32)
     z[11] += 45.0
     z[99] += 43.0
     z[500:540] += rng.uniform(20, 40, size=40).astype(np.float32)
-    bound = 262_144 * np.exp(-TAIL_NATS)
-    f = dict(zip(FEATURE_NAMES, LogitFeatures(z.size)(z, 1, 0.5)))
+    bound = 262_144 * np.exp(-TAIL_NATS) if impl == "numpy" else 1e-5
+    f = features(z)
     ref = reference(z)
     assert f["confidence"] == pytest.approx(ref["confidence"], rel=bound)
     assert f["margin"] == pytest.approx(ref["margin"], rel=bound)
@@ -79,11 +142,40 @@ def test_a_long_tail_far_below_the_top_is_bounded():
     assert f["logit_std"] == pytest.approx(ref["logit_std"], rel=1e-5)
 
 
-def test_only_the_features_asked_for_are_computed():
+def test_features_go_into_the_columns_asked_for(impl):
     z = (np.random.default_rng(5).normal(size=5000) * 3).astype(np.float32)
-    full = LogitFeatures(z.size)(z, 2, 0.5).copy()
-    part = LogitFeatures(z.size, ("confidence", "entropy", "margin", "position"))(z, 2, 0.5)
-    std = FEATURE_NAMES.index("logit_std")
-    assert np.isnan(part[std]) and not np.isnan(full[std])
-    keep = [i for i in range(len(FEATURE_NAMES)) if i != std]
-    np.testing.assert_array_equal(part[keep], full[keep])
+    full = LogitFeatures()(z, 4, 0.25).copy()
+    columns = bytes([FEATURE_NAMES.index(n) for n in ("position", "margin", "confidence")])
+    x = np.full((1, 3), np.nan, dtype=np.float32)
+    st = LogitStats(z)
+    st.features_into(x, columns, 4, 0.25)
+    np.testing.assert_array_equal(x[0], full[[4, 2, 0]])
+    assert st.argmax() == int(np.argmax(z))  # from the same call
+
+
+def test_the_statistics_are_computed_once_per_step(impl):
+    z = (np.random.default_rng(6).normal(size=5000)).astype(np.float32)
+    st = LogitStats(z)
+    first = st.argmax()  # the top pass alone
+    values = st.softmax()  # then the sums
+    z[first] = -100.0  # a later change to the buffer is not seen: the step's figures are kept
+    assert st.argmax() == first and st.softmax() == values
+
+
+@pytest.mark.skipif(_logitstats is None, reason="the kernel is not built")
+def test_the_kernel_refuses_wrong_buffers():
+    out = np.zeros(7)
+    with pytest.raises(ValueError, match="float32"):
+        _logitstats.stats(np.zeros(10), out)
+    with pytest.raises(ValueError, match="float32"):
+        _logitstats.stats(np.zeros(0, dtype=np.float32), out)
+    with pytest.raises(ValueError, match="at least 7"):
+        _logitstats.stats(np.zeros(10, dtype=np.float32), np.zeros(5))
+    with pytest.raises(ValueError, match="one entry per column"):
+        _logitstats.features(np.zeros(10, dtype=np.float32), out, np.zeros(2, np.float32), b"\x00", 1, 0.5)
+    with pytest.raises(ValueError, match="feature index"):
+        _logitstats.features(np.zeros(10, dtype=np.float32), out, np.zeros(1, np.float32), b"\x09", 1, 0.5)
+    with pytest.raises(ValueError, match="no sse9 kernel"):
+        _logitstats.use("sse9")
+    with pytest.raises(ValueError):  # a strided view is not contiguous
+        _logitstats.stats(np.zeros(20, dtype=np.float32)[::2], out)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from edgekit import ConfidenceThreshold, EdgeClient, GenerationConfig
+from edgekit._draft import DraftOutput
 from edgekit.predictors.collect import Trace, TraceRecorder, collect, label_round
-from edgekit.predictors.features import FEATURE_NAMES, AcceptanceTracker
+from edgekit.predictors.features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
 from edgekit.predictors.runtime import OnnxPredictor, PredictorController, PredictorError
 from edgekit.predictors.shipped import shipped_cards
 from edgekit.predictors.train import (
@@ -105,6 +106,9 @@ class StubPredictor:
         self.seen.append(features.copy())
         return self.by_position.get(int(features[FEATURE_NAMES.index("position")]), 1.0)
 
+    def p_accept_step(self, stats, position: int, recent_acceptance: float) -> float:
+        return self.p_accept(LogitFeatures()(stats, position, recent_acceptance))
+
 
 def test_controller_stops_before_the_first_predicted_rejection():
     ctl = PredictorController(StubPredictor({3: 0.2}), max_window=8)
@@ -166,6 +170,7 @@ def test_confidence_threshold_stops_on_a_flat_distribution():
     peaked = np.full(100, -20.0, dtype=np.float32)
     peaked[3] = 10.0
     flat = np.zeros(100, dtype=np.float32)
+    peaked, flat = DraftOutput(peaked, None), DraftOutput(flat, None)
     assert ctl.draft_next(2, peaked) == Decision.DRAFT and ctl.draft_next(2, flat) == Decision.STOP
     assert ctl.draft_next(1, flat) == Decision.DRAFT  # the minimum window
     assert ctl.window(20) == 8 and ctl.window(3) == 3
@@ -305,6 +310,14 @@ def test_shipped_predictors_load_and_run():
         unsure = np.array([0.2, 3.5, 0.01, 4.0, 6, 0.3], dtype=np.float32)
         assert pred.p_accept(confident) > pred.threshold > pred.p_accept(unsure)
         assert card["metrics_validation"]["auc"] > 0.7
+        # the drafting loop's path (features straight into the bound input) agrees with it
+        rng = np.random.default_rng(3)
+        for position in (2, 5):
+            z = (rng.normal(size=4096) * 3).astype(np.float32)
+            z[17] += 12.0 * position / 5
+            stats = DraftOutput(z, None).stats
+            full = LogitFeatures()(stats, position, 0.6).copy()
+            assert pred.p_accept_step(stats, position, 0.6) == pytest.approx(pred.p_accept(full), abs=1e-7)
 
 
 def test_the_shipped_gemma_predictor_is_reproducible_from_its_trace(tmp_path):

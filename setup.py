@@ -1,0 +1,24 @@
+"""Only the compiled part of edgekit; everything else is in pyproject.toml.
+
+edgekit._logitstats is the logit-statistics kernel of the drafting loop. It is
+optional: without a C compiler edgekit installs without it and computes the
+same statistics with numpy, several times slower (edgekit.predictors.features).
+"""
+
+import sys
+
+from setuptools import Extension, setup
+
+args = [] if sys.platform == "win32" else ["-O3", "-fno-math-errno", "-fno-trapping-math"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "edgekit._logitstats",
+            ["edgekit/_logitstats.c"],
+            depends=["edgekit/_logitstats_kernel.h"],
+            extra_compile_args=args,
+            optional=True,
+        )
+    ]
+)
