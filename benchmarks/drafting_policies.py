@@ -83,6 +83,7 @@ def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) 
                 for key in ("rounds", "drafted", "accepted", "wasted_draft_tokens", "draft_steps", "completion_tokens",
                             "draft_ms", "round_trip_ms", "elapsed_s"):
                     t[key] += getattr(s, key)
+                t["decisions"] += getattr(ctl, "decisions", 0)
                 if isinstance(ctl, TraceRecorder):
                     n = len(ctl.labels)
                     recorded.append(Trace(np.array(ctl.rows, np.float32).reshape(n, -1), np.array(ctl.labels, np.int8),
@@ -107,6 +108,8 @@ def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) 
             "rounds": int(t["rounds"]),
             "drafted": int(t["drafted"]),
             "draft_steps": int(t["draft_steps"]),
+            # predictor (or p-min) calls per draft step: the share of steps that pay for a decision
+            "decisions_per_draft_step": t["decisions"] / max(t["draft_steps"], 1),
             "target_passes_per_token": t["rounds"] / max(committed, 1),
             "draft_step_ms": step_ms,
             "goodput_model_tok_s": committed / model_s if model_s else 0.0,

@@ -133,6 +133,21 @@ def test_stop_after_sends_the_predicted_rejection_and_ends_the_block():
     assert {r.draft_steps for r in final.stats.rounds_detail if r.drafted == 3} == {3}
 
 
+def test_no_decision_is_made_where_it_cannot_change_the_block():
+    """The first token (the minimum window) is always drafted, and under the
+    "after" rule the window's last token is sent whatever the predictor says:
+    neither costs a decision. Under "before" the last one can still be dropped."""
+    pos = FEATURE_NAMES.index("position")
+    seen = {}
+    for rule in ("after", "before"):
+        stub = StubPredictor({})
+        client, _, verifier = fake_client(max_tokens=30, stop_at_eos=False)
+        client.generate("x", controller=PredictorController(stub, max_window=3, stop=rule)).until_done()
+        assert max(len(b.draft_tokens) for b in verifier.verify_calls) == 3
+        seen[rule] = {int(f[pos]) for f in stub.seen}
+    assert seen == {"after": {2}, "before": {2, 3}}
+
+
 def test_controller_keeps_the_minimum_window_and_the_maximum():
     client, _, verifier = fake_client(max_tokens=30, stop_at_eos=False)
     never = PredictorController(StubPredictor({i: 0.0 for i in range(1, 65)}), max_window=8, min_window=1)
