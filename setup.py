@@ -1,8 +1,9 @@
 """Only the compiled part of edgekit; everything else is in pyproject.toml.
 
-edgekit._logitstats is the logit-statistics kernel of the drafting loop. It is
-optional: without a C compiler edgekit installs without it and computes the
-same statistics with numpy, several times slower (edgekit.predictors.features).
+edgekit._logitstats is the logit-statistics kernel of the drafting loop (GCC or
+Clang vector extensions). It is optional: without such a compiler edgekit
+installs without it and computes the same statistics with numpy, several times
+slower (edgekit._logits).
 """
 
 import sys

@@ -8,7 +8,7 @@
  *
  * features(logits, out, x, columns, position, acceptance) -> argmax
  *   stats(logits, out) and then the rejection predictor's features from them
- *   (edgekit.predictors.features.FEATURE_NAMES: confidence, entropy, margin,
+ *   (edgekit._logits.FEATURE_NAMES: confidence, entropy, margin,
  *   logit_std, position, recent_acceptance), written as float32 into x in the
  *   order of columns (a bytes object of indices into that list): the
  *   predictor's bound input, with no Python in between.
