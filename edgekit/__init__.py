@@ -7,7 +7,8 @@ from ._chat import ChatTemplate, Conversation
 from ._client import EdgeClient, GenerationStream
 from ._config import ClientConfig, GenerationConfig, ServerConfig
 from ._controller import Controller, Decision, FixedWindow
-from ._draft import DraftModel, LlamaDraftModel
+from ._draft import DraftModel, DraftOutput, LlamaDraftModel
+from ._logits import LogitStats
 from ._errors import (
     AuthenticationError,
     ConfigError,
@@ -48,6 +49,7 @@ __all__ = [
     "Decision",
     "DependencyMissingError",
     "DraftModel",
+    "DraftOutput",
     "EdgeClient",
     "EdgekitError",
     "Event",
@@ -61,6 +63,7 @@ __all__ = [
     "LinkEstimator",
     "LinkState",
     "LlamaDraftModel",
+    "LogitStats",
     "ModelError",
     "ModelFetchError",
     "ModelIntegrityError",
