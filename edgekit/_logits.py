@@ -108,19 +108,34 @@ def _derive(st: list[float], n: int, position: float, acceptance: float) -> list
 
 
 def _numpy_stats(z: np.ndarray, out: np.ndarray, full: bool) -> int:
-    """The kernel's figures with numpy (see the module docstring for the tail)."""
+    """The kernel's figures with numpy (see the module docstring for the tail).
+    Float32 throughout and no full-size temporary but the comparison mask: every
+    numpy call here starts cold after a decode, and a large allocation costs
+    page faults on top."""
     i = int(np.argmax(z))
     m = float(z[i])
     if not full:
         out[:] = _NAN7
         out[0], out[2] = m, i
         return i
-    near = z[z > m - TAIL_NATS]
-    d = near.astype(np.float64) - m
-    e = np.exp(d)
-    # the second largest: drop one top entry; a tie leaves another 0 (margin 0)
-    j = int(np.argmax(d))
-    second = float(np.max(np.delete(d, j))) + m if d.size > 1 else -math.inf
-    zz = z.astype(np.float64)
-    out[:] = (m, second, i, float(e.sum()), float(np.dot(e, d)), float(zz.sum()), float(np.dot(zz, zz)))
+    near = z[z > m - TAIL_NATS]  # a copy, about 16% of a real vocabulary
+    near -= m
+    e = np.exp(near)
+    s, t = float(e.sum(dtype=np.float64)), float(np.dot(e, near))
+    # the second largest: mask one top entry; a tie leaves another 0 (margin 0)
+    near[int(np.argmax(near))] = -np.inf
+    second = float(near.max()) + m if near.size > 1 else -math.inf
+    out[:] = (m, second, i, s, t, float(np.dot(z, _ones(z.shape[0]))), float(np.dot(z, z)))
     return i
+
+
+_ONES: dict[int, np.ndarray] = {}
+
+
+def _ones(n: int) -> np.ndarray:
+    """Sums as BLAS dot products with ones (3x faster than numpy's sum here)."""
+    ones = _ONES.get(n)
+    if ones is None:
+        ones = _ONES[n] = np.ones(n, dtype=np.float32)
+        ones.flags.writeable = False
+    return ones
