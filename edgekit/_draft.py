@@ -9,8 +9,7 @@ prefix after a verdict.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -27,11 +26,12 @@ class DraftOutput:
 
     logits: np.ndarray  # [n_vocab] float32; a view valid until the next eval
     hidden: np.ndarray | None  # [n_embd] float32 view, when asked for
+    # The step's softmax statistics, computed on first use, once for the greedy token
+    # and the features. A plain attribute: a property costs a Python frame per use.
+    stats: LogitStats = field(init=False, repr=False, compare=False)
 
-    @cached_property
-    def stats(self) -> LogitStats:
-        """The step's softmax statistics, computed once for the greedy token and the features."""
-        return LogitStats(self.logits)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stats", LogitStats(self.logits))
 
 
 class DraftModel(Protocol):
