@@ -60,13 +60,13 @@ def decision_cost_ms(profile: dict) -> float:
     return (profile["features_us"]["median"] + profile["predictor_us"]["median"]) / 1e3
 
 
-def equalize(rows: list[dict], cost: dict, decision_ms: float, fixed_names: list[str]) -> None:
+def equalize(rows: list[dict], cost: dict, decision_ms: float, fixed_names: list[str]) -> dict:
     """Adds `goodput_equalized_tok_s`: the cost-model goodput with one machine for
     every policy. Draft time on a shared CPU moves by several percent between runs,
     more than some policies differ, so it is fitted as a per-round part (feeding the
     verdict's tokens) plus a per-step part on the fixed-window runs, which make no
     decisions; each policy is then charged those, plus `decision_ms` (the profiled
-    cost of one decision, `decision_cost_ms`) per predictor or p-min call."""
+    cost of one decision, `decision_cost_ms`) per predictor or p-min call. Returns the fit."""
     fixed = [r for r in rows if r["policy"] in fixed_names]
     a = np.array([[r["rounds"], r["draft_steps"]] for r in fixed], dtype=float)
     y = np.array([r["draft_step_ms"] * r["draft_steps"] for r in fixed])
@@ -77,7 +77,7 @@ def equalize(rows: list[dict], cost: dict, decision_ms: float, fixed_names: list
         ms = (r["rounds"] * (cost["round_ms"] + per_round) + r["draft_steps"] * per_step + decisions * decision_ms
               + cost["verify_token_ms"] * (r["drafted"] + r["rounds"]))
         r["goodput_equalized_tok_s"] = committed / ms * 1e3
-        r["equalized_fit_ms"] = {"per_round": float(per_round), "per_step": float(per_step), "per_decision": decision_ms}
+    return {"per_round": float(per_round), "per_step": float(per_step), "per_decision": decision_ms}
 
 
 def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) -> dict:
@@ -152,7 +152,7 @@ def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) 
     decision_ms = decision_cost_ms(decision)
     # the fixed window that records the trace computes features every step: not a plain one
     plain = [n for n in names if n.startswith("fixed-") and n != f"fixed-{max_window}"]
-    equalize(rows, cost, decision_ms, fixed_names=plain if len(plain) >= 2 else [n for n in names if n.startswith("fixed-")])
+    fit = equalize(rows, cost, decision_ms, fixed_names=plain if len(plain) >= 2 else [n for n in names if n.startswith("fixed-")])
     held = Trace.concat(recorded).labelled()
     p = predictor.p_accept_batch(held.features)
     return {
@@ -163,7 +163,7 @@ def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) 
         "threshold": predictor.threshold,
         "cost_model": cost,
         "policies": rows,
-        "decision_ms": decision_ms,
+        "equalized_fit_ms": fit,
         "decision_profile": decision,
         "held_out_classification": classification_metrics(held.label.astype(float), p, predictor.threshold),
         "prompts": len(prompts),
@@ -202,7 +202,7 @@ def main() -> None:
                   f"{row['goodput_equalized_tok_s']:>8.2f}{row['measured_tok_s']:>9.1f}"
                   f"{row['identical_outputs']:>6}")
         h = r["held_out_classification"]
-        fit = r["policies"][0]["equalized_fit_ms"]
+        fit = r["equalized_fit_ms"]
         print(f"equalized: draft time fitted as {fit['per_round']:.2f} ms per round + {fit['per_step']:.2f} ms per step "
               f"(fixed windows), {fit['per_decision']:.3f} ms per decision (profiled, in-loop timers)")
         print(f"held-out classification: AUC {h['auc']:.3f}, recall accepted {h['recall_accepted']:.3f}, "

@@ -8,7 +8,6 @@ drafting controller of `drafting="latency"`.
 
 from __future__ import annotations
 
-
 from ._config import GenerationConfig
 from ._controller import Decision
 from ._draft import DraftOutput

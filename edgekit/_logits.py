@@ -26,10 +26,13 @@ try:
 except ImportError:  # built without a C compiler: the numpy path below
     _kernel = None
 
-__all__ = ["FEATURE_NAMES", "KERNEL", "TAIL_NATS", "LogitStats"]
+__all__ = ["ALL_COLUMNS", "FEATURE_NAMES", "KERNEL", "TAIL_NATS", "LogitStats"]
 
 FEATURE_NAMES = ("confidence", "entropy", "margin", "logit_std", "position", "recent_acceptance")
 """The rejection predictor's per-token features, in the order the kernel numbers them."""
+
+ALL_COLUMNS = bytes(range(len(FEATURE_NAMES)))
+"""`LogitStats.features_into` columns for every feature, in FEATURE_NAMES order."""
 
 KERNEL = _kernel.ISA if _kernel is not None else "numpy"
 """Which implementation computes the statistics: avx512f, avx2, baseline (the C kernel) or numpy."""

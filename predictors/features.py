@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgekit._logits import FEATURE_NAMES, TAIL_NATS, LogitStats
+from edgekit._logits import ALL_COLUMNS, FEATURE_NAMES, TAIL_NATS, LogitStats
 
 __all__ = ["FEATURE_NAMES", "TAIL_NATS", "AcceptanceTracker", "LogitFeatures"]
-
-_ALL = bytes(range(len(FEATURE_NAMES)))
 
 
 class LogitFeatures:
@@ -37,7 +35,7 @@ class LogitFeatures:
         into a reused buffer: copy to keep."""
         if not isinstance(step, LogitStats):
             step = LogitStats(step)
-        step.features_into(self._out, _ALL, position, recent_acceptance)
+        step.features_into(self._out, ALL_COLUMNS, position, recent_acceptance)
         return self._out
 
 

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from edgekit._logits import FEATURE_NAMES, KERNEL
+from edgekit._logits import ALL_COLUMNS, FEATURE_NAMES, KERNEL
 
 __all__ = ["profile_drafting"]
 
@@ -44,7 +44,7 @@ def profile_drafting(draft, predictor=None, *, steps: int = 400, warmup: int = 1
     if predictor is not None:  # what PredictorController.draft_next does, in its two parts
         x, columns = predictor._x, predictor._column_bytes
     else:
-        x, columns = np.empty(len(FEATURE_NAMES), dtype=np.float32), bytes(range(len(FEATURE_NAMES)))
+        x, columns = np.empty(len(FEATURE_NAMES), dtype=np.float32), ALL_COLUMNS
     prompt = draft.tokenize(_PROMPT)
     draft.truncate(0)
     draft.prefill(prompt[:-1])
