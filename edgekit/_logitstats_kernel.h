@@ -3,8 +3,10 @@
  * (a target attribute, or nothing) defined. GCC/Clang vector extensions, so the
  * same source becomes AVX-512, AVX2 or SSE/NEON code. */
 
-#define LS_CHUNK 2048 /* a multiple of LS_W * LS_U */
-#define LS_U 4 /* independent accumulators: the loop-carried max/add chains are latency-bound */
+#define LS_CHUNK 2048 /* float sums go into double lanes every LS_CHUNK entries (a multiple of LS_W * 4) */
+#define LS_HEADROOM 64.0f /* a lane's sums run at most e^64 above its reference: no float overflow */
+#define LS_INLINE LS_TARGET static inline __attribute__((always_inline))
+#define LS_FN(suffix) LS_CAT(LS_NAME, suffix)
 
 typedef float LS_CAT(vf, LS_W) __attribute__((vector_size(LS_W * 4)));
 typedef int32_t LS_CAT(vi, LS_W) __attribute__((vector_size(LS_W * 4)));
@@ -13,34 +15,61 @@ typedef double LS_CAT(vd, LS_W) __attribute__((vector_size(LS_W * 8)));
 #define VI LS_CAT(vi, LS_W)
 #define VD LS_CAT(vd, LS_W)
 
-LS_TARGET static void LS_NAME(const float *z, Py_ssize_t n, int softmax, double *out)
+/* One vector x (its first index `at`) into each lane's largest value (first index on
+ * ties) and second largest. */
+LS_INLINE void
+LS_FN(_top2)(VF x, int32_t at, VI lane, VF *top, VF *sec, VI *idx)
 {
-    const Py_ssize_t step = LS_W * LS_U, nv = n / step * step;
-    VF top[LS_U], sec[LS_U];
-    VI idx[LS_U], lane;
-    for (int k = 0; k < LS_W; k++) lane[k] = k;
-    for (int u = 0; u < LS_U; u++) {
-        top[u] = (VF){0} - INFINITY;
-        sec[u] = top[u];
-        idx[u] = (VI){0};
+    VI gt = x > *top;
+    *idx = (gt & (lane + at)) | (~gt & *idx);
+    VI lt = x < *top;
+    VF lo = (VF)((lt & (VI)x) | (~lt & (VI)*top)); /* min(top, x) */
+    VI ge = lo > *sec;
+    *sec = (VF)((ge & (VI)lo) | (~ge & (VI)*sec));
+    *top = (VF)((gt & (VI)x) | (~gt & (VI)*top));
+}
+
+/* exp(x - c) into s and exp(x - c) (x - c) into t, lane by lane, and with moments x - h into
+ * a and (x - h)^2 into q (h near the values keeps the variance from cancelling). x - c is clamped to at least -87 (e^-87 = 1.6e-38, still a normal float)
+ * and must be at most LS_HEADROOM. exp(d): d = n ln2 + r with |r| <= ln2/2, n rounded by
+ * adding 1.5 * 2^23 (whose float then carries 127 + n in its low bits, shifted into 2^n), r
+ * in one FMA (the rounding of ln2 costs under 3e-7 relative at |n| = 126), and a degree-5
+ * minimax polynomial for e^r: relative error under 2e-7. (Degree 4, 3e-6, is 1-2 us faster
+ * cold on 262k logits, but a near-certain token's entropy is about the error of its top term.) */
+LS_INLINE void
+LS_FN(_add)(VF x, VF c, VF h, const int moments, VF *s, VF *t, VF *a, VF *q)
+{
+    if (moments) {
+        VF y = x - h;
+        *a += y;
+        *q += y * y;
     }
-    /* pass 1: per lane, the largest value (first index on ties) and the second largest */
-    for (Py_ssize_t i = 0; i < nv; i += step) {
-        for (int u = 0; u < LS_U; u++) {
-            VF x;
-            memcpy(&x, z + i + u * LS_W, sizeof x);
-            VI gt = x > top[u];
-            idx[u] = (gt & (lane + (int32_t)(i + u * LS_W))) | (~gt & idx[u]);
-            VI lt = x < top[u];
-            VF lo = (VF)((lt & (VI)x) | (~lt & (VI)top[u])); /* min(top, x) */
-            VI ge = lo > sec[u];
-            sec[u] = (VF)((ge & (VI)lo) | (~ge & (VI)sec[u]));
-            top[u] = (VF)((gt & (VI)x) | (~gt & (VI)top[u]));
-        }
-    }
+    const VF floor = (VF){0} - 87.0f;
+    VF d = x - c;
+    VI low = d < floor;
+    d = (VF)((low & (VI)floor) | (~low & (VI)d));
+    VF k = d * 1.44269504088896341f + 12583039.0f;
+    VF r = d - (k - 12583039.0f) * 0.693147180559945309f;
+    VF p = (VF){0} + 0.0082903066650033f;
+    p = p * r + 0.04189793020486832f;
+    p = p * r + 0.1666763573884964f;
+    p = p * r + 0.4999915063381195f;
+    p = p * r + 0.9999997019767761f;
+    p = p * r + 1.0f;
+    VF e = p * (VF)((VI)k << 23);
+    *s += e;
+    *t += e * d;
+}
+
+/* Max, second largest and argmax over the lanes of nu accumulator sets and the scalar
+ * tail z[nv:n], into out[0..2]. */
+LS_INLINE void
+LS_FN(_finish)(const VF *top, const VF *sec, const VI *idx, int nu, const float *z, Py_ssize_t nv,
+               Py_ssize_t n, double *out)
+{
     float m = -INFINITY, second = -INFINITY;
     Py_ssize_t im = 0;
-    for (int u = 0; u < LS_U; u++) {
+    for (int u = 0; u < nu; u++) {
         for (int k = 0; k < LS_W; k++) {
             float v = top[u][k];
             Py_ssize_t j = idx[u][k];
@@ -67,61 +96,117 @@ LS_TARGET static void LS_NAME(const float *z, Py_ssize_t n, int softmax, double 
     out[0] = m;
     out[1] = second;
     out[2] = (double)im;
-    if (!softmax) {
-        out[3] = out[4] = out[5] = out[6] = NAN;
-        return;
+}
+
+/* The first pass alone (the argmax of a step that makes no decision): the vocabulary
+ * comes cold from memory, so 4 independent accumulator sets keep the compare chains busy. */
+LS_INLINE void
+LS_FN(_top)(const float *z, Py_ssize_t n, double *out)
+{
+    enum { U = 4 };
+    const Py_ssize_t step = LS_W * U, nv = n / step * step;
+    VF top[U], sec[U];
+    VI idx[U], lane;
+    for (int k = 0; k < LS_W; k++) lane[k] = k;
+    for (int u = 0; u < U; u++) {
+        top[u] = sec[u] = (VF){0} - INFINITY;
+        idx[u] = (VI){0};
     }
-    /* pass 2 (the vocabulary is warm in L2 now): s = sum exp(z - m), t = sum exp(z - m) (z - m),
-     * and sum z, sum z^2 for the standard deviation.
-     * exp by Cody-Waite reduction and a degree-5 Taylor polynomial: relative error < 3e-6 on
-     * [-87, 0]; differences below -87 (e^-87 = 1.6e-38) are clamped there. */
-    /* float lanes summed over chunks of LS_CHUNK entries, then into double lanes */
-    VF s[LS_U], t[LS_U], a[LS_U], q[LS_U];
+    for (Py_ssize_t i = 0; i < nv; i += step) {
+        for (int u = 0; u < U; u++) {
+            VF x;
+            memcpy(&x, z + i + u * LS_W, sizeof x);
+            LS_FN(_top2)(x, (int32_t)(i + u * LS_W), lane, &top[u], &sec[u], &idx[u]);
+        }
+    }
+    LS_FN(_finish)(top, sec, idx, U, z, nv, n, out);
+    out[3] = out[4] = out[5] = out[6] = NAN;
+}
+
+/* The top two and the softmax sums in one pass over the vocabulary, so that the
+ * exponentials are computed while the logits stream in from memory. The maximum is
+ * not known until the end, so each lane sums exp(z - c) against its own reference c,
+ * which only moves up: a chunk in which some lane's values passed c + LS_HEADROOM is
+ * summed again after c is raised to that lane's maximum and its sums so far are
+ * rescaled (the first chunk always; on real logits rarely another). At the end the
+ * lanes are brought to the global maximum m: exp(z - m) = exp(z - c) exp(c - m), and
+ * sum exp(z - m) (z - m) = exp(c - m) (t + (c - m) s). */
+LS_INLINE void
+LS_FN(_fused)(const float *z, Py_ssize_t n, const int moments, double *out)
+{
+    enum { U = 2 }; /* the exponentials give each vector enough work to hide the compare chains */
+    const Py_ssize_t step = LS_W * U, nv = n / step * step;
+    VF top[U], sec[U], s[U], t[U], a[U], q[U];
+    VI idx[U], lane;
+    VF c = (VF){0} - 3.0e38f; /* finite, so that -inf logits give -inf differences, not NaN */
     VD S2 = (VD){0}, T2 = (VD){0}, A2 = (VD){0}, Q2 = (VD){0};
-    const VF vm = (VF){0} + m;
-    for (Py_ssize_t c = 0; c < nv; c += LS_CHUNK) {
-        Py_ssize_t end = c + LS_CHUNK < nv ? c + LS_CHUNK : nv;
-        for (int u = 0; u < LS_U; u++) s[u] = t[u] = a[u] = q[u] = (VF){0};
-        for (Py_ssize_t i = c; i < end; i += step) {
-            for (int u = 0; u < LS_U; u++) {
+    const float h = isfinite(z[0]) ? z[0] : 0.0f; /* the moments' shift */
+    const VF vh = (VF){0} + h;
+    for (int k = 0; k < LS_W; k++) lane[k] = k;
+    for (int u = 0; u < U; u++) {
+        top[u] = sec[u] = (VF){0} - INFINITY;
+        idx[u] = (VI){0};
+    }
+    for (Py_ssize_t ch = 0; ch < nv; ch += LS_CHUNK) {
+        Py_ssize_t end = ch + LS_CHUNK < nv ? ch + LS_CHUNK : nv;
+        for (int u = 0; u < U; u++) s[u] = t[u] = a[u] = q[u] = (VF){0};
+        for (Py_ssize_t i = ch; i < end; i += step) {
+            for (int u = 0; u < U; u++) {
                 VF x;
                 memcpy(&x, z + i + u * LS_W, sizeof x);
-                a[u] += x;
-                q[u] += x * x;
-                VF d = x - vm;
-                VI low = d < -87.0f;
-                d = (VF)((low & (VI)((VF){0} - 87.0f)) | (~low & (VI)d));
-                VI ni = __builtin_convertvector(d * 1.44269504088896341f - 0.5f, VI);
-                VF nf = __builtin_convertvector(ni, VF);
-                VF r = d - nf * 0.693145751953125f - nf * 1.42860682030941723e-6f;
-                VF p = (VF){0} + (1.0f / 120);
-                p = p * r + (1.0f / 24);
-                p = p * r + (1.0f / 6);
-                p = p * r + 0.5f;
-                p = p * r + 1.0f;
-                p = p * r + 1.0f;
-                VF e = p * (VF)((ni + 127) << 23);
-                s[u] += e;
-                t[u] += e * d;
+                LS_FN(_top2)(x, (int32_t)(i + u * LS_W), lane, &top[u], &sec[u], &idx[u]);
+                LS_FN(_add)(x, c, vh, moments, &s[u], &t[u], &a[u], &q[u]);
             }
         }
-        for (int u = 0; u < LS_U; u++) {
+        VF hi = top[0]; /* each lane's maximum so far */
+        for (int u = 1; u < U; u++) {
+            VI gt = top[u] > hi;
+            hi = (VF)((gt & (VI)top[u]) | (~gt & (VI)hi));
+        }
+        VI over = hi > c + LS_HEADROOM;
+        int32_t any = 0;
+        for (int k = 0; k < LS_W; k++) any |= over[k];
+        if (any) {
+            for (int k = 0; k < LS_W; k++) {
+                if (!(hi[k] > c[k])) continue;
+                double shift = (double)c[k] - hi[k], f = exp(shift);
+                T2[k] = f > 0.0 ? f * (T2[k] + shift * S2[k]) : 0.0;
+                S2[k] *= f;
+                c[k] = hi[k];
+            }
+            for (int u = 0; u < U; u++) s[u] = t[u] = (VF){0};
+            for (Py_ssize_t i = ch; i < end; i += step) {
+                for (int u = 0; u < U; u++) {
+                    VF x;
+                    memcpy(&x, z + i + u * LS_W, sizeof x);
+                    LS_FN(_add)(x, c, vh, 0, &s[u], &t[u], NULL, NULL);
+                }
+            }
+        }
+        for (int u = 0; u < U; u++) {
             S2 += __builtin_convertvector(s[u], VD);
             T2 += __builtin_convertvector(t[u], VD);
-            A2 += __builtin_convertvector(a[u], VD);
-            Q2 += __builtin_convertvector(q[u], VD);
+            if (moments) {
+                A2 += __builtin_convertvector(a[u], VD);
+                Q2 += __builtin_convertvector(q[u], VD);
+            }
         }
     }
-    double S = 0.0, T = 0.0, A = 0.0, Q = 0.0;
+    LS_FN(_finish)(top, sec, idx, U, z, nv, n, out);
+    double m = out[0], S = 0.0, T = 0.0, A = 0.0, Q = 0.0;
     for (int k = 0; k < LS_W; k++) {
-        S += S2[k];
-        T += T2[k];
+        double shift = (double)c[k] - m, f = exp(shift);
+        if (f > 0.0) { /* a lane of -inf logits only (c never moved) adds nothing */
+            S += f * S2[k];
+            T += f * (T2[k] + shift * S2[k]);
+        }
         A += A2[k];
         Q += Q2[k];
     }
     for (Py_ssize_t i = nv; i < n; i++) {
-        A += z[i];
-        Q += (double)z[i] * z[i];
+        double y = (double)z[i] - h;
+        A += y;
+        Q += y * y;
         double d = (double)z[i] - m;
         if (d < -87.0) d = -87.0;
         double e = exp(d);
@@ -130,12 +215,27 @@ LS_TARGET static void LS_NAME(const float *z, Py_ssize_t n, int softmax, double 
     }
     out[3] = S;
     out[4] = T;
-    out[5] = A;
-    out[6] = Q;
+    A /= n;
+    out[5] = moments ? h + A : NAN; /* the mean */
+    out[6] = moments ? Q / n - A * A : NAN; /* the variance */
+}
+
+/* mode 0: the first pass alone; LS_SOFTMAX (| LS_MOMENTS): the fused pass. */
+LS_TARGET static void
+LS_NAME(const float *z, Py_ssize_t n, int mode, double *out)
+{
+    if (!(mode & LS_SOFTMAX))
+        LS_FN(_top)(z, n, out);
+    else if (mode & LS_MOMENTS)
+        LS_FN(_fused)(z, n, 1, out);
+    else
+        LS_FN(_fused)(z, n, 0, out);
 }
 
 #undef VF
 #undef VI
 #undef VD
 #undef LS_CHUNK
-#undef LS_U
+#undef LS_HEADROOM
+#undef LS_INLINE
+#undef LS_FN

@@ -3,7 +3,7 @@
 They are computed inside the drafting loop over vocabularies of 150k-262k
 entries, from the step's `LogitStats` (edgekit._logits): one call of the
 compiled kernel that also gives the greedy token, so a step reads its logits
-twice (the second time from cache) whatever the predictor reads. `edgekit
+once whatever the predictor reads. `edgekit
 profile` measures what they add to a draft step.
 
 Features, in order (`FEATURE_NAMES`):
@@ -33,7 +33,7 @@ class LogitFeatures:
     def __call__(self, step: LogitStats | np.ndarray, position: int, recent_acceptance: float) -> np.ndarray:
         """The feature vector of a step's statistics (or of bare logits); a view
         into a reused buffer: copy to keep."""
-        if not isinstance(step, LogitStats):
+        if isinstance(step, np.ndarray):
             step = LogitStats(step)
         step.features_into(self._out, ALL_COLUMNS, position, recent_acceptance)
         return self._out

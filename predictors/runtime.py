@@ -37,11 +37,13 @@ class PredictorError(ConfigError):
 class OnnxPredictor:
     """Probability that a drafted token is accepted, from its feature vector.
 
-    `p_accept` runs one row through buffers bound to the session once (ONNX
-    Runtime's IOBinding), the cheapest call it has: inside the drafting loop
-    each call starts with cold caches. It is one decision at a time, as the
-    client's draft lock orders them; `p_accept_batch` allocates and may be
-    called from anywhere."""
+    `p_accept(features)` runs one row of `FEATURE_NAMES` through buffers bound
+    to the session once (ONNX Runtime's IOBinding), the cheapest call it has:
+    inside the drafting loop each call starts with cold caches.
+    `p_accept_step(stats, position, recent_acceptance)`, the drafting loop's
+    path, has a step's `LogitStats` write its features straight into that input.
+    Both are one decision at a time, as the client's draft lock orders them;
+    `p_accept_batch` allocates and may be called from anywhere."""
 
     def __init__(self, path: str | os.PathLike[str], *, threshold: float | None = None) -> None:
         try:
