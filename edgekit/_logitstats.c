@@ -87,7 +87,6 @@ typedef struct {
     PyObject *logits;
     double out[7];    /* [max, second, argmax, s, t, mean, variance] */
     int level;        /* what out holds: 0 nothing, 1 the top two, 2 and s, t; 3 and the moments */
-    Py_ssize_t n;
 } StatsObject;
 
 static PyTypeObject StatsType;
@@ -109,9 +108,8 @@ ensure(StatsObject *self, int level)
         return -1;
     }
     int mode = MODE_FOR(level);
-    self->n = z.len / 4;
     Py_BEGIN_ALLOW_THREADS
-    kernel((const float *)z.buf, self->n, mode, self->out);
+    kernel((const float *)z.buf, z.len / 4, mode, self->out);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&z);
     self->level = LEVEL_OF(mode);
@@ -122,7 +120,10 @@ static PyObject *
 Stats_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *logits;
-    if (!PyArg_ParseTuple(args, "O:Stats", &logits)) return NULL;
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds) > 0) || !PyArg_ParseTuple(args, "O:Stats", &logits)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "Stats(logits) takes no keyword arguments");
+        return NULL;
+    }
     StatsObject *self = (StatsObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     Py_INCREF(logits);
@@ -161,9 +162,9 @@ Stats_softmax(StatsObject *self, PyObject *unused)
     return list;
 }
 
-/* The features (FEATURE_NAMES order) from the statistics of n logits. */
+/* The features (FEATURE_NAMES order) from the statistics. */
 static void
-derive(const double *st, Py_ssize_t n, double position, double acceptance, double *f)
+derive(const double *st, double position, double acceptance, double *f)
 {
     double m = st[0], second = st[1], s = st[3], t = st[4], var = st[6];
     double entropy = log(s) - t / s;
@@ -198,7 +199,7 @@ write_features(StatsObject *self, const unsigned char *columns, Py_ssize_t ncol,
 {
     double f[6];
     if (ensure(self, level) < 0) return -1;
-    derive(self->out, self->n, position, acceptance, f);
+    derive(self->out, position, acceptance, f);
     for (Py_ssize_t j = 0; j < ncol; j++) x[j] = (float)f[columns[j]];
     return 0;
 }

@@ -37,8 +37,8 @@ __all__ = [
 
 # logit_std and recent_acceptance are computed and traced but left out by
 # default: dropping either from logistic regression moved validation AUC by
-# under 0.001 on both pairs' traces. logit_std costs two more passes over the
-# vocabulary per token; recent_acceptance depends on the drafting policy that
+# under 0.001 on both pairs' traces. logit_std costs two more sums per logit in
+# the drafting loop's kernel; recent_acceptance depends on the drafting policy that
 # produced the trace (a predictor that stops early sees fewer rejections).
 DEFAULT_FEATURES = ("confidence", "entropy", "margin", "position")
 

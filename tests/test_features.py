@@ -212,6 +212,8 @@ def test_wrong_buffers_are_refused(impl):
         logits_mod.LogitStats(np.zeros(10)).argmax()
     with pytest.raises(ValueError, match="float32"):
         logits_mod.LogitStats(np.zeros(0, dtype=np.float32)).softmax()
+    with pytest.raises(TypeError):
+        logits_mod.LogitStats(np.zeros(10, dtype=np.float32), softmax=True)
     st = logits_mod.LogitStats(np.zeros(10, dtype=np.float32))
     with pytest.raises(ValueError, match="feature index"):
         st.features_into(np.zeros(1, np.float32), b"\x09", 1, 0.5)
