@@ -17,8 +17,9 @@ from edgekit import (
     VerifierError,
     VerifierUnavailableError,
 )
-from edgekit.testing import FakeDraftModel, FakeSGLangServer, FakeVerifier, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, FakeOpenAIServer, FakeSGLangServer, FakeVerifier, ToyLanguageModel
 from edgekit.transport import GrpcTransport, OpenAITransport, SGLangTransport, connect
+from edgekit.transport._base import BlockRequest, ServerInfo
 
 TARGET = ToyLanguageModel(seed=11)
 
@@ -42,14 +43,19 @@ def _client(url: str, draft=None, **gen) -> EdgeClient:  # type: ignore[no-untyp
     return EdgeClient(url, draft_model=draft or _draft(), generation=config, config=ClientConfig(timeout=2.0))
 
 
-def test_greedy_through_sglang_is_the_targets_own_decoding(sglang):
-    with _client(f"sglang+{sglang.url}") as client:
+def _speculates_to_the_targets_own_decoding(url: str) -> ServerInfo:
+    with _client(url) as client:
         result = client.generate("speculate").until_done()
         info = client.server_info()
     reference = list(FakeVerifier(TARGET).generate(_draft().tokenize("speculate"), mode="greedy", temperature=0,
                                                      seed=0, max_tokens=48))
     assert list(result.token_ids) == [g.token for g in reference]
     assert result.stats.rounds < 48 and result.stats.accepted > 0  # drafts were accepted, several per round
+    return info
+
+
+def test_greedy_through_sglang_is_the_targets_own_decoding(sglang):
+    info = _speculates_to_the_targets_own_decoding(f"sglang+{sglang.url}")
     assert (info.backend, info.modes, info.upload_protocols, info.prefix_cache) == ("sglang", ("greedy",), ("tokens",), True)
     assert info.tokenizer_check == "token texts of a probe text's ids"
     # every round sent ids and asked for the block's positions only
@@ -120,3 +126,51 @@ def test_rates_cannot_be_probed_without_an_echo_endpoint(sglang):
     with _client(f"sglang+{sglang.url}") as client:
         result = client.probe_link(pings=3)
     assert result.link.rtt_ms > 0 and result.link.uplink_mbps == 0 and result.pings == 3
+
+
+@pytest.fixture()
+def vllm():
+    draft = _draft()
+    with FakeOpenAIServer(TARGET, _text_of(draft), tokenize=lambda text: draft.tokenize(text)) as server:
+        yield server
+
+
+def test_greedy_through_a_vllm_style_server_reads_tokens_by_id(vllm):
+    """The toy vocabulary renders 64 tokens as 26 letters: only names by id say which
+    token the target chose, and with them the output is the target's own decoding."""
+    info = _speculates_to_the_targets_own_decoding(f"openai+{vllm.url}")
+    assert (info.backend, info.tokenizer_check) == ("openai", "probe text through /tokenize")
+    last = vllm.requests[-1]  # token-id prompts, tokens named by id
+    assert all(isinstance(t, int) for t in last["prompt"]) and last["return_tokens_as_token_ids"] is True
+
+
+def _handshake(url: str) -> OpenAITransport:
+    draft = _draft()
+    transport = OpenAITransport(url, draft, timeout=2.0)
+    transport.handshake(draft.fingerprint(), draft_model="toy", draft_hidden_size=0)
+    return transport
+
+
+def test_a_server_that_names_tokens_by_text_only_is_asked_once():
+    with FakeOpenAIServer(TARGET, _text_of(_draft()), id_names=False) as server:
+        transport = _handshake(server.url)
+        assert transport.prompt_ids and not transport.id_names
+        asked = len(server.requests)
+        list(transport.generate(_draft().tokenize("speculate"), mode="greedy", temperature=0, seed=0, max_tokens=2))
+        assert sum(bool(r.get("return_tokens_as_token_ids")) for r in server.requests[:asked]) == 1  # the handshake's
+        assert all("return_tokens_as_token_ids" not in r for r in server.requests[asked:])
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [("bad-id", "named the target's token 'token_id:69', not a token id of the 64-token vocabulary"),
+     ("bad-echo", "echoed prompt token .* as 'token_id:.*', ours is")],
+)
+def test_a_wrong_token_id_is_a_protocol_error(vllm, fault, message):
+    transport = _handshake(vllm.url)
+    prompt = _draft().tokenize("speculate")
+    opened = transport.open_session(prompt, mode="greedy", temperature=0, seed=0, slo_class="interactive",
+                                    draft=_draft().fingerprint())
+    vllm.fault = fault
+    with pytest.raises(ProtocolError, match=message):
+        transport.verify(BlockRequest(session_id=opened.session_id, base_position=len(prompt), draft_tokens=(5, 6)))

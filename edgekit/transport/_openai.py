@@ -13,13 +13,16 @@ echoed tokens are checked against ours, position by position: a sequence that
 text cannot carry exactly (a split the server would tokenize differently, or
 half a UTF-8 character) is refused, never verified on shifted positions.
 
-The API names tokens by their text, so the top-1 token's id is recovered from
-the draft's vocabulary (shared with the target: checked at the handshake): the
-token with that text, or where several share it (a byte-fallback token and the
-piece itself) the one the tokenizer produces; an empty string (a control token
-such as end-of-text) is resolved by the server's finish reason. A target that
-chose a non-canonical twin of the same text is indistinguishable through this
-API; token-id backends (SGLang, vLLM's token ids) do not have that limit.
+The API names tokens by their text. Where the server can name them by id
+instead (vLLM's `return_tokens_as_token_ids`, "token_id:N"; found at the
+handshake), it is asked to, and ids are read as they are. Otherwise the top-1
+token's id is recovered from the draft's vocabulary (shared with the target:
+checked at the handshake): the token with that text, or where several share it
+(a byte-fallback token and the piece itself) the one the tokenizer produces; an
+empty string (a control token such as end-of-text) is resolved by the server's
+finish reason. A target that chose a non-canonical twin of the same text is
+indistinguishable through text; token-id backends (SGLang, vLLM's token ids)
+do not have that limit.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class OpenAITransport(StatelessTransport):
                          max_context=max_context, max_block=max_block)
         self.model = model or ""
         self.prompt_ids: bool | None = None  # whether the server takes token-id prompts (found at the handshake)
+        self.id_names = False  # whether it names tokens "token_id:N" when asked (found at the handshake)
         # Sampling switches that are on by default in some servers and would make temperature 0 something
         # other than the target's argmax (llama-cpp-python's repeat_penalty defaults to 1.1).
         self._plain_sampling: dict = {}
@@ -79,9 +83,20 @@ class OpenAITransport(StatelessTransport):
             raise
 
     def _check_prompt_logprobs(self, model: str) -> None:
+        """Prompt log-probabilities must come back; with token-id prompts, also asks for
+        tokens named by id and keeps that only if the server answers with them."""
         tokens = self.tokenizer.tokenize("The quick brown fox", add_special=True)
-        choice = self._complete(model, tokens, during="a prompt log-probability check")
+        self.id_names = bool(self.prompt_ids)
+        try:
+            choice = self._complete(model, tokens, during="a prompt log-probability check")
+        except VerifierError as exc:
+            if not self.id_names or exc.code not in ("400", "422"):
+                raise
+            self.id_names = False  # a strict server refusing the unknown field: text names
+            choice = self._complete(model, tokens, during="a prompt log-probability check")
         lp = choice.get("logprobs") or {}
+        names = lp.get("tokens")
+        self.id_names = self.id_names and isinstance(names, list) and [_token_id(n) for n in names[: len(tokens)]] == tokens
         if not isinstance(lp.get("token_logprobs"), list) or len(lp["token_logprobs"]) < 2:
             raise ConfigError(
                 f"{self.kind} at {self.address} returns no log-probabilities of prompt tokens (echo with logprobs), "
@@ -135,6 +150,8 @@ class OpenAITransport(StatelessTransport):
     def _complete(self, model: str, tokens: Sequence[int], *, during: str, max_tokens: int = 1, echo: bool = True) -> dict:
         body = {"model": model, "prompt": self._prompt(tokens), "max_tokens": max_tokens, "temperature": 0,
                 "echo": echo, "logprobs": 1} | self._plain_sampling
+        if self.id_names:
+            body["return_tokens_as_token_ids"] = True
         data = self.http.request("POST", "/completions", body, during=during)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -167,7 +184,7 @@ class OpenAITransport(StatelessTransport):
             if own >= peak:
                 best.append(tokens[i])  # the draft token is the top-1 (ties go to the draft)
             else:
-                best.append(self._resolve(max(top, key=top.get), tokens[:i]))
+                best.append(self._identify(max(top, key=top.get), tokens[:i]))
                 return best  # the block stops at its first rejection: later positions are never read
         best.append(self._generated(choice, strs[len(ours)], tokens))
         return best
@@ -179,6 +196,15 @@ class OpenAITransport(StatelessTransport):
                 f"{len(ours)}: this sequence cannot be verified through text prompts",
                 address=self.address,
             )
+        if self.id_names:
+            theirs = [_token_id(s) for s in strs[: len(ours)]]
+            if theirs != ours:
+                j = next(j for j, (a, b) in enumerate(zip(theirs, ours)) if a != b)
+                raise ProtocolError(
+                    f"{self.kind} at {self.address} echoed prompt token {j} as {strs[j]!r}, ours is {ours[j]}",
+                    address=self.address,
+                )
+            return
         for j, (s, t) in enumerate(zip(strs, ours)):
             mine = self.tokenizer.token_bytes(t).decode("utf-8", errors="ignore")
             if s != mine:
@@ -191,7 +217,20 @@ class OpenAITransport(StatelessTransport):
     def _generated(self, choice: dict, text: str, tokens: Sequence[int]) -> int:
         if text == "" and choice.get("finish_reason") == "stop":
             return self.tokenizer.fingerprint().eos_token
-        return self._resolve(text, tokens)
+        return self._identify(text, tokens)
+
+    def _identify(self, name: str, context: Sequence[int]) -> int:
+        """The id of the token the server names `name`, the target's greedy choice after `context`."""
+        if not self.id_names:
+            return self._resolve(name, context)
+        tok = _token_id(name)
+        if tok is None or not 0 <= tok < self.tokenizer.n_vocab:
+            raise ProtocolError(
+                f"{self.kind} at {self.address} named the target's token {name!r}, not a token id of the "
+                f"{self.tokenizer.n_vocab}-token vocabulary",
+                address=self.address,
+            )
+        return tok
 
     def _resolve(self, text: str, context: Sequence[int]) -> int:
         """The id of the token the server names by `text`, the target's greedy choice after `context`."""
@@ -227,8 +266,15 @@ class OpenAITransport(StatelessTransport):
             if s == "" and last and choice.get("finish_reason") == "stop":
                 ids.append(self.tokenizer.fingerprint().eos_token)
             else:
-                ids.append(self._resolve(s, list(tokens) + ids))
+                ids.append(self._identify(s, list(tokens) + ids))
         return ids
+
+
+def _token_id(name: object) -> int | None:
+    """N of a token named "token_id:N" (vLLM's return_tokens_as_token_ids), else None."""
+    if isinstance(name, str) and name.startswith("token_id:") and name[9:].isdigit():
+        return int(name[9:])
+    return None
 
 
 def _reverse_vocabulary(tokenizer: DraftModel) -> dict[str, int]:
