@@ -51,7 +51,8 @@ def probe(
         from edgekit import LlamaDraftModel
         from edgekit.models import model_path
 
-        tokenizer = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=256)
+        # calibration drafts on it too: room for its prompt, its tokens and a window
+        tokenizer = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=256 + calibration_tokens + max_window)
     else:
         tokenizer = None
     transport = connect(address, config, tokenizer)  # type: ignore[arg-type]
@@ -63,7 +64,7 @@ def probe(
         if link_only:
             policy = LinkPolicy(gen, link, hidden_dim=draft_spec.hidden_size, n_vocab=draft_spec.vocab_size)
         else:
-            policy, calibration = _calibrate(transport, link, pair, gen, config)
+            policy, calibration = _calibrate(transport, link, pair, gen, config, tokenizer)
     finally:
         transport.close()
         if tokenizer is not None:
@@ -115,11 +116,12 @@ def probe(
     _print(result)
 
 
-def _calibrate(transport, link, pair: str, gen, config):  # type: ignore[no-untyped-def]
-    """A short real generation through the verifier, so the costs are this device's and this verifier's."""
+def _calibrate(transport, link, pair: str, gen, config, draft=None):  # type: ignore[no-untyped-def]
+    """A short real generation through the verifier, so the costs are this device's and this verifier's
+    (on `draft` when one is loaded already, else the pair's, loaded here)."""
     from edgekit import EdgeClient
 
-    with EdgeClient(transport, pair=pair, config=config, generation=gen) as client:
+    with EdgeClient(transport, pair=pair, draft_model=draft, config=config, generation=gen) as client:
         session = client.session()
         try:
             session.open(client.tokenize(CALIBRATION_PROMPT))

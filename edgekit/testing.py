@@ -119,6 +119,9 @@ class FakeDraftModel:
     def truncate(self, length: int) -> None:
         del self.evaluated[length:]
 
+    def close(self) -> None:
+        pass  # nothing held (LlamaDraftModel frees its model)
+
 
 class SimulatedLink:
     """Times of exchanges over a modelled link, without waiting: base RTT, rates

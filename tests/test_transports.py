@@ -174,3 +174,30 @@ def test_a_wrong_token_id_is_a_protocol_error(vllm, fault, message):
     vllm.fault = fault
     with pytest.raises(ProtocolError, match=message):
         transport.verify(BlockRequest(session_id=opened.session_id, base_position=len(prompt), draft_tokens=(5, 6)))
+
+
+def test_probing_a_stock_server_loads_the_draft_once_and_calibrates(vllm, monkeypatch):
+    """`edgekit probe` needs the draft's tokenizer to reach a stock server at all; the
+    calibration rounds draft on that same model rather than loading a second one."""
+    import edgekit
+    import edgekit._client
+    import edgekit.models
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    loaded = []
+
+    def draft(path, *, name, n_ctx=None):  # type: ignore[no-untyped-def]
+        loaded.append(name)
+        return _draft()
+
+    monkeypatch.setattr(edgekit, "LlamaDraftModel", draft)  # where the probe loads it
+    monkeypatch.setattr(edgekit._client, "LlamaDraftModel", draft)  # where a client would
+    monkeypatch.setattr(edgekit.models, "model_path", lambda name: name)
+    r = CliRunner().invoke(app, ["probe", f"openai+{vllm.url}", "--pair", "gemma-270m", "--json",
+                                 "--calibration-tokens", "16", "--pings", "3", "--tries", "1"])
+    assert r.exit_code == 0, r.output
+    assert len(loaded) == 1
+    out = __import__("json").loads(r.stdout)
+    assert out["calibration"]["rounds"] > 0 and out["costs"]["measured"] and out["choice"]["upload"] == "tokens"
