@@ -41,6 +41,7 @@ class LinkEstimator:
         self.downlink_mbps = 0.0
         self.loss_rate = 0.0
         self.samples = 0
+        self.probed = False  # whether probe() has measured with it (rates that stay 0 are then unmeasurable)
 
     def add_rtt(self, ms: float) -> None:
         """One round-trip sample (RFC 6298 smoothing; also judges retransmission)."""
@@ -159,4 +160,5 @@ def probe(
                 break
             size *= 4
         est.set_rate(direction, size, best)
+    est.probed = True
     return ProbeResult(est.state(), n, time.perf_counter() - t0)

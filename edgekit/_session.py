@@ -150,7 +150,9 @@ class SpeculativeSession:
 
     def _needs_rates(self) -> bool:
         uses_model = self.config.upload == "auto" or self.config.drafting == "latency"
-        return uses_model and not (self.link.uplink_mbps and self.link.downlink_mbps)
+        # Once per client: a server without an echo endpoint (or a link too fast to time)
+        # leaves the rates at 0, and probing again at each session would not change that.
+        return uses_model and not self.link.probed and not (self.link.uplink_mbps and self.link.downlink_mbps)
 
     def _claim_draft(self) -> None:
         if _draft_owner.get(id(self.draft)) is not self:

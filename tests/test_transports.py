@@ -128,6 +128,16 @@ def test_rates_cannot_be_probed_without_an_echo_endpoint(sglang):
     assert result.link.rtt_ms > 0 and result.link.uplink_mbps == 0 and result.pings == 3
 
 
+def test_unmeasurable_rates_are_probed_once_per_client_not_at_every_session(sglang):
+    with _client(f"sglang+{sglang.url}", drafting="latency", max_tokens=6) as client:
+        pings = []
+        ping = client.transport.ping
+        client.transport.ping = lambda *a, **k: pings.append(1) or ping(*a, **k)  # type: ignore[method-assign]
+        for _ in range(3):
+            assert len(client.generate("speculate").until_done().token_ids) == 6
+    assert len(pings) == 5 and client.link.probed and client.link.uplink_mbps == 0  # one session's probe
+
+
 @pytest.fixture()
 def vllm():
     draft = _draft()
