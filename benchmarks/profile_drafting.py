@@ -18,6 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C
@@ -55,7 +57,7 @@ def main() -> None:
     summary = {}
     for r in rows:
         summary.setdefault(f"{r['pair']} threads={r['threads']}", []).append(r["added_share"])
-    summary = {k: {"added_share": v, "median": float(sorted(v)[len(v) // 2])} for k, v in summary.items()}
+    summary = {k: {"added_share": v, "median": float(np.median(v))} for k, v in summary.items()}
     path = C.write_result("profile_drafting", {"settings": vars(args), "summary": summary, "results": rows})
     for k, v in summary.items():
         print(f"{k:<32} added share per repeat {' '.join(f'{100 * x:.2f}%' for x in v['added_share'])}  median {100 * v['median']:.2f}%")

@@ -192,32 +192,6 @@ level_for(const unsigned char *columns, Py_ssize_t ncol)
     return level;
 }
 
-/* The features `columns` of self into the float32 array x (ncol entries). */
-static int
-write_features(StatsObject *self, const unsigned char *columns, Py_ssize_t ncol, int level, double position,
-               double acceptance, float *x)
-{
-    double f[6];
-    if (ensure(self, level) < 0) return -1;
-    derive(self->out, position, acceptance, f);
-    for (Py_ssize_t j = 0; j < ncol; j++) x[j] = (float)f[columns[j]];
-    return 0;
-}
-
-/* A writable contiguous float32 buffer of n entries (n < 0: any), or -1 with ValueError. */
-static int
-float32_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t n, const char *what)
-{
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) return -1;
-    if (view->itemsize != 4 || !is_format(view->format, 'f') || (n >= 0 ? view->len != n * 4 : view->len < 4)) {
-        PyBuffer_Release(view);
-        PyErr_Format(PyExc_ValueError, "%s must be a writable contiguous float32 array%s", what,
-                     n >= 0 ? " with one entry per column" : "");
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *
 Stats_features_into(StatsObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -235,8 +209,19 @@ Stats_features_into(StatsObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t ncol = PyBytes_GET_SIZE(args[1]);
     int level = level_for(columns, ncol);
     Py_buffer x;
-    if (level < 0 || float32_buffer(args[0], &x, ncol, "x") < 0) return NULL;
-    int rc = write_features(self, columns, ncol, level, position, acceptance, (float *)x.buf);
+    if (level < 0 || PyObject_GetBuffer(args[0], &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (x.itemsize != 4 || !is_format(x.format, 'f') || x.len != ncol * 4) {
+        PyBuffer_Release(&x);
+        PyErr_SetString(PyExc_ValueError, "x must be a writable contiguous float32 array with one entry per column");
+        return NULL;
+    }
+    double f[6];
+    int rc = ensure(self, level);
+    if (rc == 0) {
+        derive(self->out, position, acceptance, f);
+        for (Py_ssize_t j = 0; j < ncol; j++) ((float *)x.buf)[j] = (float)f[columns[j]];
+    }
     PyBuffer_Release(&x);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;

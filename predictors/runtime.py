@@ -205,8 +205,12 @@ class _TopProbability:
     def p_accept(self, features: np.ndarray) -> float:
         return float(features[0])  # FEATURE_NAMES[0] is confidence
 
+    def __init__(self) -> None:
+        self._x = np.empty(1, dtype=np.float32)
+
     def p_accept_step(self, stats: LogitStats, position: int, recent_acceptance: float) -> float:
-        return 1.0 / stats.softmax()[3]  # 1 / sum exp(z - max)
+        stats.features_into(self._x, b"\x00", position, recent_acceptance)  # confidence: no moments computed
+        return self._x.item(0)
 
 
 class ConfidenceThreshold(PredictorController):
