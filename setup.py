@@ -1,9 +1,9 @@
 """Only the compiled part of edgekit; everything else is in pyproject.toml.
 
-edgekit._logitstats is the logit-statistics kernel of the drafting loop (GCC or
+edgekit.runtime._logitstats is the logit-statistics kernel of the drafting loop (GCC or
 Clang vector extensions). It is optional: without such a compiler edgekit
 installs without it and computes the same statistics with numpy, several times
-slower (edgekit._logits).
+slower (edgekit.runtime._logits).
 """
 
 import sys
@@ -15,9 +15,9 @@ args = [] if sys.platform == "win32" else ["-O3", "-fno-math-errno", "-fno-trapp
 setup(
     ext_modules=[
         Extension(
-            "edgekit._logitstats",
-            ["edgekit/_logitstats.c"],
-            depends=["edgekit/_logitstats_kernel.h"],
+            "edgekit.runtime._logitstats",
+            ["edgekit/runtime/_logitstats.c"],
+            depends=["edgekit/runtime/_logitstats_kernel.h"],
             extra_compile_args=args,
             optional=True,
         )

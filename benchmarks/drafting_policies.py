@@ -36,7 +36,8 @@ from edgekit import ConfidenceThreshold, EdgeClient, FixedWindow, GenerationConf
 from edgekit.models import get_pair
 from edgekit.predictors.collect import Trace, TraceRecorder
 from edgekit.predictors.profile import profile_drafting
-from edgekit.predictors.runtime import OnnxPredictor, PredictorController
+from edgekit.drafting import PredictorController
+from edgekit.predictors.runtime import OnnxPredictor
 from edgekit.predictors.shipped import shipped_cards
 from edgekit.predictors.train import classification_metrics
 
@@ -98,6 +99,7 @@ def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) 
     totals: dict[str, dict] = defaultdict(lambda: defaultdict(float))
     identical: dict[str, int] = defaultdict(int)
     recorded: list[Trace] = []
+    token_ids: dict[str, dict[str, list[int]]] = defaultdict(dict)  # policy -> prompt id -> output
     with EdgeClient(None, pair=pair, generation=gen, local_server=ServerConfig(port=0, max_sessions=2)) as client:
         client.server_info()
         names = list(policies)
@@ -108,6 +110,7 @@ def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) 
                 ctl = policies[name]()
                 final = client.generate(p["prompt"], controller=ctl).until_done()
                 outputs[name] = final.token_ids
+                token_ids[name][p["id"]] = list(final.token_ids)
                 s = final.stats
                 t = totals[name]
                 for key in ("rounds", "drafted", "accepted", "wasted_draft_tokens", "draft_steps", "completion_tokens",
@@ -167,6 +170,7 @@ def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) 
         "decision_profile": decision,
         "held_out_classification": classification_metrics(held.label.astype(float), p, predictor.threshold),
         "prompts": len(prompts),
+        "token_ids": token_ids,  # every policy's output on every prompt, for token-for-token comparisons
     }
 
 

@@ -22,13 +22,10 @@ import _common as C
 import numpy as np
 
 from edgekit import LlamaDraftModel
-from edgekit._hidden import encode_hidden, encoding_error
-from edgekit._latency import Overheads, PayloadModel, varint_bits
-from edgekit._proto import verifier_pb2 as pb
-from edgekit._wire import hidden_answer_to_pb, verify_request_to_pb
+from edgekit.link import Overheads, PayloadModel, varint_bits
+from edgekit.protocol import encode_hidden, encoding_error, hidden_answer_to_pb, pb, verify_request_to_pb
 from edgekit.models import get_model, get_pair, model_path
-from edgekit.transport import BlockRequest
-from edgekit.transport._base import LinkState
+from edgekit.protocol import BlockRequest, LinkState
 
 
 def states(draft: LlamaDraftModel, prompt: str, steps: int) -> np.ndarray:

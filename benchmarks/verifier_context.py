@@ -3,7 +3,7 @@
 The verifier keeps each session's KV cache, so a round decodes only the
 pending token and the draft block (K+1 rows) whatever the context length L.
 A stateless verifier would instead decode the whole L+K tokens every round.
-This benchmark measures both on the same `TargetEngine`, round by round and
+This benchmark measures both on the same `LlamaEngine`, round by round and
 interleaved (the order of the cells is shuffled every round) so that the
 noise of the shared CPU hits every cell alike.
 
@@ -37,9 +37,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C
 from edgekit.models import get_pair, pair_paths
 
-from edgekit.verifier._engine import TargetEngine
+from edgekit.verifier import Feed, LlamaEngine
 
 ALL_PAIRS = ("gemma-270m", "qwen-coder")
+
+
+def timed_run(engine: LlamaEngine, seq: int, tokens: list[int], start: int, n_out: int) -> tuple[np.ndarray, float]:
+    """One feed on the engine: its logits and the milliseconds it took."""
+    t0 = time.perf_counter()
+    (logits,) = engine.run_batch([Feed(seq, start, tuple(tokens), n_out)])
+    return logits, (time.perf_counter() - t0) * 1e3
 
 # Filler for the context: neither an evaluation prompt nor tuned on; mixed
 # prose and code so both tokenizers see ordinary text. Repeated to length.
@@ -92,11 +99,11 @@ def measure(
     _, target_path = pair_paths(pair)
     target_name = get_pair(pair).target
     max_context = max(contexts) + k + 8
-    engines: dict[str, TargetEngine] = {}
+    engines: dict[str, LlamaEngine] = {}
     load_s: dict[str, float] = {}
     for num in numerics:
         t0 = time.perf_counter()
-        engines[num] = TargetEngine(
+        engines[num] = LlamaEngine(
             str(target_path),
             name=target_name,
             max_context=max_context,
@@ -114,10 +121,8 @@ def measure(
             ids = build_context(engine.model, L, k)
             ctx, pending, block = ids[: L - 1], ids[L - 1], ids[L : L + k]
             seq_reuse, seq_re = 2 * i, 2 * i + 1
-            engine.drop(seq_reuse)
-            _, _, prefill_ms = engine.run(
-                seq_reuse, ctx, 0, 0
-            )  # once: the session's prompt prefill
+            engine.release(seq_reuse)
+            _, prefill_ms = timed_run(engine, seq_reuse, ctx, 0, 0)  # once: the session's prompt prefill
             data[(num, L)] = {
                 "ctx": ctx,
                 "feed": [pending] + block,
@@ -135,12 +140,12 @@ def measure(
         seq = d["seq"][method]
         t = time.perf_counter()
         if method == "reuse":
-            logits, _, dec = engine.run(seq, d["feed"], L - 1, k + 1)
+            logits, dec = timed_run(engine, seq, d["feed"], L - 1, k + 1)
             engine.truncate(seq, L - 1)
         else:
-            engine.drop(seq)
-            _, _, dec0 = engine.run(seq, d["ctx"], 0, 0)
-            logits, _, dec1 = engine.run(seq, d["feed"], L - 1, k + 1)
+            engine.release(seq)
+            _, dec0 = timed_run(engine, seq, d["ctx"], 0, 0)
+            logits, dec1 = timed_run(engine, seq, d["feed"], L - 1, k + 1)
             dec = dec0 + dec1
         return (time.perf_counter() - t) * 1e3, dec, logits
 

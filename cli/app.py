@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from edgekit._errors import EdgekitError
+from edgekit.errors import EdgekitError
 
 from . import chat, generate, models, predictor, probe, profile, serve
 

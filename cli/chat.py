@@ -84,7 +84,7 @@ def chat(
 
     from edgekit import GenerationConfig
 
-    from . import _client
+    from . import _connect
     from ._history import History
 
     gen = GenerationConfig(
@@ -94,7 +94,7 @@ def chat(
     # With --json, stdout carries only JSON lines; everything for people goes to stderr.
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
     log = History(history, pair)
-    with _client.build_client(pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen) as client:
+    with _connect.build_client(pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen) as client:
         conv = client.conversation(system=system)
         session = _ChatSession(client, conv, out, log, json_out)
         try:

@@ -57,14 +57,14 @@ def generate(
     """Generate a completion by speculative decoding (or by the target alone with --baseline)."""
     from edgekit import GenerationConfig, TextDelta
 
-    from . import _client
+    from . import _connect
 
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
         drafting=drafting, predictor=predictor, max_window=max_window, p_min=p_min,
         upload=upload, hidden_encoding=hidden_encoding,
     )
-    with _client.build_client(
+    with _connect.build_client(
         pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, announce=not json_out
     ) as client:
         stream = client.generate_target_only(prompt) if baseline else client.generate(prompt)

@@ -40,14 +40,14 @@ def collect(
     from edgekit.predictors.collect import collect as run_collect
     from edgekit.predictors.collect import load_prompts
 
-    from . import _client
+    from . import _connect
 
     rows = load_prompts(prompts or _default_prompts())
     if limit:
         rows = rows[:limit]
     gen = GenerationConfig(mode=mode, drafting="fixed", draft_k=window, max_tokens=max_tokens)
     local = ServerConfig(port=0, max_sessions=2, numerics=numerics)
-    with _client.build_client(
+    with _connect.build_client(
         pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, local_server=local
     ) as client:
 
@@ -94,7 +94,7 @@ def train(
     json_out: bool = typer.Option(False, "--json", help="Print the metric card as JSON."),
 ) -> None:
     """Fit the MLP and a logistic baseline, pick the threshold by expected goodput, export to ONNX with a metric card."""
-    from edgekit._errors import ConfigError
+    from edgekit.errors import ConfigError
     from edgekit.predictors.collect import Trace
     from edgekit.predictors.features import FEATURE_NAMES
     from edgekit.predictors.pipeline import train_from_trace

@@ -33,8 +33,8 @@ def probe(
     from dataclasses import replace
 
     from edgekit import ClientConfig, GenerationConfig
-    from edgekit._link import LinkEstimator, probe as probe_link
-    from edgekit._link_policy import LinkPolicy
+    from edgekit.link import LinkEstimator, LinkPolicy
+    from edgekit.link import probe as probe_link
     from edgekit.models import get_model, get_pair
     from edgekit.transport import connect
 
@@ -55,7 +55,7 @@ def probe(
         tokenizer = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=256 + calibration_tokens + max_window)
     else:
         tokenizer = None
-    transport = connect(address, config, tokenizer)  # type: ignore[arg-type]
+    transport = connect(address, config, tokenizer)
     if tokenizer is not None:
         gen = replace(gen, upload="tokens")  # stock servers take no hidden states
     try:

@@ -23,7 +23,7 @@ def profile(
     if threads:
         os.environ["EDGEKIT_THREADS"] = str(threads)
     from edgekit import LlamaDraftModel
-    from edgekit._errors import ConfigError
+    from edgekit.errors import ConfigError
     from edgekit.models import get_pair, model_path
     from edgekit.predictors.profile import profile_drafting
     from edgekit.predictors.shipped import shipped_predictor

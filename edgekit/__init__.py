@@ -1,39 +1,58 @@
-"""edgekit: the device side of distributed speculative LLM decoding."""
+"""edgekit: the device side of distributed speculative LLM decoding.
 
-__version__ = "0.1.0"
+The package's folders follow the architecture: `protocol` (the wire protocol
+and the verdict), `runtime` (llama.cpp, the draft model, the logit kernel),
+`drafting` (how long each block is), `link` (the link estimate, latency model
+and upload policy), `transport` (the seam to verifiers), `client` (sessions,
+streams, chat, the sync and async clients), `verifier` (the reference verifier:
+service, sessions, rounds, scheduler, engine). What most programs need is
+re-exported here.
+"""
 
-from ._async_client import AsyncConversation, AsyncEdgeClient, AsyncGenerationStream
-from ._chat import ChatTemplate, Conversation
-from ._client import EdgeClient, GenerationStream
-from ._config import ClientConfig, GenerationConfig, ServerConfig
-from ._controller import Controller, Decision, FixedWindow
-from ._draft import DraftModel, DraftOutput, LlamaDraftModel
-from ._logits import LogitStats
-from ._errors import (
+from .__version__ import __version__
+from .client import (
+    AsyncConversation,
+    AsyncEdgeClient,
+    AsyncGenerationStream,
+    ChatTemplate,
+    Conversation,
+    EdgeClient,
+    Event,
+    FinalStats,
+    GenerationStats,
+    GenerationStream,
+    RoundEvent,
+    RoundStats,
+    SpeculativeSession,
+    TextDelta,
+)
+from .config import ClientConfig, GenerationConfig, ServerConfig
+from .drafting import ConfidenceThreshold, Controller, Decision, FixedWindow, PredictorController
+from .errors import (
     AuthenticationError,
     ConfigError,
     DependencyMissingError,
     EdgekitError,
+    HiddenStateError,
     IncompatibleModelsError,
+    InferenceError,
+    KVCacheFullError,
     LimitExceededError,
     ModelError,
     ModelFetchError,
     ModelIntegrityError,
     ModelLoadError,
     ModelNotFoundError,
+    PredictorError,
     ProtocolError,
     SessionNotFoundError,
     StaleRoundError,
     VerifierError,
     VerifierUnavailableError,
 )
-from ._events import Event, FinalStats, RoundEvent, TextDelta
-from ._link import LinkEstimator, ProbeResult
-from ._latency import RoundPlan
-from ._metrics import GenerationStats, RoundStats
-from ._session import SpeculativeSession
-from .transport._base import LinkState
-from .predictors.runtime import ConfidenceThreshold  # the p-min policy is a predictor that reads confidence
+from .link import LinkEstimator, ProbeResult, RoundPlan
+from .protocol import LinkState
+from .runtime import DraftModel, DraftOutput, LlamaDraftModel, LogitStats
 
 __all__ = [
     "AsyncConversation",
@@ -42,10 +61,10 @@ __all__ = [
     "AuthenticationError",
     "ChatTemplate",
     "ClientConfig",
-    "Conversation",
-    "ConfigError",
     "ConfidenceThreshold",
+    "ConfigError",
     "Controller",
+    "Conversation",
     "Decision",
     "DependencyMissingError",
     "DraftModel",
@@ -58,7 +77,10 @@ __all__ = [
     "GenerationConfig",
     "GenerationStats",
     "GenerationStream",
+    "HiddenStateError",
     "IncompatibleModelsError",
+    "InferenceError",
+    "KVCacheFullError",
     "LimitExceededError",
     "LinkEstimator",
     "LinkState",
@@ -69,6 +91,8 @@ __all__ = [
     "ModelIntegrityError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "PredictorController",
+    "PredictorError",
     "ProbeResult",
     "ProtocolError",
     "RoundEvent",

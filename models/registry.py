@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edgekit._errors import ConfigError
+from edgekit.errors import ConfigError
 
 __all__ = [
     "DeriveSpec",
@@ -37,7 +37,7 @@ class PackageSource:
 
     def __post_init__(self) -> None:
         if not self.packages or len(self.packages) != len(self.members):
-            raise ValueError("PackageSource needs one member path per pinned package")
+            raise ConfigError("PackageSource needs one member path per pinned package")
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,9 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if (self.source is None) == (self.derive is None):
-            raise ValueError(f"model {self.name!r}: set exactly one of source and derive")
+            raise ConfigError(f"model {self.name!r}: set exactly one of source and derive")
         if self.source is not None and (self.sha256 is None or self.size is None):
-            raise ValueError(f"model {self.name!r}: a packaged model needs a pinned sha256 and size")
+            raise ConfigError(f"model {self.name!r}: a packaged model needs a pinned sha256 and size")
 
 
 @dataclass(frozen=True)

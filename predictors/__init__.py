@@ -2,7 +2,7 @@
 collection, training and export, and the shipped predictors with their metric cards.
 
     from edgekit.predictors import OnnxPredictor, PredictorController
-    controller = PredictorController(OnnxPredictor("my.onnx"), max_window=8)
+    controller = PredictorController(OnnxPredictor("my.onnx"), max_window=8)   # edgekit.drafting's
     client.generate("...", controller=controller)
 
 or, through the configuration: GenerationConfig(drafting="predictor", predictor="my.onnx").
@@ -10,8 +10,11 @@ or, through the configuration: GenerationConfig(drafting="predictor", predictor=
 
 from pathlib import Path
 
-from .features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
-from .runtime import ConfidenceThreshold, OnnxPredictor, PredictorController, PredictorError
+from edgekit.drafting import AcceptanceTracker, ConfidenceThreshold, PredictorController
+from edgekit.errors import PredictorError
+
+from .features import FEATURE_NAMES, LogitFeatures
+from .runtime import OnnxPredictor
 from .shipped import shipped_cards, shipped_predictor
 
 TRAIN_PROMPTS = Path(__file__).parent / "prompts" / "train.jsonl"  # the training prompt set (issue 4)

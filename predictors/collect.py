@@ -20,9 +20,11 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from edgekit._draft import DraftOutput
+from edgekit.drafting import AcceptanceTracker, Decision
+from edgekit.errors import ConfigError
+from edgekit.runtime import DraftOutput
 
-from .features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
+from .features import FEATURE_NAMES, LogitFeatures
 
 __all__ = ["Trace", "TraceRecorder", "collect", "label_round", "load_prompts"]
 
@@ -70,7 +72,7 @@ class Trace:
         with np.load(path) as z:
             header = json.loads(z["header"].tobytes().decode())
             if tuple(header.get("feature_names", ())) != FEATURE_NAMES:
-                raise ValueError(f"{path}: traced features {header.get('feature_names')} are not {list(FEATURE_NAMES)}")
+                raise ConfigError(f"{path}: traced features {header.get('feature_names')} are not {list(FEATURE_NAMES)}")
             return cls(z["features"], z["label"], z["prompt"], z["round"], header)
 
     @classmethod
@@ -102,9 +104,9 @@ class TraceRecorder:
     def window(self, limit: int) -> int:
         return min(self.k, limit)
 
-    def draft_next(self, index: int, step: DraftOutput) -> bool:
+    def draft_next(self, index: int, step: DraftOutput) -> Decision:
         self._block.append(self.features(step.stats, index, self.acceptance.value).copy())
-        return True  # Decision.DRAFT
+        return Decision.DRAFT
 
     def observe(self, drafted: int, accepted: int) -> None:
         # The last position's features may belong to a token the block never got
@@ -127,7 +129,7 @@ def load_prompts(path: str | os.PathLike[str]) -> list[dict]:
                     row = json.loads(line)
                     row["id"], row["prompt"]
                 except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{path}:{n}: expected a JSON object with 'id' and 'prompt'") from exc
+                    raise ConfigError(f"{path}:{n}: expected a JSON object with 'id' and 'prompt'") from exc
                 out.append(row)
     return out
 
@@ -189,7 +191,7 @@ def fit_cost_model(rounds: Sequence) -> dict:  # Sequence[RoundStats]
     n = np.array([r.drafted + 1 for r in rounds], dtype=np.float64)
     t = np.array([r.round_trip_ms for r in rounds], dtype=np.float64)
     if len(rounds) < 2 or np.ptp(n) == 0:
-        raise ValueError("fitting the cost model needs rounds of at least two block lengths")
+        raise ConfigError("fitting the cost model needs rounds of at least two block lengths")
     slope, intercept = np.polyfit(n, t, 1)
     return {
         "draft_step_ms": sum(r.draft_ms for r in rounds) / max(steps, 1),

@@ -28,9 +28,9 @@ def export_onnx(
         import onnx
         from onnx import TensorProto, helper, numpy_helper
     except ImportError as exc:
-        from .runtime import PredictorError
+        from edgekit.errors import DependencyMissingError
 
-        raise PredictorError("exporting a predictor needs the onnx package: pip install 'edgekit[train]'") from exc
+        raise DependencyMissingError("onnx", "train") from exc
     layers = model.layers()
     w0, b0 = layers[0]
     # ((x - mean) / scale) @ W + b  ==  x @ (W / scale[:, None]) + (b - (mean / scale) @ W)

@@ -1,7 +1,7 @@
 """Per-token features of a drafted token, from the draft model's logits (WISP sec. 3.3).
 
 They are computed inside the drafting loop over vocabularies of 150k-262k
-entries, from the step's `LogitStats` (edgekit._logits): one call of the
+entries, from the step's `LogitStats` (`edgekit.runtime`): one call of the
 compiled kernel that also gives the greedy token, so a step reads its logits
 once whatever the predictor reads. `edgekit
 profile` measures what they add to a draft step.
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgekit._logits import ALL_COLUMNS, FEATURE_NAMES, TAIL_NATS, LogitStats
+from edgekit.runtime import ALL_COLUMNS, FEATURE_NAMES, TAIL_NATS, LogitStats
 
-__all__ = ["FEATURE_NAMES", "TAIL_NATS", "AcceptanceTracker", "LogitFeatures"]
+__all__ = ["FEATURE_NAMES", "TAIL_NATS", "LogitFeatures"]
 
 
 class LogitFeatures:
@@ -37,20 +37,3 @@ class LogitFeatures:
             step = LogitStats(step)
         step.features_into(self._out, ALL_COLUMNS, position, recent_acceptance)
         return self._out
-
-
-class AcceptanceTracker:
-    """The `recent_acceptance` feature: an exponential moving average over the
-    session's labelled positions (each accepted token 1, a round's first
-    rejection 0; positions after it carry no outcome), starting at `initial`."""
-
-    def __init__(self, alpha: float = 0.1, initial: float = 0.5) -> None:
-        self.alpha = alpha
-        self.value = initial
-
-    def update(self, drafted: int, accepted: int) -> None:
-        a = self.alpha
-        for _ in range(accepted):
-            self.value += a * (1.0 - self.value)
-        if accepted < drafted:
-            self.value -= a * self.value

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgekit.errors import ConfigError
+
 from .collect import Trace
 from .features import FEATURE_NAMES
 from .train import (
@@ -61,7 +63,7 @@ def train_from_trace(
     window = int(header.get("window", 8))
     max_window = max_window or window
     if max_window > window:
-        raise ValueError(f"the trace drafted {window} tokens per round; it cannot evaluate a window of {max_window}")
+        raise ConfigError(f"the trace drafted {window} tokens per round; it cannot evaluate a window of {max_window}")
     cost = cost or CostModel(draft_step_ms=float(header["cost_model"]["draft_step_ms"]))
     train_rows, val_rows = split_by_prompt(trace, 0.2, seed)
     tr = Trace(trace.features[train_rows], trace.label[train_rows], trace.prompt[train_rows], trace.round[train_rows], header)
@@ -70,7 +72,7 @@ def train_from_trace(
     x_tr, y_tr = features_matrix(trl, feature_names), trl.label.astype(np.float64)
     x_va, y_va = features_matrix(val, feature_names), val.label.astype(np.float64)
     if len(np.unique(y_tr)) < 2 or len(np.unique(y_va)) < 2:
-        raise ValueError("the trace needs both accepted tokens and rejections in its training and validation prompts")
+        raise ConfigError("the trace needs both accepted tokens and rejections in its training and validation prompts")
 
     models = {
         "logistic": train_logistic(x_tr, y_tr),

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from edgekit._logits import ALL_COLUMNS, FEATURE_NAMES, KERNEL
+from edgekit.runtime import ALL_COLUMNS, FEATURE_NAMES, KERNEL
 
 __all__ = ["profile_drafting"]
 

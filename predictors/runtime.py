@@ -1,5 +1,6 @@
-"""The rejection predictor at run time: an ONNX classifier and the controller
-that stops drafting at its first predicted rejection (WISP sec. 4.1, eq. 25).
+"""The rejection predictor at run time: an ONNX classifier of draft steps, for
+the controller that stops drafting at its first predicted rejection
+(`edgekit.drafting.PredictorController`, WISP sec. 4.1, eq. 25).
 
 A predictor is an ONNX model with one float input `[N, F]` of features and an
 output giving the probability that the token is accepted, either `[N]`,
@@ -17,21 +18,17 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgekit._controller import Decision, StopRule
-from edgekit._draft import DraftOutput
-from edgekit._errors import ConfigError
-from edgekit._logits import LogitStats
+from edgekit.errors import DependencyMissingError, PredictorError
+from edgekit.runtime import FEATURE_NAMES, LogitStats
 
-from .features import FEATURE_NAMES, AcceptanceTracker
+if TYPE_CHECKING:  # the drafting package loads this module: no import back at run time
+    from edgekit.drafting import StopRule
 
-__all__ = ["ConfidenceThreshold", "OnnxPredictor", "PredictorController", "PredictorError"]
-
-
-class PredictorError(ConfigError):
-    """A predictor file that cannot be used: missing, not ONNX, or the wrong inputs or outputs."""
+__all__ = ["OnnxPredictor"]
 
 
 class OnnxPredictor:
@@ -49,7 +46,7 @@ class OnnxPredictor:
         try:
             import onnxruntime as ort
         except ImportError as exc:
-            raise PredictorError("the rejection predictor needs onnxruntime: pip install 'edgekit[predictor]'") from exc
+            raise DependencyMissingError("onnxruntime", "predictor") from exc
         self.path = Path(path)
         if not self.path.is_file():
             raise PredictorError(f"no predictor at {self.path}")
@@ -93,9 +90,10 @@ class OnnxPredictor:
         if not 0.0 <= threshold <= 1.0:
             raise PredictorError(f"threshold must be in [0, 1], got {threshold}")
         self.threshold = threshold
-        self.stop: StopRule = meta.get("edgekit.stop", "before")  # type: ignore[assignment]
-        if self.stop not in ("before", "after"):
-            raise PredictorError(f"{self.path}: edgekit.stop must be 'before' or 'after', got {self.stop!r}")
+        stop = meta.get("edgekit.stop", "before")
+        if stop not in ("before", "after"):
+            raise PredictorError(f"{self.path}: edgekit.stop must be 'before' or 'after', got {stop!r}")
+        self.stop: StopRule = stop
         self._check_output()
         self._bind()
 
@@ -150,82 +148,3 @@ class OnnxPredictor:
         """The model on the bound input row."""
         self._run_bound()
         return self._y.item(-1)  # [1], [1, 1], or [1, 2] with P(accept) second
-
-
-class PredictorController:
-    """Stop-at-first-predicted-rejection: draft while the predictor says the
-    next token will be accepted (p >= threshold), within [min_window, max_window];
-    at a predicted rejection, end the block before or after that token (`stop`,
-    by default the predictor's own rule)."""
-
-    def __init__(
-        self,
-        predictor: OnnxPredictor,
-        max_window: int,
-        *,
-        min_window: int = 1,
-        threshold: float | None = None,
-        stop: StopRule | None = None,
-        name: str | None = None,
-    ) -> None:
-        self.predictor = predictor
-        self.max_window = max_window
-        self.min_window = min_window
-        self.threshold = predictor.threshold if threshold is None else threshold
-        self.stop: StopRule = stop or getattr(predictor, "stop", "before")
-        self.name = name or f"predictor-{predictor.path.stem}"
-        self.acceptance = AcceptanceTracker()
-        self._k = max_window  # this round's window, set by window()
-        self.decisions = 0  # predictor calls so far
-
-    def window(self, limit: int) -> int:
-        self._k = min(self.max_window, limit)
-        return self._k
-
-    def draft_next(self, index: int, step: DraftOutput) -> Decision:
-        if index <= self.min_window:
-            return Decision.DRAFT
-        if index >= self._k and self.stop == "after":
-            return Decision.DRAFT  # the block's last token goes either way: no decision to make
-        self.decisions += 1
-        if self.predictor.p_accept_step(step.stats, index, self.acceptance.value) >= self.threshold:
-            return Decision.DRAFT
-        return Decision.stop(self.stop)
-
-    def observe(self, drafted: int, accepted: int) -> None:
-        self.acceptance.update(drafted, accepted)
-
-
-class _TopProbability:
-    """The draft's top probability read as P(accepted): p-min as a predictor."""
-
-    feature_names = ("confidence",)
-    threshold = 0.5
-
-    def p_accept(self, features: np.ndarray) -> float:
-        return float(features[0])  # FEATURE_NAMES[0] is confidence
-
-    def __init__(self) -> None:
-        self._x = np.empty(1, dtype=np.float32)
-
-    def p_accept_step(self, stats: LogitStats, position: int, recent_acceptance: float) -> float:
-        stats.features_into(self._x, b"\x00", position, recent_acceptance)  # confidence: no moments computed
-        return self._x.item(0)
-
-
-class ConfidenceThreshold(PredictorController):
-    """Draft while the top token's probability is at least `p_min`, up to
-    `max_window` tokens and never fewer than `min_window`. `stop="before"` drops
-    the unsure token, as llama.cpp's `--draft-p-min` does; "after" sends it and
-    ends the block."""
-
-    def __init__(self, p_min: float, max_window: int, *, min_window: int = 1, stop: StopRule = "before") -> None:
-        if not 0.0 <= p_min <= 1.0:
-            raise ValueError(f"p_min must be in [0, 1], got {p_min}")
-        if stop not in ("before", "after"):
-            raise ValueError(f"stop must be 'before' or 'after', got {stop!r}")
-        name = f"p-min-{p_min:g}" + ("-after" if stop == "after" else "")
-        super().__init__(
-            _TopProbability(), max_window, min_window=min_window, threshold=p_min, stop=stop, name=name  # type: ignore[arg-type]
-        )
-        self.p_min = p_min

@@ -1,6 +1,6 @@
 """Regenerate the Python code for edgekit.verifier.v1 from proto/verifier.proto.
 
-    python proto/generate.py            # writes edgekit/_proto/
+    python proto/generate.py            # writes edgekit/protocol/_pb/
     python proto/generate.py --out DIR  # writes DIR/ (the test compares the two)
 
 The generated modules are committed; tests/test_proto.py checks that
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE.parent / "edgekit" / "_proto"
+DEFAULT_OUT = HERE.parent / "edgekit" / "protocol" / "_pb"
 GENERATED = ("verifier_pb2.py", "verifier_pb2.pyi", "verifier_pb2_grpc.py")
 
 
@@ -23,14 +23,14 @@ def generate(out: Path) -> list[Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     # The virtual include path makes the generated grpc module import
-    # `from edgekit._proto import verifier_pb2` regardless of where it is written.
+    # `from edgekit.protocol._pb import verifier_pb2` regardless of where it is written.
     args = [
         "protoc",
-        f"-Iedgekit/_proto={HERE}",
+        f"-Iedgekit/protocol/_pb={HERE}",
         f"--python_out={out}",
         f"--pyi_out={out}",
         f"--grpc_python_out={out}",
-        "edgekit/_proto/verifier.proto",
+        "edgekit/protocol/_pb/verifier.proto",
     ]
     tmp = out / "_gen"
     args = [a.replace(f"={out}", f"={tmp}") for a in args]
@@ -39,7 +39,7 @@ def generate(out: Path) -> list[Path]:
         raise SystemExit("protoc failed")
     written = []
     for name in GENERATED:
-        src = tmp / "edgekit" / "_proto" / name
+        src = tmp / "edgekit" / "protocol" / "_pb" / name
         dst = out / name
         dst.write_bytes(src.read_bytes())
         written.append(dst)

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from edgekit import AsyncEdgeClient, ChatTemplate, EdgeClient, GenerationConfig
-from edgekit.cli import _client as cli_client
+from edgekit.cli import _connect as cli_client
 from edgekit.cli.app import app
-from edgekit.testing import FakeDraftModel, FakeVerifier, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 
 runner = CliRunner()
 
@@ -25,7 +25,7 @@ def fake_client(monkeypatch, tmp_path):
     def build_client(*, pair, verifier, timeout, token, generation, announce=True):
         target = ToyLanguageModel(seed=9)
         client = EdgeClient(
-            FakeVerifier(target), draft_model=FakeDraftModel(ToyLanguageModel(seed=9, noise=1.0)), generation=generation
+            toy_verifier(target), draft_model=FakeDraftModel(ToyLanguageModel(seed=9, noise=1.0)), generation=generation
         )
         made.append(client)
         return client
@@ -43,7 +43,7 @@ def test_chat_transcript(fake_client, tmp_path):
     assert "draft_k = 2" in out
     assert "cannot set mode" in out
     assert "acceptance rate" in out and "accepted length" in out
-    assert "link: fake · RTT " in out and "Mbit/s" in out  # the fake verifier simulates its link
+    assert "link: in-process · RTT " in out and "Mbit/s" in out  # the fake verifier simulates its link
     assert "/set KEY VALUE" in out  # the help text
     assert "conversation cleared" in out
     conv_client = fake_client[0]
@@ -83,14 +83,14 @@ def test_async_client_has_the_same_shape():
             draft_model=FakeDraftModel(ToyLanguageModel(seed=2, noise=1.0)),
             generation=GenerationConfig(max_tokens=20, draft_k=3, stop_at_eos=False),
         )
-        async with AsyncEdgeClient(FakeVerifier(target), **kwargs) as client:
+        async with AsyncEdgeClient(toy_verifier(target), **kwargs) as client:
             seen = [ev.type async for ev in client.generate("async")]
             text = await client.generate("async").text()
             conv = await client.conversation()
             first = await conv.send("one").until_done()
             second = await conv.send("two").until_done()
             await conv.close()
-        sync = EdgeClient(FakeVerifier(target), **kwargs).generate("async").until_done()
+        sync = EdgeClient(toy_verifier(target), **kwargs).generate("async").until_done()
         return seen, text, first, second, sync
 
     seen, text, first, second, sync = asyncio.run(main())
@@ -138,7 +138,7 @@ def test_chat_transcript_on_the_real_pair(gemma_server, tmp_path, monkeypatch):
 
 def test_a_reply_stopped_early_still_counts_in_the_figures():
     client = EdgeClient(
-        FakeVerifier(ToyLanguageModel(seed=4)),
+        toy_verifier(ToyLanguageModel(seed=4)),
         draft_model=FakeDraftModel(ToyLanguageModel(seed=4, noise=1.0)),
         generation=GenerationConfig(max_tokens=200, draft_k=3, stop_at_eos=False),
     )

@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from edgekit import EdgeClient, GenerationConfig
-from edgekit.cli import _client as cli_client
+from edgekit.cli import _connect as cli_client
 from edgekit.cli.app import app
-from edgekit.testing import FakeDraftModel, FakeVerifier, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 
 pytest.importorskip("onnx")
 runner = CliRunner()
@@ -21,7 +21,7 @@ def fake_client(monkeypatch):
     def build_client(*, pair, verifier, timeout, token, generation, announce=True, local_server=None):
         target = ToyLanguageModel(seed=3, eos_bias=-6.0)
         draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5, eos_bias=-6.0))
-        return EdgeClient(FakeVerifier(target), draft_model=draft, generation=generation or GenerationConfig())
+        return EdgeClient(toy_verifier(target), draft_model=draft, generation=generation or GenerationConfig())
 
     monkeypatch.setattr(cli_client, "build_client", build_client)
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import edgekit._logits as logits_mod
+import edgekit.runtime._logits as logits_mod
 from edgekit.predictors.features import FEATURE_NAMES, TAIL_NATS, LogitFeatures
 
 try:
-    from edgekit import _logitstats
+    from edgekit.runtime import _logitstats
 except ImportError:  # pragma: no cover - installed without a C compiler
     _logitstats = None
 

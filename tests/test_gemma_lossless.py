@@ -9,8 +9,8 @@ import pytest
 from scipy.stats import chisquare
 
 from edgekit import EdgeClient, GenerationConfig
-from edgekit._llama import LlamaContext, LlamaModel
-from edgekit._sampling import target_probs
+from edgekit.runtime import LlamaContext, LlamaModel
+from edgekit.protocol import target_probs
 
 pytestmark = pytest.mark.models
 
@@ -126,7 +126,7 @@ def test_prefix_is_reused_between_rounds(client, gemma_server):
             session.round(4)
             state = gemma_server.service.sessions.get(session.session_id)
             assert state.tokens == session.tokens
-            assert state.n_kv == len(session.tokens) - 1
+            assert gemma_server.engine.cached(state.seq) == len(session.tokens) - 1
     finally:
         session.close()
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from edgekit import EdgeClient, GenerationConfig, VerifierUnavailableError
-from edgekit._link import MIN_RTO_MS, LinkEstimator, probe
-from edgekit.testing import FakeDraftModel, FakeVerifier, SimulatedLink, ToyLanguageModel
+from edgekit.link import MIN_RTO_MS, LinkEstimator, probe
+from edgekit.testing import FakeDraftModel, InProcessTransport, SimulatedLink, ToyLanguageModel, toy_verifier
 
 
 def test_srtt_and_rttvar_follow_rfc_6298():
@@ -34,7 +34,7 @@ def test_a_retransmission_delay_counts_as_loss_not_as_delay():
 @pytest.mark.parametrize("rtt, up, down", [(5.0, 20.0, 20.0), (50.0, 500.0, 500.0), (50.0, 20.0, 100.0)])
 def test_probe_recovers_a_simulated_link(rtt, up, down):
     link = SimulatedLink(rtt_ms=rtt, uplink_mbps=up, downlink_mbps=down, jitter_ms=0.2, seed=1)
-    result = probe(FakeVerifier(ToyLanguageModel(), link=link), payload_bytes=256 * 1024, tries=5)
+    result = probe(toy_verifier(ToyLanguageModel(), link=link), payload_bytes=256 * 1024, tries=5)
     assert result.link.rtt_ms == pytest.approx(rtt, abs=1.0)
     assert result.link.rtt_jitter_ms < 1.0
     # the best of 5 tries sees at most a little jitter on top of bits / rate
@@ -47,14 +47,14 @@ def test_probe_estimates_loss_on_a_lossy_link():
     link = SimulatedLink(rtt_ms=10.0, loss=0.1, seed=3)
     est = LinkEstimator(loss_alpha=0.01)
     for _ in range(10):
-        probe(FakeVerifier(ToyLanguageModel(), link=link), est, pings=50, tries=1)
+        probe(toy_verifier(ToyLanguageModel(), link=link), est, pings=50, tries=1)
     assert 0.05 < est.loss_rate < 0.15
     assert est.srtt_ms == pytest.approx(10.0, abs=0.5)
 
 
 def test_rounds_update_the_link_and_carry_it():
     target = ToyLanguageModel(seed=3)
-    verifier = FakeVerifier(target)
+    verifier = toy_verifier(target)
     client = EdgeClient(verifier, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.0)),
                         generation=GenerationConfig(max_tokens=20, stop_at_eos=False, drafting="fixed"))
     client.generate("link").until_done()
@@ -93,7 +93,7 @@ def test_the_async_client_probes_the_same_way():
 
     async def main():
         link = SimulatedLink(rtt_ms=12.0, uplink_mbps=50.0, downlink_mbps=50.0, seed=2)
-        client = AsyncEdgeClient(FakeVerifier(ToyLanguageModel(), link=link), draft_model=FakeDraftModel(ToyLanguageModel()))
+        client = AsyncEdgeClient(toy_verifier(ToyLanguageModel(), link=link), draft_model=FakeDraftModel(ToyLanguageModel()))
         try:
             return await client.probe_link(pings=5, tries=2, payload_bytes=128 * 1024)
         finally:
@@ -107,11 +107,11 @@ def test_the_async_client_probes_the_same_way():
 def test_a_payload_that_cannot_cross_in_time_says_so():
     from edgekit import VerifierUnavailableError
 
-    class SlowUplink(FakeVerifier):
+    class SlowUplink(InProcessTransport):
         def ping(self, payload_bytes=0, reply_bytes=0):  # type: ignore[no-untyped-def]
             if payload_bytes:
                 raise VerifierUnavailableError("verifier at fake did not answer a ping within 2 s", address="fake")
             return 8.0
 
     with pytest.raises(VerifierUnavailableError, match="empty pings took 8 ms but a 64 KiB payload up did not cross"):
-        probe(SlowUplink(ToyLanguageModel()), payload_bytes=64 * 1024)
+        probe(SlowUplink(toy_verifier(ToyLanguageModel()).service), payload_bytes=64 * 1024)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekit._errors import (
+from edgekit.errors import (
     ConfigError,
     ModelFetchError,
     ModelIntegrityError,

@@ -76,7 +76,7 @@ def test_what_text_prompts_cannot_carry_is_refused_not_verified_shifted(llama_se
     assert gemma_draft.detokenize(split[1:]) == "Hello" and len(gemma_draft.tokenize("Hello")) < len(split)
     opened = transport.open_session(split, mode="greedy", temperature=0, seed=0, slo_class="standard",
                                     draft=gemma_draft.fingerprint())
-    from edgekit.transport import BlockRequest
+    from edgekit.protocol import BlockRequest
 
     with pytest.raises(ProtocolError, match="cannot be verified through text prompts"):
         transport.verify(BlockRequest(opened.session_id, len(split), gemma_draft.tokenize(" world", add_special=False)))

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from edgekit import ConfidenceThreshold, EdgeClient, GenerationConfig
-from edgekit._draft import DraftOutput
+from edgekit.runtime import DraftOutput
 from edgekit.predictors.collect import Trace, TraceRecorder, collect, label_round
-from edgekit.predictors.features import FEATURE_NAMES, AcceptanceTracker, LogitFeatures
-from edgekit.predictors.runtime import OnnxPredictor, PredictorController, PredictorError
+from edgekit.drafting import AcceptanceTracker, PredictorController
+from edgekit.errors import PredictorError
+from edgekit.predictors.features import FEATURE_NAMES, LogitFeatures
+from edgekit.predictors.runtime import OnnxPredictor
 from edgekit.predictors.shipped import shipped_cards
 from edgekit.predictors.train import (
     CostModel,
@@ -21,7 +23,7 @@ from edgekit.predictors.train import (
     train_logistic,
     train_mlp,
 )
-from edgekit.testing import FakeDraftModel, FakeVerifier, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 
 onnx = pytest.importorskip("onnx")
 from edgekit.predictors.export import export_onnx  # noqa: E402
@@ -30,7 +32,7 @@ from edgekit.predictors.export import export_onnx  # noqa: E402
 def fake_client(**gen):
     target = ToyLanguageModel(seed=3, eos_bias=-6.0)
     draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5, eos_bias=-6.0))
-    verifier = FakeVerifier(target)
+    verifier = toy_verifier(target)
     return EdgeClient(verifier, draft_model=draft, generation=GenerationConfig(**gen)), draft, verifier
 
 

@@ -20,12 +20,12 @@ def test_regenerating_the_protocol_changes_nothing(tmp_path):
     written = gen.generate(tmp_path)
     assert sorted(p.name for p in written) == sorted(gen.GENERATED)
     for path in written:
-        committed = ROOT / "edgekit" / "_proto" / path.name
+        committed = ROOT / "edgekit" / "protocol" / "_pb" / path.name
         assert path.read_text() == committed.read_text(), f"{committed} is stale: run python proto/generate.py"
 
 
 def test_the_service_names_every_rpc():
-    from edgekit._proto import verifier_pb2 as pb
+    from edgekit.protocol import pb
 
     service = pb.DESCRIPTOR.services_by_name["Verifier"]
     assert service.full_name == "edgekit.verifier.v1.Verifier"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edgekit._sampling import (
+from edgekit.protocol import (
     SparseDistribution,
     accept_greedy,
     accept_sampling,

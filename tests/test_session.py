@@ -13,7 +13,7 @@ from edgekit import (
     StaleRoundError,
     TextDelta,
 )
-from edgekit.testing import FakeDraftModel, FakeVerifier, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 
 PROMPTS = ["hello", "speculative decoding", "x", "a longer prompt with several words in it"]
 
@@ -21,7 +21,7 @@ PROMPTS = ["hello", "speculative decoding", "x", "a longer prompt with several w
 def make_client(*, noise=1.5, max_context=4096, max_block=32, eos_bias=-4.0, **gen):
     target = ToyLanguageModel(seed=3, eos_bias=eos_bias)
     draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=noise, eos_bias=eos_bias))
-    verifier = FakeVerifier(target, max_context=max_context, max_block=max_block)
+    verifier = toy_verifier(target, max_context=max_context, max_block=max_block)
     client = EdgeClient(verifier, draft_model=draft, generation=GenerationConfig(**gen))
     return client, draft, verifier
 
@@ -101,7 +101,7 @@ def test_stale_round_is_reported():
     session = client.session()
     session.open(client.tokenize("stale"))
     session.round(4)
-    verifier.sessions[session.session_id]["tokens"].append(5)  # someone else moved the session on
+    verifier.extend_session(session.session_id, len(session.tokens), [5])  # someone else moved the session on
     with pytest.raises(StaleRoundError) as info:
         session.round(4)
     assert info.value.committed_length == len(session.tokens) + 1
@@ -141,12 +141,12 @@ def test_sampling_through_the_session_is_distributed_as_the_target():
     import numpy as np
     from scipy.stats import chisquare
 
-    from edgekit._sampling import target_probs
+    from edgekit.protocol import target_probs
 
     vocab, runs = 8, 20_000
     target = ToyLanguageModel(vocab, seed=5, order=1, eos_bias=0.0)
     client = EdgeClient(
-        FakeVerifier(target),
+        toy_verifier(target),
         draft_model=FakeDraftModel(ToyLanguageModel(vocab, seed=5, order=1, noise=2.0, eos_bias=0.0)),
         generation=GenerationConfig(mode="sample", temperature=1.0, draft_temperature=2.0, draft_k=2, max_tokens=3, stop_at_eos=False),
     )
@@ -185,12 +185,12 @@ def test_an_accepted_end_token_ends_the_round_with_nothing_after_it():
     new, stats, _ = session.round(6)
     eos = draft.lm.eos
     assert new[-1] == eos and stats.accepted == len(new) and not stats.bonus  # no token sampled after the end
-    assert verifier.sessions[session.session_id]["tokens"] == session.tokens
+    assert verifier.service.sessions.get(session.session_id).tokens == session.tokens
     assert draft.n_past == len(session.tokens) - 1 and draft.evaluated == session.tokens[:-1]
     # A chat turn appends after the end token: both sides agree on the sequence.
     session.extend([7, 8, 9])
     session.round(6)
-    assert verifier.sessions[session.session_id]["tokens"] == session.tokens
+    assert verifier.service.sessions.get(session.session_id).tokens == session.tokens
 
 
 def test_going_on_past_the_end_token_when_asked():

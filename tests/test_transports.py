@@ -17,9 +17,10 @@ from edgekit import (
     VerifierError,
     VerifierUnavailableError,
 )
-from edgekit.testing import FakeDraftModel, FakeOpenAIServer, FakeSGLangServer, FakeVerifier, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
+from http_fakes import FakeOpenAIServer, FakeSGLangServer
 from edgekit.transport import GrpcTransport, OpenAITransport, SGLangTransport, connect
-from edgekit.transport._base import BlockRequest, ServerInfo
+from edgekit.protocol import BlockRequest, ServerInfo
 
 TARGET = ToyLanguageModel(seed=11)
 
@@ -47,7 +48,7 @@ def _speculates_to_the_targets_own_decoding(url: str) -> ServerInfo:
     with _client(url) as client:
         result = client.generate("speculate").until_done()
         info = client.server_info()
-    reference = list(FakeVerifier(TARGET).generate(_draft().tokenize("speculate"), mode="greedy", temperature=0,
+    reference = list(toy_verifier(TARGET).generate(_draft().tokenize("speculate"), mode="greedy", temperature=0,
                                                      seed=0, max_tokens=48))
     assert list(result.token_ids) == [g.token for g in reference]
     assert result.stats.rounds < 48 and result.stats.accepted > 0  # drafts were accepted, several per round
@@ -73,7 +74,7 @@ def test_a_mode_or_upload_the_backend_lacks_is_refused_not_downgraded(sglang):
 
 
 def test_a_different_tokenizer_is_refused_naming_the_server():
-    from edgekit.transport._stateless import TOKENIZER_PROBE
+    from edgekit.transport import TOKENIZER_PROBE
 
     renamed = _draft().tokenize(TOKENIZER_PROBE)[3]  # a token of the probe text means something else there
     other = FakeSGLangServer(TARGET, lambda t: "?" if t == renamed else _text_of(_draft())(t))
@@ -190,7 +191,7 @@ def test_probing_a_stock_server_loads_the_draft_once_and_calibrates(vllm, monkey
     """`edgekit probe` needs the draft's tokenizer to reach a stock server at all; the
     calibration rounds draft on that same model rather than loading a second one."""
     import edgekit
-    import edgekit._client
+    import edgekit.client._client
     import edgekit.models
     from typer.testing import CliRunner
 
@@ -203,7 +204,7 @@ def test_probing_a_stock_server_loads_the_draft_once_and_calibrates(vllm, monkey
         return _draft()
 
     monkeypatch.setattr(edgekit, "LlamaDraftModel", draft)  # where the probe loads it
-    monkeypatch.setattr(edgekit._client, "LlamaDraftModel", draft)  # where a client would
+    monkeypatch.setattr(edgekit.client._client, "LlamaDraftModel", draft)  # where a client would
     monkeypatch.setattr(edgekit.models, "model_path", lambda name: name)
     r = CliRunner().invoke(app, ["probe", f"openai+{vllm.url}", "--pair", "gemma-270m", "--json",
                                  "--calibration-tokens", "16", "--pings", "3", "--tries", "1"])

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 from edgekit import ConfigError, EdgeClient, GenerationConfig
-from edgekit._hidden import HiddenError, bits_per_element, decode_hidden, encode_hidden, encoding_error
-from edgekit._latency import CostTracker, LatencyModel, Overheads, PayloadModel, varint_bits
-from edgekit._proto import verifier_pb2 as pb
-from edgekit._wire import hidden_to_pb, verify_request_to_pb
-from edgekit.testing import FakeDraftModel, FakeVerifier, SimulatedLink, ToyLanguageModel
-from edgekit.transport import BlockRequest
-from edgekit.transport._base import LinkState
+from edgekit.errors import HiddenStateError
+from edgekit.protocol import bits_per_element, decode_hidden, encode_hidden, encoding_error
+from edgekit.link import CostTracker, LatencyModel, Overheads, PayloadModel, varint_bits
+from edgekit.protocol import pb
+from edgekit.protocol import hidden_to_pb, verify_request_to_pb
+from edgekit.testing import FakeDraftModel, InProcessTransport, SimulatedLink, ToyLanguageModel, toy_verifier
+from edgekit.protocol import BlockRequest
+from edgekit.protocol import LinkState
 
 RNG = np.random.default_rng(7)
 
@@ -48,7 +49,7 @@ def test_int8_error_is_at_most_half_a_step_per_row():
 def test_bits_per_element_are_those_of_eq_3():
     assert bits_per_element("fp16", 640) == 16
     assert bits_per_element("int8", 640) == 8 + 32 / 640
-    with pytest.raises(HiddenError, match="unknown"):
+    with pytest.raises(HiddenStateError, match="unknown"):
         bits_per_element("fp8", 640)
 
 
@@ -66,7 +67,7 @@ def test_decoding_refuses_what_does_not_fit_the_round(change, message):
     from dataclasses import replace
 
     enc = replace(encode_hidden(_rows(4), "fp16"), **change)
-    with pytest.raises(HiddenError, match=message):
+    with pytest.raises(HiddenStateError, match=message):
         decode_hidden(enc, dim=640, positions=range(4))
 
 
@@ -74,14 +75,14 @@ def test_int8_scales_and_non_finite_values_are_refused():
     from dataclasses import replace
 
     enc = encode_hidden(_rows(2), "int8")
-    with pytest.raises(HiddenError, match="one scale per row"):
+    with pytest.raises(HiddenStateError, match="one scale per row"):
         decode_hidden(replace(enc, scales=enc.scales[:1]))
-    with pytest.raises(HiddenError, match="finite and positive"):
+    with pytest.raises(HiddenStateError, match="finite and positive"):
         decode_hidden(replace(enc, scales=(1.0, -1.0)))
     nan = np.frombuffer(np.full(640, np.nan, dtype="<f2").tobytes() * 2, dtype=np.uint8).tobytes()
-    with pytest.raises(HiddenError, match="NaN"):
+    with pytest.raises(HiddenStateError, match="NaN"):
         decode_hidden(replace(encode_hidden(_rows(2), "fp16"), data=nan))
-    with pytest.raises(HiddenError, match="does not fit fp16"):
+    with pytest.raises(HiddenStateError, match="does not fit fp16"):
         encode_hidden(np.full((1, 4), 1e6, np.float32), "fp16")
 
 
@@ -147,8 +148,8 @@ def test_feedback_is_a_position_a_token_and_overhead():
 
 def _client(
     upload: str, *, link: SimulatedLink | None = None, seed: int = 5, noise: float = 2.0, **gen
-) -> tuple[EdgeClient, FakeVerifier]:
-    verifier = FakeVerifier(ToyLanguageModel(seed=seed), link=link)
+) -> tuple[EdgeClient, InProcessTransport]:
+    verifier = toy_verifier(ToyLanguageModel(seed=seed), link=link)
     draft = FakeDraftModel(ToyLanguageModel(seed=seed, noise=noise), n_embd=640)
     config = GenerationConfig(**(dict(max_tokens=60, stop_at_eos=False, drafting="fixed", draft_k=6, upload=upload) | gen))
     return EdgeClient(verifier, draft_model=draft, generation=config), verifier
@@ -179,7 +180,7 @@ def test_sh_asks_for_the_mismatch_positions():
     verify = verifier.verify
 
     def recording(block):  # type: ignore[no-untyped-def]
-        context = list(verifier.sessions[block.session_id]["tokens"])
+        context = list(verifier.service.sessions.get(block.session_id).tokens)
         result = verify(block)
         answers.append((block, context, result))
         return result
@@ -191,7 +192,7 @@ def test_sh_asks_for_the_mismatch_positions():
         assert block.upload == "sh" and block.hidden.shape == (len(block.draft_tokens), 640)
         # every offset whose draft token is not the target's own choice there, and no other
         draft = list(block.draft_tokens)
-        expected = [i for i, t in enumerate(draft) if int(np.argmax(verifier.lm.logits(context + draft[:i]))) != t]
+        expected = [i for i, t in enumerate(draft) if int(np.argmax(verifier.service.engine.lm.logits(context + draft[:i]))) != t]
         assert list(result.hidden_requested) == expected
         asked += len(expected)
     assert asked > 0
@@ -207,7 +208,7 @@ def test_an_upload_the_verifier_cannot_take_is_refused_not_downgraded(monkeypatc
         return replace(info(*a, **kw), upload_protocols=("tokens",))
 
     monkeypatch.setattr(verifier, "handshake", tokens_only)
-    with pytest.raises(ConfigError, match="needs FH uploads, which the verifier at fake does not take"):
+    with pytest.raises(ConfigError, match="needs FH uploads, which the verifier at in-process does not take"):
         _run(client)
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from edgekit import EdgeClient, GenerationConfig
-from edgekit._hidden import encode_hidden
-from edgekit._proto import verifier_pb2 as pb
-from edgekit._wire import fingerprint_to_pb, hidden_to_pb
+from edgekit.protocol import encode_hidden
+from edgekit.protocol import pb
+from edgekit.protocol import fingerprint_to_pb, hidden_to_pb
 from edgekit.transport import GrpcTransport
 
 pytestmark = pytest.mark.models

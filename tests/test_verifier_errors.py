@@ -21,8 +21,9 @@ from edgekit import (
     StaleRoundError,
     VerifierUnavailableError,
 )
-from edgekit._proto import verifier_pb2 as pb
-from edgekit.transport import BlockRequest, GrpcTransport
+from edgekit.protocol import pb
+from edgekit.protocol import BlockRequest
+from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
 
 pytestmark = pytest.mark.models

@@ -11,10 +11,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..link import MIN_RTO_MS
+
 __all__ = ["DelayProxy", "Impairment"]
 
 MSS = 1448  # bytes of payload per TCP segment on an Ethernet-sized path
-RTO_MS = 200.0  # Linux's minimum retransmission timeout
 
 
 @dataclass
@@ -96,7 +97,7 @@ class DelayProxy:
             segments = max(1, math.ceil(nbytes / MSS))
             if self._rng.random() < 1 - (1 - imp.loss) ** segments:
                 self.losses += 1
-                d += RTO_MS + imp.rtt_ms
+                d += MIN_RTO_MS + imp.rtt_ms
         return d / 1e3
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

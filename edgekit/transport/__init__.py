@@ -1,30 +1,28 @@
-"""Transports to verifiers: one seam, several backends."""
+"""Transports to verifiers: one seam (`VerifierTransport`), several backends.
 
-from ._base import (
-    BlockRequest,
-    GeneratedToken,
-    LinkState,
-    OpenedSession,
-    ServerInfo,
-    VerifierTransport,
-    VerifyResult,
-)
+`connect(url, ...)` picks one by the URL's scheme: `GrpcTransport` for an
+edgekit verifier, `OpenAITransport` and `SGLangTransport` for stock serving
+engines that can verify greedy decoding. `MessageTransport` is the client side
+of edgekit's protocol over any carrier (gRPC here; in process for tests).
+"""
+
+from ._base import VerifierTransport
 from ._connect import SCHEMES, connect
-from ._grpc import GrpcTransport
+from ._grpc import GrpcTransport, map_rpc_error
+from ._message import MessageTransport
 from ._openai import OpenAITransport
 from ._sglang import SGLangTransport
+from ._stateless import TOKENIZER_PROBE, StatelessTransport
 
 __all__ = [
-    "BlockRequest",
-    "GeneratedToken",
-    "GrpcTransport",
-    "OpenAITransport",
     "SCHEMES",
+    "TOKENIZER_PROBE",
+    "GrpcTransport",
+    "MessageTransport",
+    "OpenAITransport",
     "SGLangTransport",
-    "connect",
-    "LinkState",
-    "OpenedSession",
-    "ServerInfo",
+    "StatelessTransport",
     "VerifierTransport",
-    "VerifyResult",
+    "connect",
+    "map_rpc_error",
 ]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .._config import ClientConfig
-from .._draft import DraftModel
-from .._errors import ConfigError
+from ..config import ClientConfig
+from ..runtime import DraftModel
+from ..errors import ConfigError
 from ._base import VerifierTransport
 
 __all__ = ["SCHEMES", "connect"]
@@ -21,7 +21,7 @@ SCHEMES = {
 }
 
 
-def connect(url: str, config: ClientConfig, tokenizer: DraftModel) -> VerifierTransport:
+def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None) -> VerifierTransport:
     """`grpc://HOST:PORT` (or bare `HOST:PORT`), `grpcs://`, `openai+http(s)://HOST:PORT[/v1]`,
     `sglang+http(s)://HOST:PORT`. The HTTP backends need the draft's tokenizer (shared with the target)."""
     scheme, sep, rest = url.partition("://")
@@ -32,6 +32,8 @@ def connect(url: str, config: ClientConfig, tokenizer: DraftModel) -> VerifierTr
 
         return GrpcTransport(rest, replace(config, tls=True) if scheme == "grpcs" else config)
     backend, _, http = scheme.partition("+")
+    if http in ("http", "https") and backend in ("openai", "sglang") and tokenizer is None:
+        raise ConfigError(f"a {backend} verifier is driven through the draft's tokenizer; load the draft model first")
     if http in ("http", "https") and backend == "openai":
         from ._openai import OpenAITransport
 

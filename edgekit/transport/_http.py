@@ -10,7 +10,14 @@ import socket
 import threading
 from urllib.parse import urlsplit
 
-from .._errors import AuthenticationError, LimitExceededError, ProtocolError, VerifierError, VerifierUnavailableError
+from ..errors import (
+    AuthenticationError,
+    ConfigError,
+    LimitExceededError,
+    ProtocolError,
+    VerifierError,
+    VerifierUnavailableError,
+)
 
 __all__ = ["HttpJson"]
 
@@ -19,7 +26,7 @@ class HttpJson:
     def __init__(self, base_url: str, *, timeout: float, token: str | None = None, kind: str = "server") -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {base_url!r}")
+            raise ConfigError(f"not an http(s) URL: {base_url!r}")
         self.base = parts.path.rstrip("/")
         self.host, self.port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
         self.https = parts.scheme == "https"

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .._draft import DraftModel
-from .._errors import ConfigError, ProtocolError, VerifierError
+from ..runtime import DraftModel
+from ..errors import ConfigError, ProtocolError, VerifierError
 from ._http import HttpJson
 from ._stateless import TOKENIZER_PROBE, StatelessTransport
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .._draft import DraftModel
-from .._errors import ProtocolError
+from ..runtime import DraftModel
+from ..errors import ProtocolError
 from ._http import HttpJson
 from ._stateless import TOKENIZER_PROBE, StatelessTransport
 

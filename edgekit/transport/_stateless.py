@@ -16,11 +16,27 @@ import itertools
 import time
 from typing import Iterator, Sequence
 
-from .._draft import DraftModel
-from .._errors import ConfigError, IncompatibleModelsError, LimitExceededError, ProtocolError, SessionNotFoundError, StaleRoundError
-from .._llama import Fingerprint
-from .._sampling import cut_at_end
-from ._base import PROTOCOL_VERSION, BlockRequest, Exchange, GeneratedToken, OpenedSession, ServerInfo, VerifyResult
+from ..errors import (
+    ConfigError,
+    IncompatibleModelsError,
+    LimitExceededError,
+    ProtocolError,
+    SessionNotFoundError,
+)
+from ..protocol import (
+    PROTOCOL_VERSION,
+    BlockRequest,
+    Exchange,
+    Fingerprint,
+    GeneratedToken,
+    OpenedSession,
+    ServerInfo,
+    VerifyResult,
+    accept_top1,
+    check_base,
+    decide,
+)
+from ..runtime import DraftModel
 from ._http import HttpJson
 
 __all__ = ["StatelessTransport"]
@@ -132,17 +148,13 @@ class StatelessTransport:
 
     def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int:
         toks = self._session(session_id)
-        if base_position != len(toks):
-            raise StaleRoundError("stale extension", committed_length=len(toks), address=self.address)
+        check_base(base_position, len(toks), what="extension", address=self.address)
         toks.extend(tokens)
         return len(toks)
 
     def verify(self, block: BlockRequest) -> VerifyResult:
         toks = self._session(block.session_id)
-        if block.base_position != len(toks):
-            raise StaleRoundError(
-                f"stale round: base {block.base_position}, committed {len(toks)}", committed_length=len(toks), address=self.address
-            )
+        check_base(block.base_position, len(toks), address=self.address)
         if block.upload != "tokens":
             raise ProtocolError(f"the {self.kind} at {self.address} takes no hidden states", address=self.address)
         draft = list(block.draft_tokens)
@@ -151,21 +163,20 @@ class StatelessTransport:
         t0 = time.perf_counter()
         best = self._top1(toks + draft, len(toks))
         ms = (time.perf_counter() - t0) * 1e3
-        accepted = next((i for i, (d, t) in enumerate(zip(draft, best)) if d != t), min(len(draft), len(best)))
-        if len(best) <= accepted:
+        accepted, nxt = accept_top1(best, draft)
+        if nxt is None:
             raise ProtocolError(
                 f"the {self.kind} at {self.address} gave {len(best)} predictions for a block of {len(draft)}", address=self.address
             )
-        end: int | None = best[accepted]
-        if not block.continue_after_eog:
-            accepted, end = cut_at_end(accepted, end, draft, self.tokenizer.is_eog)
-        toks.extend(draft[:accepted] + ([end] if end is not None else []))
+        v = decide(draft, accepted, nxt, base=len(toks), max_context=self.max_context, is_end=self.tokenizer.is_eog,
+                   continue_after_eog=block.continue_after_eog)
+        toks.extend(v.committed)
         return VerifyResult(
-            accepted=accepted,
-            next_token=end,
-            bonus=end is not None and accepted == len(draft),
-            committed_length=len(toks),
-            context_full=len(toks) + 2 > self.max_context,
+            accepted=v.accepted,
+            next_token=v.next_token,
+            bonus=v.bonus,
+            committed_length=v.committed_length,
+            context_full=v.context_full,
             # These APIs report no server timings: the whole call is charged to verification,
             # and the exchange teaches the link estimate nothing (server_ms unknown).
             verify_ms=ms,

@@ -11,10 +11,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from .._config import ServerConfig
-from .._errors import ConfigError
-from ._engine import TargetEngine
-from ._service import SERVICE_NAME, VerifierService
+from ..config import ServerConfig
+from ..errors import ConfigError
+from ..protocol import SERVICE_NAME
+from ._service import VerifierService
+from .engine import Engine, LlamaEngine
 
 __all__ = ["VerifierServer"]
 
@@ -32,7 +33,7 @@ class _TokenAuth(grpc.ServerInterceptor):
 
         self._deny = grpc.unary_unary_rpc_method_handler(deny)
 
-    def intercept_service(self, continuation, details):  # type: ignore[no-untyped-def]
+    def intercept_service(self, continuation, details):  # type: ignore[no-untyped-def]  # grpc ships no types
         if details.method.startswith("/grpc.health.v1."):
             return continuation(details)
         for key, value in details.invocation_metadata or ():
@@ -47,20 +48,25 @@ class VerifierServer:
     >>> server = VerifierServer("target.gguf", ServerConfig(port=0)).start()
     >>> server.address   # '127.0.0.1:43211'
     >>> server.stop()
+
+    `target` is a GGUF file (run on llama.cpp as the config says) or an `Engine`
+    (a `ToyEngine` for tests, say), which must hold `config.max_sessions` sequences.
     """
 
-    def __init__(self, target_path: str | Path, config: ServerConfig | None = None, *, name: str | None = None) -> None:
+    def __init__(self, target: str | Path | Engine, config: ServerConfig | None = None, *, name: str | None = None) -> None:
         self.config = config or ServerConfig()
         c = self.config
-        self.engine = TargetEngine(
-            str(target_path),
-            name=name,
-            max_context=c.max_context,
-            n_seq=c.max_sessions,
-            max_block=c.max_block,
-            exact=c.numerics == "exact",
-            threads=c.threads,
-        )
+        if isinstance(target, (str, Path)):
+            target = LlamaEngine(
+                str(target),
+                name=name,
+                max_context=c.max_context,
+                n_seq=c.max_sessions,
+                max_block=c.max_block,
+                exact=c.numerics == "exact",
+                threads=c.threads,
+            )
+        self.engine = target
         self.service = VerifierService(self.engine, c)
         interceptors = [_TokenAuth(c.token)] if c.token else []
         # gRPC's hard cap sits above ours so an oversize request reaches the
@@ -79,7 +85,7 @@ class VerifierServer:
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         bind = f"{c.host}:{c.port}"
-        if c.tls_cert:
+        if c.tls_cert and c.tls_key:
             creds = grpc.ssl_server_credentials([(Path(c.tls_key).read_bytes(), Path(c.tls_cert).read_bytes())])
             port = self._server.add_secure_port(bind, creds)
         else:
@@ -91,12 +97,12 @@ class VerifierServer:
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="edgekit-reaper", daemon=True)
 
-    def start(self) -> "VerifierServer":
+    def start(self) -> VerifierServer:
         self._server.start()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._reaper.start()
-        log.info("verifier for %s listening on %s", self.engine.model.name, self.address)
+        log.info("verifier for %s listening on %s", self.engine.name, self.address)
         return self
 
     def _reap(self) -> None:
@@ -114,7 +120,7 @@ class VerifierServer:
         self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
 
-    def __enter__(self) -> "VerifierServer":
+    def __enter__(self) -> VerifierServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

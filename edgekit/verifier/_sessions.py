@@ -16,24 +16,26 @@ from typing import Callable
 
 import numpy as np
 
-from .._errors import LimitExceededError, SessionNotFoundError
+from ..errors import LimitExceededError, SessionNotFoundError
 
 __all__ = ["PendingRound", "Session", "SessionTable"]
 
 
 @dataclass(eq=False)
 class Session:
+    """A session's state. Its KV sequence holds `tokens` but the last (not yet
+    decoded), and, while an SH round is pending, that round's block after them."""
+
     id: str
     seq: int
     tokens: list[int]  # committed sequence
-    n_kv: int  # tokens[:n_kv] are in the KV cache
     mode: str  # "greedy" | "sample"
     temperature: float
     rng: np.random.Generator
     slo_class: str
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # (request key, response) of the last applied round, for idempotent retries.
+    # (request key, answer) of the last applied round, for idempotent retries.
     last_round: tuple[bytes, object] | None = None
     decoded: int = 0  # tokens run through the target for this session: prefix reuse shows here
     hidden_size: int = 0  # width of the draft hidden states the session may upload; 0: none
@@ -47,9 +49,9 @@ class Session:
 
 @dataclass(frozen=True)
 class PendingRound:
-    key: bytes  # hash of the first half's request (a retry of it gets `response` again)
+    key: bytes  # hash of the first half's request (a retry of it gets `answer` again)
     request: object  # the first half: block, distributions, flags
-    response: object  # the HiddenRequest answer, for a retried first half
+    answer: object  # the request for hidden states, for a retried first half
     logits: np.ndarray
     positions: tuple[int, ...]
 
@@ -81,7 +83,6 @@ class SessionTable:
             id=prefix + secrets.token_hex(8),
             seq=seq,
             tokens=[],
-            n_kv=0,
             mode=mode,
             temperature=temperature,
             rng=np.random.default_rng(seed),

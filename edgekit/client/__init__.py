@@ -1,0 +1,30 @@
+"""The device side: speculative sessions (draft, send, apply the verdict), typed
+event streams, chat, and the sync and async clients that put them together."""
+
+from ._async_client import AsyncConversation, AsyncEdgeClient
+from ._chat import ChatTemplate, Conversation
+from ._client import EdgeClient
+from ._events import Event, FinalStats, RoundEvent, TextDelta
+from ._metrics import GenerationStats, RoundStats
+from ._session import SharedDraft, SpeculativeSession
+from ._stream import AsyncGenerationStream, GenerationStream
+from ._text import TextDecoder
+
+__all__ = [
+    "AsyncConversation",
+    "AsyncEdgeClient",
+    "AsyncGenerationStream",
+    "ChatTemplate",
+    "Conversation",
+    "EdgeClient",
+    "Event",
+    "FinalStats",
+    "GenerationStats",
+    "GenerationStream",
+    "RoundEvent",
+    "RoundStats",
+    "SharedDraft",
+    "SpeculativeSession",
+    "TextDecoder",
+    "TextDelta",
+]

@@ -1,0 +1,350 @@
+"""The speculative loop: one conversation's committed tokens and its rounds.
+
+The device and the verifier agree on the committed sequence; neither model has
+run its last token yet. A round: draft a block on top of it (the controller
+says when to stop), send it with the base position, apply the verdict (accepted
+prefix plus the verifier's next token), roll the draft KV back to what is still
+valid. All of a round's state lives in `SpeculativeSession`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import replace
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..config import GenerationConfig
+from ..drafting import Controller, ControllerFactory, Decision
+from ..errors import ConfigError, EdgekitError, ProtocolError
+from ..link import LinkEstimator, LinkPolicy, probe
+from ..protocol import BlockRequest, Exchange, ServerInfo, SparseDistribution, draft_distribution
+from ..runtime import DraftModel
+from ..transport import VerifierTransport
+from ._events import Event, FinalStats, RoundEvent, TextDelta
+from ._metrics import GenerationStats, RoundStats
+from ._text import TextDecoder
+
+__all__ = ["SharedDraft", "SpeculativeSession"]
+
+
+class SharedDraft:
+    """One draft model (one KV sequence) shared by several sessions of a client:
+    the lock that orders their rounds, and which session's tokens its cache
+    holds. A session whose tokens are not the ones in the cache re-prefills
+    them first (`claim`)."""
+
+    def __init__(self, model: DraftModel) -> None:
+        self.model = model
+        self.lock = threading.Lock()
+        self._owner: object | None = None
+
+    def claim(self, owner: object, tokens: Sequence[int]) -> None:
+        """Makes the cache hold `tokens` but the last for `owner`; call under `lock`."""
+        if self._owner is not owner:
+            self.model.truncate(0)
+            self.model.prefill(tokens[:-1])
+            self._owner = owner
+
+
+class SpeculativeSession:
+    def __init__(
+        self,
+        draft: DraftModel,
+        transport: VerifierTransport,
+        server: ServerInfo,
+        config: GenerationConfig,
+        *,
+        controller: Controller | None = None,
+        controllers: ControllerFactory | None = None,
+        shared: SharedDraft | None = None,
+        link: LinkEstimator | None = None,
+    ) -> None:
+        """`controller` replaces the drafting policy the config names until a
+        drafting setting is reconfigured; `controllers` builds it otherwise (one for
+        the draft and target by name when not given). `shared`: the draft as the client's other
+        sessions use it; `link`: the client's link estimate."""
+        if config.mode not in server.modes:
+            raise ConfigError(
+                f"the verifier at {transport.address} does not support {config.mode!r} acceptance "
+                f"(it offers: {', '.join(server.modes)})"
+            )
+        if config.mode == "sample" and config.draft_top_k > server.max_draft_top_k:
+            raise ConfigError(f"draft_top_k {config.draft_top_k} exceeds the verifier's {server.max_draft_top_k}")
+        _check_upload(config, server, transport.address)
+        self.draft = draft
+        self._shared = shared or SharedDraft(draft)
+        self.transport = transport
+        self.server = server
+        self.config = config
+        # The client's link estimate (shared by its sessions): sent with each
+        # round, updated from each exchange; the policy reads it every round.
+        self.link = link or LinkEstimator()
+        self.policy = LinkPolicy(config, self.link, hidden_dim=draft.n_embd, n_vocab=draft.n_vocab)
+        self._controllers = controllers or ControllerFactory(draft.name, server.target_model)
+        self.controller = controller or self._controllers.build(config, self.policy)
+        self.seed = config.seed if config.seed is not None else secrets.randbits(63)
+        # Independent streams for the two sides: the verifier's acceptance draw
+        # must not be the number the draft sampled its token with, or min(1, p/q)
+        # is biased. One seed still reproduces the whole run.
+        draft_seq, verifier_seq = np.random.SeedSequence(self.seed).spawn(2)
+        self._rng = np.random.default_rng(draft_seq)
+        self._verifier_seed = int(verifier_seq.generate_state(1, np.uint64)[0] >> 1)
+        self.tokens: list[int] = []
+        self.session_id: str | None = None
+        self.max_context = min(server.max_context, draft.n_ctx)
+        self._round_index = 0
+        self._budget = 0  # the draft budget the verifier assigned last (0: none)
+
+    # Settings the verifier knows about: changing one needs a new session.
+    _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class")
+    _DRAFTING = ("drafting", "draft_k", "max_window", "predictor", "predictor_threshold", "p_min")
+
+    def reconfigure(self, **changes: object) -> bool:
+        """Applies client-side changes (window, limits, uploads) at once; returns False,
+        and changes nothing, if a setting the verifier holds would change."""
+        if any(k in self._SERVER_SIDE and changes[k] != getattr(self.config, k) for k in changes):
+            return False
+        config = replace(self.config, **changes)  # type: ignore[arg-type]  # GenerationConfig fields
+        _check_upload(config, self.server, self.transport.address)
+        self.config = config
+        self.policy.configure(config)
+        if any(k in self._DRAFTING for k in changes):
+            self.controller = self._controllers.build(config, self.policy)
+        return True
+
+    # -- session lifecycle -----------------------------------------------------------
+
+    def open(self, prompt_tokens: Sequence[int]) -> float:
+        """Opens the verifier session and prefills both models; returns milliseconds taken."""
+        if not prompt_tokens:
+            raise ConfigError("the prompt is empty")
+        if len(prompt_tokens) + 2 > self.max_context:
+            raise ConfigError(f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.max_context}")
+        t0 = time.perf_counter()
+        if self._needs_rates():
+            # The latency model weighs payloads by the link's rates; measure them once (a second or less).
+            probe(self.transport, self.link, pings=5, tries=2, payload_bytes=64 * 1024)
+        opened = self.transport.open_session(
+            prompt_tokens,
+            mode=self.config.mode,
+            temperature=self.config.temperature,
+            seed=self._verifier_seed,
+            slo_class=self.config.slo_class,
+            draft=self.draft.fingerprint(),
+            draft_hidden_size=self.draft.n_embd,
+        )
+        self.session_id = opened.session_id
+        self._budget = opened.next_budget
+        self.max_context = min(self.max_context, opened.max_context)
+        self.tokens = list(prompt_tokens)
+        with self._shared.lock:
+            self._shared.claim(self, self.tokens)
+        return (time.perf_counter() - t0) * 1e3
+
+    def _needs_rates(self) -> bool:
+        uses_model = self.config.upload == "auto" or self.config.drafting == "latency"
+        # Once per client: a server without an echo endpoint (or a link too fast to time)
+        # leaves the rates at 0, and probing again at each session would not change that.
+        return uses_model and not self.link.probed and not (self.link.uplink_mbps and self.link.downlink_mbps)
+
+    def extend(self, tokens: Sequence[int]) -> float:
+        """Appends tokens to the conversation without verifying them (a new user turn)."""
+        if self.session_id is None:
+            raise EdgekitError("the session is not open")
+        t0 = time.perf_counter()
+        committed = self.transport.extend_session(self.session_id, len(self.tokens), tokens)
+        self.tokens.extend(tokens)
+        if committed != len(self.tokens):
+            raise ProtocolError(f"verifier reports {committed} committed tokens, the client has {len(self.tokens)}")
+        return (time.perf_counter() - t0) * 1e3
+
+    def close(self) -> None:
+        if self.session_id is not None:
+            sid, self.session_id = self.session_id, None
+            try:
+                self.transport.close_session(sid)
+            except EdgekitError:
+                pass  # the verifier may have evicted it or be gone; nothing is lost
+
+    # -- rounds ------------------------------------------------------------------------
+
+    def _draft_block(self, k: int) -> tuple[list[int], list[SparseDistribution], list[np.ndarray], int]:
+        """The block, its draft distributions (when sampling), the hidden state that
+        produced each token (when uploads want them) and how many draft steps it took."""
+        feed = self.tokens[self.draft.n_past :]
+        block: list[int] = []
+        dists: list[SparseDistribution] = []
+        rows: list[np.ndarray] = []
+        hidden = self.config.upload != "tokens"
+        greedy = self.config.mode == "greedy"
+        temperature = self.config.draft_temperature or self.config.temperature
+        steps = 0
+        for index in range(1, k + 1):
+            out = self.draft.eval(feed, hidden=hidden)
+            steps += 1
+            decision = self.controller.draft_next(index, out)
+            if not decision:
+                break
+            if greedy:
+                tok = out.stats.argmax()
+            else:
+                dist = draft_distribution(out.logits, temperature, self.config.draft_top_k)
+                tok = dist.sample(self._rng)
+                dists.append(dist)
+            block.append(tok)
+            if hidden:
+                rows.append(np.array(out.hidden, dtype=np.float32))  # the draft's buffer is reused next step
+            if self.draft.is_eog(tok) or decision == Decision.LAST:
+                break
+            feed = [tok]
+        return block, dists, rows, steps
+
+    def round(self, limit: int) -> tuple[list[int], RoundStats, bool]:
+        """Runs one round drafting at most `limit` tokens; returns the newly committed
+        tokens, the round's figures and whether the context is full."""
+        if self.session_id is None:
+            raise EdgekitError("the session is not open")
+        with self._shared.lock:
+            self._shared.claim(self, self.tokens)
+            return self._round_locked(limit)
+
+    def _round_locked(self, limit: int) -> tuple[list[int], RoundStats, bool]:
+        base = len(self.tokens)
+        t0 = time.perf_counter()
+        block, dists, rows, steps = self._draft_block(self.controller.window(limit))
+        upload = self.policy.upload_for(len(block))
+        t1 = time.perf_counter()
+        assert self.session_id is not None  # round() checked
+        verdict = self.transport.verify(
+            BlockRequest(
+                session_id=self.session_id,
+                base_position=base,
+                draft_tokens=block,
+                draft_distributions=dists,
+                link=self.link.state(),
+                slo_class=self.config.slo_class,
+                round_index=self._round_index,
+                continue_after_eog=not self.config.stop_at_eos,
+                upload=upload,
+                hidden=np.stack(rows) if upload != "tokens" else None,
+                hidden_encoding=self.policy.encoding,
+            )
+        )
+        t2 = time.perf_counter()
+        exchanges = verdict.exchanges or (Exchange((t2 - t1) * 1e3, verdict.verify_ms + verdict.queue_ms, 0, 0),)
+        for ex in exchanges:
+            if ex.server_ms is not None:  # without the server's time, a round trip says nothing about the link
+                self.link.add_exchange(ex.round_trip_ms, ex.server_ms, ex.uplink_bytes, ex.downlink_bytes)
+        a = verdict.accepted
+        new = block[:a] + ([verdict.next_token] if verdict.next_token is not None else [])
+        if not 0 <= a <= len(block) or not new or verdict.committed_length != base + len(new):
+            raise ProtocolError(
+                f"verifier at {self.transport.address} sent an inconsistent verdict: accepted {a} of {len(block)}, "
+                f"committed {verdict.committed_length} on base {base}"
+            )
+        self.tokens.extend(new)
+        self._budget = verdict.next_budget
+        # What the draft evaluated stays valid up to the last committed token, which it has not run.
+        self.draft.truncate(min(self.draft.n_past, len(self.tokens) - 1))
+        self.controller.observe(len(block), a)
+        self.policy.costs.observe(
+            drafted=len(block),
+            accepted=a,
+            draft_ms=(t1 - t0) * 1e3,
+            draft_steps=steps,
+            verify_ms=verdict.verify_ms + verdict.queue_ms,
+            mismatches=len(verdict.hidden_requested) if upload == "sh" else None,
+        )
+        stats = RoundStats(
+            index=self._round_index,
+            base_position=base,
+            drafted=len(block),
+            accepted=a,
+            bonus=verdict.bonus,
+            committed=len(new),
+            wasted=len(block) - a,
+            draft_ms=(t1 - t0) * 1e3,
+            draft_steps=steps,
+            round_trip_ms=(t2 - t1) * 1e3,
+            server_verify_ms=verdict.verify_ms,
+            server_queue_ms=verdict.queue_ms,
+            upload=upload,
+            exchanges=len(exchanges),
+            uplink_bytes=sum(e.uplink_bytes for e in exchanges),
+            downlink_bytes=sum(e.downlink_bytes for e in exchanges),
+            hidden_rows=verdict.hidden_rows,
+        )
+        self._round_index += 1
+        return new, stats, verdict.context_full
+
+    def stream(self, max_tokens: int | None = None, *, prefill_ms: float = 0.0) -> Iterator[Event]:
+        """Rounds until EOS, `max_tokens` or a full context, as events."""
+        max_tokens = max_tokens or self.config.max_tokens
+        stats = GenerationStats(
+            mode=self.config.mode,
+            draft_k=self.config.draft_k,
+            drafting=self.controller.name,
+            prompt_tokens=len(self.tokens),
+            prefill_ms=prefill_ms,
+        )
+        decoder = TextDecoder(self.draft)
+        out: list[int] = []
+        text_parts: list[str] = []
+        start = time.perf_counter()
+        finish: str | None = None
+        while finish is None:
+            remaining = max_tokens - len(out)
+            room = self.max_context - len(self.tokens) - 1  # base + K + 1 must fit
+            if room < 1:
+                finish = "context"
+                break
+            # A round commits up to K+1 tokens: keep K+1 within what is left to produce.
+            limit = max(1, min(self.server.max_block, room, remaining - 1))
+            if self._budget:
+                limit = min(limit, self._budget)  # the verifier's assigned budget bounds every policy
+            new, rstats, context_full = self.round(limit)
+            stats.add_round(rstats)
+            emitted: list[int] = []
+            for tok in new:
+                if len(out) >= max_tokens:
+                    finish = "length"
+                    break
+                out.append(tok)
+                emitted.append(tok)
+                if self.config.stop_at_eos and self.draft.is_eog(tok):
+                    finish = "eos"
+                    break
+            if finish is None and len(out) >= max_tokens:
+                finish = "length"
+            if finish is None and context_full:
+                finish = "context"
+            if stats.time_to_first_token_ms is None and emitted:
+                stats.time_to_first_token_ms = prefill_ms + (time.perf_counter() - start) * 1e3
+            text = decoder.feed(emitted)
+            if text or emitted:
+                text_parts.append(text)
+                yield TextDelta(text, tuple(emitted))
+            yield RoundEvent(rstats)
+        tail = decoder.flush()
+        if tail:
+            text_parts.append(tail)
+            yield TextDelta(tail, ())
+        stats.completion_tokens = len(out)
+        stats.elapsed_s = time.perf_counter() - start + prefill_ms / 1e3
+        stats.finish_reason = finish
+        yield FinalStats(stats, tuple(out), "".join(text_parts))
+
+
+def _check_upload(config: GenerationConfig, server: ServerInfo, address: str) -> None:
+    """Refuses an upload the verifier cannot take: never a silent downgrade."""
+    needs = {"tokens": (), "fh": ("fh",), "sh": ("sh",), "auto": ("fh", "sh"), "rtt": ("fh", "sh")}[config.upload]
+    missing = [u for u in needs if u not in server.upload_protocols]
+    if missing:
+        raise ConfigError(
+            f"upload {config.upload!r} needs {' and '.join(u.upper() for u in missing)} uploads, which the verifier "
+            f"at {address} does not take (it offers: {', '.join(server.upload_protocols) or 'none'}); use upload='tokens'"
+        )

@@ -1,0 +1,161 @@
+"""Configuration as dataclasses; every default lives here.
+
+Environment overrides are named EDGEKIT_* and are read by `from_env()` only,
+so constructing a config in code is never surprised by the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+from .errors import ConfigError
+
+__all__ = ["ClientConfig", "GenerationConfig", "ServerConfig"]
+
+Mode = Literal["greedy", "sample"]
+SloClass = Literal["interactive", "standard", "batch"]
+Drafting = Literal["auto", "fixed", "predictor", "p-min", "latency"]
+Upload = Literal["tokens", "fh", "sh", "auto", "rtt"]
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How one generation decodes."""
+
+    max_tokens: int = 256
+    mode: Mode = "greedy"
+    temperature: float = 0.8
+    # The draft may sample at its own temperature: speculative sampling stays
+    # lossless for any draft distribution, only acceptance changes. None: same.
+    draft_temperature: float | None = None
+    seed: int | None = None
+    # How long each round's block is: "fixed" drafts draft_k tokens; "predictor"
+    # stops at the first rejection an ONNX predictor foresees (WISP), "p-min" where
+    # the draft's top probability falls below p_min (llama.cpp's draft p-min),
+    # both within max_window; "latency" drafts the window (up to max_window) that
+    # the latency model expects to be fastest per committed token on the measured
+    # link; "auto" is "predictor" when one is shipped for this draft and target
+    # (or given) and onnxruntime is installed, else "fixed".
+    drafting: Drafting = "auto"
+    draft_k: int = 4  # fixed draft window (SLED-style baseline)
+    max_window: int = 8  # bound of the adaptive policies (the shipped predictors saw blocks of up to 8)
+    predictor: str | None = None  # an ONNX predictor file; None: the one shipped for the pair
+    predictor_threshold: float | None = None  # None: the predictor's own operating threshold
+    p_min: float = 0.5
+    draft_top_k: int = 32  # support of the uploaded draft distribution when sampling
+    # Draft hidden states to the verifier (WISV): "tokens" sends none; "fh" every
+    # row with the block; "sh" only the rows the verifier asks for (its
+    # mismatches), one more exchange; "auto" picks FH or SH each round by the
+    # latency model; "rtt" is WISV's fixed rule (FH when RTT > rtt_rule_ms).
+    # Only the semantic mode reads them; in the lossless modes they cost link
+    # time and change nothing in the output.
+    upload: Upload = "tokens"
+    hidden_encoding: Literal["fp16", "int8"] = "fp16"
+    rtt_rule_ms: float = 10.0
+    stop_at_eos: bool = True
+    slo_class: SloClass = "interactive"
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.mode not in ("greedy", "sample"):
+            raise ConfigError(f"mode must be 'greedy' or 'sample', got {self.mode!r}")
+        if self.mode == "sample" and not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        if self.draft_temperature is not None and not self.draft_temperature > 0:
+            raise ConfigError(f"draft_temperature must be > 0, got {self.draft_temperature}")
+        if not 1 <= self.draft_k <= 64:
+            raise ConfigError(f"draft_k must be between 1 and 64, got {self.draft_k}")
+        if self.drafting not in ("auto", "fixed", "predictor", "p-min", "latency"):
+            raise ConfigError(f"drafting must be auto, fixed, predictor, p-min or latency, got {self.drafting!r}")
+        if self.upload not in ("tokens", "fh", "sh", "auto", "rtt"):
+            raise ConfigError(f"upload must be tokens, fh, sh, auto or rtt, got {self.upload!r}")
+        if self.hidden_encoding not in ("fp16", "int8"):
+            raise ConfigError(f"hidden_encoding must be fp16 or int8, got {self.hidden_encoding!r}")
+        if not self.rtt_rule_ms >= 0:
+            raise ConfigError(f"rtt_rule_ms must be >= 0, got {self.rtt_rule_ms}")
+        if not 1 <= self.max_window <= 64:
+            raise ConfigError(f"max_window must be between 1 and 64, got {self.max_window}")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise ConfigError(f"p_min must be between 0 and 1, got {self.p_min}")
+        if self.predictor_threshold is not None and not 0.0 <= self.predictor_threshold <= 1.0:
+            raise ConfigError(f"predictor_threshold must be between 0 and 1, got {self.predictor_threshold}")
+        if not 1 <= self.draft_top_k <= 1024:
+            raise ConfigError(f"draft_top_k must be between 1 and 1024, got {self.draft_top_k}")
+        if self.slo_class not in ("interactive", "standard", "batch"):
+            raise ConfigError(f"slo_class must be interactive, standard or batch, got {self.slo_class!r}")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How the client reaches a verifier."""
+
+    timeout: float = 30.0  # deadline of every verifier call, seconds
+    connect_timeout: float = 10.0  # deadline for the channel to become ready
+    token: str | None = None  # sent as `authorization: Bearer <token>`
+    tls: bool = False
+    root_certificates: str | None = None  # PEM file; system roots when None
+    max_message_bytes: int = 16 * 1024 * 1024
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "ClientConfig":
+        return replace(cls(), **_env_values(cls, "EDGEKIT_"), **overrides)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Limits and resources of the reference verifier."""
+
+    host: str = "127.0.0.1"
+    port: int = 50551  # 0 picks a free port
+    max_sessions: int = 16
+    max_block: int = 32  # draft tokens per round
+    max_context: int = 4096  # tokens per session; KV memory is max_context x max_sessions
+    idle_timeout: float = 900.0  # seconds before an idle session may be evicted
+    max_draft_top_k: int = 1024
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_generate_tokens: int = 4096
+    token: str | None = None  # require `authorization: Bearer <token>`
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    threads: int | None = None
+    workers: int = 32  # gRPC handler threads
+    # "exact": greedy output token-identical to target-only decoding (slower
+    # kernels, blocks in batch-invariant sub-batches); "fast": every kernel.
+    numerics: Literal["exact", "fast"] = "exact"
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1 or self.max_block < 1 or self.max_context < 8:
+            raise ConfigError("max_sessions and max_block must be >= 1, max_context >= 8")
+        if self.numerics not in ("exact", "fast"):
+            raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS needs both a certificate and a key")
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "ServerConfig":
+        return replace(cls(), **_env_values(cls, "EDGEKIT_SERVE_"), **overrides)
+
+
+def _env_values(cls: type, prefix: str) -> dict[str, object]:
+    out: dict[str, object] = {}
+    defaults = cls()
+    for f in fields(cls):
+        raw = os.environ.get(prefix + f.name.upper())
+        if raw is None:
+            continue
+        default = getattr(defaults, f.name)
+        try:
+            if isinstance(default, bool):
+                out[f.name] = raw.lower() in ("1", "true", "yes", "on")
+            elif isinstance(default, int):
+                out[f.name] = int(raw)
+            elif isinstance(default, float):
+                out[f.name] = float(raw)
+            else:
+                out[f.name] = raw
+        except ValueError as exc:
+            raise ConfigError(f"{prefix}{f.name.upper()}={raw!r} is not a valid {type(default).__name__}") from exc
+    return out

@@ -1,0 +1,26 @@
+"""How long each round's block is: the drafting controllers and their one factory.
+
+The seam is `Controller` (window, per-step decision, verdict feedback). Policies:
+`FixedWindow` (SLED's baseline), `PredictorController` (WISP's stop at the first
+predicted rejection), `ConfidenceThreshold` (llama.cpp's draft p-min), and
+`LatencyWindow` (the window the latency model picks on the measured link).
+`ControllerFactory` builds the one a `GenerationConfig` names.
+"""
+
+from ._controller import Controller, Decision, FixedWindow, StopRule
+from ._factory import ControllerFactory
+from ._latency_window import LatencyWindow
+from ._stop_at_rejection import AcceptancePredictor, AcceptanceTracker, ConfidenceThreshold, PredictorController
+
+__all__ = [
+    "AcceptancePredictor",
+    "AcceptanceTracker",
+    "ConfidenceThreshold",
+    "Controller",
+    "ControllerFactory",
+    "Decision",
+    "FixedWindow",
+    "LatencyWindow",
+    "PredictorController",
+    "StopRule",
+]

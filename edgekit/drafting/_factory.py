@@ -1,0 +1,62 @@
+"""The one place a drafting controller is made from a `GenerationConfig`."""
+
+from __future__ import annotations
+
+from ..config import GenerationConfig
+from ..errors import ConfigError
+from ..link import LinkPolicy
+from ._controller import Controller, FixedWindow
+from ._latency_window import LatencyWindow
+from ._stop_at_rejection import AcceptancePredictor, ConfidenceThreshold, PredictorController
+
+__all__ = ["ControllerFactory"]
+
+
+class ControllerFactory:
+    """Builds the controller `config.drafting` names for a draft/target pair:
+
+    - "fixed": `FixedWindow(draft_k)`; "p-min": `ConfidenceThreshold(p_min, max_window)`;
+    - "latency": `LatencyWindow` over the session's link policy;
+    - "predictor": `PredictorController` over `config.predictor`, or the predictor
+      shipped for the pair and mode (an error if there is none);
+    - "auto": "predictor" where one is shipped (or given) and onnxruntime is
+      installed, else "fixed".
+
+    ONNX predictors are loaded once per path and shared by the controllers built here.
+    """
+
+    def __init__(self, draft: str = "", target: str = "") -> None:
+        self.draft = draft
+        self.target = target
+        self._predictors: dict[str, AcceptancePredictor] = {}
+
+    def build(self, config: GenerationConfig, policy: LinkPolicy) -> Controller:
+        if config.drafting == "fixed":
+            return FixedWindow(config.draft_k)
+        if config.drafting == "p-min":
+            return ConfidenceThreshold(config.p_min, config.max_window)
+        if config.drafting == "latency":
+            return LatencyWindow(policy, config.max_window)
+        from edgekit.predictors.shipped import shipped_predictor
+
+        path = config.predictor or shipped_predictor(self.draft, self.target, config.mode)
+        if config.drafting == "auto":
+            if path is None:
+                return FixedWindow(config.draft_k)
+            try:
+                import onnxruntime  # noqa: F401
+            except ImportError:
+                return FixedWindow(config.draft_k)
+        elif path is None:
+            raise ConfigError(
+                f"no predictor is shipped for draft {self.draft!r} with target {self.target!r} ({config.mode}); "
+                "give one (predictor=PATH, --predictor PATH) or train one with `edgekit predictor train`"
+            )
+        return PredictorController(self._predictor(str(path)), config.max_window, threshold=config.predictor_threshold)
+
+    def _predictor(self, path: str) -> AcceptancePredictor:
+        if path not in self._predictors:
+            from edgekit.predictors.runtime import OnnxPredictor
+
+            self._predictors[path] = OnnxPredictor(path)
+        return self._predictors[path]

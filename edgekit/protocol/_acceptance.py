@@ -1,0 +1,137 @@
+"""Token choice and the acceptance rules of speculative decoding, in numpy.
+
+Greedy: accept draft tokens while each equals the target's argmax; the first
+mismatch is replaced by the target argmax. The output is exactly target-only
+greedy decoding.
+
+Lossless speculative sampling (Leviathan et al.; Chen et al.): draft token x
+drawn from q is accepted with probability min(1, p(x)/q(x)); at the first
+rejection the verifier draws from the residual max(0, p - q) normalised; if all
+are accepted, a bonus token is drawn from p at the next position. Each output
+token is then distributed exactly as p. The draft's q is a top-k truncated,
+renormalised softmax that the device samples from and uploads exactly, so the
+verifier knows q where it matters (see proto/verifier.proto).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "SparseDistribution",
+    "accept_greedy",
+    "accept_sampling",
+    "accept_top1",
+    "draft_distribution",
+    "mismatch_positions",
+    "target_probs",
+]
+
+
+@dataclass(frozen=True)
+class SparseDistribution:
+    """A distribution over a few token ids; every other id has probability 0."""
+
+    ids: np.ndarray  # int32, unique
+    probs: np.ndarray  # float32, positive, sums to 1
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return int(self.ids[_draw(self.probs, rng)])
+
+    def prob_of(self, token: int) -> float:
+        hit = np.flatnonzero(self.ids == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+
+def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    # Inverse-CDF draw in float64; clamp so rounding never indexes past the end.
+    cdf = np.cumsum(probs, dtype=np.float64)
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(i, len(probs) - 1)
+
+
+def draft_distribution(logits: np.ndarray, temperature: float, top_k: int) -> SparseDistribution:
+    """softmax(logits / T) restricted to the top-k logits and renormalised.
+
+    argpartition keeps this O(V); the softmax runs over k values only.
+    """
+    k = min(top_k, logits.shape[0])
+    ids = np.argpartition(logits, -k)[-k:]
+    z = logits[ids].astype(np.float64) / temperature
+    z -= z.max()
+    w = np.exp(z)
+    probs = (w / w.sum()).astype(np.float32)
+    keep = probs > 0
+    ids, probs = ids[keep], probs[keep]
+    # Renormalise in float32 so what is uploaded is exactly what is sampled from.
+    probs = probs / probs.sum(dtype=np.float32)
+    return SparseDistribution(ids.astype(np.int32), probs.astype(np.float32))
+
+
+def target_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """softmax(logits / T) over the whole vocabulary, in float64."""
+    z = logits.astype(np.float64) / temperature
+    z -= z.max()
+    np.exp(z, out=z)
+    z /= z.sum()
+    return z
+
+
+def accept_greedy(target_logits: np.ndarray, draft_tokens: Sequence[int]) -> tuple[int, int]:
+    """(accepted count, next token) for a block; target_logits has K+1 rows."""
+    accepted, nxt = accept_top1(np.argmax(target_logits, axis=1).tolist(), draft_tokens)
+    assert nxt is not None  # K+1 rows always reach the deciding position
+    return accepted, nxt
+
+
+def accept_top1(best: Sequence[int], draft_tokens: Sequence[int]) -> tuple[int, int | None]:
+    """(accepted count, next token) from the target's top-1 token at each block
+    position: accept while the draft token is the target's, then the target's
+    token at the first mismatch (the correction) or after the block (the bonus).
+    `best` may stop at the first mismatch; where it stops short of the deciding
+    position, the next token is None (the target's answer was incomplete)."""
+    k = len(draft_tokens)
+    n = min(k, len(best))
+    accepted = next((i for i in range(n) if int(best[i]) != int(draft_tokens[i])), n)
+    return accepted, int(best[accepted]) if accepted < len(best) else None
+
+
+def mismatch_positions(target_logits: np.ndarray, draft_tokens: Sequence[int]) -> list[int]:
+    """Block offsets whose draft token is not the target's top-1: the positions
+    an SH verifier asks hidden states for (WISV's mismatch-first upload)."""
+    k = len(draft_tokens)
+    if not k:
+        return []
+    best = np.argmax(target_logits[:k], axis=1)
+    return [i for i in range(k) if int(best[i]) != int(draft_tokens[i])]
+
+
+def accept_sampling(
+    target_logits: np.ndarray,
+    draft_tokens: Sequence[int],
+    draft_dists: Sequence[SparseDistribution],
+    temperature: float,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """(accepted count, next token) by the min(1, p/q) rule and residual resampling."""
+    k = len(draft_tokens)
+    for i in range(k):
+        p = target_probs(target_logits[i], temperature)
+        x = int(draft_tokens[i])
+        q_x = draft_dists[i].prob_of(x)
+        if rng.random() * q_x < p[x]:  # u < p/q without dividing by a tiny q
+            continue
+        residual = p
+        residual[draft_dists[i].ids] -= draft_dists[i].probs
+        np.maximum(residual, 0.0, out=residual)
+        total = residual.sum()
+        if total <= 0.0:
+            # p <= q everywhere means p == q (both sum to 1): rejection had
+            # probability zero; only float rounding gets here. Draw from p.
+            residual = target_probs(target_logits[i], temperature)
+        return i, _draw(residual, rng)
+    return k, _draw(target_probs(target_logits[k], temperature), rng)
+

@@ -1,0 +1,140 @@
+"""edgekit.verifier.v1 as Python values: what a client and a verifier exchange,
+without the protobuf (`_wire` converts). Every transport speaks these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ._acceptance import SparseDistribution
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "BlockRequest",
+    "Exchange",
+    "Fingerprint",
+    "GeneratedToken",
+    "LinkState",
+    "OpenedSession",
+    "ServerInfo",
+    "VerifyResult",
+]
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What makes two tokenizers interchangeable: same ids for the same text."""
+
+    vocab_size: int
+    token_hash: bytes
+    bos_token: int
+    eos_token: int
+    model_name: str
+
+    def same_tokenizer(self, other: Fingerprint) -> bool:
+        return (self.vocab_size, self.token_hash, self.bos_token, self.eos_token) == (
+            other.vocab_size,
+            other.token_hash,
+            other.bos_token,
+            other.eos_token,
+        )
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """The device's view of its link (WISV's CSI), sent with every round."""
+
+    rtt_ms: float = 0.0
+    rtt_jitter_ms: float = 0.0
+    uplink_mbps: float = 0.0
+    downlink_mbps: float = 0.0
+    loss_rate: float = 0.0
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    protocol_version: int
+    target_model: str
+    target_fingerprint: Fingerprint
+    target_hidden_size: int
+    modes: tuple[str, ...]  # "greedy", "sample", "semantic"
+    upload_protocols: tuple[str, ...]  # "tokens", "fh", "sh"
+    max_block: int
+    max_context: int
+    max_sessions: int
+    assigns_budgets: bool
+    prefix_cache: bool
+    max_draft_top_k: int
+    chat_template: str | None = None
+    server_version: str = ""
+    exact_numerics: bool = False
+    invariant_batch: int = 0
+    backend: str = "edgekit"  # "edgekit" (our gRPC verifier), "openai", "sglang"
+    tokenizer_check: str = "fingerprint"  # how the target's tokenizer was matched to the draft's
+
+
+@dataclass(frozen=True)
+class OpenedSession:
+    session_id: str
+    committed_length: int
+    max_context: int
+    next_budget: int = 0
+    prefill_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class BlockRequest:
+    session_id: str
+    base_position: int
+    draft_tokens: Sequence[int]
+    draft_distributions: Sequence[SparseDistribution] = ()
+    link: LinkState = field(default_factory=LinkState)
+    slo_class: str = "interactive"
+    round_index: int = 0
+    continue_after_eog: bool = False  # default: an accepted end-of-text token ends the round
+    # How hidden states travel: "tokens" (none), "fh" (every row with the block)
+    # or "sh" (the rows the verifier asks for, in a second exchange).
+    upload: str = "tokens"
+    hidden: np.ndarray | None = None  # [len(draft_tokens), d] float32: row i produced draft token i
+    hidden_encoding: str = "fp16"
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request and its answer, as the client saw it."""
+
+    round_trip_ms: float
+    server_ms: float | None  # the verifier's queue and compute time within it; None: not reported
+    uplink_bytes: int  # serialized request
+    downlink_bytes: int  # serialized answer
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    accepted: int
+    next_token: int | None  # None: the accepted block ended the text
+    bonus: bool
+    committed_length: int
+    next_budget: int = 0
+    context_full: bool = False
+    queue_ms: float = 0.0
+    verify_ms: float = 0.0
+    # How it went on the wire: one exchange, or two under SH with mismatches.
+    # Measurements, not part of the verdict: a retry's verdict equals the original's.
+    exchanges: tuple[Exchange, ...] = field(default=(), compare=False)
+    hidden_rows: int = 0  # hidden rows the verifier received and validated
+    hidden_requested: tuple[int, ...] = ()  # SH: the block offsets it asked for (its mismatches)
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    token: int
+    index: int
+    decode_ms: float = 0.0
+    prefill_ms: float = 0.0
+    finish_reason: str | None = None  # "eos", "length", "context" on the last

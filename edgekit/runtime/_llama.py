@@ -1,0 +1,294 @@
+"""A thin, checked layer over llama-cpp-python's low-level (ctypes) API.
+
+Both the draft runtime and the reference verifier sit on this: a loaded model
+with its vocabulary (`LlamaModel`) and a context with a KV cache holding one or
+more sequences (`LlamaContext`). llama.cpp failures become `ModelLoadError` or
+`InferenceError` here; nothing above this module touches ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import DependencyMissingError, InferenceError, KVCacheFullError, ModelLoadError
+from ..protocol import Fingerprint
+
+try:
+    import llama_cpp as _lc
+except ImportError as exc:  # pragma: no cover - exercised only without the dependency
+    raise DependencyMissingError("llama-cpp-python") from exc
+
+__all__ = ["LlamaContext", "LlamaModel", "default_threads"]
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+@_lc.llama_log_callback  # type: ignore[misc]
+def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp logs every tensor it loads to stderr; edgekit reports its own errors.
+    if os.environ.get("EDGEKIT_LLAMA_LOG"):
+        os.write(2, text)
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            _lc.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+            _lc.llama_backend_init()
+            _backend_ready = True
+
+
+def default_threads() -> int:
+    env = os.environ.get("EDGEKIT_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+class LlamaModel:
+    """Weights and vocabulary of one GGUF file."""
+
+    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None, repack: bool = True) -> None:
+        """repack=False keeps weights in their file layout: slower, but the matmul
+        kernels then give the same result per row whatever the batch size."""
+        _init_backend()
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelLoadError(f"model file not found: {self.path}")
+        self.name = name or self.path.stem
+        params = _lc.llama_model_default_params()
+        params.use_mmap = True
+        params.use_extra_bufts = repack
+        model = _lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not model:
+            # A NULL here must never reach llama.cpp again: it would segfault later.
+            raise ModelLoadError(f"llama.cpp could not load {self.path} (not a GGUF model, or damaged)")
+        self._model = model
+        self._vocab = _lc.llama_model_get_vocab(model)
+        self.n_vocab = int(_lc.llama_vocab_n_tokens(self._vocab))
+        self.n_embd = int(_lc.llama_model_n_embd(model))
+        self.n_ctx_train = int(_lc.llama_model_n_ctx_train(model))
+        self.bos = int(_lc.llama_vocab_bos(self._vocab))
+        self.eos = int(_lc.llama_vocab_eos(self._vocab))
+        self.add_bos = bool(_lc.llama_vocab_get_add_bos(self._vocab))
+        self._fingerprint: Fingerprint | None = None
+        self._eog = np.zeros(self.n_vocab, dtype=bool)
+        for tok in range(self.n_vocab):
+            # Cheap once per load (~0.1 s for 262k tokens) and makes is_eog a lookup.
+            if _lc.llama_vocab_is_eog(self._vocab, tok):
+                self._eog[tok] = True
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            _lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order varies
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- vocabulary ---------------------------------------------------------------
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token]) if 0 <= token < self.n_vocab else False
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (_lc.llama_token * cap)()
+        n = _lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (_lc.llama_token * cap)()
+            n = _lc.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise InferenceError(f"tokenization failed for {len(data)} bytes of text")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        return b"".join(self.token_bytes(t, special=special) for t in tokens).decode("utf-8", errors="replace")
+
+    def fingerprint(self) -> Fingerprint:
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            for tok in range(self.n_vocab):
+                text = _lc.llama_vocab_get_text(self._vocab, tok) or b""
+                attr = int(_lc.llama_vocab_get_attr(self._vocab, tok))
+                h.update(len(text).to_bytes(4, "little"))
+                h.update(text)
+                h.update(attr.to_bytes(4, "little", signed=True))
+            self._fingerprint = Fingerprint(self.n_vocab, h.digest(), self.bos, self.eos, self.name)
+        return self._fingerprint
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = _lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            _lc.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        return self.meta("tokenizer.chat_template")
+
+
+class LlamaContext:
+    """A KV cache over a model, holding up to `n_seq` independent sequences.
+
+    `decode` runs a batch whose rows each name a sequence and a position; rows
+    flagged as outputs get logits (and hidden states when embeddings are on),
+    readable until the next decode.
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        n_ctx: int,
+        n_batch: int = 512,
+        n_seq: int = 1,
+        embeddings: bool = False,
+        n_threads: int | None = None,
+        flash_attn: bool | None = None,
+        unified: bool = False,
+    ) -> None:
+        """n_ctx is the total; each of the n_seq sequences gets its own stream of
+        n_ctx / n_seq cells unless `unified`, where all share one pool."""
+        self.model = model
+        params = _lc.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq
+        threads = n_threads or default_threads()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.embeddings = embeddings
+        params.pooling_type = _lc.LLAMA_POOLING_TYPE_NONE
+        # Rolling back to an earlier position needs the whole sliding-window
+        # cache (Gemma 3 uses SWA); the pruned cache cannot undo a round.
+        params.swa_full = True
+        # A stream per sequence keeps each sequence's cells in position order
+        # whatever the other sequences do, so its attention sums in the same
+        # order every time (a shared pool interleaves cells freed by others).
+        params.kv_unified = unified
+        params.no_perf = True
+        params.flash_attn_type = {
+            None: _lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
+            True: _lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            False: _lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        }[flash_attn]
+        ctx = _lc.llama_init_from_model(model._model, params)
+        if not ctx:
+            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.name}")
+        self._ctx = ctx
+        self._mem = _lc.llama_get_memory(ctx)
+        self.n_ctx = int(_lc.llama_n_ctx(ctx))
+        self.n_ctx_seq = int(_lc.llama_n_ctx_seq(ctx))
+        self.n_batch = n_batch
+        self.n_seq = n_seq
+        self._embeddings = embeddings
+        self._batch = _lc.llama_batch_init(n_batch, 0, 1)
+        self._n_outputs = 0
+        self._logits_view_shape = (model.n_vocab,)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            _lc.llama_batch_free(self._batch)
+            _lc.llama_free(self._ctx)
+            self._ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def set_embeddings(self, on: bool) -> None:
+        if on != self._embeddings:
+            _lc.llama_set_embeddings(self._ctx, on)
+            self._embeddings = on
+
+    def decode(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        seq_ids: Sequence[int],
+        outputs: Sequence[bool],
+    ) -> None:
+        """One llama_decode of at most n_batch rows."""
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} rows exceeds n_batch={self.n_batch}")
+        b = self._batch
+        for i in range(n):
+            b.token[i] = tokens[i]
+            b.pos[i] = positions[i]
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq_ids[i]
+            b.logits[i] = outputs[i]
+        b.n_tokens = n
+        rc = _lc.llama_decode(self._ctx, b)
+        if rc == 1:
+            raise KVCacheFullError("no free KV cells for this batch")
+        if rc != 0:
+            raise InferenceError(f"llama_decode failed with code {rc}")
+
+    def decode_sequence(self, tokens: Sequence[int], start: int, seq: int = 0, *, last_output: bool = True) -> None:
+        """Appends tokens to one sequence in n_batch chunks; only the last row outputs."""
+        n = len(tokens)
+        for lo in range(0, n, self.n_batch):
+            hi = min(n, lo + self.n_batch)
+            outs = [False] * (hi - lo)
+            if last_output and hi == n:
+                outs[-1] = True
+            self.decode(tokens[lo:hi], range(start + lo, start + hi), [seq] * (hi - lo), outs)
+
+    def logits(self, i: int) -> np.ndarray:
+        """Logits of batch row i (negative i counts outputs from the end), as a view: copy to keep."""
+        ptr = _lc.llama_get_logits_ith(self._ctx, i)
+        if not ptr:
+            raise InferenceError(f"no logits for batch row {i}")
+        return np.ctypeslib.as_array(ptr, shape=self._logits_view_shape)
+
+    def hidden(self, i: int) -> np.ndarray:
+        """Final-layer, post-norm hidden state of batch row i, as a view."""
+        ptr = _lc.llama_get_embeddings_ith(self._ctx, i)
+        if not ptr:
+            raise InferenceError(f"no hidden state for batch row {i}: embeddings are off")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_embd,))
+
+    def truncate(self, seq: int, length: int) -> None:
+        """Drops the sequence's cells from position `length` on."""
+        if not _lc.llama_memory_seq_rm(self._mem, seq, length, -1):
+            raise InferenceError(f"llama.cpp could not roll sequence {seq} back to {length}")
+
+    def remove(self, seq: int) -> None:
+        _lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
+
+    def seq_length(self, seq: int) -> int:
+        """Cells the sequence holds: its largest position plus one (0 when empty)."""
+        return int(_lc.llama_memory_seq_pos_max(self._mem, seq)) + 1

@@ -1,0 +1,316 @@
+/* edgekit.runtime._logitstats: the softmax statistics of one logit vector in one pass.
+ *
+ * Stats(logits): the statistics of a C-contiguous float32 logit vector (the
+ *   draft's vocabulary, 150k-262k entries), computed on first use and kept.
+ *   argmax()          the first index of the largest value (as numpy's): one
+ *                     pass over the vocabulary
+ *   softmax()         [max, second largest, argmax, sum exp(z - max),
+ *                     sum exp(z - max) (z - max), mean, variance]
+ *   features_into(x, columns, position, acceptance)
+ *                     the rejection predictor's features (edgekit._logits.
+ *                     FEATURE_NAMES: confidence, entropy, margin, logit_std,
+ *                     position, recent_acceptance) in the order of columns (a
+ *                     bytes object of indices into that list), written as
+ *                     float32 into x; only the sums those columns need are
+ *                     computed (no moments without logit_std).
+ *
+ * It runs inside the drafting loop, right after a llama.cpp decode has evicted
+ * every cache, so it is one call that reads the vocabulary once, computing the
+ * exponentials while the logits stream in from memory, and takes no
+ * allocation. The kernel is chosen once, at import, for the CPU:
+ * AVX-512, AVX2 or the baseline (SSE2 on x86-64, NEON on arm64). ISA names it;
+ * use(name) switches to another this CPU has (the tests run every kernel).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LS_CAT_(a, b) a##b
+#define LS_CAT(a, b) LS_CAT_(a, b)
+
+/* What a kernel computes past the first pass: bits of its `mode`. */
+#define LS_SOFTMAX 1 /* s and t: the top probability, entropy and margin */
+#define LS_MOMENTS 2 /* mean and variance: the logit standard deviation (with LS_SOFTMAX) */
+
+typedef void (*kernel_fn)(const float *, Py_ssize_t, int, double *);
+
+#define LS_W 4
+#define LS_NAME kernel_base
+#define LS_TARGET
+#include "_logitstats_kernel.h"
+#undef LS_W
+#undef LS_NAME
+#undef LS_TARGET
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LS_X86 1
+#define LS_W 8
+#define LS_NAME kernel_avx2
+#define LS_TARGET __attribute__((target("avx2,fma")))
+#include "_logitstats_kernel.h"
+#undef LS_W
+#undef LS_NAME
+#undef LS_TARGET
+
+#define LS_W 16
+#define LS_NAME kernel_avx512
+#define LS_TARGET __attribute__((target("avx512f")))
+#include "_logitstats_kernel.h"
+#undef LS_W
+#undef LS_NAME
+#undef LS_TARGET
+#endif
+
+static kernel_fn kernel = kernel_base;
+static const char *isa = "baseline";
+
+/* A native-order format code: "f", "=f", "@f", or "<f" on a little-endian machine. */
+static int
+is_format(const char *format, char code)
+{
+    if (format == NULL) return 0;
+    if (*format == '@' || *format == '=') format++;
+#if PY_LITTLE_ENDIAN
+    else if (*format == '<') format++;
+#endif
+    return format[0] == code && format[1] == '\0';
+}
+
+/* ---- Stats: one logit vector's statistics, computed on first use and kept ---- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *logits;
+    double out[7];    /* [max, second, argmax, s, t, mean, variance] */
+    int level;        /* what out holds: 0 nothing, 1 the top two, 2 and s, t; 3 and the moments */
+} StatsObject;
+
+static PyTypeObject StatsType;
+
+/* The level a kernel mode leaves, and the mode that reaches a level. */
+#define LEVEL_OF(mode) ((mode) & LS_MOMENTS ? 3 : (mode) & LS_SOFTMAX ? 2 : 1)
+#define MODE_FOR(level) ((level) >= 3 ? LS_SOFTMAX | LS_MOMENTS : (level) == 2 ? LS_SOFTMAX : 0)
+
+/* Makes sure self->out holds at least `level`: one kernel call if not; -1 with an exception set. */
+static int
+ensure(StatsObject *self, int level)
+{
+    if (self->level >= level) return 0;
+    Py_buffer z;
+    if (PyObject_GetBuffer(self->logits, &z, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (z.itemsize != 4 || !is_format(z.format, 'f') || z.len < 4) {
+        PyBuffer_Release(&z);
+        PyErr_SetString(PyExc_ValueError, "logits must be a non-empty contiguous float32 array");
+        return -1;
+    }
+    int mode = MODE_FOR(level);
+    Py_BEGIN_ALLOW_THREADS
+    kernel((const float *)z.buf, z.len / 4, mode, self->out);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&z);
+    self->level = LEVEL_OF(mode);
+    return 0;
+}
+
+static PyObject *
+Stats_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *logits;
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds) > 0) || !PyArg_ParseTuple(args, "O:Stats", &logits)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "Stats(logits) takes no keyword arguments");
+        return NULL;
+    }
+    StatsObject *self = (StatsObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    Py_INCREF(logits);
+    self->logits = logits;
+    self->level = 0;
+    return (PyObject *)self;
+}
+
+static void
+Stats_dealloc(StatsObject *self)
+{
+    Py_XDECREF(self->logits);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Stats_argmax(StatsObject *self, PyObject *unused)
+{
+    if (ensure(self, 1) < 0) return NULL;
+    return PyLong_FromSsize_t((Py_ssize_t)self->out[2]);
+}
+
+static PyObject *
+Stats_softmax(StatsObject *self, PyObject *unused)
+{
+    if (ensure(self, 3) < 0) return NULL;
+    PyObject *list = PyList_New(7);
+    for (int i = 0; list != NULL && i < 7; i++) {
+        PyObject *v = PyFloat_FromDouble(self->out[i]);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, v);
+    }
+    return list;
+}
+
+/* The features (FEATURE_NAMES order) from the statistics. */
+static void
+derive(const double *st, double position, double acceptance, double *f)
+{
+    double m = st[0], second = st[1], s = st[3], t = st[4], var = st[6];
+    double entropy = log(s) - t / s;
+    f[0] = 1.0 / s;
+    f[1] = entropy > 0.0 ? entropy : 0.0; /* rounding leaves a few 1e-7 below 0 at one-hot */
+    f[2] = (1.0 - exp(second - m)) / s;   /* exp(-inf) = 0: a single entry */
+    f[3] = var > 0.0 ? sqrt(var) : 0.0;   /* NaN (masked logits) as 0 */
+    f[4] = position;
+    f[5] = acceptance;
+}
+
+/* The level of statistics the feature columns need, or -1 (ValueError) for a bad column. */
+static int
+level_for(const unsigned char *columns, Py_ssize_t ncol)
+{
+    int level = 1;
+    for (Py_ssize_t j = 0; j < ncol; j++) {
+        if (columns[j] >= 6) {
+            PyErr_SetString(PyExc_ValueError, "a column is not a feature index (0-5)");
+            return -1;
+        }
+        int need = columns[j] == 3 ? 3 : columns[j] < 3 ? 2 : 1;
+        if (need > level) level = need;
+    }
+    return level;
+}
+
+static PyObject *
+Stats_features_into(StatsObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "features_into(x, columns, position, recent_acceptance)");
+        return NULL;
+    }
+    if (!PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "columns must be bytes");
+        return NULL;
+    }
+    double position = PyFloat_AsDouble(args[2]), acceptance = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    const unsigned char *columns = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    Py_ssize_t ncol = PyBytes_GET_SIZE(args[1]);
+    int level = level_for(columns, ncol);
+    Py_buffer x;
+    if (level < 0 || PyObject_GetBuffer(args[0], &x, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (x.itemsize != 4 || !is_format(x.format, 'f') || x.len != ncol * 4) {
+        PyBuffer_Release(&x);
+        PyErr_SetString(PyExc_ValueError, "x must be a writable contiguous float32 array with one entry per column");
+        return NULL;
+    }
+    double f[6];
+    int rc = ensure(self, level);
+    if (rc == 0) {
+        derive(self->out, position, acceptance, f);
+        for (Py_ssize_t j = 0; j < ncol; j++) ((float *)x.buf)[j] = (float)f[columns[j]];
+    }
+    PyBuffer_Release(&x);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMemberDef Stats_members[] = {
+    {"logits", T_OBJECT_EX, offsetof(StatsObject, logits), READONLY, "the logit vector"},
+    {NULL},
+};
+
+static PyMethodDef Stats_methods[] = {
+    {"argmax", (PyCFunction)Stats_argmax, METH_NOARGS, "The first index of the largest logit (as numpy's argmax)."},
+    {"softmax", (PyCFunction)Stats_softmax, METH_NOARGS,
+     "[max, second, argmax, s, t, mean, variance] as floats, s = sum exp(z - max), t = sum exp(z - max) (z - max)."},
+    {"features_into", (PyCFunction)(void (*)(void))Stats_features_into, METH_FASTCALL,
+     "features_into(x, columns, position, recent_acceptance): the features `columns` (FEATURE_NAMES "
+     "indices, as bytes) into the float32 array x, one per column; only the sums they need are computed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StatsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "edgekit.runtime._logitstats.Stats",
+    .tp_basicsize = sizeof(StatsObject),
+    .tp_dealloc = (destructor)Stats_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Stats(logits): the statistics of one float32 logit vector, computed on first use and kept.",
+    .tp_methods = Stats_methods,
+    .tp_members = Stats_members,
+    .tp_new = Stats_new,
+};
+
+static int
+supported(const char *name, kernel_fn *fn)
+{
+    if (strcmp(name, "baseline") == 0) {
+        *fn = kernel_base;
+        return 1;
+    }
+#ifdef LS_X86
+    __builtin_cpu_init();
+    if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        *fn = kernel_avx2;
+        return 1;
+    }
+    if (strcmp(name, "avx512f") == 0 && __builtin_cpu_supports("avx512f")) {
+        *fn = kernel_avx512;
+        return 1;
+    }
+#endif
+    return 0;
+}
+
+static PyObject *
+use(PyObject *module, PyObject *arg)
+{
+    const char *name = PyUnicode_AsUTF8(arg);
+    kernel_fn fn;
+    if (name == NULL) return NULL;
+    if (!supported(name, &fn)) {
+        PyErr_Format(PyExc_ValueError, "no %s kernel on this CPU (baseline, avx2, avx512f)", name);
+        return NULL;
+    }
+    kernel = fn;
+    isa = strcmp(name, "baseline") == 0 ? "baseline" : strcmp(name, "avx2") == 0 ? "avx2" : "avx512f";
+    if (PyModule_AddStringConstant(module, "ISA", isa) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"use", use, METH_O, "use(name): run the baseline, avx2 or avx512f kernel (ValueError if this CPU lacks it)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_logitstats", NULL, -1, methods};
+
+PyMODINIT_FUNC
+PyInit__logitstats(void)
+{
+    if (supported("avx512f", &kernel))
+        isa = "avx512f";
+    else if (supported("avx2", &kernel))
+        isa = "avx2";
+    if (PyType_Ready(&StatsType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL) return NULL;
+    if (PyModule_AddStringConstant(m, "ISA", isa) < 0 || PyModule_AddObjectRef(m, "Stats", (PyObject *)&StatsType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,209 @@
+"""`MessageTransport`: the client side of edgekit.verifier.v1, whatever carries it.
+
+Everything but how one message travels: building each request, reading each
+answer, and SH's second exchange. A subclass provides `_unary` (one request,
+its answer and the round trip) and `_stream` (a server-streaming call):
+`GrpcTransport` over gRPC, `edgekit.testing.InProcessTransport` into a verifier
+service in this process. Failures arrive from both as the same edgekit errors
+(`edgekit.protocol.error_from_status`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator, Sequence
+
+from google.protobuf.message import Message
+
+from ..config import ClientConfig
+from ..errors import HiddenStateError, ProtocolError
+from ..protocol import (
+    FINISH_FROM_PB,
+    PROTOCOL_VERSION,
+    SLO_TO_PB,
+    BlockRequest,
+    EncodedHidden,
+    Exchange,
+    Fingerprint,
+    GeneratedToken,
+    OpenedSession,
+    ServerInfo,
+    VerifyResult,
+    encode_hidden,
+    fingerprint_to_pb,
+    hidden_answer_to_pb,
+    pb,
+    sampling_to_pb,
+    server_info_from_pb,
+    verify_request_to_pb,
+)
+
+__all__ = ["MessageTransport"]
+
+
+class MessageTransport:
+    address: str
+    config: ClientConfig
+
+    # -- how a message travels: the subclass's part ------------------------------------
+
+    def _unary(self, method: str, request: Message, *, during: str, timeout: float | None = None) -> tuple[Message, float]:
+        """Sends `request` to RPC `method`; returns its answer and the round trip in ms."""
+        raise NotImplementedError
+
+    def _stream(self, method: str, request: Message, *, during: str, timeout: float) -> Iterator[Message]:
+        """The answers of a server-streaming RPC, as they come."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    # -- the transport protocol ----------------------------------------------------------
+
+    def handshake(self, draft: Fingerprint, *, draft_model: str, draft_hidden_size: int) -> ServerInfo:
+        r, _ = self._unary(
+            "Handshake",
+            pb.HandshakeRequest(
+                protocol_version=PROTOCOL_VERSION,
+                draft_tokenizer=fingerprint_to_pb(draft),
+                draft_model=draft_model,
+                draft_hidden_size=draft_hidden_size,
+            ),
+            during="the handshake",
+            timeout=self.config.connect_timeout,
+        )
+        assert isinstance(r, pb.HandshakeResponse)
+        return server_info_from_pb(r)
+
+    def ping(self, payload_bytes: int = 0, reply_bytes: int = 0) -> float:
+        """One echo; returns its round-trip time in milliseconds."""
+        request = pb.PingRequest(payload=bytes(payload_bytes), reply_bytes=reply_bytes, client_send_time=time.time())
+        return self._unary("Ping", request, during="a ping")[1]
+
+    def open_session(
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        mode: str,
+        temperature: float,
+        seed: int,
+        slo_class: str,
+        draft: Fingerprint,
+        draft_hidden_size: int = 0,
+    ) -> OpenedSession:
+        r, _ = self._unary(
+            "OpenSession",
+            pb.OpenSessionRequest(
+                prompt_tokens=prompt_tokens,
+                sampling=sampling_to_pb(mode, temperature, seed),
+                slo_class=SLO_TO_PB.get(slo_class, pb.SLO_CLASS_STANDARD),
+                draft_tokenizer=fingerprint_to_pb(draft),
+                draft_hidden_size=draft_hidden_size,
+            ),
+            during="opening a session",
+        )
+        assert isinstance(r, pb.OpenSessionResponse)
+        return OpenedSession(
+            session_id=r.session_id,
+            committed_length=r.committed_length,
+            max_context=r.max_context,
+            next_budget=r.next_budget,
+            prefill_ms=r.prefill_ms,
+        )
+
+    def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int:
+        r, _ = self._unary(
+            "ExtendSession",
+            pb.ExtendSessionRequest(session_id=session_id, base_position=base_position, tokens=tokens),
+            during="extending the session",
+        )
+        assert isinstance(r, pb.ExtendSessionResponse)
+        return r.committed_length
+
+    def verify(self, block: BlockRequest) -> VerifyResult:
+        req = verify_request_to_pb(block)
+        exchanges: list[Exchange] = []
+        timings: list[tuple[float, float]] = []  # (queue, verify) of each answer
+        r = self._exchange(req, block, exchanges, timings)
+        requested: tuple[int, ...] = ()
+        if r.WhichOneof("result") == "hidden_request":
+            requested = tuple(r.hidden_request.positions)
+            answer = hidden_answer_to_pb(block, self._requested_rows(block, requested))
+            r = self._exchange(answer, block, exchanges, timings)
+            if r.WhichOneof("result") != "verdict":
+                raise ProtocolError(
+                    f"verifier at {self.address} asked for hidden states twice in round {block.round_index}",
+                    address=self.address,
+                )
+        elif r.WhichOneof("result") != "verdict":
+            raise ProtocolError(f"verifier at {self.address} sent neither a verdict nor a request", address=self.address)
+        v = r.verdict
+        return VerifyResult(
+            accepted=v.accepted,
+            next_token=None if v.ended else v.next_token,
+            bonus=v.bonus,
+            committed_length=v.committed_length,
+            next_budget=v.next_budget,
+            context_full=v.context_full,
+            queue_ms=sum(q for q, _ in timings),
+            verify_ms=sum(t for _, t in timings),
+            exchanges=tuple(exchanges),
+            hidden_rows=v.hidden_rows,
+            hidden_requested=requested,
+        )
+
+    def _exchange(
+        self, req: pb.VerifyRequest, block: BlockRequest, exchanges: list[Exchange], timings: list[tuple[float, float]]
+    ) -> pb.VerifyResponse:
+        r, ms = self._unary("Verify", req, during=f"round {block.round_index}")
+        assert isinstance(r, pb.VerifyResponse)
+        t = r.timings
+        exchanges.append(Exchange(ms, t.queue_ms + t.verify_ms, req.ByteSize(), r.ByteSize()))
+        timings.append((t.queue_ms, t.verify_ms))
+        return r
+
+    def _requested_rows(self, block: BlockRequest, positions: tuple[int, ...]) -> EncodedHidden:
+        """The rows an SH verifier asked for, encoded; a request the block cannot answer is the verifier's fault."""
+        k = len(block.draft_tokens)
+        if block.upload != "sh" or block.hidden is None:
+            raise ProtocolError(
+                f"verifier at {self.address} asked for hidden states, which this round did not offer", address=self.address
+            )
+        if not positions or list(positions) != sorted(set(positions)) or positions[-1] >= k:
+            raise ProtocolError(
+                f"verifier at {self.address} asked for hidden states at offsets {list(positions)} of a block of {k}",
+                address=self.address,
+            )
+        try:
+            return encode_hidden(block.hidden[list(positions)], block.hidden_encoding, positions)
+        except HiddenStateError as exc:
+            raise ProtocolError(f"cannot send hidden states to {self.address}: {exc}", address=self.address) from None
+
+    def close_session(self, session_id: str) -> None:
+        self._unary("CloseSession", pb.CloseSessionRequest(session_id=session_id), during="closing the session")
+
+    def generate(
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        mode: str,
+        temperature: float,
+        seed: int,
+        max_tokens: int,
+    ) -> Iterator[GeneratedToken]:
+        req = pb.GenerateRequest(
+            prompt_tokens=prompt_tokens,
+            sampling=sampling_to_pb(mode, temperature, seed),
+            max_tokens=max_tokens,
+        )
+        # The stream's deadline scales with its length; each token must still come quickly.
+        deadline = self.config.timeout + max_tokens * 2.0
+        for r in self._stream("Generate", req, during="generation", timeout=deadline):
+            assert isinstance(r, pb.GenerateResponse)
+            yield GeneratedToken(
+                token=r.token,
+                index=r.index,
+                decode_ms=r.decode_ms,
+                prefill_ms=r.prefill_ms,
+                finish_reason=FINISH_FROM_PB.get(r.finish_reason),
+            )

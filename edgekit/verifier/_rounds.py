@@ -1,0 +1,258 @@
+"""The calls that change a session: open (prefill), extend (a new turn), verify
+(a round, or half of an SH round), close.
+
+A round: the session's last committed token and the draft block go to the
+engine in one feed, which gives the K+1 next-token logits; the acceptance rule
+of the session's mode and `edgekit.protocol.decide` make the verdict; the KV is
+rolled back to the committed prefix. Under SH, a block with mismatches is
+first answered with a request for their hidden states and kept pending (its KV
+cells in place) until they come; any other request abandons it. An exact retry
+of the last applied round (or of a pending first half) gets the same answer
+again and is not applied twice. Nothing here knows protobuf.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..config import ServerConfig
+from ..errors import HiddenStateError, ProtocolError
+from ..protocol import (
+    EncodedHidden,
+    Fingerprint,
+    SparseDistribution,
+    Verdict,
+    accept_greedy,
+    accept_sampling,
+    check_base,
+    decide,
+    decode_hidden,
+    mismatch_positions,
+)
+from ._core import EngineCore
+from ._sessions import PendingRound, Session, SessionTable
+from ._validation import RequestChecks
+from .engine import Feed
+from .scheduler import WorkResult
+
+__all__ = ["Opened", "RoundAnswer", "RoundRequest", "Rounds"]
+
+
+@dataclass(frozen=True)
+class RoundRequest:
+    """A Verify request, as the service read it."""
+
+    session_id: str
+    base_position: int
+    round_index: int
+    draft_tokens: tuple[int, ...]
+    distributions: Sequence[SparseDistribution]
+    upload: str  # "tokens", "fh", "sh", or the wire's name of one this verifier does not know
+    hidden: EncodedHidden | None  # rows sent with this request, if any
+    hidden_encoding: str  # the encoding an SH round will answer in
+    continue_after_eog: bool
+    key: bytes  # what identifies the request: a retry has the same key
+
+
+@dataclass(frozen=True)
+class RoundAnswer:
+    """A verdict, or (SH) a request for the hidden states at `hidden_request`."""
+
+    verdict: Verdict | None
+    hidden_request: tuple[int, ...] = ()
+    hidden_encoding: str = "fp16"
+    hidden_rows: int = 0  # hidden rows received and checked in this round
+    queue_ms: float = 0.0
+    verify_ms: float = 0.0
+    batch_size: int = 1
+
+
+@dataclass(frozen=True)
+class Opened:
+    session_id: str
+    committed_length: int
+    prefill_ms: float
+
+
+class Rounds:
+    def __init__(
+        self, core: EngineCore, sessions: SessionTable, checks: RequestChecks, config: ServerConfig
+    ) -> None:
+        self.core = core
+        self.engine = core.engine
+        self.sessions = sessions
+        self.checks = checks
+        self.config = config
+
+    # -- session lifecycle ------------------------------------------------------------------
+
+    def open(
+        self,
+        prompt: Sequence[int],
+        *,
+        mode: str,
+        temperature: float,
+        seed: int,
+        slo_class: str,
+        draft: Fingerprint,
+        draft_hidden_size: int,
+    ) -> Opened:
+        self.checks.tokenizer(draft)
+        self.checks.sampling(mode, temperature)
+        tokens = list(prompt)
+        self.checks.prompt(tokens)
+        sess = self.sessions.create(mode=mode, temperature=temperature, seed=seed, slo_class=slo_class)
+        with sess.lock:
+            try:
+                ran = self._run(sess, Feed(sess.seq, 0, tuple(tokens[:-1]), 0))
+            except BaseException:
+                self.sessions.close(sess.id)
+                raise
+            sess.tokens = tokens
+            sess.hidden_size = draft_hidden_size
+        return Opened(sess.id, len(tokens), ran.run_ms)
+
+    def extend(self, session_id: str, base_position: int, tokens: Sequence[int]) -> tuple[int, float]:
+        """Appends a turn; returns the committed length and the prefill's milliseconds."""
+        sess = self.sessions.get(session_id)
+        tokens = list(tokens)
+        self.checks.tokens(tokens, "the extension")
+        with sess.lock:
+            check_base(base_position, len(sess.tokens), what="extension")
+            self.checks.extension(len(sess.tokens), tokens)
+            self._drop_pending(sess)
+            # Decode all but the new last token, which stays pending as usual.
+            pending = sess.tokens[-1:] + tokens
+            ran = self._run(sess, Feed(sess.seq, len(sess.tokens) - 1, tuple(pending[:-1]), 0))
+            sess.tokens.extend(tokens)
+            sess.last_round = None
+            return len(sess.tokens), ran.run_ms
+
+    def close(self, session_id: str) -> bool:
+        return self.sessions.close(session_id)
+
+    # -- rounds ---------------------------------------------------------------------------
+
+    def verify(self, r: RoundRequest) -> RoundAnswer:
+        """One round; under SH, one half of one."""
+        sess = self.sessions.get(r.session_id)
+        with sess.lock:
+            if sess.last_round is not None and sess.last_round[0] == r.key:
+                answer = sess.last_round[1]  # an exact retry of the applied round: same verdict, applied once
+                assert isinstance(answer, RoundAnswer)
+                return answer
+            pending = sess.pending
+            if pending is not None and pending.key == r.key:
+                assert isinstance(pending.answer, RoundAnswer)
+                return pending.answer  # a retried first half: the same request for hidden states
+            if r.upload == "sh" and r.hidden is not None and r.hidden.count and not r.draft_tokens:
+                return self._second_half(sess, r, pending)
+            self._drop_pending(sess)
+            check_base(r.base_position, len(sess.tokens))
+            self.checks.block(len(sess.tokens), r.draft_tokens, r.upload, sess.mode, r.distributions)
+            block = r.draft_tokens
+            hidden = None
+            t0 = time.perf_counter()
+            if r.upload == "fh":
+                offsets = tuple(range(len(block)))
+                hidden = (offsets, self._hidden_rows(sess, r.hidden, offsets))
+            elif r.hidden is not None:
+                what = "SH sends the tokens first" if r.upload == "sh" else "a tokens-only round"
+                raise ProtocolError(f"hidden states arrived with the block, but {what}")
+            checks_ms = (time.perf_counter() - t0) * 1e3
+            base = len(sess.tokens)
+            ran = self._run(sess, Feed(sess.seq, base - 1, (sess.tokens[-1], *block), len(block) + 1))
+            verify_ms = ran.run_ms + checks_ms
+            if r.upload == "sh":
+                positions = tuple(mismatch_positions(ran.logits, block))
+                if positions:
+                    answer = RoundAnswer(
+                        None, positions, r.hidden_encoding, queue_ms=ran.queue_ms, verify_ms=verify_ms,
+                        batch_size=ran.batch_size,
+                    )
+                    sess.pending = PendingRound(r.key, r, answer, ran.logits, positions)
+                    return answer
+            return self._finish(sess, r, ran.logits, ran.queue_ms, verify_ms, hidden, r.key)
+
+    def _second_half(self, sess: Session, r: RoundRequest, pending: PendingRound | None) -> RoundAnswer:
+        """SH's second half: only the requested rows, naming the round by base and index."""
+        first = pending.request if pending is not None else None
+        if (
+            pending is None
+            or not isinstance(first, RoundRequest)
+            or (r.base_position, r.round_index) != (first.base_position, first.round_index)
+        ):
+            raise ProtocolError(
+                f"hidden states for round {r.round_index} at base {r.base_position}, which the verifier "
+                "did not ask about; send the block first"
+            )
+        t0 = time.perf_counter()
+        rows = self._hidden_rows(sess, r.hidden, pending.positions)
+        sess.pending = None
+        # This exchange's own time: the first half reported the target pass.
+        own_ms = (time.perf_counter() - t0) * 1e3
+        return self._finish(sess, first, pending.logits, 0.0, own_ms, (pending.positions, rows), r.key)
+
+    def _finish(
+        self,
+        sess: Session,
+        r: RoundRequest,
+        logits: np.ndarray,
+        queue_ms: float,
+        verify_ms: float,
+        hidden: tuple[tuple[int, ...], np.ndarray] | None,
+        key: bytes,
+    ) -> RoundAnswer:
+        """Accepts a verified block: the verdict, the session's tokens and KV."""
+        block = r.draft_tokens
+        t0 = time.perf_counter()
+        if sess.mode == "greedy":
+            accepted, nxt = accept_greedy(logits, block)
+        else:
+            accepted, nxt = accept_sampling(logits, block, r.distributions, sess.temperature, sess.rng)
+        verdict = decide(
+            block,
+            accepted,
+            nxt,
+            base=len(sess.tokens),
+            max_context=self.config.max_context,
+            is_end=self.engine.is_eog,
+            continue_after_eog=r.continue_after_eog,
+        )
+        accept_ms = (time.perf_counter() - t0) * 1e3
+        # The KV keeps every committed token but the last (which is not yet decoded).
+        self.core.truncate(sess.seq, verdict.committed_length - 1)
+        sess.tokens.extend(verdict.committed)
+        sess.last_hidden = hidden
+        n_hidden = 0 if hidden is None else len(hidden[0])
+        sess.hidden_rows += n_hidden
+        answer = RoundAnswer(verdict, hidden_rows=n_hidden, queue_ms=queue_ms, verify_ms=verify_ms + accept_ms)
+        sess.last_round = (key, answer)
+        return answer
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _run(self, sess: Session, feed: Feed) -> WorkResult:
+        ran = self.core.run(feed, session_id=sess.id, slo_class=sess.slo_class)
+        sess.decoded += len(feed.tokens)
+        return ran
+
+    def _drop_pending(self, sess: Session) -> None:
+        """Abandons a half-done SH round: its block leaves the KV cache."""
+        if sess.pending is not None:
+            sess.pending = None
+            self.core.truncate(sess.seq, len(sess.tokens) - 1)
+
+    def _hidden_rows(self, sess: Session, h: EncodedHidden | None, positions: tuple[int, ...]) -> np.ndarray:
+        if not sess.hidden_size:
+            raise ProtocolError("this session was opened without draft_hidden_size, so it takes no hidden states")
+        if h is None:
+            raise ProtocolError(f"the round needs hidden states at block offsets {list(positions)}; none were sent")
+        try:
+            return decode_hidden(h, dim=sess.hidden_size, positions=positions)
+        except HiddenStateError as exc:
+            raise ProtocolError(str(exc)) from None

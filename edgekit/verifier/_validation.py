@@ -1,0 +1,127 @@
+"""What the verifier checks of a request before it touches a session or the engine.
+
+Every check raises an edgekit error that the service turns into a gRPC status:
+`ProtocolError` (INVALID_ARGUMENT unless it names another code),
+`IncompatibleModelsError` (FAILED_PRECONDITION), `LimitExceededError` naming
+OUT_OF_RANGE for context limits. Each message names what was wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..config import ServerConfig
+from ..errors import IncompatibleModelsError, LimitExceededError, ProtocolError
+from ..protocol import PROTOCOL_VERSION, Fingerprint, SparseDistribution
+
+__all__ = ["RequestChecks"]
+
+_MODES = ("greedy", "sample")
+_UPLOADS = ("tokens", "fh", "sh")
+
+
+class RequestChecks:
+    def __init__(self, config: ServerConfig, target: Fingerprint) -> None:
+        self.config = config
+        self.target = target
+        self.n_vocab = target.vocab_size
+
+    def protocol_version(self, version: int) -> None:
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"protocol version {version} is not supported; this verifier speaks {PROTOCOL_VERSION}",
+                code="FAILED_PRECONDITION",
+            )
+
+    def tokenizer(self, draft: Fingerprint) -> None:
+        fp = self.target
+        if not fp.same_tokenizer(draft):
+            what = (
+                f"vocabulary {draft.vocab_size} vs {fp.vocab_size} tokens"
+                if draft.vocab_size != fp.vocab_size
+                else "same vocabulary size, different tokens or special tokens"
+            )
+            raise IncompatibleModelsError(
+                f"draft model {draft.model_name or '(unnamed)'!r} does not share a tokenizer with target model "
+                f"{fp.model_name!r} ({what}); use a draft from the target's family"
+            )
+
+    def sampling(self, mode: str, temperature: float) -> None:
+        """`mode` as edgekit names it, or the wire's name for one edgekit does not verify."""
+        if mode not in _MODES:
+            raise ProtocolError(f"acceptance mode {mode} is not supported by this verifier")
+        if mode == "sample" and not temperature > 0:
+            raise ProtocolError(f"sampling needs a temperature > 0, got {temperature}")
+
+    def tokens(self, tokens: Sequence[int], what: str) -> None:
+        n_vocab = self.n_vocab
+        for t in tokens:
+            if not 0 <= t < n_vocab:
+                raise ProtocolError(f"{what} holds token id {t}, outside the vocabulary of {n_vocab}")
+
+    def prompt(self, tokens: Sequence[int]) -> None:
+        if not tokens:
+            raise ProtocolError("the prompt is empty")
+        if len(tokens) + 1 > self.config.max_context:
+            raise ProtocolError(f"prompt of {len(tokens)} tokens exceeds the context limit of {self.config.max_context}")
+        self.tokens(tokens, "the prompt")
+
+    def extension(self, committed: int, tokens: Sequence[int]) -> None:
+        if committed + len(tokens) + 1 > self.config.max_context:
+            raise LimitExceededError(
+                f"extending to {committed + len(tokens)} tokens exceeds the context limit of {self.config.max_context}",
+                code="OUT_OF_RANGE",
+            )
+
+    def block(
+        self,
+        committed: int,
+        block: Sequence[int],
+        upload: str,
+        mode: str,
+        distributions: Sequence[SparseDistribution],
+    ) -> None:
+        # An empty block is a plain target step (a controller that predicts the
+        # first draft token rejected sends none: WISP eq. 25 allows K = 0).
+        if len(block) > self.config.max_block:
+            raise ProtocolError(f"draft block of {len(block)} tokens exceeds max_block={self.config.max_block}")
+        self.tokens(block, "the draft block")
+        if committed + len(block) + 1 > self.config.max_context:
+            raise LimitExceededError(
+                f"a block of {len(block)} on {committed} committed tokens exceeds the context limit of "
+                f"{self.config.max_context}",
+                code="OUT_OF_RANGE",
+            )
+        if upload not in _UPLOADS:
+            raise ProtocolError(f"upload protocol {upload} is not one this verifier knows")
+        if mode == "sample":
+            self.distributions(distributions, block)
+
+    def distributions(self, dists: Sequence[SparseDistribution], block: Sequence[int]) -> None:
+        if len(dists) != len(block):
+            raise ProtocolError(f"sampling needs one draft distribution per draft token: {len(dists)} for {len(block)}")
+        for i, (d, tok) in enumerate(zip(dists, block)):
+            if len(d.ids) != len(d.probs) or not len(d.ids):
+                raise ProtocolError(f"draft distribution {i} has {len(d.ids)} ids and {len(d.probs)} probabilities")
+            if len(d.ids) > self.config.max_draft_top_k:
+                raise ProtocolError(
+                    f"draft distribution {i} has {len(d.ids)} entries, over {self.config.max_draft_top_k}"
+                )
+            ids = d.ids
+            probs = np.asarray(d.probs, dtype=np.float64)
+            if ids.min() < 0 or ids.max() >= self.n_vocab or np.unique(ids).size != ids.size:
+                raise ProtocolError(f"draft distribution {i} has token ids out of range or repeated")
+            if not np.all(np.isfinite(probs)) or probs.min() <= 0 or abs(probs.sum() - 1.0) > 1e-3:
+                raise ProtocolError(f"draft distribution {i} is not a probability distribution (sum {probs.sum():.6f})")
+            if tok not in ids:
+                raise ProtocolError(f"draft token {tok} at offset {i} is outside its draft distribution")
+
+    def generate_length(self, max_tokens: int) -> None:
+        if not 1 <= max_tokens <= self.config.max_generate_tokens:
+            raise ProtocolError(f"max_tokens must be between 1 and {self.config.max_generate_tokens}")
+
+    def ping_reply(self, reply_bytes: int) -> None:
+        if reply_bytes > self.config.max_message_bytes // 2:
+            raise ProtocolError(f"reply_bytes {reply_bytes} exceeds {self.config.max_message_bytes // 2}")

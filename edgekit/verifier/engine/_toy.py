@@ -1,0 +1,67 @@
+"""`ToyEngine`: the `Engine` over a `ToyLanguageModel`, for tests without model files.
+
+Its "KV cache" is each sequence's list of tokens, with the capacity and the
+rules of the llama.cpp engine: a feed starts where its sequence ends, a feed
+that would pass `max_context` cells raises `KVCacheFullError` and leaves the
+sequence as it was, and the logits of a position are the toy model's for the
+sequence up to and including it. Batch-invariant by construction.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ...errors import InferenceError, KVCacheFullError
+from ...protocol import Fingerprint
+from ...runtime import ToyLanguageModel
+from ._base import Feed
+
+__all__ = ["ToyEngine"]
+
+
+class ToyEngine:
+    def __init__(self, lm: ToyLanguageModel, *, n_seq: int, max_context: int, hidden_size: int = 8) -> None:
+        self.lm = lm
+        self.name = lm.name
+        self.n_vocab = lm.vocab_size
+        self.n_embd = hidden_size
+        self.exact = True
+        self.invariant_batch = 0
+        self.max_context = max_context
+        self._kv: list[list[int]] = [[] for _ in range(n_seq)]
+        self.decoded = 0  # tokens run, over all sequences
+
+    def fingerprint(self) -> Fingerprint:
+        return self.lm.fingerprint()
+
+    def is_eog(self, token: int) -> bool:
+        return token == self.lm.eos
+
+    def chat_template(self) -> str | None:
+        return None
+
+    def run_batch(self, feeds: Sequence[Feed]) -> list[np.ndarray]:
+        return [self._run(feed) for feed in feeds]
+
+    def _run(self, feed: Feed) -> np.ndarray:
+        kv = self._kv[feed.seq]
+        if feed.start != len(kv):
+            raise InferenceError(f"sequence {feed.seq} holds {len(kv)} tokens; a feed at {feed.start} does not follow")
+        if len(kv) + len(feed.tokens) > self.max_context:
+            raise KVCacheFullError("no free KV cells for this batch")
+        kv.extend(feed.tokens)
+        self.decoded += len(feed.tokens)
+        n = len(kv)
+        rows = [self.lm.logits(kv[: n - feed.n_out + i + 1]) for i in range(feed.n_out)]
+        return np.stack(rows) if rows else np.empty((0, self.n_vocab), dtype=np.float32)
+
+    def truncate(self, seq: int, length: int) -> None:
+        del self._kv[seq][length:]
+
+    def release(self, seq: int) -> None:
+        self._kv[seq].clear()
+
+    def cached(self, seq: int) -> int:
+        return len(self._kv[seq])

@@ -1,0 +1,230 @@
+"""The package's shape: its public surface, its one error tree, and its imports
+(no cycles, no reaching into another package's private modules, ctypes only in
+the runtime)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import re
+import types
+from pathlib import Path
+
+import edgekit
+import edgekit.errors
+
+ROOT = Path(__file__).resolve().parents[1]
+# The card's top-level folders, each installed under the edgekit namespace.
+FOLDERS = {"edgekit": "edgekit", "models": "edgekit.models", "predictors": "edgekit.predictors", "cli": "edgekit.cli"}
+
+EXPORTED = [
+    "AsyncConversation", "AsyncEdgeClient", "AsyncGenerationStream", "AuthenticationError", "ChatTemplate",
+    "ClientConfig", "ConfidenceThreshold", "ConfigError", "Controller", "Conversation", "Decision",
+    "DependencyMissingError", "DraftModel", "DraftOutput", "EdgeClient", "EdgekitError", "Event", "FinalStats",
+    "FixedWindow", "GenerationConfig", "GenerationStats", "GenerationStream", "HiddenStateError",
+    "IncompatibleModelsError", "InferenceError", "KVCacheFullError", "LimitExceededError", "LinkEstimator",
+    "LinkState", "LlamaDraftModel", "LogitStats", "ModelError", "ModelFetchError", "ModelIntegrityError",
+    "ModelLoadError", "ModelNotFoundError", "PredictorController", "PredictorError", "ProbeResult", "ProtocolError",
+    "RoundEvent", "RoundPlan", "RoundStats", "ServerConfig", "SessionNotFoundError", "SpeculativeSession",
+    "StaleRoundError", "TextDelta", "VerifierError", "VerifierUnavailableError", "__version__",
+]
+
+
+def test_exported_members():
+    """`edgekit.__all__` is what the package exports, and changes only on purpose (httpx's test)."""
+    public = {
+        name for name in dir(edgekit)
+        if not name.startswith("_") and not isinstance(getattr(edgekit, name), types.ModuleType)
+    }
+    assert public | {"__version__"} == set(edgekit.__all__)
+    assert sorted(edgekit.__all__) == sorted(EXPORTED)
+    for name in edgekit.__all__:
+        assert getattr(edgekit, name) is not None
+
+
+# -- the error tree ---------------------------------------------------------------------------
+
+
+def _drawn_tree() -> dict[str, str | None]:
+    """Each class in the docstring's drawing, with the class drawn above it."""
+    doc = edgekit.errors.__doc__ or ""
+    lines = [line for line in doc.splitlines() if re.search(r"(EdgekitError|── )", line)]
+    parents: dict[str, str | None] = {}
+    stack: list[tuple[int, str]] = []
+    for line in lines:
+        m = re.match(r"^(?P<lead>[\s│├└─]*?)(?P<name>[A-Z]\w+Error)\b", line)
+        if not m:
+            continue
+        depth = len(m.group("lead"))
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        parents[m.group("name")] = stack[-1][1] if stack else None
+        stack.append((depth, m.group("name")))
+    return parents
+
+
+def _edgekit_exceptions() -> set[type]:
+    """Every exception class defined in an edgekit module (all of them imported)."""
+    for info in pkgutil.walk_packages(edgekit.__path__, "edgekit."):
+        importlib.import_module(info.name)
+    found = set()
+    for name, module in list(__import__("sys").modules.items()):
+        if not name.startswith("edgekit"):
+            continue
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, BaseException) and obj.__module__.startswith("edgekit"):
+                found.add(obj)
+    return found
+
+
+def test_the_error_tree_is_the_one_drawn_and_holds_every_error():
+    drawn = _drawn_tree()
+    assert list(drawn)[0] == "EdgekitError" and drawn["EdgekitError"] is None
+    defined = _edgekit_exceptions()
+    assert {cls.__name__ for cls in defined} == set(drawn), "an error class outside the drawing, or drawn but gone"
+    for cls in defined:
+        assert issubclass(cls, edgekit.EdgekitError)
+        assert cls.__module__ == "edgekit.errors", f"{cls.__name__} is defined in {cls.__module__}"
+        edgekit_bases = [b for b in cls.__bases__ if issubclass(b, edgekit.EdgekitError)]
+        drawn_parent = drawn[cls.__name__]
+        assert [b.__name__ for b in edgekit_bases] == ([drawn_parent] if drawn_parent else []), cls.__name__
+        assert cls.__name__ in edgekit.__all__ and cls.__name__ in edgekit.errors.__all__
+
+
+# -- imports ----------------------------------------------------------------------------------
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for folder, package in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str], bool]]:
+    """(module imported, names taken from it, under TYPE_CHECKING) for every import statement."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, [], id(node) in typing_only) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in modules or _compiled(sub):  # `from package import module`
+                    found.append((sub, [], id(node) in typing_only))
+                else:
+                    found.append((base, [alias.name], id(node) in typing_only))
+    return [(target, names, typing) for target, names, typing in found if target.startswith("edgekit")]
+
+
+def _compiled(module: str) -> bool:
+    """Whether `module` is an extension module of the package (edgekit.runtime._logitstats)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None and not spec.origin.endswith(".py")
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for target, _, typing in _imports(name, path, modules):
+            if not typing and target in modules and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def test_no_import_cycles():
+    """Between modules, counting imports inside functions too (an import that only
+    runs later is still a dependency), but not a package's implicit import of its
+    parents, nor annotations under TYPE_CHECKING."""
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def _private_owner(module: str) -> str | None:
+    """The package whose private module `module` is (None: not private)."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def test_no_module_imports_another_packages_private_module():
+    modules = _modules()
+    wrong = []
+    for name, path in modules.items():
+        for target, names, _ in _imports(name, path, modules):
+            owner = _private_owner(target)
+            if owner is not None and not (name == owner or name.startswith(owner + ".")):
+                wrong.append(f"{name} imports {target}")
+            private_names = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            home = target if modules.get(target, Path()).name == "__init__.py" else target.rpartition(".")[0]
+            if private_names and target in modules and not (name == home or name.startswith(home + ".")):
+                wrong.append(f"{name} imports {private_names} from {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_runtime_touches_ctypes_and_llama_cpp():
+    modules = _modules()
+    users = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n.split(".")[0] in ("ctypes", "llama_cpp") for n in names):
+                users.append(name)
+    assert users and all(u.startswith("edgekit.runtime.") for u in users), users
