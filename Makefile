@@ -1,6 +1,6 @@
 # Two commands on a fresh machine:
 #   make chat   installs everything (builds llama.cpp, pulls the qwen-coder weights) and starts `edgekit chat`
-#   make test   installs the test extras, pulls the small gemma pair, runs the test suite
+#   make test   installs the test extras, lints and type-checks, pulls the small gemma pair, runs the test suite
 # Everything lives in .venv; model weights in ~/.cache/edgekit/models (EDGEKIT_CACHE_DIR overrides).
 
 PYTHON ?= python3
@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
 
-.PHONY: chat test test-all install models-test models-chat predictors traces clean
+.PHONY: chat test test-all lint typecheck install models-test models-chat predictors traces clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,11 +32,23 @@ models-chat: install
 chat: models-chat
 	$(BIN)/edgekit chat
 
-test: models-test
+test: lint typecheck models-test
 	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
 
-test-all: models-test models-chat
+test-all: lint typecheck models-test models-chat
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+
+# mypy checks the package as it installs: models/, predictors/ and cli/ are edgekit.models, ...
+# A tree of links under build/ puts each folder where it installs.
+TYPECHECK_TREE := build/typecheck
+typecheck: install
+	rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/edgekit
+	for f in edgekit/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/edgekit/; done
+	for d in models predictors cli; do ln -s "$(CURDIR)/$$d" $(TYPECHECK_TREE)/edgekit/$$d; done
+	MYPYPATH=$(TYPECHECK_TREE) $(BIN)/mypy --cache-dir build/mypy-cache -p edgekit
 
 # The shipped rejection predictors, from the traces in predictors/traces/ (seconds, deterministic).
 predictors: install

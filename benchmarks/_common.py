@@ -221,9 +221,9 @@ def table(
         max(len(h), *(len(r[i]) for r in body)) if body else len(h)
         for i, h in enumerate(headers)
     ]
-    line = lambda cells: (
-        "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-    )
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
     out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out.extend(line(r) for r in body)
     return "\n".join(out)

@@ -30,14 +30,15 @@ def start_llama_server(target: str, threads: int, log: str) -> tuple[subprocess.
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", target, "--host", "127.0.0.1", "--port", str(port),
            "--n_ctx", "2048", "--n_threads", str(threads), "--n_threads_batch", str(threads), "--logits_all", "true"]
-    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    with open(log, "w") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     for _ in range(240):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             return proc, f"openai+http://127.0.0.1:{port}/v1"
         except OSError:
             if proc.poll() is not None:
-                raise SystemExit(f"llama-cpp-python's server exited; see {log}")
+                raise SystemExit(f"llama-cpp-python's server exited; see {log}") from None
             time.sleep(0.5)
     raise SystemExit("llama-cpp-python's server did not start")
 
@@ -75,7 +76,8 @@ def main() -> None:
     prompts = C.load_prompts("eval", args.prompts)
     draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=2048)
     gen = GenerationConfig(max_tokens=args.max_tokens, drafting="fixed", draft_k=args.draft_k, stop_at_eos=False)
-    proc, url = start_llama_server(str(model_path(spec.target)), args.threads, str(C.RESULTS_DIR / "backends-llama-server.log"))
+    proc, url = start_llama_server(str(model_path(spec.target)), args.threads,
+                                   str(C.RESULTS_DIR / "backends-llama-server.log"))
     ours = EdgeClient(None, pair=args.pair, draft_model=draft, generation=gen,
                       local_server=ServerConfig(port=0, max_sessions=2, threads=args.threads))
     stock = EdgeClient(url, draft_model=draft, generation=gen)
@@ -112,7 +114,8 @@ def main() -> None:
           v["context_tokens_sent_per_round"]] for n, v in summary.items()],
     ))
     ratio = summary["openai"]["verify_ms_per_token"] / summary["edgekit"]["verify_ms_per_token"]
-    print(f"stateless/sessions verify time per token: {ratio:.2f}x; identical outputs on {agree}/{len(prompts)} prompts")
+    print(f"stateless/sessions verify time per token: {ratio:.2f}x; "
+          f"identical outputs on {agree}/{len(prompts)} prompts")
     path = C.write_result("backends", {
         "settings": vars(args) | {"prompts": [p["id"] for p in prompts], "stock_server": "llama-cpp-python 0.3.36"},
         "summary": summary, "identical": agree, "verify_ratio": ratio, "runs": runs,

@@ -33,10 +33,10 @@ import _common as C
 import numpy as np
 
 from edgekit import ConfidenceThreshold, EdgeClient, FixedWindow, GenerationConfig, ServerConfig
+from edgekit.drafting import PredictorController
 from edgekit.models import get_pair
 from edgekit.predictors.collect import Trace, TraceRecorder
 from edgekit.predictors.profile import profile_drafting
-from edgekit.drafting import PredictorController
 from edgekit.predictors.runtime import OnnxPredictor
 from edgekit.predictors.shipped import shipped_cards
 from edgekit.predictors.train import classification_metrics
@@ -155,7 +155,8 @@ def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) 
     decision_ms = decision_cost_ms(decision)
     # the fixed window that records the trace computes features every step: not a plain one
     plain = [n for n in names if n.startswith("fixed-") and n != f"fixed-{max_window}"]
-    fit = equalize(rows, cost, decision_ms, fixed_names=plain if len(plain) >= 2 else [n for n in names if n.startswith("fixed-")])
+    fit = equalize(rows, cost, decision_ms,
+                   fixed_names=plain if len(plain) >= 2 else [n for n in names if n.startswith("fixed-")])
     held = Trace.concat(recorded).labelled()
     p = predictor.p_accept_batch(held.features)
     return {
@@ -180,7 +181,8 @@ def main() -> None:
     parser.add_argument("--humaneval", type=int, default=24, help="HumanEval prompts added to the 20 held-out ones")
     parser.add_argument("--limit", type=int, default=0, help="only the first N prompts (smoke runs)")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--fixed", default="1,2,4,8", help="fixed windows to compare (the predictor's max window is always run)")
+    parser.add_argument("--fixed", default="1,2,4,8",
+                        help="fixed windows to compare (the predictor's max window is always run)")
     args = parser.parse_args()
     prompts = held_out_prompts(args.humaneval)
     if args.limit:
@@ -207,10 +209,12 @@ def main() -> None:
                   f"{row['identical_outputs']:>6}")
         h = r["held_out_classification"]
         fit = r["equalized_fit_ms"]
-        print(f"equalized: draft time fitted as {fit['per_round']:.2f} ms per round + {fit['per_step']:.2f} ms per step "
+        print(f"equalized: draft time fitted as {fit['per_round']:.2f} ms per round + "
+              f"{fit['per_step']:.2f} ms per step "
               f"(fixed windows), {fit['per_decision']:.3f} ms per decision (profiled, in-loop timers)")
         print(f"held-out classification: AUC {h['auc']:.3f}, recall accepted {h['recall_accepted']:.3f}, "
-              f"specificity {h['specificity']:.3f}, balanced accuracy {h['balanced_accuracy']:.3f} ({h['samples']} positions)")
+              f"specificity {h['specificity']:.3f}, balanced accuracy {h['balanced_accuracy']:.3f} "
+              f"({h['samples']} positions)")
     print(*paths, sep="\n")
 
 

@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C
-from edgekit.models import get_pair
 
 from edgekit import EdgeClient, GenerationConfig, ServerConfig
+from edgekit.models import get_pair
 
 ALL_PAIRS = ("gemma-270m", "qwen-coder")
 
@@ -80,7 +80,9 @@ def spec_row(prompt: dict, k: int, final, baseline) -> dict:  # type: ignore[no-
 
 def aggregate(rows: list[dict], baseline_rows: list[dict]) -> dict:
     """Totals over prompts, and ratios of totals (micro averages) beside per-prompt means."""
-    tot = lambda key: sum(r[key] for r in rows)
+    def tot(key: str) -> float:
+        return sum(r[key] for r in rows)
+
     drafted, accepted, rounds, tokens = (
         tot("drafted"),
         tot("accepted"),
@@ -92,7 +94,9 @@ def aggregate(rows: list[dict], baseline_rows: list[dict]) -> dict:
     base_elapsed = sum(r["elapsed_s"] for r in baseline_rows)
     spec_tps = C.ratio(tokens, elapsed)
     base_tps = C.ratio(base_tokens, base_elapsed)
-    mean = lambda key: sum(r[key] for r in rows) / len(rows)
+    def mean(key: str) -> float:
+        return sum(r[key] for r in rows) / len(rows)
+
     return {
         "prompts": len(rows),
         "total_drafted": drafted,
@@ -343,7 +347,10 @@ def main() -> None:
                 "limit": args.limit,
                 "max_tokens": args.max_tokens,
                 "mode": "greedy",
-                "verifier": "in-process gRPC on loopback, exact numerics, ServerConfig(max_sessions=2, max_context=4096)",
+                "verifier": (
+                    "in-process gRPC on loopback, exact numerics, "
+                    "ServerConfig(max_sessions=2, max_context=4096)"
+                ),
                 "threads": threads or "edgekit default (all cores)",
             },
             "definitions": {
@@ -352,7 +359,9 @@ def main() -> None:
                 "committed_per_round": "AAL + 1: tokens per round with the verifier's bonus/correction token",
                 "target_passes_per_token": "rounds / committed tokens (prefill not counted)",
                 "wasted_draft_tokens": "WDT: drafted - accepted",
-                "tokens_per_second": "committed tokens / wall time incl. session open (both prefills), summed over prompts",
+                "tokens_per_second": (
+                    "committed tokens / wall time incl. session open (both prefills), summed over prompts"
+                ),
                 "target_only_tokens_per_second": "verifier Generate RPC, same prompts, same run",
                 "speedup_vs_target_only": "speculative tok/s / target-only tok/s (same run, interleaved per prompt)",
                 "identical_to_target_only": "prompts whose greedy speculative token ids equal the target-only ids",

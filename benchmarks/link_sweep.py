@@ -110,7 +110,9 @@ def equalize(runs: dict[str, list[dict]]) -> None:
 
 def summarize(runs: list[dict]) -> dict:
     committed = sum(r["committed"] for r in runs)
-    tot = lambda key: sum(r[key] for r in runs)  # noqa: E731
+    def tot(key: str) -> float:
+        return sum(r[key] for r in runs)
+
     uploads: dict[str, int] = {}
     for r in runs:
         for k, v in r["uploads"].items():
@@ -225,7 +227,10 @@ def main() -> None:
     rows = []
     for e in conds:
         p = e["policies"]
-        picks = lambda pol: "/".join(f"{k}:{v}" for k, v in sorted(p[pol]["uploads"].items()))  # noqa: E731
+
+        def picks(pol: str, p: dict = p) -> str:
+            return "/".join(f"{k}:{v}" for k, v in sorted(p[pol]["uploads"].items()))
+
         rows.append([
             e["condition"]["name"], e["probed"]["rtt_ms"], p["fh"]["ms_per_token"], p["sh"]["ms_per_token"],
             p["auto"]["ms_per_token"], p["rtt"]["ms_per_token"], picks("auto"), picks("rtt"),
@@ -253,7 +258,8 @@ def main() -> None:
     for row in results["windows"]:
         print(f"\nwindow, {row['condition']['name']}:")
         print(C.table(["drafting", "ms/token", "mean window", "AAL", "rounds"], [
-            [n, v["ms_per_token"], v["mean_window"], v["accepted_length"], v["rounds"]] for n, v in row["policies"].items()
+            [n, v["ms_per_token"], v["mean_window"], v["accepted_length"], v["rounds"]]
+            for n, v in row["policies"].items()
         ]))
     path = C.write_result(args.out, {
         "settings": vars(args) | {"policies": POLICIES, "prompts": [p["id"] for p in prompts]},

@@ -23,9 +23,16 @@ import numpy as np
 
 from edgekit import LlamaDraftModel
 from edgekit.link import Overheads, PayloadModel, varint_bits
-from edgekit.protocol import encode_hidden, encoding_error, hidden_answer_to_pb, pb, verify_request_to_pb
 from edgekit.models import get_model, get_pair, model_path
-from edgekit.protocol import BlockRequest, LinkState
+from edgekit.protocol import (
+    BlockRequest,
+    LinkState,
+    encode_hidden,
+    encoding_error,
+    hidden_answer_to_pb,
+    pb,
+    verify_request_to_pb,
+)
 
 
 def states(draft: LlamaDraftModel, prompt: str, steps: int) -> np.ndarray:
@@ -63,9 +70,15 @@ def sizes(pair: str, rows: np.ndarray, tokens: list[int], encoding: str) -> list
         measured = {
             "fh": 8 * verify_request_to_pb(block(k, "fh")).ByteSize(),
             "sh_tokens": 8 * verify_request_to_pb(block(k, "sh")).ByteSize(),
-            "sh_hidden": 8 * hidden_answer_to_pb(block(k, "sh"), encode_hidden(rows[list(positions)], encoding, positions)).ByteSize(),
-            "sh_request": 8 * pb.VerifyResponse(hidden_request=pb.HiddenRequest(positions=positions, encoding=1)).ByteSize(),
-            "feedback": 8 * pb.VerifyResponse(verdict=pb.Verdict(accepted=k - 1, next_token=tokens[k], committed_length=1300)).ByteSize(),
+            "sh_hidden": 8 * hidden_answer_to_pb(
+                block(k, "sh"), encode_hidden(rows[list(positions)], encoding, positions)
+            ).ByteSize(),
+            "sh_request": 8 * pb.VerifyResponse(
+                hidden_request=pb.HiddenRequest(positions=positions, encoding=1)
+            ).ByteSize(),
+            "feedback": 8 * pb.VerifyResponse(
+                verdict=pb.Verdict(accepted=k - 1, next_token=tokens[k], committed_length=1300)
+            ).ByteSize(),
         }
         o_ul2 = 8 * hidden_answer_to_pb(block(0, "sh"), encode_hidden(rows[:0], encoding)).ByteSize()
         formula = {
@@ -109,7 +122,8 @@ def main() -> None:
                 ])
     print(C.table(["pair", "encoding", "bytes/row", "max abs error", "relative RMS", "min cosine"], rows_out, digits=6))
     print("\nmessage bytes, measured/formula (eqs. 5, 7, 8, 9, 4; the rest is protobuf framing)")
-    print(C.table(["pair", "enc", "K", "m", "FH (5)", "SH tokens (7)", "SH request (8)", "SH rows (9)", "verdict (4)"], size_rows))
+    print(C.table(["pair", "enc", "K", "m", "FH (5)", "SH tokens (7)", "SH request (8)", "SH rows (9)", "verdict (4)"],
+                  size_rows))
     print(f"wrote {C.write_result('payloads', {'settings': vars(args), 'pairs': out})}")
 
 

@@ -60,7 +60,8 @@ def main() -> None:
     summary = {k: {"added_share": v, "median": float(np.median(v))} for k, v in summary.items()}
     path = C.write_result("profile_drafting", {"settings": vars(args), "summary": summary, "results": rows})
     for k, v in summary.items():
-        print(f"{k:<32} added share per repeat {' '.join(f'{100 * x:.2f}%' for x in v['added_share'])}  median {100 * v['median']:.2f}%")
+        print(f"{k:<32} added share per repeat {' '.join(f'{100 * x:.2f}%' for x in v['added_share'])}  "
+              f"median {100 * v['median']:.2f}%")
     print(path)
 
 

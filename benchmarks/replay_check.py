@@ -30,9 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C
-from edgekit.models import get_pair, model_path
 
 from edgekit import LlamaDraftModel
+from edgekit.models import get_pair, model_path
 
 
 def match_vector(

@@ -35,8 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C
-from edgekit.models import get_pair, pair_paths
 
+from edgekit.models import get_pair, pair_paths
 from edgekit.verifier import Feed, LlamaEngine
 
 ALL_PAIRS = ("gemma-270m", "qwen-coder")
@@ -369,8 +369,8 @@ def main() -> None:
             "notes": (
                 "ms per round = wall time of the engine calls (prefix reuse: run + truncate; re-prefill: drop + "
                 "prefill L-1 + run K+1). Cells interleaved and shuffled each round. 'identical' counts rounds "
-                "whose K+1 logit rows were bit-identical between the two methods. Both numerics modes of a pair are loaded "
-                "at once and interleaved too, so fast/exact ratios are side by side as well."
+                "whose K+1 logit rows were bit-identical between the two methods. Both numerics modes of a pair "
+                "are loaded at once and interleaved too, so fast/exact ratios are side by side as well."
             ),
             "results": results,
             "wall_s": time.perf_counter() - started,

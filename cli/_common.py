@@ -41,8 +41,12 @@ UPLOAD_HELP = (
 
 
 _DRAFTING = typer.Option("auto", "--drafting", help=DRAFTING_HELP)
-_PREDICTOR = typer.Option(None, "--predictor", help="An ONNX rejection predictor (default: the one shipped for the pair).")
-_MAX_WINDOW = typer.Option(8, "--max-window", min=1, max=64, help="Most tokens per block for predictor and p-min drafting.")
+_PREDICTOR = typer.Option(
+    None, "--predictor", help="An ONNX rejection predictor (default: the one shipped for the pair)."
+)
+_MAX_WINDOW = typer.Option(
+    8, "--max-window", min=1, max=64, help="Most tokens per block for predictor and p-min drafting."
+)
 _P_MIN = typer.Option(0.5, "--p-min", min=0.0, max=1.0, help="Confidence threshold of p-min drafting.")
 _UPLOAD = typer.Option("tokens", "--upload", help=UPLOAD_HELP)
 _HIDDEN_ENCODING = typer.Option("fp16", "--hidden-encoding", help="fp16, or int8 with a scale per row.")

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ._common import note
 
 
 def build_client(
     *,
     pair: str,
-    verifier: Optional[str],
+    verifier: str | None,
     timeout: float,
-    token: Optional[str],
+    token: str | None,
     generation,  # GenerationConfig
     announce: bool = True,
     local_server=None,  # ServerConfig of the local verifier, when one is started
@@ -24,5 +22,6 @@ def build_client(
     if client.local_verifier_address and announce:
         info = client.server_info()
         numerics = "exact numerics" if info.exact_numerics else "fast numerics"
-        note(f"started a local verifier for {pair} on {client.local_verifier_address} ({info.target_model}, {numerics})")
+        note(f"started a local verifier for {pair} on {client.local_verifier_address} "
+             f"({info.target_model}, {numerics})")
     return client

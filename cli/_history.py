@@ -34,7 +34,9 @@ class History:
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"time": time.time(), "conversation": self.conversation, "pair": self.pair, "role": role, "content": content}
+        record = {
+            "time": time.time(), "conversation": self.conversation, "pair": self.pair, "role": role, "content": content
+        }
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 

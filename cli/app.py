@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from edgekit.errors import EdgekitError
@@ -26,7 +24,7 @@ app.add_typer(models.app, name="models")
 app.add_typer(predictor.app, name="predictor")
 
 
-def fail(message: str, code: int = 1) -> "typer.Exit":
+def fail(message: str, code: int = 1) -> typer.Exit:
     """One line on stderr, no traceback."""
     typer.echo(f"edgekit: error: {message}", err=True)
     return typer.Exit(code)
@@ -43,4 +41,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -5,14 +5,22 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, cast
 
 import typer
 
 from ._common import _DRAFTING, _MAX_WINDOW, _P_MIN, _PREDICTOR, _UPLOAD, PAIR_HELP, VERIFIER_HELP
 from .generate import Mode
+
+if TYPE_CHECKING:  # the command imports them when it runs: `edgekit --help` stays fast
+    from rich.console import Console
+
+    from edgekit import Conversation, EdgeClient
+
+    from ._history import History
 
 HELP_TEXT = """\
 Type a message and press Enter. Commands:
@@ -36,10 +44,10 @@ class _Interrupt:
         self.requested = False
 
     @contextmanager
-    def armed(self) -> Iterator["_Interrupt"]:
+    def armed(self) -> Iterator[_Interrupt]:
         self.requested = False
 
-        def handler(signum, frame):  # type: ignore[no-untyped-def]
+        def handler(signum: int, frame: object) -> None:
             if self.requested:
                 raise KeyboardInterrupt
             self.requested = True
@@ -57,9 +65,9 @@ class _Interrupt:
 
 def chat(
     pair: str = typer.Option("qwen-coder", "--pair", help=PAIR_HELP),
-    verifier: Optional[str] = typer.Option(None, "--verifier", help=VERIFIER_HELP),
-    system: Optional[str] = typer.Option(None, "--system", "-s", help="System prompt."),
-    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Answer this one message and exit."),
+    verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
+    system: str | None = typer.Option(None, "--system", "-s", help="System prompt."),
+    prompt: str | None = typer.Option(None, "--prompt", "-p", help="Answer this one message and exit."),
     json_out: bool = typer.Option(
         False, "--json", help="Machine-readable output only: one JSON object per answer; diagnostics on stderr."
     ),
@@ -68,28 +76,31 @@ def chat(
     temperature: float = typer.Option(0.7, "--temperature", "-t", help="Sampling temperature (mode sample)."),
     draft_k: int = typer.Option(4, "--draft-k", "-k", min=1, max=64, help="Draft window K: tokens drafted per round."),
     drafting: str = _DRAFTING,
-    predictor: Optional[str] = _PREDICTOR,
+    predictor: str | None = _PREDICTOR,
     max_window: int = _MAX_WINDOW,
     p_min: float = _P_MIN,
     upload: str = _UPLOAD,
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling (reproducible answers)."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed for sampling (reproducible answers)."),
     history: bool = typer.Option(
-        True, "--history/--no-history", help="Keep the chat in the per-user data directory (EDGEKIT_NO_HISTORY=1 also turns it off)."
+        True, "--history/--no-history",
+        help="Keep the chat in the per-user data directory (EDGEKIT_NO_HISTORY=1 also turns it off)."
     ),
-    token: Optional[str] = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
+    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
     timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, in seconds."),
 ) -> None:
     """Chat with the pair's target model, drafted on this device (one session, KV reused across turns)."""
     from rich.console import Console
 
     from edgekit import GenerationConfig
+    from edgekit.config import Drafting, Upload
 
     from . import _connect
     from ._history import History
 
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
-        drafting=drafting, predictor=predictor, max_window=max_window, p_min=p_min, upload=upload,
+        drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
+        upload=cast(Upload, upload),
     )
     # With --json, stdout carries only JSON lines; everything for people goes to stderr.
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
@@ -107,7 +118,7 @@ def chat(
 
 
 class _ChatSession:
-    def __init__(self, client, conv, out, log, json_out: bool) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, client: EdgeClient, conv: Conversation, out: Console, log: History, json_out: bool) -> None:
         self.client = client
         self.conv = conv
         self.out = out
@@ -134,9 +145,9 @@ class _ChatSession:
         self.log.add("assistant", reply)
         stats = stream.final.stats if stream.final else None
         if self.json_out:
-            payload = {"reply": reply, "stopped": stopped}
-            if stream.final:
-                payload.update(token_ids=list(stream.final.token_ids), metrics=stats.to_dict())
+            payload: dict = {"reply": reply, "stopped": stopped}
+            if stream.final is not None:
+                payload.update(token_ids=list(stream.final.token_ids), metrics=stream.final.stats.to_dict())
             sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
             sys.stdout.flush()
             return
@@ -207,11 +218,17 @@ class _ChatSession:
             self.stats()
         elif name == "set":
             if len(args) != 2 or args[0].lower() not in _SET_KEYS:
-                self.out.print(f"usage: /set KEY VALUE with KEY one of {', '.join(sorted(set(_SET_KEYS)))}", markup=False)
+                self.out.print(
+                    f"usage: /set KEY VALUE with KEY one of {', '.join(sorted(set(_SET_KEYS)))}", markup=False
+                )
                 return True
             key, raw = _SET_KEYS[args[0].lower()], args[1]
             try:
-                value = raw if key in ("mode", "drafting", "upload") else float(raw) if key in ("temperature", "p_min") else int(raw)
+                value = (
+                    raw if key in ("mode", "drafting", "upload")
+                    else float(raw) if key in ("temperature", "p_min")
+                    else int(raw)
+                )
                 current = replace(self.client.generation, **self.conv.overrides)
                 GenerationConfig(**{**current.__dict__, key: value})  # validates
                 self.conv.configure(**{key: value})  # refuses what the verifier cannot do
@@ -243,11 +260,23 @@ class _ChatSession:
                 table.add_column(col)
             table.add_row("tokens", str(last.completion_tokens), str(tokens))
             table.add_row("rounds", str(last.rounds), str(rounds))
-            table.add_row("acceptance rate", f"{last.acceptance_rate:.3f}", f"{accepted / drafted:.3f}" if drafted else "-")
-            table.add_row("accepted length (AAL, no bonus)", f"{last.accepted_length:.2f}", f"{accepted / rounds:.2f}" if rounds else "-")
-            table.add_row("target passes per token", f"{last.target_passes_per_token:.3f}", f"{rounds / tokens:.3f}" if tokens else "-")
-            table.add_row("wasted draft tokens", str(last.wasted_draft_tokens), str(sum(t.wasted_draft_tokens for t in turns)))
-            table.add_row("tokens per second", f"{last.tokens_per_second:.1f}", f"{tokens / seconds:.1f}" if seconds else "-")
+            table.add_row(
+                "acceptance rate", f"{last.acceptance_rate:.3f}", f"{accepted / drafted:.3f}" if drafted else "-"
+            )
+            table.add_row(
+                "accepted length (AAL, no bonus)", f"{last.accepted_length:.2f}",
+                f"{accepted / rounds:.2f}" if rounds else "-"
+            )
+            table.add_row(
+                "target passes per token", f"{last.target_passes_per_token:.3f}",
+                f"{rounds / tokens:.3f}" if tokens else "-"
+            )
+            table.add_row(
+                "wasted draft tokens", str(last.wasted_draft_tokens), str(sum(t.wasted_draft_tokens for t in turns))
+            )
+            table.add_row(
+                "tokens per second", f"{last.tokens_per_second:.1f}", f"{tokens / seconds:.1f}" if seconds else "-"
+            )
             ttft = last.time_to_first_token_ms
             table.add_row("time to first token", f"{ttft:.0f} ms" if ttft is not None else "-", "")
             table.add_row("drafting per token", f"{last.draft_ms_per_token:.1f} ms", "")
@@ -258,7 +287,8 @@ class _ChatSession:
             self.out.print(f"[red]link: {exc}[/red]")
             return
         link = (
-            f"link: {self.client.transport.address} · RTT {measured.rtt_ms:.2f} ms (jitter {measured.rtt_jitter_ms:.2f}) · "
+            f"link: {self.client.transport.address} · RTT {measured.rtt_ms:.2f} ms "
+            f"(jitter {measured.rtt_jitter_ms:.2f}) · "
             f"up {measured.uplink_mbps:.0f} / down {measured.downlink_mbps:.0f} Mbit/s · loss {measured.loss_rate:.1%}"
         )
         info = self.client.server_info()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
-from typing import Optional
+from typing import cast
 
 import typer
 
@@ -34,35 +34,42 @@ class Baseline(str, Enum):
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="Prompt text (a raw completion prompt, no chat template)."),
     pair: str = typer.Option("gemma-270m", "--pair", help=PAIR_HELP),
-    verifier: Optional[str] = typer.Option(None, "--verifier", help=VERIFIER_HELP),
+    verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
-    mode: Mode = typer.Option(Mode.greedy, "--mode", help="greedy: exact target argmax; sample: lossless speculative sampling."),
+    mode: Mode = typer.Option(
+        Mode.greedy, "--mode", help="greedy: exact target argmax; sample: lossless speculative sampling."
+    ),
     temperature: float = typer.Option(0.8, "--temperature", "-t", help="Sampling temperature (mode sample)."),
-    draft_k: int = typer.Option(4, "--draft-k", "-k", min=1, max=64, help="Fixed draft window K: tokens drafted per round."),
+    draft_k: int = typer.Option(
+        4, "--draft-k", "-k", min=1, max=64, help="Fixed draft window K: tokens drafted per round."
+    ),
     drafting: str = _DRAFTING,
-    predictor: Optional[str] = _PREDICTOR,
+    predictor: str | None = _PREDICTOR,
     max_window: int = _MAX_WINDOW,
     p_min: float = _P_MIN,
     upload: str = _UPLOAD,
     hidden_encoding: str = _HIDDEN_ENCODING,
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for sampling on both sides (reproducible runs)."),
-    baseline: Optional[Baseline] = typer.Option(
+    seed: int | None = typer.Option(None, "--seed", help="Seed for sampling on both sides (reproducible runs)."),
+    baseline: Baseline | None = typer.Option(
         None, "--baseline", help="target-only: generate with the verifier's target alone (centralized baseline)."
     ),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (token ids, text, metrics) and nothing else."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object (token ids, text, metrics) and nothing else."
+    ),
     rounds: bool = typer.Option(False, "--rounds", help="With --json, include per-round figures."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
+    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
     timeout: float = typer.Option(30.0, "--timeout", help="Deadline of each verifier call, in seconds."),
 ) -> None:
     """Generate a completion by speculative decoding (or by the target alone with --baseline)."""
     from edgekit import GenerationConfig, TextDelta
+    from edgekit.config import Drafting, HiddenEncoding, Upload
 
     from . import _connect
 
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
-        drafting=drafting, predictor=predictor, max_window=max_window, p_min=p_min,
-        upload=upload, hidden_encoding=hidden_encoding,
+        drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
+        upload=cast(Upload, upload), hidden_encoding=cast(HiddenEncoding, hidden_encoding),
     )
     with _connect.build_client(
         pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, announce=not json_out
@@ -99,7 +106,10 @@ def generate(
             s = final.stats
             sys.stdout.write("\n")
             if baseline:
-                note(f"[{s.completion_tokens} tokens, {s.tokens_per_second:.1f} tok/s, target only, finish: {s.finish_reason}]")
+                note(
+                    f"[{s.completion_tokens} tokens, {s.tokens_per_second:.1f} tok/s, target only, "
+                    f"finish: {s.finish_reason}]"
+                )
             else:
                 note(
                     f"[{s.completion_tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.rounds} rounds, "

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ._common import print_json
+
+if TYPE_CHECKING:
+    from edgekit.models import ModelSpec
+
+
+def _source(m: ModelSpec) -> str:
+    """Where a model comes from: its first package (and an ellipsis for more), or its base."""
+    if m.source is None:
+        assert m.derive is not None  # a ModelSpec has exactly one of the two
+        return "derived from " + m.derive.base
+    more = " …" if len(m.source.packages) > 1 else ""
+    return ", ".join(f"{n}=={v}" for n, v in m.source.packages[:1]) + more
 
 app = typer.Typer(help="Known models and pairs, and the local cache of their weights.", no_args_is_help=True)
 
@@ -25,18 +37,18 @@ def list_(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     """List the known pairs and models, and whether each is in the cache."""
     from edgekit.models import cache_dir, is_present, list_models, list_pairs
 
-    pairs = [
+    pairs: list[dict[str, Any]] = [
         {"name": p.name, "draft": p.draft, "target": p.target, "chat": p.chat, "description": p.description}
         for p in list_pairs()
     ]
-    models = [
+    models: list[dict[str, Any]] = [
         {
             "name": m.name,
             "present": is_present(m.name),
             "size": m.size,
             "hidden_size": m.hidden_size,
             "license": m.license,
-            "source": "derived from " + m.derive.base if m.derive else ", ".join(f"{n}=={v}" for n, v in m.source.packages[:1]) + (" …" if len(m.source.packages) > 1 else ""),
+            "source": _source(m),
         }
         for m in list_models()
     ]
@@ -64,11 +76,19 @@ def list_(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) ->
 
 @app.command("pull")
 def pull(
-    names: List[str] = typer.Argument(..., help="Pair or model names."),
+    names: list[str] = typer.Argument(..., help="Pair or model names."),
     force: bool = typer.Option(False, "--force", help="Fetch again even if present and intact."),
 ) -> None:
     """Download, assemble and check models (a pair name pulls both of its models)."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
     from edgekit.models import pull_model
 
@@ -80,7 +100,7 @@ def pull(
         TimeRemainingColumn(),
         transient=False,
     ) as bars:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
             if stage not in tasks:

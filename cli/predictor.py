@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, cast
 
 import typer
 
 from ._common import PAIR_HELP, VERIFIER_HELP, note, print_json
+
+if TYPE_CHECKING:
+    from edgekit.predictors.collect import Trace
 
 app = typer.Typer(help="The WISP rejection predictor: collect traces, train, export to ONNX.", no_args_is_help=True)
 
@@ -22,8 +25,10 @@ def _default_prompts() -> Path:
 def collect(
     out: Path = typer.Option(..., "--out", "-o", help="Trace file to write (.npz)."),
     pair: str = typer.Option("gemma-270m", "--pair", help=PAIR_HELP),
-    verifier: Optional[str] = typer.Option(None, "--verifier", help=VERIFIER_HELP),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL prompt set; default: the training set shipped with edgekit."),
+    verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
+    prompts: Path | None = typer.Option(
+        None, "--prompts", help="JSONL prompt set; default: the training set shipped with edgekit."
+    ),
     limit: int = typer.Option(0, "--limit", min=0, help="Use only the first N prompts (0: all)."),
     window: int = typer.Option(8, "--window", "-k", min=1, max=64, help="Fixed draft window while recording."),
     max_tokens: int = typer.Option(64, "--max-tokens", "-n", min=1, help="Tokens generated per prompt."),
@@ -31,12 +36,13 @@ def collect(
     seed: int = typer.Option(0, "--seed"),
     numerics: str = typer.Option("exact", "--numerics", help="Numerics of the local verifier: exact or fast."),
     timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, seconds."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Verifier bearer token."),
+    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Verifier bearer token."),
     json_out: bool = typer.Option(False, "--json", help="Print the trace summary as JSON."),
 ) -> None:
     """Run speculative decoding with a fixed window over a prompt set and record
     each drafted position's features and outcome (accepted / first rejection)."""
     from edgekit import GenerationConfig, ServerConfig
+    from edgekit.config import Mode, Numerics
     from edgekit.predictors.collect import collect as run_collect
     from edgekit.predictors.collect import load_prompts
 
@@ -45,8 +51,8 @@ def collect(
     rows = load_prompts(prompts or _default_prompts())
     if limit:
         rows = rows[:limit]
-    gen = GenerationConfig(mode=mode, drafting="fixed", draft_k=window, max_tokens=max_tokens)
-    local = ServerConfig(port=0, max_sessions=2, numerics=numerics)
+    gen = GenerationConfig(mode=cast(Mode, mode), drafting="fixed", draft_k=window, max_tokens=max_tokens)
+    local = ServerConfig(port=0, max_sessions=2, numerics=cast(Numerics, numerics))
     with _connect.build_client(
         pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, local_server=local
     ) as client:
@@ -54,7 +60,9 @@ def collect(
         def progress(i: int, p: dict, n: int) -> None:
             note(f"[{i + 1}/{len(rows)}] {p['id']}: {n} positions")
 
-        trace = run_collect(client, rows, window=window, max_tokens=max_tokens, mode=mode, seed=seed, on_prompt=progress)
+        trace = run_collect(
+            client, rows, window=window, max_tokens=max_tokens, mode=mode, seed=seed, on_prompt=progress
+        )
     trace.header["pair"] = pair
     trace.header["verifier_numerics"] = numerics if verifier is None else "remote"
     trace.save(out)
@@ -65,13 +73,14 @@ def collect(
     else:
         note(
             f"wrote {out}: {summary['positions']} positions, {summary['accepted']} accepted, "
-            f"{summary['first_rejections']} first rejections, {summary['after_rejection']} after ({trace.header['seconds']} s)"
+            f"{summary['first_rejections']} first rejections, {summary['after_rejection']} after "
+            f"({trace.header['seconds']} s)"
         )
 
 
-def _summary(trace) -> dict:  # type: ignore[no-untyped-def]
+def _summary(trace: Trace) -> dict:
     return {
-        "positions": int(len(trace.label)),
+        "positions": len(trace.label),
         "accepted": int((trace.label == 1).sum()),
         "first_rejections": int((trace.label == 0).sum()),
         "after_rejection": int((trace.label == -1).sum()),
@@ -83,17 +92,32 @@ def _summary(trace) -> dict:  # type: ignore[no-untyped-def]
 
 @app.command()
 def train(
-    traces: List[Path] = typer.Argument(..., help="Trace files from `edgekit predictor collect` (same pair)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output stem: writes STEM.onnx, STEM.json (metric card), STEM.md."),
-    round_ms: float = typer.Option(60.0, "--round-ms", help="Cost model: fixed time of a round (RTT + verification), ms."),
-    verify_token_ms: float = typer.Option(0.0, "--verify-token-ms", help="Cost model: verification time per block token, ms."),
-    draft_step_ms: Optional[float] = typer.Option(None, "--draft-step-ms", help="Cost model: draft step, ms (default: measured in the trace)."),
-    max_window: Optional[int] = typer.Option(None, "--max-window", min=1, max=64, help="Largest block (default: the trace's window)."),
-    features: Optional[str] = typer.Option(None, "--features", help="Comma-separated feature names (default: all but recent_acceptance)."),
+    traces: list[Path] = typer.Argument(..., help="Trace files from `edgekit predictor collect` (same pair)."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Output stem: writes STEM.onnx, STEM.json (metric card), STEM.md."
+    ),
+    round_ms: float = typer.Option(
+        60.0, "--round-ms", help="Cost model: fixed time of a round (RTT + verification), ms."
+    ),
+    verify_token_ms: float = typer.Option(
+        0.0, "--verify-token-ms", help="Cost model: verification time per block token, ms."
+    ),
+    draft_step_ms: float | None = typer.Option(
+        None, "--draft-step-ms", help="Cost model: draft step, ms (default: measured in the trace)."
+    ),
+    max_window: int | None = typer.Option(
+        None, "--max-window", min=1, max=64, help="Largest block (default: the trace's window)."
+    ),
+    features: str | None = typer.Option(
+        None, "--features", help="Comma-separated feature names (default: all but recent_acceptance)."
+    ),
     seed: int = typer.Option(0, "--seed"),
     json_out: bool = typer.Option(False, "--json", help="Print the metric card as JSON."),
 ) -> None:
-    """Fit the MLP and a logistic baseline, pick the threshold by expected goodput, export to ONNX with a metric card."""
+    (
+        """Fit the MLP and a logistic baseline, pick the threshold by expected goodput, """
+        """export to ONNX with a metric card."""
+    )
     from edgekit.errors import ConfigError
     from edgekit.predictors.collect import Trace
     from edgekit.predictors.features import FEATURE_NAMES

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, cast
 
 import typer
 
 from ._common import PAIR_HELP, note, print_json
+
+if TYPE_CHECKING:
+    from edgekit import ClientConfig, DraftModel, GenerationConfig
+    from edgekit.link import LinkEstimator, LinkPolicy
+    from edgekit.transport import VerifierTransport
 
 # Drafted on to measure acceptance, draft and verification time (a short, ordinary code prompt).
 CALIBRATION_PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is a prime number.\"\"\"\n"
@@ -24,7 +29,7 @@ def probe(
     calibration_tokens: int = typer.Option(48, "--calibration-tokens", min=8, help="Tokens drafted to measure costs."),
     max_window: int = typer.Option(8, "--max-window", min=1, max=64, help="Longest window the policy may choose."),
     hidden_encoding: str = typer.Option("fp16", "--hidden-encoding", help="fp16 or int8."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
+    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
     timeout: float = typer.Option(5.0, "--timeout", help="Deadline of each call, in seconds."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -33,6 +38,7 @@ def probe(
     from dataclasses import replace
 
     from edgekit import ClientConfig, GenerationConfig
+    from edgekit.config import HiddenEncoding
     from edgekit.link import LinkEstimator, LinkPolicy
     from edgekit.link import probe as probe_link
     from edgekit.models import get_model, get_pair
@@ -42,7 +48,7 @@ def probe(
     draft_spec = get_model(spec.draft)
     gen = GenerationConfig(
         max_tokens=calibration_tokens, drafting="latency", max_window=max_window, upload="auto",
-        hidden_encoding=hidden_encoding, stop_at_eos=False,
+        hidden_encoding=cast(HiddenEncoding, hidden_encoding), stop_at_eos=False,
     )
     config = ClientConfig(timeout=timeout, connect_timeout=timeout, token=token)
     link = LinkEstimator()
@@ -52,7 +58,9 @@ def probe(
         from edgekit.models import model_path
 
         # calibration drafts on it too: room for its prompt, its tokens and a window
-        tokenizer = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=256 + calibration_tokens + max_window)
+        tokenizer = LlamaDraftModel(
+            model_path(spec.draft), name=spec.draft, n_ctx=256 + calibration_tokens + max_window
+        )
     else:
         tokenizer = None
     transport = connect(address, config, tokenizer)
@@ -116,16 +124,23 @@ def probe(
     _print(result)
 
 
-def _calibrate(transport, link, pair: str, gen, config, draft=None):  # type: ignore[no-untyped-def]
+def _calibrate(
+    transport: VerifierTransport,
+    link: LinkEstimator,
+    pair: str,
+    gen: GenerationConfig,
+    config: ClientConfig,
+    draft: DraftModel | None = None,
+) -> tuple[LinkPolicy, dict]:
     """A short real generation through the verifier, so the costs are this device's and this verifier's
     (on `draft` when one is loaded already, else the pair's, loaded here)."""
-    from edgekit import EdgeClient
+    from edgekit import EdgeClient, FinalStats
 
     with EdgeClient(transport, pair=pair, draft_model=draft, config=config, generation=gen) as client:
         session = client.session()
         try:
             session.open(client.tokenize(CALIBRATION_PROMPT))
-            *_, final = session.stream()
+            final = [ev for ev in session.stream() if isinstance(ev, FinalStats)][-1]
         finally:
             session.close()
     s = final.stats

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import typer
 
@@ -12,11 +11,11 @@ from ._common import PAIR_HELP, print_json
 
 def profile(
     pair: str = typer.Option("gemma-270m", "--pair", help=PAIR_HELP),
-    predictor: Optional[str] = typer.Option(
+    predictor: str | None = typer.Option(
         None, "--predictor", help="ONNX predictor to time; default: the one shipped for the pair; 'none' to skip."
     ),
     steps: int = typer.Option(400, "--steps", min=20, help="Draft steps to time (half plain, half deciding)."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Time a draft step and what the predictor's decision adds to it (median and p99, microseconds)."""

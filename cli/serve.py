@@ -6,7 +6,6 @@ import signal
 import threading
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -20,7 +19,9 @@ class Numerics(str, Enum):
 
 def serve(
     pair: str = typer.Option("gemma-270m", "--pair", help="Serve this pair's target model."),
-    model: Optional[Path] = typer.Option(None, "--model", exists=True, dir_okay=False, help="Serve this GGUF file instead of a pair's target."),
+    model: Path | None = typer.Option(
+        None, "--model", exists=True, dir_okay=False, help="Serve this GGUF file instead of a pair's target."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for all interfaces)."),
     port: int = typer.Option(50551, "--port", min=0, max=65535, help="Port to listen on; 0 picks a free one."),
     max_sessions: int = typer.Option(16, "--max-sessions", min=1, help="Concurrent sessions (KV sequences)."),
@@ -35,10 +36,10 @@ def serve(
         help="exact: greedy output token-identical to target-only decoding (batch-invariant kernels, slower); "
         "fast: every llama.cpp kernel, last-bit differences may flip near-tied argmaxes.",
     ),
-    token: Optional[str] = typer.Option(None, "--token", envvar="EDGEKIT_SERVE_TOKEN", help="Require this bearer token."),
-    tls_cert: Optional[Path] = typer.Option(None, "--tls-cert", exists=True, help="PEM certificate chain for TLS."),
-    tls_key: Optional[Path] = typer.Option(None, "--tls-key", exists=True, help="PEM private key for TLS."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
+    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_SERVE_TOKEN", help="Require this bearer token."),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", exists=True, help="PEM certificate chain for TLS."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", exists=True, help="PEM private key for TLS."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
 ) -> None:
     """Serve a target model as an edgekit verifier (gRPC, edgekit.verifier.v1, with grpc.health.v1)."""
     from edgekit import ServerConfig

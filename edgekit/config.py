@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import Any, Literal
 
 from .errors import ConfigError
 
@@ -18,6 +18,8 @@ Mode = Literal["greedy", "sample"]
 SloClass = Literal["interactive", "standard", "batch"]
 Drafting = Literal["auto", "fixed", "predictor", "p-min", "latency"]
 Upload = Literal["tokens", "fh", "sh", "auto", "rtt"]
+HiddenEncoding = Literal["fp16", "int8"]
+Numerics = Literal["exact", "fast"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class GenerationConfig:
     # Only the semantic mode reads them; in the lossless modes they cost link
     # time and change nothing in the output.
     upload: Upload = "tokens"
-    hidden_encoding: Literal["fp16", "int8"] = "fp16"
+    hidden_encoding: HiddenEncoding = "fp16"
     rtt_rule_ms: float = 10.0
     stop_at_eos: bool = True
     slo_class: SloClass = "interactive"
@@ -100,7 +102,7 @@ class ClientConfig:
     max_message_bytes: int = 16 * 1024 * 1024
 
     @classmethod
-    def from_env(cls, **overrides: object) -> "ClientConfig":
+    def from_env(cls, **overrides: Any) -> ClientConfig:
         return replace(cls(), **_env_values(cls, "EDGEKIT_"), **overrides)
 
 
@@ -124,7 +126,7 @@ class ServerConfig:
     workers: int = 32  # gRPC handler threads
     # "exact": greedy output token-identical to target-only decoding (slower
     # kernels, blocks in batch-invariant sub-batches); "fast": every kernel.
-    numerics: Literal["exact", "fast"] = "exact"
+    numerics: Numerics = "exact"
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_block < 1 or self.max_context < 8:
@@ -135,12 +137,12 @@ class ServerConfig:
             raise ConfigError("TLS needs both a certificate and a key")
 
     @classmethod
-    def from_env(cls, **overrides: object) -> "ServerConfig":
+    def from_env(cls, **overrides: Any) -> ServerConfig:
         return replace(cls(), **_env_values(cls, "EDGEKIT_SERVE_"), **overrides)
 
 
-def _env_values(cls: type, prefix: str) -> dict[str, object]:
-    out: dict[str, object] = {}
+def _env_values(cls: type, prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     defaults = cls()
     for f in fields(cls):
         raw = os.environ.get(prefix + f.name.upper())

@@ -13,7 +13,8 @@ exchange the time a modelled link would take, without waiting.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import grpc
 import numpy as np
@@ -141,7 +142,9 @@ class InProcessTransport(MessageTransport):
         self.verify_calls.append(block)
         return super().verify(block)
 
-    def _unary(self, method: str, request: Message, *, during: str, timeout: float | None = None) -> tuple[Message, float]:
+    def _unary(
+        self, method: str, request: Message, *, during: str, timeout: float | None = None
+    ) -> tuple[Message, float]:
         raw = request.SerializeToString()
         t0 = _now_ms()
         try:

@@ -16,7 +16,8 @@ from edgekit import AsyncEdgeClient, EdgekitError, GenerationConfig
 
 async def read_sensors(rng: random.Random) -> dict:
     await asyncio.sleep(0.05)  # an I/O-bound driver call
-    return {"temperature_c": round(rng.gauss(21.5, 1.5), 1), "humidity_pct": round(rng.uniform(35, 60)), "co2_ppm": rng.randint(420, 1400)}
+    return {"temperature_c": round(rng.gauss(21.5, 1.5), 1), "humidity_pct": round(rng.uniform(35, 60)),
+            "co2_ppm": rng.randint(420, 1400)}
 
 
 def prompt_for(readings: list[dict]) -> list[dict]:

@@ -20,13 +20,15 @@ args = parser.parse_args()
 
 draft = LlamaDraftModel(args.draft, n_ctx=2048)
 try:
-    with EdgeClient(args.verifier, pair=args.pair, draft_model=draft, generation=GenerationConfig(max_tokens=48)) as client:
+    with EdgeClient(
+        args.verifier, pair=args.pair, draft_model=draft, generation=GenerationConfig(max_tokens=48)
+    ) as client:
         info = client.server_info()  # refuses a draft whose tokenizer differs from the target's
         print(f"draft {draft.name} ({draft.n_embd}-dim) -> target {info.target_model}")
         final = client.generate(args.prompt).until_done()
         print(final.text)
         print(f"acceptance {final.stats.acceptance_rate:.2f}, accepted length {final.stats.accepted_length:.2f}")
 except EdgekitError as exc:
-    raise SystemExit(f"error: {exc}")
+    raise SystemExit(f"error: {exc}") from None
 finally:
     draft.close()

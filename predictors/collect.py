@@ -14,9 +14,9 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class Trace:
     round: np.ndarray  # [N] int32: round index within its prompt's generation
     header: dict = field(default_factory=dict)
 
-    def labelled(self) -> "Trace":
+    def labelled(self) -> Trace:
         keep = self.label >= 0
         return Trace(self.features[keep], self.label[keep], self.prompt[keep], self.round[keep], self.header)
 
@@ -68,15 +68,16 @@ class Trace:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "Trace":
+    def load(cls, path: str | os.PathLike[str]) -> Trace:
         with np.load(path) as z:
             header = json.loads(z["header"].tobytes().decode())
             if tuple(header.get("feature_names", ())) != FEATURE_NAMES:
-                raise ConfigError(f"{path}: traced features {header.get('feature_names')} are not {list(FEATURE_NAMES)}")
+                traced = header.get("feature_names")
+                raise ConfigError(f"{path}: traced features {traced} are not {list(FEATURE_NAMES)}")
             return cls(z["features"], z["label"], z["prompt"], z["round"], header)
 
     @classmethod
-    def concat(cls, traces: Sequence["Trace"]) -> "Trace":
+    def concat(cls, traces: Sequence[Trace]) -> Trace:
         return cls(
             np.concatenate([t.features for t in traces]),
             np.concatenate([t.label for t in traces]),
@@ -152,7 +153,8 @@ def collect(
     rounds = []
     for i, p in enumerate(prompts):
         rec = TraceRecorder(window)
-        final = client.generate(p["prompt"], controller=rec, max_tokens=max_tokens, mode=mode, seed=seed + i).until_done()
+        stream = client.generate(p["prompt"], controller=rec, max_tokens=max_tokens, mode=mode, seed=seed + i)
+        final = stream.until_done()
         committed += final.stats.completion_tokens
         rounds.extend(final.stats.rounds_detail)
         n = len(rec.labels)

@@ -22,6 +22,8 @@ from .features import FEATURE_NAMES
 from .train import (
     DEFAULT_FEATURES,
     CostModel,
+    LinearModel,
+    Mlp,
     best_threshold,
     classification_metrics,
     features_matrix,
@@ -34,7 +36,9 @@ from .train import (
 __all__ = ["train_from_trace"]
 
 
-def _ablation(x_tr, y_tr, x_va, y_va, names) -> dict:  # type: ignore[no-untyped-def]
+def _ablation(
+    x_tr: np.ndarray, y_tr: np.ndarray, x_va: np.ndarray, y_va: np.ndarray, names: tuple[str, ...]
+) -> dict:
     """Validation AUC of logistic regression on all features and with each one dropped."""
     from .train import auc
 
@@ -66,7 +70,9 @@ def train_from_trace(
         raise ConfigError(f"the trace drafted {window} tokens per round; it cannot evaluate a window of {max_window}")
     cost = cost or CostModel(draft_step_ms=float(header["cost_model"]["draft_step_ms"]))
     train_rows, val_rows = split_by_prompt(trace, 0.2, seed)
-    tr = Trace(trace.features[train_rows], trace.label[train_rows], trace.prompt[train_rows], trace.round[train_rows], header)
+    tr = Trace(
+        trace.features[train_rows], trace.label[train_rows], trace.prompt[train_rows], trace.round[train_rows], header
+    )
     va = Trace(trace.features[val_rows], trace.label[val_rows], trace.prompt[val_rows], trace.round[val_rows], header)
     trl, val = tr.labelled(), va.labelled()
     x_tr, y_tr = features_matrix(trl, feature_names), trl.label.astype(np.float64)
@@ -74,7 +80,7 @@ def train_from_trace(
     if len(np.unique(y_tr)) < 2 or len(np.unique(y_va)) < 2:
         raise ConfigError("the trace needs both accepted tokens and rejections in its training and validation prompts")
 
-    models = {
+    models: dict[str, LinearModel | Mlp] = {
         "logistic": train_logistic(x_tr, y_tr),
         "mlp": train_mlp(x_tr, y_tr, x_va, y_va, hidden=hidden, seed=seed),
     }
@@ -145,13 +151,13 @@ def train_from_trace(
         "onnx_max_abs_diff_vs_numpy": onnx_max_diff,
         "training_data": {
             "prompts": len(header.get("prompts", [])),
-            "train_prompts": int(len(np.unique(tr.prompt))),
-            "validation_prompts": int(len(np.unique(va.prompt))),
-            "labelled_positions": int(len(labelled.label)),
+            "train_prompts": len(np.unique(tr.prompt)),
+            "validation_prompts": len(np.unique(va.prompt)),
+            "labelled_positions": len(labelled.label),
             "accepted": int((labelled.label == 1).sum()),
             "first_rejections": int((labelled.label == 0).sum()),
-            "train_samples": int(len(y_tr)),
-            "validation_samples": int(len(y_va)),
+            "train_samples": len(y_tr),
+            "validation_samples": len(y_va),
             "collection": {k: header.get(k) for k in ("window", "max_tokens", "seed", "committed_tokens", "seconds")},
             "measured_cost_model": header.get("cost_model"),
         },
@@ -183,7 +189,8 @@ def render_card(card: dict) -> str:
         x = c["metrics"]
         mark = " (shipped)" if kind == card["model"] else ""
         lines.append(
-            f"| {kind}{mark} | {c['threshold']:.3f} | {x['accuracy']:.3f} | {x['auc']:.3f} | {x['recall_accepted']:.3f} | "
+            f"| {kind}{mark} | {c['threshold']:.3f} | {x['accuracy']:.3f} | {x['auc']:.3f} | "
+            f"{x['recall_accepted']:.3f} | "
             f"{x['specificity']:.3f} | {x['false_positive_rate']:.3f} | {x['balanced_accuracy']:.3f} |"
         )
     lines += [
@@ -212,7 +219,8 @@ def render_card(card: dict) -> str:
         "",
         "## Training data",
         "",
-        f"{td['prompts']} prompts ({td['train_prompts']} train / {td['validation_prompts']} validation, split by prompt), "
+        f"{td['prompts']} prompts ({td['train_prompts']} train / {td['validation_prompts']} validation, "
+        "split by prompt), "
         f"{td['labelled_positions']} labelled positions ({td['accepted']} accepted, {td['first_rejections']} first "
         f"rejections); collected with a fixed window of {td['collection']['window']}, "
         f"{td['collection']['max_tokens']} tokens per prompt, greedy, seed {td['collection']['seed']}.",

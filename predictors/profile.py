@@ -23,7 +23,9 @@ import time
 
 import numpy as np
 
-from edgekit.runtime import ALL_COLUMNS, FEATURE_NAMES, KERNEL
+from edgekit.runtime import ALL_COLUMNS, FEATURE_NAMES, KERNEL, LlamaDraftModel
+
+from .runtime import OnnxPredictor
 
 __all__ = ["profile_drafting"]
 
@@ -37,10 +39,13 @@ def _summary(us: np.ndarray) -> dict:
     return {"median": float(np.median(us)), "p99": float(np.percentile(us, 99)), "mean": float(us.mean())}
 
 
-def profile_drafting(draft, predictor=None, *, steps: int = 400, warmup: int = 10) -> dict:  # type: ignore[no-untyped-def]
+def profile_drafting(
+    draft: LlamaDraftModel, predictor: OnnxPredictor | None = None, *, steps: int = 400, warmup: int = 10
+) -> dict:
     """Times `steps` greedy draft steps on `draft` (a LlamaDraftModel), half of
     them plain and half deciding with `predictor` (an OnnxPredictor; without
     one, the features alone). Times are microseconds."""
+    x: np.ndarray
     if predictor is not None:  # what PredictorController.draft_next does, in its two parts
         x, columns = predictor._x, predictor._column_bytes
     else:
@@ -49,7 +54,10 @@ def profile_drafting(draft, predictor=None, *, steps: int = 400, warmup: int = 1
     draft.truncate(0)
     draft.prefill(prompt[:-1])
     token = prompt[-1]
-    plain_us, step_us, feat_us, pred_us = [], [], [], []
+    plain_us: list[float] = []
+    step_us: list[float] = []
+    feat_us: list[float] = []
+    pred_us: list[float] = []
     out = draft.eval([token])
     t_prev = time.perf_counter()
     for i in range(steps + warmup):

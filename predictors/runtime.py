@@ -65,7 +65,8 @@ class OnnxPredictor:
         if len(inputs) != 1:
             raise PredictorError(f"{self.path}: a predictor takes one input, this one takes {len(inputs)}")
         inp = inputs[0]
-        names = tuple(n.strip() for n in meta["edgekit.features"].split(",")) if "edgekit.features" in meta else FEATURE_NAMES
+        listed = meta.get("edgekit.features")
+        names = tuple(n.strip() for n in listed.split(",")) if listed is not None else FEATURE_NAMES
         unknown = [n for n in names if n not in FEATURE_NAMES]
         if unknown:
             raise PredictorError(
@@ -74,7 +75,8 @@ class OnnxPredictor:
         width = inp.shape[-1] if len(inp.shape) == 2 else None
         if inp.type != "tensor(float)" or width != len(names):
             raise PredictorError(
-                f"{self.path}: the input {inp.name!r} is {inp.type} {inp.shape}; expected tensor(float) [N, {len(names)}] "
+                f"{self.path}: the input {inp.name!r} is {inp.type} {inp.shape}; "
+                f"expected tensor(float) [N, {len(names)}] "
                 f"for features {', '.join(names)}"
             )
         self.feature_names = names
@@ -83,7 +85,9 @@ class OnnxPredictor:
         self._input = inp.name
         out = self._session.get_outputs()[0]
         if out.type != "tensor(float)":
-            raise PredictorError(f"{self.path}: the output {out.name!r} is {out.type}; expected tensor(float) probabilities")
+            raise PredictorError(
+                f"{self.path}: the output {out.name!r} is {out.type}; expected tensor(float) probabilities"
+            )
         self._output = out.name
         if threshold is None:
             threshold = float(meta.get("edgekit.threshold", 0.5))

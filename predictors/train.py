@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,7 +160,7 @@ def train_mlp(
     mean, scale = _standardiser(x)
     model = Mlp(mean, scale)
     sizes = (x.shape[1], *hidden, 1)
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+    for fan_in, fan_out in itertools.pairwise(sizes):
         model.weights.append(rng.normal(0.0, np.sqrt(2.0 / fan_in), (fan_in, fan_out)))
         model.biases.append(np.zeros(fan_out))
     params = model.weights + model.biases
@@ -177,7 +178,8 @@ def train_mlp(
             # d(weighted BCE)/d(logit) = w (p - y), normalised by the batch weight
             wb = sw[idx]
             delta = (wb * (_sigmoid(acts[-1][:, 0]) - y[idx]) / wb.sum())[:, None]
-            grads_w, grads_b = [None] * n_layers, [None] * n_layers
+            grads_w: list[np.ndarray] = [np.empty(0)] * n_layers
+            grads_b: list[np.ndarray] = [np.empty(0)] * n_layers
             for i in range(n_layers - 1, -1, -1):
                 grads_w[i] = acts[i].T @ delta + l2 * model.weights[i]
                 grads_b[i] = delta.sum(axis=0)
@@ -239,7 +241,7 @@ def classification_metrics(y: np.ndarray, p: np.ndarray, threshold: float) -> di
         "false_positive_rate": 1.0 - spec,
         "balanced_accuracy": (rec1 + spec) / 2,
         "confusion": {"tp": tp, "fn": fn, "tn": tn, "fp": fp},
-        "samples": int(len(y)),
+        "samples": len(y),
     }
 
 
@@ -249,7 +251,7 @@ def rounds_of(trace: Trace) -> list[tuple[np.ndarray, int, int]]:
     key = trace.prompt.astype(np.int64) * 1_000_000 + trace.round
     _, starts = np.unique(key, return_index=True)
     bounds = list(np.sort(starts)) + [len(key)]
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         labels = trace.label[a:b]
         out.append((np.arange(a, b), b - a, int((labels == 1).sum())))
     return out
@@ -335,7 +337,7 @@ def split_by_prompt(trace: Trace, fraction: float = 0.2, seed: int = 0) -> tuple
     """Row masks (train, validation) with whole prompts on one side."""
     prompts = np.unique(trace.prompt)
     rng = np.random.default_rng(seed)
-    val = rng.choice(prompts, size=max(1, int(round(fraction * len(prompts)))), replace=False)
+    val = rng.choice(prompts, size=max(1, round(fraction * len(prompts))), replace=False)
     is_val = np.isin(trace.prompt, val)
     return ~is_val, is_val
 

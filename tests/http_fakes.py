@@ -8,7 +8,7 @@ import http.server
 import json
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -47,10 +47,10 @@ class _LocalJSONServer:
             def _answer(self, status: int, answer: object) -> None:
                 self._send(status, json.dumps(answer).encode())
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 self._answer(*server.get(self.path))
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 server.requests.append(req)
                 if server.fault == "slow":
@@ -72,7 +72,7 @@ class _LocalJSONServer:
     def post(self, path: str, req: dict) -> tuple[int, object]:
         return 404, {"detail": "Not Found"}
 
-    def __enter__(self):  # noqa: ANN204 - returns the subclass
+    def __enter__(self):
         self._thread.start()
         return self
 

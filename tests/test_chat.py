@@ -35,7 +35,8 @@ def fake_client(monkeypatch, tmp_path):
 
 
 def test_chat_transcript(fake_client, tmp_path):
-    session = "\n".join(["hello there", "/set k 2", "/set mode wrong", "/stats", "/help", "another question", "/clear", "/exit", "never sent"])
+    session = "\n".join(["hello there", "/set k 2", "/set mode wrong", "/stats", "/help", "another question", "/clear",
+                         "/exit", "never sent"])
     result = runner.invoke(app, ["chat", "--pair", "gemma-270m", "-n", "12"], input=session + "\n")
     assert result.exit_code == 0, result.output
     out = result.output
@@ -102,7 +103,9 @@ def test_async_client_has_the_same_shape():
 @pytest.mark.models
 def test_second_turn_reuses_both_kv_caches(gemma_server, gemma_draft):
     """Turn 2 runs only its own tokens through either model, never turn 1's again."""
-    with EdgeClient(gemma_server.address, draft_model=gemma_draft, generation=GenerationConfig(max_tokens=24)) as client:
+    with EdgeClient(
+        gemma_server.address, draft_model=gemma_draft, generation=GenerationConfig(max_tokens=24)
+    ) as client:
         system = "You are a helpful assistant. " * 20  # a long first turn, so re-reading it would show
         conv = client.conversation(system=system)
         conv.send("Tell me about the sea.").until_done()

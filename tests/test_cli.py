@@ -63,7 +63,8 @@ def test_unknown_pair_lists_the_known_ones():
 
 @pytest.mark.models
 def test_generate_json_through_a_verifier_matches_the_target_only_baseline(gemma_server):
-    args = ["generate", "--verifier", gemma_server.address, "--prompt", "def add(a, b):", "--max-tokens", "24", "--json"]
+    args = ["generate", "--verifier", gemma_server.address, "--prompt", "def add(a, b):",
+            "--max-tokens", "24", "--json"]
     spec = runner.invoke(app, [*args, "--draft-k", "4"])
     base = runner.invoke(app, [*args, "--baseline", "target-only"])
     assert spec.exit_code == 0 and base.exit_code == 0, spec.output + base.output
@@ -72,14 +73,16 @@ def test_generate_json_through_a_verifier_matches_the_target_only_baseline(gemma
     assert s["token_ids"] == b["token_ids"] and len(s["token_ids"]) == 24
     assert s["text"] == b["text"]
     m = s["metrics"]
-    for key in ("acceptance_rate", "accepted_length", "rounds", "target_passes_per_token", "wasted_draft_tokens", "tokens_per_second"):
+    for key in ("acceptance_rate", "accepted_length", "rounds", "target_passes_per_token", "wasted_draft_tokens",
+                "tokens_per_second"):
         assert key in m
     assert m["rounds"] < 24 and m["drafted"] == m["accepted"] + m["wasted_draft_tokens"]
 
 
 @pytest.mark.models
 def test_generate_without_a_verifier_starts_one_on_loopback():
-    result = edgekit("generate", "--prompt", "The capital of France is", "--max-tokens", "8", "--seed", "1", "--mode", "sample")
+    result = edgekit("generate", "--prompt", "The capital of France is", "--max-tokens", "8", "--seed", "1",
+                     "--mode", "sample")
     assert result.returncode == 0, result.stderr
     assert "started a local verifier for gemma-270m on 127.0.0.1:" in result.stderr
     assert result.stdout.strip()

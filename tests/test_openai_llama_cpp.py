@@ -33,7 +33,8 @@ def llama_server(gemma_paths, tmp_path_factory):
     # llama-cpp-python's server, stock but for two llama.cpp settings its CLI lacks (see the launcher)
     launcher = Path(__file__).parent / "servers" / "llama_cpp_openai.py"
     cmd = [sys.executable, str(launcher), "--model", str(gemma_paths[1]), "--host", "127.0.0.1", "--port", str(port),
-           "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1", "--logits_all", "true", "--flash_attn", "true"]
+           "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1", "--logits_all", "true",
+           "--flash_attn", "true"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

@@ -81,7 +81,7 @@ def _edgekit_exceptions() -> set[type]:
 
 def test_the_error_tree_is_the_one_drawn_and_holds_every_error():
     drawn = _drawn_tree()
-    assert list(drawn)[0] == "EdgekitError" and drawn["EdgekitError"] is None
+    assert next(iter(drawn)) == "EdgekitError" and drawn["EdgekitError"] is None
     defined = _edgekit_exceptions()
     assert {cls.__name__ for cls in defined} == set(drawn), "an error class outside the drawing, or drawn but gone"
     for cls in defined:

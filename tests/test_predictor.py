@@ -3,15 +3,13 @@ the ONNX round trip and refusal of unusable models, the shipped predictors."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
 from edgekit import ConfidenceThreshold, EdgeClient, GenerationConfig
-from edgekit.runtime import DraftOutput
-from edgekit.predictors.collect import Trace, TraceRecorder, collect, label_round
 from edgekit.drafting import AcceptanceTracker, PredictorController
 from edgekit.errors import PredictorError
+from edgekit.predictors.collect import Trace, TraceRecorder, collect, label_round
 from edgekit.predictors.features import FEATURE_NAMES, LogitFeatures
 from edgekit.predictors.runtime import OnnxPredictor
 from edgekit.predictors.shipped import shipped_cards
@@ -23,10 +21,11 @@ from edgekit.predictors.train import (
     train_logistic,
     train_mlp,
 )
+from edgekit.runtime import DraftOutput
 from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 
 onnx = pytest.importorskip("onnx")
-from edgekit.predictors.export import export_onnx  # noqa: E402
+from edgekit.predictors.export import export_onnx  # noqa: E402  # only where onnx is installed
 
 
 def fake_client(**gen):
@@ -61,7 +60,7 @@ def test_acceptance_tracker_counts_labelled_positions_only():
 
 
 def test_recorded_trace_matches_the_rounds_that_ran():
-    client, _, verifier = fake_client(max_tokens=40, stop_at_eos=False)
+    client, _, _verifier = fake_client(max_tokens=40, stop_at_eos=False)
     rec = TraceRecorder(5)
     final = client.generate("hello world", controller=rec, max_tokens=40).until_done()
     rounds = final.stats.rounds_detail
@@ -114,7 +113,7 @@ class StubPredictor:
 
 def test_controller_stops_before_the_first_predicted_rejection():
     ctl = PredictorController(StubPredictor({3: 0.2}), max_window=8)
-    client, draft, verifier = fake_client(max_tokens=60, stop_at_eos=False)
+    client, _draft, verifier = fake_client(max_tokens=60, stop_at_eos=False)
     final = client.generate("stop rule", controller=ctl).until_done()
     # position 3 is predicted rejected: every block is at most 2 tokens, and the
     # token at position 3 never joins a block (nor is it sampled)
@@ -152,7 +151,7 @@ def test_no_decision_is_made_where_it_cannot_change_the_block():
 
 def test_controller_keeps_the_minimum_window_and_the_maximum():
     client, _, verifier = fake_client(max_tokens=30, stop_at_eos=False)
-    never = PredictorController(StubPredictor({i: 0.0 for i in range(1, 65)}), max_window=8, min_window=1)
+    never = PredictorController(StubPredictor(dict.fromkeys(range(1, 65), 0.0)), max_window=8, min_window=1)
     client.generate("x", controller=never).until_done()
     assert {len(b.draft_tokens) for b in verifier.verify_calls} <= {1}
     verifier.verify_calls.clear()
@@ -162,8 +161,8 @@ def test_controller_keeps_the_minimum_window_and_the_maximum():
 
 
 def test_an_empty_block_is_a_target_only_step():
-    client, _, verifier = fake_client(max_tokens=20, stop_at_eos=False)
-    never = PredictorController(StubPredictor({i: 0.0 for i in range(1, 65)}), max_window=8, min_window=0)
+    client, _, _verifier = fake_client(max_tokens=20, stop_at_eos=False)
+    never = PredictorController(StubPredictor(dict.fromkeys(range(1, 65), 0.0)), max_window=8, min_window=0)
     spec = client.generate("empty blocks", controller=never).until_done()
     base = client.generate_target_only("empty blocks", max_tokens=20).until_done()
     assert spec.token_ids == base.token_ids

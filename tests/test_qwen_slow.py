@@ -8,7 +8,8 @@ from edgekit import EdgeClient, GenerationConfig, ServerConfig
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["def quicksort(arr):", "The difference between a list and a tuple in Python is", "SELECT * FROM orders WHERE"]
+PROMPTS = ["def quicksort(arr):", "The difference between a list and a tuple in Python is",
+           "SELECT * FROM orders WHERE"]
 
 
 @pytest.fixture(scope="module")

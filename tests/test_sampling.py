@@ -92,7 +92,8 @@ def _joint_pvalue(accept, trials: int = 60_000, vocab: int = 5, seed: int = 7) -
         x1, x2 = _speculate(p_logits, q, rng, accept)
         counts[x1, x2] += 1
     p1 = target_probs(p_logits[()].astype(np.float32), 1.0)
-    exact = np.array([[p1[a] * target_probs(p_logits[(a,)].astype(np.float32), 1.0)[b] for b in range(vocab)] for a in range(vocab)])
+    exact = np.array([[p1[a] * target_probs(p_logits[(a,)].astype(np.float32), 1.0)[b] for b in range(vocab)]
+                      for a in range(vocab)])
     return float(chisquare(counts.ravel(), exact.ravel() * trials).pvalue)
 
 

@@ -148,7 +148,9 @@ def test_sampling_through_the_session_is_distributed_as_the_target():
     client = EdgeClient(
         toy_verifier(target),
         draft_model=FakeDraftModel(ToyLanguageModel(vocab, seed=5, order=1, noise=2.0, eos_bias=0.0)),
-        generation=GenerationConfig(mode="sample", temperature=1.0, draft_temperature=2.0, draft_k=2, max_tokens=3, stop_at_eos=False),
+        generation=GenerationConfig(
+            mode="sample", temperature=1.0, draft_temperature=2.0, draft_k=2, max_tokens=3, stop_at_eos=False
+        ),
     )
     prompt = [0, 3]
     counts = np.zeros((vocab, vocab))

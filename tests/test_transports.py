@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from http_fakes import FakeOpenAIServer, FakeSGLangServer
 
 from edgekit import (
     ClientConfig,
@@ -17,10 +18,9 @@ from edgekit import (
     VerifierError,
     VerifierUnavailableError,
 )
-from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
-from http_fakes import FakeOpenAIServer, FakeSGLangServer
-from edgekit.transport import GrpcTransport, OpenAITransport, SGLangTransport, connect
 from edgekit.protocol import BlockRequest, ServerInfo
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
+from edgekit.transport import GrpcTransport, OpenAITransport, SGLangTransport, connect
 
 TARGET = ToyLanguageModel(seed=11)
 
@@ -57,7 +57,9 @@ def _speculates_to_the_targets_own_decoding(url: str) -> ServerInfo:
 
 def test_greedy_through_sglang_is_the_targets_own_decoding(sglang):
     info = _speculates_to_the_targets_own_decoding(f"sglang+{sglang.url}")
-    assert (info.backend, info.modes, info.upload_protocols, info.prefix_cache) == ("sglang", ("greedy",), ("tokens",), True)
+    assert (info.backend, info.modes, info.upload_protocols, info.prefix_cache) == (
+        "sglang", ("greedy",), ("tokens",), True
+    )
     assert info.tokenizer_check == "token texts of a probe text's ids"
     # every round sent ids and asked for the block's positions only
     first = sglang.requests[-1]
@@ -86,7 +88,8 @@ def test_a_different_tokenizer_is_refused_naming_the_server():
 @pytest.mark.parametrize(
     "fault, error, message",
     [
-        ("http500", VerifierError, "SGLang server at http://127.0.0.1:\\d+ answered verifying a block with HTTP 500: CUDA out of memory"),
+        ("http500", VerifierError,
+         "SGLang server at http://127.0.0.1:\\d+ answered verifying a block with HTTP 500: CUDA out of memory"),
         ("not-json", ProtocolError, "with something that is not a JSON object: '<html>502 Bad Gateway</html>'"),
         ("no-logprobs", ProtocolError, "sent no input_top_logprobs for the block"),
         ("slow", VerifierUnavailableError, "did not answer verifying a block within 2 s"),
@@ -190,11 +193,11 @@ def test_a_wrong_token_id_is_a_protocol_error(vllm, fault, message):
 def test_probing_a_stock_server_loads_the_draft_once_and_calibrates(vllm, monkeypatch):
     """`edgekit probe` needs the draft's tokenizer to reach a stock server at all; the
     calibration rounds draft on that same model rather than loading a second one."""
+    from typer.testing import CliRunner
+
     import edgekit
     import edgekit.client._client
     import edgekit.models
-    from typer.testing import CliRunner
-
     from cli.app import app
 
     loaded = []

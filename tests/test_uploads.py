@@ -8,13 +8,19 @@ import pytest
 
 from edgekit import ConfigError, EdgeClient, GenerationConfig
 from edgekit.errors import HiddenStateError
-from edgekit.protocol import bits_per_element, decode_hidden, encode_hidden, encoding_error
 from edgekit.link import CostTracker, LatencyModel, Overheads, PayloadModel, varint_bits
-from edgekit.protocol import pb
-from edgekit.protocol import hidden_to_pb, verify_request_to_pb
+from edgekit.protocol import (
+    BlockRequest,
+    LinkState,
+    bits_per_element,
+    decode_hidden,
+    encode_hidden,
+    encoding_error,
+    hidden_to_pb,
+    pb,
+    verify_request_to_pb,
+)
 from edgekit.testing import FakeDraftModel, InProcessTransport, SimulatedLink, ToyLanguageModel, toy_verifier
-from edgekit.protocol import BlockRequest
-from edgekit.protocol import LinkState
 
 RNG = np.random.default_rng(7)
 
@@ -151,7 +157,9 @@ def _client(
 ) -> tuple[EdgeClient, InProcessTransport]:
     verifier = toy_verifier(ToyLanguageModel(seed=seed), link=link)
     draft = FakeDraftModel(ToyLanguageModel(seed=seed, noise=noise), n_embd=640)
-    config = GenerationConfig(**(dict(max_tokens=60, stop_at_eos=False, drafting="fixed", draft_k=6, upload=upload) | gen))
+    config = GenerationConfig(
+        **(dict(max_tokens=60, stop_at_eos=False, drafting="fixed", draft_k=6, upload=upload) | gen)
+    )
     return EdgeClient(verifier, draft_model=draft, generation=config), verifier
 
 
@@ -192,7 +200,8 @@ def test_sh_asks_for_the_mismatch_positions():
         assert block.upload == "sh" and block.hidden.shape == (len(block.draft_tokens), 640)
         # every offset whose draft token is not the target's own choice there, and no other
         draft = list(block.draft_tokens)
-        expected = [i for i, t in enumerate(draft) if int(np.argmax(verifier.service.engine.lm.logits(context + draft[:i]))) != t]
+        expected = [i for i, t in enumerate(draft)
+                    if int(np.argmax(verifier.service.engine.lm.logits(context + draft[:i]))) != t]
         assert list(result.hidden_requested) == expected
         asked += len(expected)
     assert asked > 0
@@ -226,7 +235,7 @@ def test_the_rtt_rule_and_the_latency_model_choose_by_the_link():
 
 def test_auto_measures_the_rates_it_needs_before_the_first_round():
     link = SimulatedLink(rtt_ms=3.0, uplink_mbps=4.0, downlink_mbps=40.0, seed=6)
-    client, verifier = _client("auto", link=link)
+    client, _verifier = _client("auto", link=link)
     rounds = _run(client).stats.rounds_detail
     assert client.link.uplink_mbps == pytest.approx(4.0, rel=0.15)
     assert rounds[0].upload == "sh"  # a slow uplink, known before the first block went out
@@ -243,7 +252,9 @@ def test_the_link_keeps_current_from_both_exchanges_of_sh_rounds():
 # -- the latency model ------------------------------------------------------------------
 
 
-def _model(rtt: float, up: float, *, p: float = 0.7, verify=(20.0, 2.0), step: float = 8.0, loss: float = 0.0) -> LatencyModel:
+def _model(
+    rtt: float, up: float, *, p: float = 0.7, verify=(20.0, 2.0), step: float = 8.0, loss: float = 0.0
+) -> LatencyModel:
     costs = CostTracker(draft_step_ms=step, verify_ms=verify, acceptance=p)
     link = LinkState(rtt_ms=rtt, uplink_mbps=up, downlink_mbps=up * 4, loss_rate=loss)
     return LatencyModel(PayloadModel.for_models(640, 262144), link, costs)

@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 
 from edgekit import EdgeClient, GenerationConfig
-from edgekit.protocol import encode_hidden
-from edgekit.protocol import pb
-from edgekit.protocol import fingerprint_to_pb, hidden_to_pb
+from edgekit.protocol import encode_hidden, fingerprint_to_pb, hidden_to_pb, pb
 from edgekit.transport import GrpcTransport
 
 pytestmark = pytest.mark.models
@@ -127,7 +125,8 @@ def _rows(k: int, d: int = 640) -> np.ndarray:
 
 
 def _verify(address, sid, base, tokens, upload, hidden=None, round_index=0):
-    req = pb.VerifyRequest(session_id=sid, base_position=base, draft_tokens=tokens, upload_protocol=upload, round_index=round_index)
+    req = pb.VerifyRequest(session_id=sid, base_position=base, draft_tokens=tokens, upload_protocol=upload,
+                           round_index=round_index)
     if hidden is not None:
         req.hidden.CopyFrom(hidden)
     return _call(address, "Verify", req, pb.VerifyResponse)
@@ -164,10 +163,13 @@ def test_fh_states_that_do_not_fit_are_invalid_and_the_session_goes_on(gemma_ser
 def test_hidden_states_need_a_declared_width_and_an_upload_that_carries_them(gemma_server, opened):
     good = hidden_to_pb(encode_hidden(_rows(4)))
     sid, base = opened(hidden_size=0)
-    _refused(lambda: _verify(gemma_server.address, sid, base, BLOCK, pb.UPLOAD_PROTOCOL_FULL_HIDDEN, good), "without draft_hidden_size")
+    _refused(lambda: _verify(gemma_server.address, sid, base, BLOCK, pb.UPLOAD_PROTOCOL_FULL_HIDDEN, good),
+             "without draft_hidden_size")
     sid, base = opened()
-    _refused(lambda: _verify(gemma_server.address, sid, base, BLOCK, pb.UPLOAD_PROTOCOL_TOKENS_ONLY, good), "tokens-only round")
-    _refused(lambda: _verify(gemma_server.address, sid, base, BLOCK, pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN, good), "SH sends the tokens first")
+    _refused(lambda: _verify(gemma_server.address, sid, base, BLOCK, pb.UPLOAD_PROTOCOL_TOKENS_ONLY, good),
+             "tokens-only round")
+    _refused(lambda: _verify(gemma_server.address, sid, base, BLOCK, pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN, good),
+             "SH sends the tokens first")
 
 
 def test_sh_asks_for_the_mismatches_then_takes_exactly_those(gemma_server, opened):

@@ -12,7 +12,7 @@ from edgekit.protocol import accept_greedy, accept_top1, check_base, decide
 EOS = 1
 
 
-def _decide(block, accepted, nxt, *, base=10, max_context=100, go_on=False):  # type: ignore[no-untyped-def]
+def _decide(block, accepted, nxt, *, base=10, max_context=100, go_on=False):
     return decide(block, accepted, nxt, base=base, max_context=max_context, is_end=lambda t: t == EOS,
                   continue_after_eog=go_on)
 

@@ -39,11 +39,11 @@ DRAFT = FakeDraftModel(ToyLanguageModel(seed=21, noise=2.0), n_embd=16)
 PROMPT = DRAFT.tokenize("hello there, general")
 
 
-def _verifier(**config) -> InProcessTransport:  # type: ignore[no-untyped-def]
+def _verifier(**config) -> InProcessTransport:
     return toy_verifier(TARGET, **({"max_block": 8, "max_context": 64, "max_sessions": 2, "hidden_size": 16} | config))
 
 
-def _open(v: InProcessTransport, prompt=PROMPT, **kw):  # type: ignore[no-untyped-def]
+def _open(v: InProcessTransport, prompt=PROMPT, **kw):
     args = {"mode": "greedy", "temperature": 1.0, "seed": 0, "slo_class": "standard", "draft": DRAFT.fingerprint(),
             "draft_hidden_size": 16} | kw
     return v.open_session(prompt, **args)
@@ -58,7 +58,7 @@ def _greedy(context: list[int], n: int) -> list[int]:
     return out
 
 
-def _state(v: InProcessTransport, sid: str):  # type: ignore[no-untyped-def]
+def _state(v: InProcessTransport, sid: str):
     return v.service.sessions.get(sid)
 
 
@@ -68,12 +68,12 @@ def _kv_ok(v: InProcessTransport, sid: str) -> bool:
     return v.service.engine.cached(s.seq) == len(s.tokens) - 1
 
 
-def _raw(v: InProcessTransport, method: str, msg):  # type: ignore[no-untyped-def]
+def _raw(v: InProcessTransport, method: str, msg):
     """A request as bytes, straight into the service; the status it is refused with, or the answer."""
     try:
         return v.service.call(method, msg if isinstance(msg, bytes) else msg.SerializeToString())
-    except Exception as exc:  # noqa: BLE001 - what the test inspects
-        return status_of(exc)  # type: ignore[arg-type]
+    except Exception as exc:
+        return status_of(exc)
 
 
 # -- rounds -------------------------------------------------------------------------------
@@ -139,7 +139,8 @@ def test_an_accepted_end_token_ends_the_round_unless_asked_to_go_on():
     lm = ToyLanguageModel(seed=21, eos_bias=9.0)  # the target all but always ends the text
     v = toy_verifier(lm, max_block=8, max_context=64)
     opened = _open(v)
-    r = v.verify(BlockRequest(session_id=opened.session_id, base_position=opened.committed_length, draft_tokens=[eos, 9]))
+    r = v.verify(BlockRequest(session_id=opened.session_id, base_position=opened.committed_length,
+                              draft_tokens=[eos, 9]))
     assert (r.accepted, r.next_token, r.bonus) == (1, None, False)
     assert r.committed_length == opened.committed_length + 1
     opened = _open(v)
@@ -155,7 +156,7 @@ def test_sampling_rounds_take_valid_distributions_and_refuse_the_rest():
     opened = _open(v, mode="sample", temperature=0.8, seed=3)
     sid, base = opened.session_id, opened.committed_length
 
-    def dist(ids, probs):  # type: ignore[no-untyped-def]
+    def dist(ids, probs):
         return SparseDistribution(np.array(ids, np.int32), np.array(probs, np.float32))
 
     bad = [
@@ -277,7 +278,8 @@ def test_malformed_oversize_and_out_of_range_requests_are_invalid_and_others_kee
         v.verify(BlockRequest(session_id=sid, base_position=base, draft_tokens=[10**7]))
     with pytest.raises(ProtocolError, match="outside the vocabulary"):
         v.extend_session(sid, base, [-1])
-    status = _raw(v, "Verify", pb.VerifyRequest(session_id=sid, base_position=base, draft_tokens=[5], upload_protocol=7))
+    status = _raw(v, "Verify", pb.VerifyRequest(session_id=sid, base_position=base, draft_tokens=[5],
+                                                upload_protocol=7))
     assert status.code == grpc.StatusCode.INVALID_ARGUMENT and "upload protocol 7" in status.message
     status = _raw(v, "OpenSession", pb.OpenSessionRequest(prompt_tokens=PROMPT,
                                                           draft_tokenizer=fingerprint_to_pb(DRAFT.fingerprint())))
@@ -290,7 +292,9 @@ def test_malformed_oversize_and_out_of_range_requests_are_invalid_and_others_kee
 def test_a_different_tokenizer_or_protocol_version_is_a_failed_precondition():
     v = _verifier()
     other = FakeDraftModel(ToyLanguageModel(48, name="small-vocab"))
-    with pytest.raises(IncompatibleModelsError, match="'small-vocab' does not share a tokenizer with target model 'toy'"):
+    with pytest.raises(
+        IncompatibleModelsError, match="'small-vocab' does not share a tokenizer with target model 'toy'"
+    ):
         v.handshake(other.fingerprint(), draft_model="small-vocab", draft_hidden_size=8)
     with pytest.raises(IncompatibleModelsError):  # sessions check it again
         _open(v, draft=other.fingerprint())
@@ -307,7 +311,7 @@ def _rows(k: int, d: int = 16) -> np.ndarray:
     return np.random.default_rng(k).normal(0, 1, (k, d)).astype(np.float32)
 
 
-def _verify_raw(v, sid, base, tokens, upload, hidden=None, round_index=0):  # type: ignore[no-untyped-def]
+def _verify_raw(v, sid, base, tokens, upload, hidden=None, round_index=0):
     req = pb.VerifyRequest(session_id=sid, base_position=base, draft_tokens=tokens, upload_protocol=upload,
                            round_index=round_index)
     if hidden is not None:
@@ -315,7 +319,7 @@ def _verify_raw(v, sid, base, tokens, upload, hidden=None, round_index=0):  # ty
     return _raw(v, "Verify", req)
 
 
-def _refused(answer, match: str) -> None:  # type: ignore[no-untyped-def]
+def _refused(answer, match: str) -> None:
     assert getattr(answer, "code", None) == grpc.StatusCode.INVALID_ARGUMENT, answer
     assert match in answer.message, answer.message
 
@@ -369,7 +373,7 @@ def test_sh_asks_for_the_mismatches_then_takes_exactly_those():
     state = _state(v, sid)
     decoded = state.decoded
 
-    def answer(rows_positions, round_index=3):  # type: ignore[no-untyped-def]
+    def answer(rows_positions, round_index=3):
         h = hidden_to_pb(encode_hidden(_rows(len(rows_positions)), "fp16", tuple(rows_positions)))
         return _verify_raw(v, sid, base, [], pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN, h, round_index)
 
@@ -422,7 +426,7 @@ class RecordingScheduler(FcfsScheduler):
         super().__init__()
         self.batches: list[list[tuple[int, int, int]]] = []
 
-    def schedule(self):  # type: ignore[no-untyped-def]
+    def schedule(self):
         batch = super().schedule()
         if batch is not None:
             self.batches.append([(f.seq, f.start, len(f.tokens)) for f in batch.feeds])
@@ -477,7 +481,10 @@ def grpc_server():
 
 
 def test_over_grpc_refusals_keep_their_status_auth_is_required_and_health_answers(grpc_server):
-    with GrpcTransport(grpc_server.address, ClientConfig(token="wrong", timeout=5)) as t, pytest.raises(AuthenticationError):
+    with (
+        GrpcTransport(grpc_server.address, ClientConfig(token="wrong", timeout=5)) as t,
+        pytest.raises(AuthenticationError),
+    ):
         t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=16)
     with GrpcTransport(grpc_server.address, ClientConfig(token=TOKEN, timeout=5)) as t:
         info = t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=16)

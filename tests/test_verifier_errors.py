@@ -21,8 +21,7 @@ from edgekit import (
     StaleRoundError,
     VerifierUnavailableError,
 )
-from edgekit.protocol import pb
-from edgekit.protocol import BlockRequest
+from edgekit.protocol import BlockRequest, pb
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
 
@@ -99,7 +98,8 @@ def test_full_table_refuses_then_evicts_the_idle_session(small, gemma_draft):
 def test_a_stale_round_is_detected_and_a_retry_is_applied_once(transport, gemma_draft, gemma_server):
     opened = _open(transport, gemma_draft)
     sid, base = opened.session_id, opened.committed_length
-    block = BlockRequest(session_id=sid, base_position=base, draft_tokens=gemma_draft.tokenize(" Kenobi", add_special=False))
+    block = BlockRequest(session_id=sid, base_position=base,
+                         draft_tokens=gemma_draft.tokenize(" Kenobi", add_special=False))
     first = transport.verify(block)
     state = gemma_server.service.sessions.get(sid)
     assert len(state.tokens) == first.committed_length

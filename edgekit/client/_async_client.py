@@ -7,7 +7,8 @@ threads (`AsyncGenerationStream`); the event loop never waits on a model.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..link import ProbeResult
 from ..protocol import ServerInfo
@@ -30,7 +31,7 @@ class AsyncConversation:
     def send(self, text: str) -> AsyncGenerationStream:
         return AsyncGenerationStream(lambda: self._conv.send(text))
 
-    def configure(self, **overrides: object) -> None:
+    def configure(self, **overrides: Any) -> None:
         self._conv.configure(**overrides)
 
     async def clear(self) -> None:
@@ -81,16 +82,16 @@ class AsyncEdgeClient:
 
         return AsyncGenerationStream(start)
 
-    def generate(self, prompt: str | Sequence[int], **overrides: object) -> AsyncGenerationStream:
+    def generate(self, prompt: str | Sequence[int], **overrides: Any) -> AsyncGenerationStream:
         return self._stream(lambda c: c.generate(prompt, **overrides))
 
-    def generate_target_only(self, prompt: str | Sequence[int], **overrides: object) -> AsyncGenerationStream:
+    def generate_target_only(self, prompt: str | Sequence[int], **overrides: Any) -> AsyncGenerationStream:
         return self._stream(lambda c: c.generate_target_only(prompt, **overrides))
 
-    def chat(self, messages: Sequence[dict] | str, **overrides: object) -> AsyncGenerationStream:
+    def chat(self, messages: Sequence[dict] | str, **overrides: Any) -> AsyncGenerationStream:
         return self._stream(lambda c: c.chat(messages, **overrides))
 
-    async def conversation(self, *, system: str | None = None, **overrides: object) -> AsyncConversation:
+    async def conversation(self, *, system: str | None = None, **overrides: Any) -> AsyncConversation:
         client = await self._sync()
         conv = await asyncio.to_thread(client.conversation, system=system, **overrides)
         return AsyncConversation(conv)
@@ -100,7 +101,7 @@ class AsyncEdgeClient:
             await asyncio.to_thread(self._client.close)
             self._client = None
 
-    async def __aenter__(self) -> "AsyncEdgeClient":
+    async def __aenter__(self) -> AsyncEdgeClient:
         await self._sync()
         return self
 

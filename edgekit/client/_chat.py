@@ -12,7 +12,8 @@ shorter rendering is a prefix of the longer.
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, EdgekitError, SessionNotFoundError
 from ._events import Event, FinalStats, RoundEvent, TextDelta
@@ -91,7 +92,7 @@ class Conversation:
     >>> print(chat.send("An example in Python?").text())   # reuses both KV caches
     """
 
-    def __init__(self, client: EdgeClient, *, system: str | None = None, **overrides: object) -> None:
+    def __init__(self, client: EdgeClient, *, system: str | None = None, **overrides: Any) -> None:
         self.client = client
         self.overrides = dict(overrides)
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
@@ -105,7 +106,7 @@ class Conversation:
     def session(self) -> SpeculativeSession | None:
         return self._session
 
-    def configure(self, **overrides: object) -> None:
+    def configure(self, **overrides: Any) -> None:
         """Changes generation settings from the next turn on; a new sampling mode,
         temperature or seed needs a new verifier session, the rest does not."""
         if self._session is not None and not self._session.reconfigure(**overrides):  # may refuse: nothing changes

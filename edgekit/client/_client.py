@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..config import ClientConfig, GenerationConfig, ServerConfig
 from ..drafting import Controller, ControllerFactory
@@ -67,7 +68,7 @@ class EdgeClient:
             raise
         self._server: ServerInfo | None = None
         self._shared = SharedDraft(self.draft)  # the draft model serves one round at a time
-        self._controllers: ControllerFactory | None = None  # made at the handshake: it needs the target's name
+        self._factory: ControllerFactory | None = None  # made at the handshake: it needs the target's name
         self.link = LinkEstimator()  # this device's view of its link to the verifier
 
     def _load_draft(self, draft_model: str | Path | DraftModel | None) -> DraftModel:
@@ -127,18 +128,18 @@ class EdgeClient:
         eos = self.token_text(fp.eos_token) if fp.eos_token >= 0 else ""
         return ChatTemplate(source, bos_token=bos, eos_token=eos)
 
-    def conversation(self, *, system: str | None = None, **overrides: object) -> Conversation:
+    def conversation(self, *, system: str | None = None, **overrides: Any) -> Conversation:
         """A multi-turn chat kept on one verifier session (KV caches reused across turns)."""
         return Conversation(self, system=system, **overrides)
 
-    def chat(self, messages: Sequence[dict] | str, **overrides: object) -> GenerationStream:
+    def chat(self, messages: Sequence[dict] | str, **overrides: Any) -> GenerationStream:
         """One reply to a list of {"role", "content"} messages (or one user message)."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         prompt = self.chat_template().render(messages, add_generation_prompt=True)
         return self.generate(self.tokenize(prompt), **overrides)
 
-    def session(self, *, controller: Controller | None = None, **overrides: object) -> SpeculativeSession:
+    def session(self, *, controller: Controller | None = None, **overrides: Any) -> SpeculativeSession:
         """A session for several turns; `generate` opens and closes one per call.
         `controller` replaces the drafting policy the config names."""
         gen = self._config(overrides)
@@ -149,7 +150,7 @@ class EdgeClient:
             server,
             gen,
             controller=controller,
-            controllers=self._controller_factory(),
+            controller_factory=self._controller_factory(),
             shared=self._shared,
             link=self.link,
         )
@@ -158,9 +159,9 @@ class EdgeClient:
         return replace(self.generation, **overrides) if overrides else self.generation
 
     def _controller_factory(self) -> ControllerFactory:
-        if self._controllers is None:
-            self._controllers = ControllerFactory(self.draft.name, self.server_info().target_model)
-        return self._controllers
+        if self._factory is None:
+            self._factory = ControllerFactory(self.draft.name, self.server_info().target_model)
+        return self._factory
 
     def probe_link(self, **options: Any) -> ProbeResult:
         """Measures RTT, jitter, rates and loss with timed pings (see `edgekit.link.probe`)."""
@@ -172,7 +173,7 @@ class EdgeClient:
         return self._controller_factory().build(gen, policy)
 
     def generate(
-        self, prompt: str | Sequence[int], *, controller: Controller | None = None, **overrides: object
+        self, prompt: str | Sequence[int], *, controller: Controller | None = None, **overrides: Any
     ) -> GenerationStream:
         """Speculative generation; overrides are GenerationConfig fields."""
         session = self.session(controller=controller, **overrides)
@@ -184,7 +185,7 @@ class EdgeClient:
 
         return GenerationStream(events(), on_close=session.close)
 
-    def generate_target_only(self, prompt: str | Sequence[int], **overrides: object) -> GenerationStream:
+    def generate_target_only(self, prompt: str | Sequence[int], **overrides: Any) -> GenerationStream:
         """The centralized baseline: the verifier's target decodes every token."""
         gen = self._config(overrides)
         self.server_info()

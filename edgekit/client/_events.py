@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from ._metrics import GenerationStats, RoundStats
 
@@ -37,4 +36,4 @@ class FinalStats:
     type: str = "final"
 
 
-Event = Union[TextDelta, RoundEvent, FinalStats]
+Event = TextDelta | RoundEvent | FinalStats

@@ -12,8 +12,9 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -59,12 +60,12 @@ class SpeculativeSession:
         config: GenerationConfig,
         *,
         controller: Controller | None = None,
-        controllers: ControllerFactory | None = None,
+        controller_factory: ControllerFactory | None = None,
         shared: SharedDraft | None = None,
         link: LinkEstimator | None = None,
     ) -> None:
         """`controller` replaces the drafting policy the config names until a
-        drafting setting is reconfigured; `controllers` builds it otherwise (one for
+        drafting setting is reconfigured; `controller_factory` builds it otherwise (one for
         the draft and target by name when not given). `shared`: the draft as the client's other
         sessions use it; `link`: the client's link estimate."""
         if config.mode not in server.modes:
@@ -84,8 +85,8 @@ class SpeculativeSession:
         # round, updated from each exchange; the policy reads it every round.
         self.link = link or LinkEstimator()
         self.policy = LinkPolicy(config, self.link, hidden_dim=draft.n_embd, n_vocab=draft.n_vocab)
-        self._controllers = controllers or ControllerFactory(draft.name, server.target_model)
-        self.controller = controller or self._controllers.build(config, self.policy)
+        self._factory = controller_factory or ControllerFactory(draft.name, server.target_model)
+        self.controller = controller or self._factory.build(config, self.policy)
         self.seed = config.seed if config.seed is not None else secrets.randbits(63)
         # Independent streams for the two sides: the verifier's acceptance draw
         # must not be the number the draft sampled its token with, or min(1, p/q)
@@ -103,17 +104,17 @@ class SpeculativeSession:
     _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class")
     _DRAFTING = ("drafting", "draft_k", "max_window", "predictor", "predictor_threshold", "p_min")
 
-    def reconfigure(self, **changes: object) -> bool:
+    def reconfigure(self, **changes: Any) -> bool:
         """Applies client-side changes (window, limits, uploads) at once; returns False,
         and changes nothing, if a setting the verifier holds would change."""
         if any(k in self._SERVER_SIDE and changes[k] != getattr(self.config, k) for k in changes):
             return False
-        config = replace(self.config, **changes)  # type: ignore[arg-type]  # GenerationConfig fields
+        config = replace(self.config, **changes)
         _check_upload(config, self.server, self.transport.address)
         self.config = config
         self.policy.configure(config)
         if any(k in self._DRAFTING for k in changes):
-            self.controller = self._controllers.build(config, self.policy)
+            self.controller = self._factory.build(config, self.policy)
         return True
 
     # -- session lifecycle -----------------------------------------------------------
@@ -346,5 +347,6 @@ def _check_upload(config: GenerationConfig, server: ServerInfo, address: str) ->
     if missing:
         raise ConfigError(
             f"upload {config.upload!r} needs {' and '.join(u.upper() for u in missing)} uploads, which the verifier "
-            f"at {address} does not take (it offers: {', '.join(server.upload_protocols) or 'none'}); use upload='tokens'"
+            f"at {address} does not take (it offers: {', '.join(server.upload_protocols) or 'none'}); "
+            "use upload='tokens'"
         )

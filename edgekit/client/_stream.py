@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 from ._events import Event, FinalStats
 from ._metrics import GenerationStats
@@ -54,8 +55,8 @@ class GenerationStream:
         close = getattr(self._events, "close", None)
         if close:
             close()
-        if self._on_close:
-            self._on_close, on_close = None, self._on_close
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
             on_close()
 
     def until_done(self) -> FinalStats:
@@ -92,7 +93,7 @@ class AsyncGenerationStream:
                     put(event)
                     if self._stop.is_set():
                         break
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+        except BaseException as exc:
             put(exc)
         put(_DONE)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..runtime import DraftModel
 

@@ -38,7 +38,7 @@ class Decision(IntEnum):
     LAST = 2
 
     @classmethod
-    def stop(cls, rule: StopRule) -> "Decision":
+    def stop(cls, rule: StopRule) -> Decision:
         """What a predicted rejection means under `rule`."""
         return cls.STOP if rule == "before" else cls.LAST
 

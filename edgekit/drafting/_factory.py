@@ -44,7 +44,7 @@ class ControllerFactory:
             if path is None:
                 return FixedWindow(config.draft_k)
             try:
-                import onnxruntime  # noqa: F401
+                import onnxruntime  # noqa: F401  # importing it is the check: installed and loadable
             except ImportError:
                 return FixedWindow(config.draft_k)
         elif path is None:

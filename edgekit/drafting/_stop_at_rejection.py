@@ -61,7 +61,7 @@ class PredictorController:
         self.max_window = max_window
         self.min_window = min_window
         self.threshold = predictor.threshold if threshold is None else threshold
-        self.stop: StopRule = stop or getattr(predictor, "stop", "before")
+        self.stop: StopRule = stop if stop is not None else getattr(predictor, "stop", "before")
         path = getattr(predictor, "path", None)
         self.name = name or f"predictor-{path.stem if path is not None else type(predictor).__name__}"
         self.acceptance = AcceptanceTracker()

@@ -73,7 +73,8 @@ class LinkEstimator:
             extra = network - self._serial_ms(down_bytes, self.downlink_mbps) - self.srtt_ms
             if extra > max(1.0, 2 * self.rttvar_ms) and network < self.srtt_ms + MIN_RTO_MS:
                 mbps = up_bytes * 8 / (extra * 1e3)
-                self.uplink_mbps = mbps if not self.uplink_mbps else self.uplink_mbps + self.beta * (mbps - self.uplink_mbps)
+                old = self.uplink_mbps
+                self.uplink_mbps = mbps if not old else old + self.beta * (mbps - old)
         self.add_rtt(max(network - serial, 0.0))
 
     @staticmethod

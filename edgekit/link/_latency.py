@@ -72,7 +72,9 @@ class PayloadModel:
     overheads: Overheads = Overheads()
 
     @classmethod
-    def for_models(cls, hidden_dim: int, n_vocab: int, encoding: str = "fp16", overheads: Overheads | None = None) -> "PayloadModel":
+    def for_models(
+        cls, hidden_dim: int, n_vocab: int, encoding: str = "fp16", overheads: Overheads | None = None
+    ) -> PayloadModel:
         return cls(hidden_dim, encoding, float(varint_bits(n_vocab - 1)), 8.0, overheads or Overheads())
 
     def hidden_row(self) -> float:  # (3)

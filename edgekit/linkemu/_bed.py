@@ -29,7 +29,8 @@ class LinkProfile:
     def name(self) -> str:
         down = self.downlink_mbps or self.uplink_mbps
         rate = f"{self.uplink_mbps:g}" if down == self.uplink_mbps else f"{self.uplink_mbps:g}/{down:g}"
-        extra = (f" j{self.jitter_ms:g}" if self.jitter_ms else "") + (f" loss{100 * self.loss:g}%" if self.loss else "")
+        extra = f" j{self.jitter_ms:g}" if self.jitter_ms else ""
+        extra += f" loss{100 * self.loss:g}%" if self.loss else ""
         return f"rtt{self.rtt_ms:g}ms {rate}Mbit{extra}"
 
 
@@ -82,7 +83,9 @@ class Testbed:
 
     __test__ = False  # not a pytest class, whatever its name
 
-    def __init__(self, serve_args: list[str], *, port: int = 50551, start_timeout: float = 120.0, log: str | None = None) -> None:
+    def __init__(
+        self, serve_args: list[str], *, port: int = 50551, start_timeout: float = 120.0, log: str | None = None
+    ) -> None:
         why = available()
         if why:
             raise EdgekitError(f"the link testbed {why}")
@@ -104,7 +107,7 @@ class Testbed:
         assert self.proxy is not None, "the testbed is not started"
         return self.proxy.address
 
-    def start(self) -> "Testbed":
+    def start(self) -> Testbed:
         _remove_stale()
         host, peer = self._veth
         try:
@@ -128,14 +131,15 @@ class Testbed:
             "ip", "netns", "exec", self.netns, sys.executable, "-m", "edgekit.cli.app", "serve",
             *self._serve_args, "--host", self._ips[1], "--port", str(self._port),
         ]
-        out = open(self._log, "w") if self._log else subprocess.DEVNULL
+        out = open(self._log, "w") if self._log else subprocess.DEVNULL  # noqa: SIM115  # the child writes it
         self._server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + self._start_timeout
         import socket
 
         while time.monotonic() < deadline:
             if self._server.poll() is not None:
-                raise EdgekitError(f"the verifier in the testbed exited with {self._server.returncode} (see {self._log})")
+                code = self._server.returncode
+                raise EdgekitError(f"the verifier in the testbed exited with {code} (see {self._log})")
             try:
                 socket.create_connection((self._ips[1], self._port), timeout=0.5).close()
                 return
@@ -171,7 +175,7 @@ class Testbed:
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
         subprocess.run(["ip", "link", "del", self._veth[0]], capture_output=True)
 
-    def __enter__(self) -> "Testbed":
+    def __enter__(self) -> Testbed:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

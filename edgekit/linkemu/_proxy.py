@@ -40,12 +40,13 @@ class DelayProxy:
         self.losses = 0
         self._rng = random.Random(seed)
         self._sock = socket.create_server(listen)
-        self.address = "%s:%d" % self._sock.getsockname()[:2]
+        host, port = self._sock.getsockname()[:2]
+        self.address = f"{host}:{port}"
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="delay-proxy", daemon=True)
         self._ready = threading.Event()
 
-    def start(self) -> "DelayProxy":
+    def start(self) -> DelayProxy:
         self._thread.start()
         self._ready.wait(5)
         return self
@@ -70,7 +71,7 @@ class DelayProxy:
         await asyncio.gather(*tasks, return_exceptions=True)
         asyncio.get_running_loop().stop()
 
-    def __enter__(self) -> "DelayProxy":
+    def __enter__(self) -> DelayProxy:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -15,8 +15,8 @@ verifier knows q where it matters (see proto/verifier.proto).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -14,8 +14,8 @@ against what the round allows and decodes. `HiddenStateError` says what was wron
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

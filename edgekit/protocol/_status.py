@@ -9,8 +9,8 @@ key `edgekit-committed-length`, so the client can resynchronise.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import grpc
 
@@ -87,7 +87,9 @@ def error_from_status(
         )
     if code == grpc.StatusCode.UNAVAILABLE:
         return VerifierUnavailableError(
-            f"verifier at {address} is unavailable ({detail}); is `edgekit serve` running there?", address=address, code=name
+            f"verifier at {address} is unavailable ({detail}); is `edgekit serve` running there?",
+            address=address,
+            code=name,
         )
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return AuthenticationError(f"verifier at {address} refused the token: {detail}", address=address, code=name)
@@ -95,7 +97,9 @@ def error_from_status(
         return SessionNotFoundError(f"verifier at {address}: {detail}", address=address, code=name)
     if code == grpc.StatusCode.ABORTED:
         committed = next((int(v) for k, v in trailers if k == COMMITTED_LENGTH_KEY), None)
-        return StaleRoundError(f"verifier at {address}: {detail}", committed_length=committed, address=address, code=name)
+        return StaleRoundError(
+            f"verifier at {address}: {detail}", committed_length=committed, address=address, code=name
+        )
     if code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.OUT_OF_RANGE):
         return LimitExceededError(f"verifier at {address}: {detail}", address=address, code=name)
     if code == grpc.StatusCode.FAILED_PRECONDITION and "tokenizer" in detail:

@@ -3,8 +3,8 @@ without the protobuf (`_wire` converts). Every transport speaks these."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

@@ -11,8 +11,8 @@ round must name the committed length it was drafted on.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from ..errors import StaleRoundError
 

@@ -5,29 +5,38 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from ._hidden import EncodedHidden, encode_hidden
 from ._acceptance import SparseDistribution
+from ._hidden import EncodedHidden, encode_hidden
 from ._pb import verifier_pb2 as pb
 from ._types import BlockRequest, Fingerprint, LinkState, ServerInfo
 
-MODE_TO_PB = {"greedy": pb.ACCEPTANCE_MODE_GREEDY, "sample": pb.ACCEPTANCE_MODE_SAMPLING}
-MODE_FROM_PB = {
+# Enum values arrive as ints (an unknown one too): the maps from the wire are keyed by int.
+MODE_TO_PB: dict[str, pb.AcceptanceMode] = {"greedy": pb.ACCEPTANCE_MODE_GREEDY, "sample": pb.ACCEPTANCE_MODE_SAMPLING}
+MODE_FROM_PB: dict[int, str] = {
     pb.ACCEPTANCE_MODE_GREEDY: "greedy",
     pb.ACCEPTANCE_MODE_SAMPLING: "sample",
     pb.ACCEPTANCE_MODE_SEMANTIC: "semantic",
 }
-UPLOAD_FROM_PB = {
-    pb.UPLOAD_PROTOCOL_TOKENS_ONLY: "tokens",
-    pb.UPLOAD_PROTOCOL_FULL_HIDDEN: "fh",
-    pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN: "sh",
+UPLOAD_TO_PB: dict[str, pb.UploadProtocol] = {
+    "tokens": pb.UPLOAD_PROTOCOL_TOKENS_ONLY,
+    "fh": pb.UPLOAD_PROTOCOL_FULL_HIDDEN,
+    "sh": pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN,
 }
-UPLOAD_TO_PB = {v: k for k, v in UPLOAD_FROM_PB.items()}
-ENCODING_TO_PB = {"fp16": pb.HIDDEN_ENCODING_FP16, "int8": pb.HIDDEN_ENCODING_INT8}
-ENCODING_FROM_PB = {v: k for k, v in ENCODING_TO_PB.items()}
-SLO_TO_PB = {"interactive": pb.SLO_CLASS_INTERACTIVE, "standard": pb.SLO_CLASS_STANDARD, "batch": pb.SLO_CLASS_BATCH}
-SLO_FROM_PB = {v: k for k, v in SLO_TO_PB.items()} | {pb.SLO_CLASS_UNSPECIFIED: "standard"}
-FINISH_TO_PB = {"eos": pb.FINISH_REASON_EOS, "length": pb.FINISH_REASON_LENGTH, "context": pb.FINISH_REASON_CONTEXT}
-FINISH_FROM_PB = {v: k for k, v in FINISH_TO_PB.items()}
+UPLOAD_FROM_PB: dict[int, str] = {int(v): k for k, v in UPLOAD_TO_PB.items()}
+ENCODING_TO_PB: dict[str, pb.HiddenEncoding] = {"fp16": pb.HIDDEN_ENCODING_FP16, "int8": pb.HIDDEN_ENCODING_INT8}
+ENCODING_FROM_PB: dict[int, str] = {int(v): k for k, v in ENCODING_TO_PB.items()}
+SLO_TO_PB: dict[str, pb.SloClass] = {
+    "interactive": pb.SLO_CLASS_INTERACTIVE,
+    "standard": pb.SLO_CLASS_STANDARD,
+    "batch": pb.SLO_CLASS_BATCH,
+}
+SLO_FROM_PB: dict[int, str] = {int(v): k for k, v in SLO_TO_PB.items()} | {pb.SLO_CLASS_UNSPECIFIED: "standard"}
+FINISH_TO_PB: dict[str, pb.FinishReason] = {
+    "eos": pb.FINISH_REASON_EOS,
+    "length": pb.FINISH_REASON_LENGTH,
+    "context": pb.FINISH_REASON_CONTEXT,
+}
+FINISH_FROM_PB: dict[int, str] = {int(v): k for k, v in FINISH_TO_PB.items()}
 
 
 def fingerprint_to_pb(fp: Fingerprint) -> pb.TokenizerFingerprint:
@@ -85,7 +94,8 @@ def sampling_to_pb(mode: str, temperature: float, seed: int) -> pb.SamplingParam
 def distributions_from_pb(dists) -> list[SparseDistribution]:  # a repeated DraftDistribution field
     """The draft distributions of a sampling round, as they were sampled from (float32, as uploaded)."""
     return [
-        SparseDistribution(np.asarray(d.token_ids, dtype=np.int32), np.asarray(d.probs, dtype=np.float32)) for d in dists
+        SparseDistribution(np.asarray(d.token_ids, dtype=np.int32), np.asarray(d.probs, dtype=np.float32))
+        for d in dists
     ]
 
 
@@ -135,7 +145,9 @@ def _rows(block: BlockRequest) -> np.ndarray:
     h = block.hidden
     if h is None or h.ndim != 2 or h.shape[0] != len(block.draft_tokens):
         shape = None if h is None else h.shape
-        raise ConfigError(f"{block.upload} upload needs one hidden row per draft token: {len(block.draft_tokens)}, got {shape}")
+        raise ConfigError(
+            f"{block.upload} upload needs one hidden row per draft token: {len(block.draft_tokens)}, got {shape}"
+        )
     return h
 
 

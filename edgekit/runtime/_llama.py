@@ -12,8 +12,8 @@ import ctypes
 import hashlib
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -31,7 +31,7 @@ _backend_lock = threading.Lock()
 _backend_ready = False
 
 
-@_lc.llama_log_callback  # type: ignore[misc]
+@_lc.llama_log_callback
 def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp logs every tensor it loads to stderr; edgekit reports its own errors.
     if os.environ.get("EDGEKIT_LLAMA_LOG"):

@@ -18,9 +18,12 @@ the top one, so at most V x 2e-9 relative for V entries).
 from __future__ import annotations
 
 import math
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+_kernel: ModuleType | None
 try:
     from . import _logitstats as _kernel
 except ImportError:  # built without a C compiler: the numpy path below
@@ -52,7 +55,7 @@ class NumpyLogitStats:
     probability is 1/s and the entropy log s - t/s.
     """
 
-    __slots__ = ("logits", "_out", "_level")
+    __slots__ = ("_level", "_out", "logits")
 
     def __init__(self, logits: np.ndarray) -> None:
         self.logits = logits
@@ -83,7 +86,10 @@ class NumpyLogitStats:
         return self._out
 
 
-LogitStats = _kernel.Stats if _kernel is not None else NumpyLogitStats
+if TYPE_CHECKING:  # the kernel's Stats has NumpyLogitStats's methods
+    LogitStats = NumpyLogitStats
+else:
+    LogitStats = _kernel.Stats if _kernel is not None else NumpyLogitStats
 """The statistics of one float32 logit vector, computed on first use and kept:
 `argmax()`, `softmax()` ([max, second, argmax, s, t, mean, variance]) and
 `features_into(x, columns, position, recent_acceptance)`. The kernel's

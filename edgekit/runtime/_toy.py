@@ -9,7 +9,7 @@ run on it: tests of the session loop and of the verifier need no model files.
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

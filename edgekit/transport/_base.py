@@ -9,7 +9,8 @@ real verifier service in this process). The values they exchange are
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from ..protocol import BlockRequest, Fingerprint, GeneratedToken, OpenedSession, ServerInfo, VerifyResult
 

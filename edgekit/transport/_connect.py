@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..config import ClientConfig
-from ..runtime import DraftModel
 from ..errors import ConfigError
+from ..runtime import DraftModel
 from ._base import VerifierTransport
 
 __all__ = ["SCHEMES", "connect"]
@@ -32,17 +32,17 @@ def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None)
 
         return GrpcTransport(rest, replace(config, tls=True) if scheme == "grpcs" else config)
     backend, _, http = scheme.partition("+")
-    if http in ("http", "https") and backend in ("openai", "sglang") and tokenizer is None:
+    if http not in ("http", "https") or backend not in ("openai", "sglang"):
+        raise ConfigError(
+            f"unknown verifier scheme {scheme!r} in {url!r}; use one of: "
+            + "; ".join(f"{s}:// ({what})" for s, what in SCHEMES.items())
+        )
+    if tokenizer is None:
         raise ConfigError(f"a {backend} verifier is driven through the draft's tokenizer; load the draft model first")
-    if http in ("http", "https") and backend == "openai":
+    if backend == "openai":
         from ._openai import OpenAITransport
 
         return OpenAITransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)
-    if http in ("http", "https") and backend == "sglang":
-        from ._sglang import SGLangTransport
+    from ._sglang import SGLangTransport
 
-        return SGLangTransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)
-    raise ConfigError(
-        f"unknown verifier scheme {scheme!r} in {url!r}; use one of: "
-        + "; ".join(f"{s}:// ({what})" for s, what in SCHEMES.items())
-    )
+    return SGLangTransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)

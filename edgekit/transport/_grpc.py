@@ -9,8 +9,9 @@ an exact retry of the last round by its base position and answers it again).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import grpc
 from google.protobuf.message import Message
@@ -53,7 +54,9 @@ class GrpcTransport(MessageTransport):
         self._stub = pb_grpc.VerifierStub(self._channel)
         self._metadata = (("authorization", f"Bearer {c.token}"),) if c.token else ()
 
-    def _unary(self, method: str, request: Message, *, during: str, timeout: float | None = None) -> tuple[Message, float]:
+    def _unary(
+        self, method: str, request: Message, *, during: str, timeout: float | None = None
+    ) -> tuple[Message, float]:
         # No wait_for_ready: a refused connection fails at once (UNAVAILABLE),
         # a silent or slow host fails at the deadline; both name the address.
         deadline = timeout or self.config.timeout

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import threading
 from urllib.parse import urlsplit
 
@@ -49,7 +48,9 @@ class HttpJson:
             self._conn.sock.settimeout(timeout)
         return self._conn
 
-    def request(self, method: str, path: str, body: dict | None = None, *, during: str, timeout: float | None = None) -> dict:
+    def request(
+        self, method: str, path: str, body: dict | None = None, *, during: str, timeout: float | None = None
+    ) -> dict:
         """One call; the parsed JSON answer. Raises VerifierError subclasses only."""
         deadline = timeout or self.timeout
         payload = json.dumps(body).encode() if body is not None else None
@@ -65,9 +66,10 @@ class HttpJson:
                     self.close()
                     if attempt:
                         raise VerifierUnavailableError(
-                            f"{self.kind} at {self.address} dropped the connection {during} ({exc})", address=self.address
+                            f"{self.kind} at {self.address} dropped the connection {during} ({exc})",
+                            address=self.address,
                         ) from None
-                except (socket.timeout, TimeoutError):
+                except TimeoutError:
                     self.close()
                     raise VerifierUnavailableError(
                         f"{self.kind} at {self.address} did not answer {during} within {deadline:g} s; "
@@ -95,9 +97,13 @@ class HttpJson:
             detail = _error_detail(data) or text.strip()[:300] or f"HTTP {status}"
             msg = f"{self.kind} at {self.address} answered {during} with HTTP {status}: {detail}"
             if status in (401, 403):
-                raise AuthenticationError(msg + "; pass its API key as the token", address=self.address, code=str(status))
+                raise AuthenticationError(
+                    msg + "; pass its API key as the token", address=self.address, code=str(status)
+                )
             if status == 404:
-                raise ProtocolError(msg + "; check the URL's path (the API root, e.g. /v1)", address=self.address, code="404")
+                raise ProtocolError(
+                    msg + "; check the URL's path (the API root, e.g. /v1)", address=self.address, code="404"
+                )
             if status in (413, 429):
                 raise LimitExceededError(msg, address=self.address, code=str(status))
             if status in (502, 503, 504):

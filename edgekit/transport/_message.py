@@ -11,7 +11,7 @@ service in this process. Failures arrive from both as the same edgekit errors
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from google.protobuf.message import Message
 
@@ -47,7 +47,9 @@ class MessageTransport:
 
     # -- how a message travels: the subclass's part ------------------------------------
 
-    def _unary(self, method: str, request: Message, *, during: str, timeout: float | None = None) -> tuple[Message, float]:
+    def _unary(
+        self, method: str, request: Message, *, during: str, timeout: float | None = None
+    ) -> tuple[Message, float]:
         """Sends `request` to RPC `method`; returns its answer and the round trip in ms."""
         raise NotImplementedError
 
@@ -136,7 +138,9 @@ class MessageTransport:
                     address=self.address,
                 )
         elif r.WhichOneof("result") != "verdict":
-            raise ProtocolError(f"verifier at {self.address} sent neither a verdict nor a request", address=self.address)
+            raise ProtocolError(
+                f"verifier at {self.address} sent neither a verdict nor a request", address=self.address
+            )
         v = r.verdict
         return VerifyResult(
             accepted=v.accepted,
@@ -167,7 +171,8 @@ class MessageTransport:
         k = len(block.draft_tokens)
         if block.upload != "sh" or block.hidden is None:
             raise ProtocolError(
-                f"verifier at {self.address} asked for hidden states, which this round did not offer", address=self.address
+                f"verifier at {self.address} asked for hidden states, which this round did not offer",
+                address=self.address,
             )
         if not positions or list(positions) != sorted(set(positions)) or positions[-1] >= k:
             raise ProtocolError(

@@ -27,10 +27,10 @@ do not have that limit.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from ..runtime import DraftModel
 from ..errors import ConfigError, ProtocolError, VerifierError
+from ..runtime import DraftModel
 from ._http import HttpJson
 from ._stateless import TOKENIZER_PROBE, StatelessTransport
 
@@ -59,7 +59,7 @@ class OpenAITransport(StatelessTransport):
 
     def _discover(self) -> str:
         data = self.http.request("GET", "/models", during="listing its models")
-        models = [m.get("id") for m in data.get("data", []) if isinstance(m, dict) and m.get("id")]
+        models = [str(m["id"]) for m in data.get("data", []) if isinstance(m, dict) and m.get("id")]
         if not models:
             raise ProtocolError(f"{self.kind} at {self.address} lists no models at /v1/models", address=self.address)
         if self.model and self.model not in models:
@@ -73,8 +73,8 @@ class OpenAITransport(StatelessTransport):
     def _takes_token_ids(self, model: str) -> bool:
         probe = self.tokenizer.tokenize("Hello", add_special=True)
         try:
-            self.http.request("POST", "/completions", {"model": model, "prompt": probe, "max_tokens": 1, "temperature": 0},
-                              during="a token-id prompt")
+            body = {"model": model, "prompt": probe, "max_tokens": 1, "temperature": 0}
+            self.http.request("POST", "/completions", body, during="a token-id prompt")
             return True
         except VerifierError as exc:
             # A validation error naming the prompt (llama-cpp-python answers one with HTTP 500): text only.
@@ -96,7 +96,8 @@ class OpenAITransport(StatelessTransport):
             choice = self._complete(model, tokens, during="a prompt log-probability check")
         lp = choice.get("logprobs") or {}
         names = lp.get("tokens")
-        self.id_names = self.id_names and isinstance(names, list) and [_token_id(n) for n in names[: len(tokens)]] == tokens
+        by_id = isinstance(names, list) and [_token_id(n) for n in names[: len(tokens)]] == tokens
+        self.id_names = self.id_names and by_id
         if not isinstance(lp.get("token_logprobs"), list) or len(lp["token_logprobs"]) < 2:
             raise ConfigError(
                 f"{self.kind} at {self.address} returns no log-probabilities of prompt tokens (echo with logprobs), "
@@ -109,7 +110,8 @@ class OpenAITransport(StatelessTransport):
         /tokenize) against the draft's; without either, each round's echoed tokens are checked."""
         ours = self.tokenizer.tokenize(TOKENIZER_PROBE, add_special=True)
         root = self.http.base.removesuffix("/v1")
-        for path, body in (("/extras/tokenize", {"input": TOKENIZER_PROBE}), ("/tokenize", {"prompt": TOKENIZER_PROBE})):
+        asks = (("/extras/tokenize", {"input": TOKENIZER_PROBE}), ("/tokenize", {"prompt": TOKENIZER_PROBE}))
+        for path, body in asks:
             saved, self.http.base = self.http.base, root
             try:
                 data = self.http.request("POST", path, body, during="tokenizing a probe text")
@@ -147,7 +149,9 @@ class OpenAITransport(StatelessTransport):
                 address=self.address,
             ) from None
 
-    def _complete(self, model: str, tokens: Sequence[int], *, during: str, max_tokens: int = 1, echo: bool = True) -> dict:
+    def _complete(
+        self, model: str, tokens: Sequence[int], *, during: str, max_tokens: int = 1, echo: bool = True
+    ) -> dict:
         body = {"model": model, "prompt": self._prompt(tokens), "max_tokens": max_tokens, "temperature": 0,
                 "echo": echo, "logprobs": 1} | self._plain_sampling
         if self.id_names:
@@ -155,7 +159,9 @@ class OpenAITransport(StatelessTransport):
         data = self.http.request("POST", "/completions", body, during=during)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise ProtocolError(f"{self.kind} at {self.address} sent a completion without choices", address=self.address)
+            raise ProtocolError(
+                f"{self.kind} at {self.address} sent a completion without choices", address=self.address
+            )
         return choices[0]
 
     def _top1(self, tokens: Sequence[int], start: int) -> list[int]:
@@ -184,7 +190,7 @@ class OpenAITransport(StatelessTransport):
             if own >= peak:
                 best.append(tokens[i])  # the draft token is the top-1 (ties go to the draft)
             else:
-                best.append(self._identify(max(top, key=top.get), tokens[:i]))
+                best.append(self._identify(max(top, key=lambda name: top[name]), tokens[:i]))
                 return best  # the block stops at its first rejection: later positions are never read
         best.append(self._generated(choice, strs[len(ours)], tokens))
         return best
@@ -259,7 +265,9 @@ class OpenAITransport(StatelessTransport):
         choice = self._complete(self.model, tokens, during="generating", max_tokens=max_tokens, echo=False)
         strs = (choice.get("logprobs") or {}).get("tokens")
         if not isinstance(strs, list):
-            raise ProtocolError(f"{self.kind} at {self.address} sent no tokens with its completion", address=self.address)
+            raise ProtocolError(
+                f"{self.kind} at {self.address} sent no tokens with its completion", address=self.address
+            )
         ids: list[int] = []
         for i, s in enumerate(strs):
             last = i + 1 == len(strs)

@@ -16,10 +16,10 @@ against a real SGLang deployment.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from ..runtime import DraftModel
 from ..errors import ProtocolError
+from ..runtime import DraftModel
 from ._http import HttpJson
 from ._stateless import TOKENIZER_PROBE, StatelessTransport
 
@@ -42,7 +42,9 @@ class SGLangTransport(StatelessTransport):
         if not isinstance(name, str) or not name:
             raise ProtocolError(f"{self.kind} at {self.address} did not name its model", address=self.address)
         if info.get("is_generation") is False:
-            raise ProtocolError(f"{self.kind} at {self.address} serves {name!r}, which does not generate", address=self.address)
+            raise ProtocolError(
+                f"{self.kind} at {self.address} serves {name!r}, which does not generate", address=self.address
+            )
         return name
 
     def _generate(self, tokens: Sequence[int], *, start: int, new: int, during: str, texts: bool = False) -> dict:

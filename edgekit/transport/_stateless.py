@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from ..errors import (
     ConfigError,
@@ -159,14 +159,17 @@ class StatelessTransport:
             raise ProtocolError(f"the {self.kind} at {self.address} takes no hidden states", address=self.address)
         draft = list(block.draft_tokens)
         if len(toks) + len(draft) + 1 > self.max_context:
-            raise LimitExceededError(f"a block of {len(draft)} on {len(toks)} tokens exceeds the context of {self.max_context}")
+            raise LimitExceededError(
+                f"a block of {len(draft)} on {len(toks)} tokens exceeds the context of {self.max_context}"
+            )
         t0 = time.perf_counter()
         best = self._top1(toks + draft, len(toks))
         ms = (time.perf_counter() - t0) * 1e3
         accepted, nxt = accept_top1(best, draft)
         if nxt is None:
             raise ProtocolError(
-                f"the {self.kind} at {self.address} gave {len(best)} predictions for a block of {len(draft)}", address=self.address
+                f"the {self.kind} at {self.address} gave {len(best)} predictions for a block of {len(draft)}",
+                address=self.address,
             )
         v = decide(draft, accepted, nxt, base=len(toks), max_context=self.max_context, is_end=self.tokenizer.is_eog,
                    continue_after_eog=block.continue_after_eog)

@@ -7,7 +7,7 @@ measured against each other on one server.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -71,7 +71,11 @@ class TargetOnly:
                     elif pos + 1 >= self.config.max_context:
                         reason = "context"
                     yield GeneratedToken(
-                        tok, index, decode_ms=ran.run_ms, prefill_ms=prefill_ms if index == 0 else 0.0, finish_reason=reason
+                        tok,
+                        index,
+                        decode_ms=ran.run_ms,
+                        prefill_ms=prefill_ms if index == 0 else 0.0,
+                        finish_reason=reason,
                     )
                     if reason is not None:
                         return

@@ -14,8 +14,8 @@ again and is not applied twice. Nothing here knows protobuf.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 
@@ -31,13 +32,18 @@ class _TokenAuth(grpc.ServerInterceptor):
         def deny(request: object, context: grpc.ServicerContext) -> None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token: pass the verifier's --token")
 
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny: grpc.RpcMethodHandler = grpc.unary_unary_rpc_method_handler(deny)
 
-    def intercept_service(self, continuation, details):  # type: ignore[no-untyped-def]  # grpc ships no types
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         if details.method.startswith("/grpc.health.v1."):
             return continuation(details)
         for key, value in details.invocation_metadata or ():
-            if key == "authorization" and hmac.compare_digest(value.encode(), self._expected):
+            raw = value if isinstance(value, bytes) else value.encode()
+            if key == "authorization" and hmac.compare_digest(raw, self._expected):
                 return continuation(details)
         return self._deny
 
@@ -53,7 +59,9 @@ class VerifierServer:
     (a `ToyEngine` for tests, say), which must hold `config.max_sessions` sequences.
     """
 
-    def __init__(self, target: str | Path | Engine, config: ServerConfig | None = None, *, name: str | None = None) -> None:
+    def __init__(
+        self, target: str | Path | Engine, config: ServerConfig | None = None, *, name: str | None = None
+    ) -> None:
         self.config = config or ServerConfig()
         c = self.config
         if isinstance(target, (str, Path)):
@@ -68,7 +76,7 @@ class VerifierServer:
             )
         self.engine = target
         self.service = VerifierService(self.engine, c)
-        interceptors = [_TokenAuth(c.token)] if c.token else []
+        interceptors: list[grpc.ServerInterceptor] = [_TokenAuth(c.token)] if c.token else []
         # gRPC's hard cap sits above ours so an oversize request reaches the
         # service and gets INVALID_ARGUMENT with its size, not a bare transport error.
         hard_cap = 4 * c.max_message_bytes

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -118,7 +118,7 @@ class VerifierService:
             except EdgekitError as exc:
                 _abort(context, exc, "Generate")
 
-        methods = {
+        methods: dict[str, grpc.RpcMethodHandler] = {
             name: grpc.unary_unary_rpc_method_handler(unary(name), response_serializer=_serialize)
             for name in self._unary
         }
@@ -162,7 +162,9 @@ class VerifierService:
     def ping(self, req: Message) -> pb.PingResponse:
         assert isinstance(req, pb.PingRequest)
         self.checks.ping_reply(req.reply_bytes)
-        return pb.PingResponse(payload=bytes(req.reply_bytes), client_send_time=req.client_send_time, server_time=time.time())
+        return pb.PingResponse(
+            payload=bytes(req.reply_bytes), client_send_time=req.client_send_time, server_time=time.time()
+        )
 
     def open_session(self, req: Message) -> pb.OpenSessionResponse:
         assert isinstance(req, pb.OpenSessionRequest)
@@ -214,7 +216,9 @@ class VerifierService:
             raise SessionNotFoundError(f"session {req.session_id!r} is unknown or was evicted")
         return pb.CloseSessionResponse()
 
-    def generate(self, req: pb.GenerateRequest, is_active: Callable[[], bool] = lambda: True) -> Iterator[pb.GenerateResponse]:
+    def generate(
+        self, req: pb.GenerateRequest, is_active: Callable[[], bool] = lambda: True
+    ) -> Iterator[pb.GenerateResponse]:
         for t in self.baseline.generate(
             req.prompt_tokens,
             mode=_mode(req.sampling.mode),
@@ -245,7 +249,8 @@ def _verify_response(a: RoundAnswer) -> pb.VerifyResponse:
     timings = pb.ServerTimings(queue_ms=a.queue_ms, verify_ms=a.verify_ms, batch_size=a.batch_size)
     v = a.verdict
     if v is None:
-        request = pb.HiddenRequest(positions=a.hidden_request, encoding=ENCODING_TO_PB.get(a.hidden_encoding, 0))
+        encoding = ENCODING_TO_PB.get(a.hidden_encoding, pb.HIDDEN_ENCODING_UNSPECIFIED)
+        request = pb.HiddenRequest(positions=a.hidden_request, encoding=encoding)
         return pb.VerifyResponse(hidden_request=request, timings=timings)
     return pb.VerifyResponse(
         verdict=pb.Verdict(

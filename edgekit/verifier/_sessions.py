@@ -11,8 +11,8 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class Session:
     decoded: int = 0  # tokens run through the target for this session: prefix reuse shows here
     hidden_size: int = 0  # width of the draft hidden states the session may upload; 0: none
     # SH: a block run and waiting for its hidden states (its KV cells are still in place).
-    pending: "PendingRound | None" = None
+    pending: PendingRound | None = None
     # The draft hidden states of the last round, as decoded: (block offsets, [n, d] rows).
     # What a decision head reads; the lossless modes only check and count them.
     last_hidden: tuple[tuple[int, ...], np.ndarray] | None = None

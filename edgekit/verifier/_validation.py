@@ -8,7 +8,7 @@ OUT_OF_RANGE for context limits. Each message names what was wrong.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -65,7 +65,9 @@ class RequestChecks:
         if not tokens:
             raise ProtocolError("the prompt is empty")
         if len(tokens) + 1 > self.config.max_context:
-            raise ProtocolError(f"prompt of {len(tokens)} tokens exceeds the context limit of {self.config.max_context}")
+            raise ProtocolError(
+                f"prompt of {len(tokens)} tokens exceeds the context limit of {self.config.max_context}"
+            )
         self.tokens(tokens, "the prompt")
 
     def extension(self, committed: int, tokens: Sequence[int]) -> None:

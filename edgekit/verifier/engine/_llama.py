@@ -19,7 +19,7 @@ batch with every kernel llama.cpp has.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -9,7 +9,7 @@ sequence up to and including it. Batch-invariant by construction.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

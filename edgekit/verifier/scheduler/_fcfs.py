@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Sequence
 
 import numpy as np
 
