@@ -2,10 +2,12 @@
 collection, training and export, and the shipped predictors with their metric cards.
 
     from edgekit.predictors import OnnxPredictor, PredictorController
-    controller = PredictorController(OnnxPredictor("my.onnx"), max_window=8)   # edgekit.drafting's
+    controller = PredictorController(OnnxPredictor("my.onnx"), max_window=8)
     client.generate("...", controller=controller)
 
 or, through the configuration: GenerationConfig(drafting="predictor", predictor="my.onnx").
+`PredictorController` (and `ConfidenceThreshold`, `AcceptanceTracker`) are drafting
+policies from `edgekit.drafting`, re-exported here.
 """
 
 from pathlib import Path

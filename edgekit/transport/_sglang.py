@@ -10,7 +10,7 @@ block. Ids throughout, so nothing is re-tokenized; SGLang's radix cache reuses
 the shared prefix of successive requests on the server.
 
 Written against SGLang's documented request and response fields and tested
-against a local server implementing them (edgekit.testing); not yet run
+against a local server implementing them (tests/http_fakes.py); not yet run
 against a real SGLang deployment.
 """
 

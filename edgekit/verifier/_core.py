@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+from ..errors import InferenceError
 from .engine import Engine, Feed
 from .scheduler import Batch, Scheduler, Work, WorkResult
 
@@ -32,7 +33,7 @@ class EngineCore:
             while not future.done():
                 batch = self.scheduler.schedule()
                 if batch is None:
-                    break
+                    raise InferenceError(f"the scheduler has no batch while work of session {session_id!r} waits")
                 self._step(batch)
         return future.result()
 

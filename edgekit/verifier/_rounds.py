@@ -142,12 +142,9 @@ class Rounds:
         sess = self.sessions.get(r.session_id)
         with sess.lock:
             if sess.last_round is not None and sess.last_round[0] == r.key:
-                answer = sess.last_round[1]  # an exact retry of the applied round: same verdict, applied once
-                assert isinstance(answer, RoundAnswer)
-                return answer
+                return sess.last_round[1]  # an exact retry of the applied round: same verdict, applied once
             pending = sess.pending
             if pending is not None and pending.key == r.key:
-                assert isinstance(pending.answer, RoundAnswer)
                 return pending.answer  # a retried first half: the same request for hidden states
             if r.upload == "sh" and r.hidden is not None and r.hidden.count and not r.draft_tokens:
                 return self._second_half(sess, r, pending)
@@ -176,15 +173,13 @@ class Rounds:
                     )
                     sess.pending = PendingRound(r.key, r, answer, ran.logits, positions)
                     return answer
-            return self._finish(sess, r, ran.logits, ran.queue_ms, verify_ms, hidden, r.key)
+            return self._finish(sess, r, ran.logits, ran.queue_ms, verify_ms, hidden, r.key, ran.batch_size)
 
     def _second_half(self, sess: Session, r: RoundRequest, pending: PendingRound | None) -> RoundAnswer:
         """SH's second half: only the requested rows, naming the round by base and index."""
-        first = pending.request if pending is not None else None
-        if (
-            pending is None
-            or not isinstance(first, RoundRequest)
-            or (r.base_position, r.round_index) != (first.base_position, first.round_index)
+        if pending is None or (r.base_position, r.round_index) != (
+            pending.request.base_position,
+            pending.request.round_index,
         ):
             raise ProtocolError(
                 f"hidden states for round {r.round_index} at base {r.base_position}, which the verifier "
@@ -195,7 +190,7 @@ class Rounds:
         sess.pending = None
         # This exchange's own time: the first half reported the target pass.
         own_ms = (time.perf_counter() - t0) * 1e3
-        return self._finish(sess, first, pending.logits, 0.0, own_ms, (pending.positions, rows), r.key)
+        return self._finish(sess, pending.request, pending.logits, 0.0, own_ms, (pending.positions, rows), r.key)
 
     def _finish(
         self,
@@ -206,6 +201,7 @@ class Rounds:
         verify_ms: float,
         hidden: tuple[tuple[int, ...], np.ndarray] | None,
         key: bytes,
+        batch_size: int = 1,
     ) -> RoundAnswer:
         """Accepts a verified block: the verdict, the session's tokens and KV."""
         block = r.draft_tokens
@@ -230,7 +226,9 @@ class Rounds:
         sess.last_hidden = hidden
         n_hidden = 0 if hidden is None else len(hidden[0])
         sess.hidden_rows += n_hidden
-        answer = RoundAnswer(verdict, hidden_rows=n_hidden, queue_ms=queue_ms, verify_ms=verify_ms + accept_ms)
+        answer = RoundAnswer(
+            verdict, hidden_rows=n_hidden, queue_ms=queue_ms, verify_ms=verify_ms + accept_ms, batch_size=batch_size
+        )
         sess.last_round = (key, answer)
         return answer
 

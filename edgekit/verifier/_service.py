@@ -18,6 +18,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -108,7 +109,6 @@ class VerifierService:
                     return self.call(method, raw)
                 except EdgekitError as exc:
                     _abort(context, exc, method)
-                    raise  # abort raised already; this line is never reached
 
             return handler
 
@@ -270,7 +270,7 @@ def _serialize(msg: Message) -> bytes:
     return msg.SerializeToString()
 
 
-def _abort(context: grpc.ServicerContext, exc: EdgekitError, method: str) -> None:
+def _abort(context: grpc.ServicerContext, exc: EdgekitError, method: str) -> NoReturn:
     status = status_of(exc)
     if status.code == grpc.StatusCode.INTERNAL:
         log.exception("internal error in %s", method)

@@ -13,10 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import LimitExceededError, SessionNotFoundError
+
+if TYPE_CHECKING:  # the rounds keep their requests and answers here
+    from ._rounds import RoundAnswer, RoundRequest
 
 __all__ = ["PendingRound", "Session", "SessionTable"]
 
@@ -36,7 +40,7 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # (request key, answer) of the last applied round, for idempotent retries.
-    last_round: tuple[bytes, object] | None = None
+    last_round: tuple[bytes, RoundAnswer] | None = None
     decoded: int = 0  # tokens run through the target for this session: prefix reuse shows here
     hidden_size: int = 0  # width of the draft hidden states the session may upload; 0: none
     # SH: a block run and waiting for its hidden states (its KV cells are still in place).
@@ -50,8 +54,8 @@ class Session:
 @dataclass(frozen=True)
 class PendingRound:
     key: bytes  # hash of the first half's request (a retry of it gets `answer` again)
-    request: object  # the first half: block, distributions, flags
-    answer: object  # the request for hidden states, for a retried first half
+    request: RoundRequest  # the first half: block, distributions, flags
+    answer: RoundAnswer  # the request for hidden states, for a retried first half
     logits: np.ndarray
     positions: tuple[int, ...]
 
