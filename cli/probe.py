@@ -133,10 +133,12 @@ def _calibrate(
     draft: DraftModel | None = None,
 ) -> tuple[LinkPolicy, dict]:
     """A short real generation through the verifier, so the costs are this device's and this verifier's
-    (on `draft` when one is loaded already, else the pair's, loaded here)."""
+    (on `draft` when one is loaded already, else the pair's, loaded here). It runs on the link just
+    probed: the session measures nothing twice, and its rounds keep the estimate current."""
     from edgekit import EdgeClient, FinalStats
 
     with EdgeClient(transport, pair=pair, draft_model=draft, config=config, generation=gen) as client:
+        client.link = link
         session = client.session()
         try:
             session.open(client.tokenize(CALIBRATION_PROMPT))

@@ -3,6 +3,7 @@ with a metric card (`<pair>.json`, and `<pair>.md` for people) in `shipped/`."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -23,7 +24,13 @@ def shipped_cards() -> list[dict]:
 
 def shipped_predictor(draft: str, target: str, mode: str = "greedy") -> Path | None:
     """The shipped predictor trained on this draft and target (and acceptance mode), if any."""
+    return _by_models().get((draft, target, mode))
+
+
+@functools.cache
+def _by_models() -> dict[tuple[str, str, str], Path]:
+    """(draft, target, mode) -> predictor, read once: every session asks (drafting "auto")."""
+    index: dict[tuple[str, str, str], Path] = {}
     for card in shipped_cards():
-        if card["draft"] == draft and card["target"] == target and card.get("mode", "greedy") == mode:
-            return Path(card["path"])
-    return None
+        index.setdefault((card["draft"], card["target"], card.get("mode", "greedy")), Path(card["path"]))
+    return index

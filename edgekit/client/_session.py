@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -41,14 +42,14 @@ class SharedDraft:
     def __init__(self, model: DraftModel) -> None:
         self.model = model
         self.lock = threading.Lock()
-        self._owner: object | None = None
+        self._owner: weakref.ref[object] | None = None  # weak: a finished session need not stay alive
 
     def claim(self, owner: object, tokens: Sequence[int]) -> None:
         """Makes the cache hold `tokens` but the last for `owner`; call under `lock`."""
-        if self._owner is not owner:
+        if self._owner is None or self._owner() is not owner:
             self.model.truncate(0)
             self.model.prefill(tokens[:-1])
-            self._owner = owner
+            self._owner = weakref.ref(owner)
 
 
 class SpeculativeSession:
