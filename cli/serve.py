@@ -40,6 +40,10 @@ def serve(
     tls_cert: Path | None = typer.Option(None, "--tls-cert", exists=True, help="PEM certificate chain for TLS."),
     tls_key: Path | None = typer.Option(None, "--tls-key", exists=True, help="PEM private key for TLS."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
+    prefill_chunk: int = typer.Option(
+        128, "--prefill-chunk", min=1,
+        help="Prompts and turns go to the engine in chunks of this many tokens, other sessions' rounds between them.",
+    ),
 ) -> None:
     """Serve a target model as an edgekit verifier (gRPC, edgekit.verifier.v1, with grpc.health.v1)."""
     from edgekit import ServerConfig
@@ -57,6 +61,7 @@ def serve(
         tls_cert=str(tls_cert) if tls_cert else None,
         tls_key=str(tls_key) if tls_key else None,
         threads=threads,
+        prefill_chunk=prefill_chunk,
     )
     if model is not None:
         path, name = model, model.stem
@@ -67,7 +72,11 @@ def serve(
         path = model_path(name)
     server = VerifierServer(path, config, name=name).start()
     engine = server.engine
-    detail = f"exact numerics, invariant batch {engine.invariant_batch}" if engine.exact else "fast numerics"
+    if engine.exact:
+        together = "sessions batched together" if engine.mixes_sessions else "each session's rows apart"
+        detail = f"exact numerics, invariant batch {engine.invariant_batch}, {together}"
+    else:
+        detail = "fast numerics"
     note(f"edgekit verifier: {name} on {server.address} ({detail}; up to {max_sessions} sessions)")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -127,10 +127,15 @@ class ServerConfig:
     # "exact": greedy output token-identical to target-only decoding (slower
     # kernels, blocks in batch-invariant sub-batches); "fast": every kernel.
     numerics: Numerics = "exact"
+    # Prompts and turns longer than this go to the engine in chunks, other sessions'
+    # rounds between them: the longest a prefill holds the engine is one chunk.
+    prefill_chunk: int = 128
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_block < 1 or self.max_context < 8:
             raise ConfigError("max_sessions and max_block must be >= 1, max_context >= 8")
+        if self.prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
         if self.numerics not in ("exact", "fast"):
             raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
         if (self.tls_cert is None) != (self.tls_key is None):

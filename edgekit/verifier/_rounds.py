@@ -100,6 +100,7 @@ class Rounds:
         slo_class: str,
         draft: Fingerprint,
         draft_hidden_size: int,
+        deadline: float | None = None,
     ) -> Opened:
         self.checks.tokenizer(draft)
         self.checks.sampling(mode, temperature)
@@ -108,7 +109,7 @@ class Rounds:
         sess = self.sessions.create(mode=mode, temperature=temperature, seed=seed, slo_class=slo_class)
         with sess.lock:
             try:
-                ran = self._run(sess, Feed(sess.seq, 0, tuple(tokens[:-1]), 0))
+                ran = self._run(sess, Feed(sess.seq, 0, tuple(tokens[:-1]), 0), deadline)
             except BaseException:
                 self.sessions.close(sess.id)
                 raise
@@ -116,7 +117,9 @@ class Rounds:
             sess.hidden_size = draft_hidden_size
         return Opened(sess.id, len(tokens), ran.run_ms)
 
-    def extend(self, session_id: str, base_position: int, tokens: Sequence[int]) -> tuple[int, float]:
+    def extend(
+        self, session_id: str, base_position: int, tokens: Sequence[int], *, deadline: float | None = None
+    ) -> tuple[int, float]:
         """Appends a turn; returns the committed length and the prefill's milliseconds."""
         sess = self.sessions.get(session_id)
         tokens = list(tokens)
@@ -127,7 +130,7 @@ class Rounds:
             self._drop_pending(sess)
             # Decode all but the new last token, which stays pending as usual.
             pending = sess.tokens[-1:] + tokens
-            ran = self._run(sess, Feed(sess.seq, len(sess.tokens) - 1, tuple(pending[:-1]), 0))
+            ran = self._run(sess, Feed(sess.seq, len(sess.tokens) - 1, tuple(pending[:-1]), 0), deadline)
             sess.tokens.extend(tokens)
             sess.last_round = None
             return len(sess.tokens), ran.run_ms
@@ -137,7 +140,7 @@ class Rounds:
 
     # -- rounds ---------------------------------------------------------------------------
 
-    def verify(self, r: RoundRequest) -> RoundAnswer:
+    def verify(self, r: RoundRequest, *, deadline: float | None = None) -> RoundAnswer:
         """One round; under SH, one half of one."""
         sess = self.sessions.get(r.session_id)
         with sess.lock:
@@ -162,7 +165,7 @@ class Rounds:
                 raise ProtocolError(f"hidden states arrived with the block, but {what}")
             checks_ms = (time.perf_counter() - t0) * 1e3
             base = len(sess.tokens)
-            ran = self._run(sess, Feed(sess.seq, base - 1, (sess.tokens[-1], *block), len(block) + 1))
+            ran = self._run(sess, Feed(sess.seq, base - 1, (sess.tokens[-1], *block), len(block) + 1), deadline)
             verify_ms = ran.run_ms + checks_ms
             if r.upload == "sh":
                 positions = tuple(mismatch_positions(ran.logits, block))
@@ -220,8 +223,8 @@ class Rounds:
             continue_after_eog=r.continue_after_eog,
         )
         accept_ms = (time.perf_counter() - t0) * 1e3
-        # The KV keeps every committed token but the last (which is not yet decoded).
-        self.core.truncate(sess.seq, verdict.committed_length - 1)
+        # The KV keeps every committed token but the last (not yet decoded); the block's
+        # rejected rows after them go when the session's next feed runs (it starts there).
         sess.tokens.extend(verdict.committed)
         sess.last_hidden = hidden
         n_hidden = 0 if hidden is None else len(hidden[0])
@@ -234,16 +237,14 @@ class Rounds:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _run(self, sess: Session, feed: Feed) -> WorkResult:
-        ran = self.core.run(feed, session_id=sess.id, slo_class=sess.slo_class)
+    def _run(self, sess: Session, feed: Feed, deadline: float | None) -> WorkResult:
+        ran = self.core.run(feed, session_id=sess.id, slo_class=sess.slo_class, deadline=deadline)
         sess.decoded += len(feed.tokens)
         return ran
 
     def _drop_pending(self, sess: Session) -> None:
-        """Abandons a half-done SH round: its block leaves the KV cache."""
-        if sess.pending is not None:
-            sess.pending = None
-            self.core.truncate(sess.seq, len(sess.tokens) - 1)
+        """Abandons a half-done SH round (its block's cells go with the session's next feed)."""
+        sess.pending = None
 
     def _hidden_rows(self, sess: Session, h: EncodedHidden | None, positions: tuple[int, ...]) -> np.ndarray:
         if not sess.hidden_size:

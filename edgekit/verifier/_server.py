@@ -127,6 +127,7 @@ class VerifierServer:
         self._stop.set()
         self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
+        self.service.close()
 
     def __enter__(self) -> VerifierServer:
         return self.start()

@@ -63,12 +63,12 @@ class VerifierService:
         self.engine = engine
         self.config = config
         self.fingerprint = engine.fingerprint()
-        self.core = EngineCore(engine, scheduler or FcfsScheduler())
-        self.sessions = SessionTable(config.max_sessions, config.idle_timeout, self.core.release)
+        self.core = EngineCore(engine, scheduler or FcfsScheduler(), prefill_chunk=config.prefill_chunk)
+        self.sessions = SessionTable(config.max_sessions, config.idle_timeout)
         self.checks = RequestChecks(config, self.fingerprint)
         self.rounds = Rounds(self.core, self.sessions, self.checks, config)
         self.baseline = TargetOnly(self.core, self.sessions, self.checks, config)
-        self._unary: dict[str, tuple[type[Message], Callable[[Message], Message]]] = {
+        self._unary: dict[str, tuple[type[Message], Callable[[Message, float | None], Message]]] = {
             "Handshake": (pb.HandshakeRequest, self.handshake),
             "Ping": (pb.PingRequest, self.ping),
             "OpenSession": (pb.OpenSessionRequest, self.open_session),
@@ -77,12 +77,17 @@ class VerifierService:
             "CloseSession": (pb.CloseSessionRequest, self.close_session),
         }
 
+    def close(self) -> None:
+        """Finishes the engine's queued work and stops its thread."""
+        self.core.close()
+
     # -- the service on bytes ------------------------------------------------------------
 
-    def call(self, method: str, raw: bytes) -> Message:
-        """A unary RPC on a serialized request; raises edgekit errors."""
+    def call(self, method: str, raw: bytes, deadline: float | None = None) -> Message:
+        """A unary RPC on a serialized request; raises edgekit errors. `deadline`
+        (a `time.monotonic()`): work for the engine not started by then is withdrawn."""
         cls, fn = self._unary[method]
-        return fn(self._parse(cls, raw))
+        return fn(self._parse(cls, raw), deadline)
 
     def call_stream(self, method: str, raw: bytes, is_active: Callable[[], bool] = lambda: True) -> Iterator[Message]:
         """A server-streaming RPC (Generate) on a serialized request."""
@@ -105,8 +110,10 @@ class VerifierService:
 
         def unary(method: str) -> Callable[[bytes, grpc.ServicerContext], Message]:
             def handler(raw: bytes, context: grpc.ServicerContext) -> Message:
+                remaining = context.time_remaining()
+                deadline = time.monotonic() + remaining if remaining is not None else None
                 try:
-                    return self.call(method, raw)
+                    return self.call(method, raw, deadline)
                 except EdgekitError as exc:
                     _abort(context, exc, method)
 
@@ -127,7 +134,7 @@ class VerifierService:
 
     # -- one method per RPC ---------------------------------------------------------------
 
-    def handshake(self, req: Message) -> pb.HandshakeResponse:
+    def handshake(self, req: Message, deadline: float | None = None) -> pb.HandshakeResponse:
         assert isinstance(req, pb.HandshakeRequest)
         self.checks.protocol_version(req.protocol_version)
         self.checks.tokenizer(fingerprint_from_pb(req.draft_tokenizer))
@@ -159,14 +166,14 @@ class VerifierService:
             chat_template=self.engine.chat_template() or "",
         )
 
-    def ping(self, req: Message) -> pb.PingResponse:
+    def ping(self, req: Message, deadline: float | None = None) -> pb.PingResponse:
         assert isinstance(req, pb.PingRequest)
         self.checks.ping_reply(req.reply_bytes)
         return pb.PingResponse(
             payload=bytes(req.reply_bytes), client_send_time=req.client_send_time, server_time=time.time()
         )
 
-    def open_session(self, req: Message) -> pb.OpenSessionResponse:
+    def open_session(self, req: Message, deadline: float | None = None) -> pb.OpenSessionResponse:
         assert isinstance(req, pb.OpenSessionRequest)
         opened = self.rounds.open(
             req.prompt_tokens,
@@ -176,6 +183,7 @@ class VerifierService:
             slo_class=SLO_FROM_PB.get(req.slo_class, "standard"),
             draft=fingerprint_from_pb(req.draft_tokenizer),
             draft_hidden_size=req.draft_hidden_size,
+            deadline=deadline,
         )
         return pb.OpenSessionResponse(
             session_id=opened.session_id,
@@ -184,12 +192,12 @@ class VerifierService:
             prefill_ms=opened.prefill_ms,
         )
 
-    def extend_session(self, req: Message) -> pb.ExtendSessionResponse:
+    def extend_session(self, req: Message, deadline: float | None = None) -> pb.ExtendSessionResponse:
         assert isinstance(req, pb.ExtendSessionRequest)
-        committed, ms = self.rounds.extend(req.session_id, req.base_position, req.tokens)
+        committed, ms = self.rounds.extend(req.session_id, req.base_position, req.tokens, deadline=deadline)
         return pb.ExtendSessionResponse(committed_length=committed, prefill_ms=ms)
 
-    def verify(self, req: Message) -> pb.VerifyResponse:
+    def verify(self, req: Message, deadline: float | None = None) -> pb.VerifyResponse:
         """One round; under SH, one half of one (see the HiddenRequest message)."""
         assert isinstance(req, pb.VerifyRequest)
         h = req.hidden
@@ -206,11 +214,12 @@ class VerifierService:
                 hidden_encoding=ENCODING_FROM_PB.get(h.encoding, "fp16"),
                 continue_after_eog=req.continue_after_eog,
                 key=hashlib.sha256(req.SerializeToString(deterministic=True)).digest(),
-            )
+            ),
+            deadline=deadline,
         )
         return _verify_response(answer)
 
-    def close_session(self, req: Message) -> pb.CloseSessionResponse:
+    def close_session(self, req: Message, deadline: float | None = None) -> pb.CloseSessionResponse:
         assert isinstance(req, pb.CloseSessionRequest)
         if not self.rounds.close(req.session_id):
             raise SessionNotFoundError(f"session {req.session_id!r} is unknown or was evicted")

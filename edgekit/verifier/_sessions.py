@@ -11,7 +11,6 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -61,10 +60,9 @@ class PendingRound:
 
 
 class SessionTable:
-    def __init__(self, max_sessions: int, idle_timeout: float, release: Callable[[int], None]) -> None:
+    def __init__(self, max_sessions: int, idle_timeout: float) -> None:
         self._max = max_sessions
         self._idle_timeout = idle_timeout
-        self._release = release  # frees a sequence id's KV cells
         self._sessions: dict[str, Session] = {}
         self._free_seqs = list(range(max_sessions - 1, -1, -1))
         self._lock = threading.Lock()
@@ -76,13 +74,11 @@ class SessionTable:
     def create(
         self, *, mode: str, temperature: float, seed: int, slo_class: str, prefix: str = "s-"
     ) -> Session:
-        # Lock order: engine lock before table lock, never the reverse, so KV
-        # cells are released (an engine call) outside the table lock.
+        # A sequence id comes back with its old cells: the new session's first feed starts at 0 and cuts them.
         with self._lock:
             seq = self._free_seqs.pop() if self._free_seqs else self._evict_lru_locked()
         if seq is None:
             raise LimitExceededError(f"the verifier is serving its maximum of {self._max} sessions; try again later")
-        self._release(seq)
         sess = Session(
             id=prefix + secrets.token_hex(8),
             seq=seq,
@@ -107,9 +103,11 @@ class SessionTable:
     def close(self, session_id: str) -> bool:
         with self._lock:
             sess = self._sessions.pop(session_id, None)
-        if sess is not None:
+        if sess is None:
+            return False
+        with sess.lock:  # a call in flight finishes on its sequence before another session may take it
             self._recycle(sess.seq)
-        return sess is not None
+        return True
 
     def reap(self) -> int:
         """Evicts sessions idle longer than the idle timeout; returns how many."""
@@ -126,7 +124,6 @@ class SessionTable:
         return len(freed)
 
     def _recycle(self, seq: int) -> None:
-        self._release(seq)
         with self._lock:
             self._free_seqs.append(seq)
 

@@ -15,10 +15,13 @@ __all__ = ["Engine", "Feed"]
 
 @dataclass(frozen=True)
 class Feed:
-    """Tokens to append to one KV sequence, and how many of the last ones want logits.
+    """Tokens for one KV sequence, from position `start` on, and how many of the
+    last ones want logits.
 
-    `start` is the position of `tokens[0]`: the sequence's length before the feed.
-    A prefill wants none (`n_out=0`); a verification round wants the block's K+1.
+    The sequence is cut to `start` tokens first: cells past it (a rejected block,
+    an abandoned SH round) go when the session's next feed runs, so a round needs
+    no separate rollback. `start` may not pass the sequence's end. A prompt or a
+    turn wants no logits (`n_out=0`); a verification round wants the block's K+1.
     """
 
     seq: int
@@ -32,9 +35,10 @@ class Engine(Protocol):
 
     `run_batch` runs feeds of several sequences and returns, per feed, the
     logits of its last `n_out` positions ([n_out, n_vocab] float32, copies).
-    A feed that does not fit raises `KVCacheFullError`, leaving its sequence
-    as it was. `truncate` rolls a sequence back; `release` empties it; `cached`
-    says how many tokens it holds.
+    A feed that does not fit raises `KVCacheFullError`, leaving the sequences
+    at their feeds' starts. `truncate` cuts a sequence, `release` empties it (for
+    callers outside the verifier: it needs neither); `cached` says how many
+    tokens a sequence holds.
     """
 
     name: str
@@ -42,6 +46,7 @@ class Engine(Protocol):
     n_embd: int  # the target's hidden size
     exact: bool  # greedy output token-identical to target-only decoding
     invariant_batch: int  # rows per sub-batch that keep logits bit-exact (0: not calibrated)
+    mixes_sessions: bool  # whether a sub-batch may hold several sessions' rows (exact mode: where measured exact)
 
     def fingerprint(self) -> Fingerprint: ...
 

@@ -1,9 +1,10 @@
 """The target model on llama.cpp: one context, one KV sequence per session slot.
 
-A llama context is not thread-safe: `LlamaEngine` is driven by one caller at a
-time (the verifier's engine core). Each session's KV holds its committed tokens
-but the last, so a round decodes only that token and the draft block: verifying
-costs the block, not the context.
+A llama context is not thread-safe: `LlamaEngine` is driven by one thread (the
+verifier's engine core). Each session's KV holds its committed tokens but the
+last, so a round decodes only that token and the draft block: verifying costs
+the block, not the context. A batch's feeds run together: llama.cpp decodes
+rows of several sequences in one call.
 
 Exact numerics. llama.cpp's CPU kernels depend on the batch size: weight
 repacking switches to GEMM kernels at 4 rows, other quantized GEMMs at 8, so a
@@ -13,8 +14,12 @@ In exact mode the target loads without repacking, uses flash attention, and
 decodes every block in sub-batches no larger than `invariant_batch`: the
 largest batch that was measured at start-up to reproduce single-token logits
 bit for bit. Greedy speculative output is then token-identical to target-only
-decoding (see `calibrate_invariant_batch`). Fast mode decodes a block in one
-batch with every kernel llama.cpp has.
+decoding (see `calibrate_invariant_batch`). Sub-batches may mix the rows of
+several sessions where that was measured exact too (`mixes_sessions_exactly`,
+also at start-up); prompts and turns (feeds without outputs) are decoded in
+calls of their own, so the KV they leave does not depend on what else ran.
+Fast mode decodes up to n_batch rows of any feeds in one call, with every
+kernel llama.cpp has.
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...errors import KVCacheFullError
+from ...errors import InferenceError, KVCacheFullError
 from ...protocol import Fingerprint
 from ...runtime import LlamaContext, LlamaModel
 from ._base import Feed
 
-__all__ = ["LlamaEngine", "calibrate_invariant_batch"]
+__all__ = ["LlamaEngine", "calibrate_invariant_batch", "mixes_sessions_exactly"]
 
 _CALIBRATION_TEXT = (
     "Speculative decoding drafts several tokens with a small model and checks them with a large one; "
@@ -72,6 +77,31 @@ def calibrate_invariant_batch(model: LlamaModel, limit: int, threads: int | None
         ctx.close()
 
 
+def mixes_sessions_exactly(model: LlamaModel, n: int, threads: int | None = None) -> bool:
+    """Whether a batch of n rows taken from two sequences at different positions
+    gives each row the logits it gets decoded alone, bit for bit."""
+    if n < 2:
+        return True
+    texts = (_CALIBRATION_TEXT, "Once upon a time " + _CALIBRATION_TEXT[::-1])
+    seqs = [model.tokenize(t) for t in texts]
+    heads = (3, 9)  # the two sequences' rows sit at different positions
+    take = (n // 2, n - n // 2)
+    ctx = LlamaContext(model, n_ctx=1024, n_batch=max(64, n), n_seq=4, n_threads=threads, flash_attn=True)
+    try:
+        reference: list[np.ndarray] = []
+        for s, (toks, h, k) in enumerate(zip(seqs, heads, take)):
+            ctx.decode_sequence(toks[:h], 0, s, last_output=False)
+            ctx.decode_sequence(toks[:h], 0, 2 + s, last_output=False)
+            for i in range(h, h + k):
+                ctx.decode([toks[i]], [i], [s], [True])
+                reference.append(ctx.logits(0).copy())
+        rows = [(2 + s, toks[i], i) for s, (toks, h, k) in enumerate(zip(seqs, heads, take)) for i in range(h, h + k)]
+        ctx.decode([t for _, t, _ in rows], [p for _, _, p in rows], [q for q, _, _ in rows], [True] * len(rows))
+        return all(np.array_equal(ctx.logits(i), reference[i]) for i in range(len(rows)))
+    finally:
+        ctx.close()
+
+
 class LlamaEngine:
     """The `Engine` over a GGUF target: `max_context` cells per sequence, `n_seq` sequences."""
 
@@ -101,6 +131,8 @@ class LlamaEngine:
         )
         self.exact = exact
         self.invariant_batch = calibrate_invariant_batch(self.model, max_block + 1, threads) if exact else 0
+        # Exact mode mixes sessions in a sub-batch only where that was measured exact here.
+        self.mixes_sessions = not exact or mixes_sessions_exactly(self.model, self.invariant_batch, threads)
 
     def fingerprint(self) -> Fingerprint:
         return self.model.fingerprint()
@@ -112,38 +144,42 @@ class LlamaEngine:
         return self.model.chat_template()
 
     def run_batch(self, feeds: Sequence[Feed]) -> list[np.ndarray]:
-        """One feed after another (sequences are not yet batched together)."""
-        return [self._run(feed) for feed in feeds]
-
-    def _run(self, feed: Feed) -> np.ndarray:
+        outs = [np.empty((f.n_out, self.n_vocab), dtype=np.float32) for f in feeds]
+        for f in feeds:
+            held = self._ctx.seq_length(f.seq)
+            if f.start > held:
+                raise InferenceError(f"sequence {f.seq} holds {held} tokens; a feed at {f.start} would leave a gap")
+            self._ctx.truncate(f.seq, f.start)  # a rolled-back round's cells go first
         try:
-            return self._decode(feed.seq, feed.tokens, feed.start, feed.n_out)
+            for f in feeds:
+                if f.n_out == 0:  # a prompt or a turn: calls of its own, in n_batch chunks (as target-only prefills)
+                    self._ctx.decode_sequence(f.tokens, f.start, f.seq, last_output=False)
+            self._decode_rows([i for i, f in enumerate(feeds) if f.n_out], feeds, outs)
         except KVCacheFullError:
-            self._ctx.truncate(feed.seq, feed.start)  # leave the session as it was
+            for f in feeds:
+                self._ctx.truncate(f.seq, f.start)  # leave every session as it was
             raise
-
-    def _decode(self, seq: int, tokens: Sequence[int], start: int, n_out: int) -> np.ndarray:
-        n = len(tokens)
-        head = n - n_out
-        outs = np.empty((n_out, self.n_vocab), dtype=np.float32)
-        if n_out == 0:
-            # Prompt prefill: the target-only baseline prefills the same way.
-            self._ctx.decode_sequence(tokens, start, seq, last_output=False)
-            return outs
-        step = self.invariant_batch if self.exact else self._ctx.n_batch
-        if head > 0 and not self.exact:
-            self._ctx.decode_sequence(tokens[:head], start, seq, last_output=False)
-            lo = head
-        else:
-            lo = 0
-        while lo < n:
-            hi = min(n, lo + step)
-            flags = [i >= head for i in range(lo, hi)]
-            self._ctx.decode(tokens[lo:hi], range(start + lo, start + hi), [seq] * (hi - lo), flags)
-            for i in range(max(lo, head), hi):
-                outs[i - head] = self._ctx.logits(i - lo)  # indexed by batch row
-            lo = hi
         return outs
+
+    def _decode_rows(self, which: list[int], feeds: Sequence[Feed], outs: list[np.ndarray]) -> None:
+        """The feeds that want logits: their rows in calls of at most `step` rows, several
+        feeds to a call where that is exact (or numerics are fast)."""
+        step = self.invariant_batch if self.exact else self._ctx.n_batch
+        groups = [which] if self.mixes_sessions else [[i] for i in which]
+        for group in groups:
+            rows = [(i, r) for i in group for r in range(len(feeds[i].tokens))]
+            for lo in range(0, len(rows), step):
+                chunk = rows[lo : lo + step]
+                self._ctx.decode(
+                    [feeds[i].tokens[r] for i, r in chunk],
+                    [feeds[i].start + r for i, r in chunk],
+                    [feeds[i].seq for i, _ in chunk],
+                    [r >= len(feeds[i].tokens) - feeds[i].n_out for i, r in chunk],
+                )
+                for row, (i, r) in enumerate(chunk):
+                    head = len(feeds[i].tokens) - feeds[i].n_out
+                    if r >= head:
+                        outs[i][r - head] = self._ctx.logits(row)  # indexed by batch row
 
     def truncate(self, seq: int, length: int) -> None:
         self._ctx.truncate(seq, length)

@@ -1,10 +1,11 @@
 """`ToyEngine`: the `Engine` over a `ToyLanguageModel`, for tests without model files.
 
 Its "KV cache" is each sequence's list of tokens, with the capacity and the
-rules of the llama.cpp engine: a feed starts where its sequence ends, a feed
-that would pass `max_context` cells raises `KVCacheFullError` and leaves the
-sequence as it was, and the logits of a position are the toy model's for the
-sequence up to and including it. Batch-invariant by construction.
+rules of the llama.cpp engine: a feed first cuts its sequence to `start` (it
+may not start past the end), a feed that would pass `max_context` cells raises
+`KVCacheFullError` and leaves the sequences as they were, and the logits of a
+position are the toy model's for the sequence up to and including it.
+Batch-invariant by construction.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class ToyEngine:
         self.n_embd = hidden_size
         self.exact = True
         self.invariant_batch = 0
+        self.mixes_sessions = True
         self.max_context = max_context
         self._kv: list[list[int]] = [[] for _ in range(n_seq)]
         self.decoded = 0  # tokens run, over all sequences
@@ -43,14 +45,19 @@ class ToyEngine:
         return None
 
     def run_batch(self, feeds: Sequence[Feed]) -> list[np.ndarray]:
+        for feed in feeds:
+            held = len(self._kv[feed.seq])
+            if feed.start > held:
+                raise InferenceError(
+                    f"sequence {feed.seq} holds {held} tokens; a feed at {feed.start} would leave a gap"
+                )
+            if feed.start + len(feed.tokens) > self.max_context:
+                raise KVCacheFullError("no free KV cells for this batch")
         return [self._run(feed) for feed in feeds]
 
     def _run(self, feed: Feed) -> np.ndarray:
         kv = self._kv[feed.seq]
-        if feed.start != len(kv):
-            raise InferenceError(f"sequence {feed.seq} holds {len(kv)} tokens; a feed at {feed.start} does not follow")
-        if len(kv) + len(feed.tokens) > self.max_context:
-            raise KVCacheFullError("no free KV cells for this batch")
+        del kv[feed.start :]  # a rolled-back round's cells go first
         kv.extend(feed.tokens)
         self.decoded += len(feed.tokens)
         n = len(kv)
@@ -65,3 +72,7 @@ class ToyEngine:
 
     def cached(self, seq: int) -> int:
         return len(self._kv[seq])
+
+    def sequence(self, seq: int) -> tuple[int, ...]:
+        """The tokens a sequence holds (tests read the KV back with it)."""
+        return tuple(self._kv[seq])

@@ -41,6 +41,11 @@ class Work:
     submitted: float = field(default_factory=time.perf_counter)
     future: Future[WorkResult] = field(default_factory=Future)
 
+    @property
+    def rows(self) -> int:
+        """Tokens it puts through the engine."""
+        return len(self.feed.tokens)
+
 
 @dataclass(frozen=True)
 class Batch:
@@ -54,11 +59,17 @@ class Batch:
 
 class Scheduler(Protocol):
     def submit(self, work: Work) -> Future[WorkResult]:
-        """Queues `work`; its future completes when a batch holding it has run."""
+        """Queues `work`; its future completes when a batch holding it has run.
+        A work whose future is cancelled before it is scheduled never runs."""
+        ...
+
+    def waiting(self) -> int:
+        """Works queued and not yet scheduled."""
         ...
 
     def schedule(self) -> Batch | None:
-        """The next batch to run, taken out of the queue; None when nothing waits."""
+        """The next batch to run, taken out of the queue (its works' futures set
+        running); None when nothing waits."""
         ...
 
     def update(self, batch: Batch, outputs: Sequence[np.ndarray] | BaseException, run_ms: float) -> None:

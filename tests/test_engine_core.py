@@ -1,0 +1,156 @@
+"""The verifier's engine loop on the toy engine: batches across sessions in arrival
+order, chunked prefill that lets other sessions' rounds through, deadlines that
+withdraw queued work, and a clean stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from edgekit import LimitExceededError, ServerConfig, VerifierUnavailableError
+from edgekit.protocol import BlockRequest
+from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel
+from edgekit.verifier import EngineCore, FcfsScheduler, Feed, ToyEngine, VerifierService
+from edgekit.verifier.scheduler import Work
+
+TARGET = ToyLanguageModel(seed=5)
+DRAFT = FakeDraftModel(ToyLanguageModel(seed=5))
+
+
+class GatedEngine(ToyEngine):
+    """A toy engine that holds each batch until the test lets it go, and records what ran together."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Semaphore(0)
+        self.entered = threading.Semaphore(0)
+        self.ran: list[list[tuple[int, int, int]]] = []
+
+    def run_batch(self, feeds):
+        self.entered.release()
+        self.gate.acquire()
+        self.ran.append([(f.seq, f.start, len(f.tokens)) for f in feeds])
+        return super().run_batch(feeds)
+
+
+def _work(seq: int, start: int, n: int, n_out: int = 1) -> Work:
+    return Work(Feed(seq, start, tuple(range(2, 2 + n)), n_out))
+
+
+def test_fcfs_batches_in_arrival_order_within_its_row_budget_and_the_oldest_always_goes():
+    s = FcfsScheduler(max_rows=8)
+    for seq, n in ((0, 5), (1, 2), (2, 4), (3, 1)):
+        s.submit(_work(seq, 0, n))
+    assert [w.feed.seq for w in s.schedule().works] == [0, 1]  # 5 + 2 rows; the next 4 would pass 8
+    assert [w.feed.seq for w in s.schedule().works] == [2, 3]
+    assert s.schedule() is None
+    s.submit(_work(4, 0, 20))  # larger than the budget on its own: it still goes
+    assert [w.feed.seq for w in s.schedule().works] == [4]
+    one = FcfsScheduler(max_works=1)  # one session at a time
+    for seq in range(3):
+        one.submit(_work(seq, 0, 1))
+    assert [len(one.schedule().works) for _ in range(3)] == [1, 1, 1]
+
+
+def test_a_cancelled_work_is_never_scheduled():
+    s = FcfsScheduler()
+    gone, kept = _work(0, 0, 1), _work(1, 0, 1)
+    s.submit(gone)
+    s.submit(kept)
+    assert gone.future.cancel()
+    assert [w.feed.seq for w in s.schedule().works] == [1] and s.waiting() == 0
+
+
+def test_works_that_wait_together_run_in_one_batch_and_each_gets_its_own_rows():
+    engine = GatedEngine(TARGET, n_seq=4, max_context=64)
+    core = EngineCore(engine, FcfsScheduler())
+    results: dict[int, np.ndarray] = {}
+    prompts = {seq: [seq + 2] * (seq + 3) for seq in range(3)}
+
+    def run(seq: int) -> None:
+        results[seq] = core.run(Feed(seq, 0, tuple(prompts[seq]), 2)).logits
+
+    first = threading.Thread(target=run, args=(0,))
+    first.start()
+    engine.entered.acquire()  # the first batch runs (held) ...
+    others = [threading.Thread(target=run, args=(seq,)) for seq in (1, 2)]
+    for t in others:
+        t.start()
+    while core.scheduler.waiting() < 2:  # ... while the other two queue
+        time.sleep(0.001)
+    engine.gate.release()
+    engine.entered.acquire()
+    engine.gate.release()
+    for t in (first, *others):
+        t.join(5)
+    assert [len(b) for b in engine.ran] == [1, 2]  # the two that waited together ran together
+    assert core.batch_sizes == {1: 1, 2: 1}
+    for seq, prompt in prompts.items():
+        expected = [TARGET.logits(prompt[: len(prompt) - 2 + i + 1]) for i in range(2)]
+        assert np.array_equal(results[seq], np.stack(expected))
+    core.close()
+
+
+def test_a_long_prefill_lets_another_sessions_round_through_between_its_chunks():
+    engine = GatedEngine(TARGET, n_seq=2, max_context=256)
+    config = ServerConfig(port=0, max_sessions=2, max_context=256, max_block=8, prefill_chunk=16)
+    v = InProcessTransport(VerifierService(engine, config))
+    opened = {}
+
+    def open_session(name: str, text: str) -> None:
+        opened[name] = v.open_session(DRAFT.tokenize(text), mode="greedy", temperature=1.0, seed=0,
+                                      slo_class="standard", draft=DRAFT.fingerprint())
+
+    first = threading.Thread(target=open_session, args=("short", "hi"))
+    first.start()
+    engine.entered.acquire()
+    engine.gate.release()
+    first.join(5)
+    short = opened["short"]
+    long = threading.Thread(target=open_session, args=("long", "x" * 60))  # a 60-token prefill: 4 chunks of 16
+    long.start()
+    engine.entered.acquire()  # its first chunk runs (held) while the short session sends a round
+    block = BlockRequest(session_id=short.session_id, base_position=short.committed_length, draft_tokens=[5, 6])
+    rounder = threading.Thread(target=v.verify, args=(block,))
+    rounder.start()
+    while v.service.core.scheduler.waiting() < 1:
+        time.sleep(0.001)
+    engine.gate.release()
+    while long.is_alive() or rounder.is_alive():  # let every later batch through
+        if engine.entered.acquire(timeout=0.05):
+            engine.gate.release()
+    short_seq = v.service.sessions.get(short.session_id).seq
+    long_seq = v.service.sessions.get(opened["long"].session_id).seq
+    chunks = [(i, start, n) for i, b in enumerate(engine.ran[1:]) for seq, start, n in b if seq == long_seq]
+    assert [(start, n) for _, start, n in chunks] == [(0, 16), (16, 16), (32, 16), (48, 12)]
+    (round_batch,) = [i for i, b in enumerate(engine.ran[1:]) if (short_seq, 2, 3) in b]
+    # queued while the first chunk ran, it runs next (with the second chunk, or just before it): not after the last
+    assert 1 <= round_batch <= chunks[1][0] < chunks[-1][0], engine.ran
+
+
+def test_work_still_queued_at_its_deadline_is_withdrawn_and_never_runs():
+    engine = GatedEngine(TARGET, n_seq=2, max_context=64)
+    core = EngineCore(engine, FcfsScheduler())
+    holder = threading.Thread(target=lambda: core.run(Feed(0, 0, (2, 3, 4), 1)))
+    holder.start()
+    engine.entered.acquire()  # the engine is busy with the first work
+    with pytest.raises(LimitExceededError, match="before the call's deadline") as info:
+        core.run(Feed(1, 0, (5, 6), 1), deadline=time.monotonic() + 0.05)
+    assert info.value.code == "DEADLINE_EXCEEDED"
+    engine.gate.release()
+    holder.join(5)
+    assert engine.ran == [[(0, 0, 3)]] and engine.cached(1) == 0  # the withdrawn work never ran
+    core.close()
+
+
+def test_closing_runs_what_is_queued_then_refuses_new_work():
+    core = EngineCore(ToyEngine(TARGET, n_seq=1, max_context=64), FcfsScheduler(), idle_s=0.05)
+    assert core.run(Feed(0, 0, (2, 3), 1)).logits.shape == (1, TARGET.vocab_size)
+    time.sleep(0.2)  # idle: the engine thread has left, and comes back with the next work
+    assert core.run(Feed(0, 2, (4,), 1)).logits.shape == (1, TARGET.vocab_size)
+    core.close()
+    with pytest.raises(VerifierUnavailableError, match="shutting down"):
+        core.run(Feed(0, 3, (5,), 1))
