@@ -259,3 +259,31 @@ def print_machine() -> None:
 def progress(message: str) -> None:
     """A progress line on stderr (stdout carries the table)."""
     print(message, file=sys.stderr, flush=True)
+
+
+# -- figures ---------------------------------------------------------------------------
+
+
+def subplots(ncols: int = 1, *, width: float = 6.0, height: float = 4.2) -> tuple[Any, list[Any]]:
+    """A matplotlib figure (no display needed) and its row of `ncols` axes (the bench extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Writes the figure as a PNG beside the benchmark's JSON, gridded and with legends, and closes it."""
+    import matplotlib.pyplot as plt
+
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+

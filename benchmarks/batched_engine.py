@@ -108,14 +108,9 @@ def measure(
 
 
 def plot(results: list[dict], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     pairs = sorted({r["pair"] for r in results})
-    fig, axes = plt.subplots(1, len(pairs), figsize=(6 * len(pairs), 4.2), squeeze=False)
-    for ax, pair in zip(axes[0], pairs):
+    fig, axes = C.subplots(len(pairs))
+    for ax, pair in zip(axes, pairs):
         for r in (r for r in results if r["pair"] == pair):
             xs = [row["sessions"] for row in r["rows"]]
             style = "-" if r["numerics"] == "exact" else "--"
@@ -128,12 +123,7 @@ def plot(results: list[dict], path: Path) -> Path:
         ax.set_xlabel("sessions verifying at once")
         ax.set_ylabel("verified rows per second")
         ax.set_title(f"{pair} target ({results[0]['k']} draft tokens per round)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return C.save_figure(fig, path)
 
 
 def main() -> None:

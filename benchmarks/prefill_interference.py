@@ -73,12 +73,7 @@ def run(engine: LlamaEngine, chunk: int, prompt: list[int], k: int, config: Serv
 
 
 def plot(result: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    fig, (ax,) = C.subplots(width=8.0)
     for r in result["runs"]:
         xs = [s + ms / 1e3 for s, ms in r["rounds"]]  # at each round's end
         ax.plot(xs, [ms for _, ms in r["rounds"]], marker="o", markersize=4, linestyle="none", alpha=0.8,
@@ -89,12 +84,7 @@ def plot(result: dict, path: Path) -> Path:
     ax.set_xlabel("seconds since the long prompt arrived, at each round's end (dotted: the prefill done)")
     ax.set_ylabel("round latency, ms (log)")
     ax.set_title(f"{result['target']}: a session's rounds while another prefills {result['prompt_tokens']} tokens")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return C.save_figure(fig, path)
 
 
 def main() -> None:
