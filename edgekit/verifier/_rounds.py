@@ -3,8 +3,9 @@
 
 A round: the session's last committed token and the draft block go to the
 engine in one feed, which gives the K+1 next-token logits; the acceptance rule
-of the session's mode and `edgekit.protocol.decide` make the verdict; the KV is
-rolled back to the committed prefix. Under SH, a block with mismatches is
+of the session's mode and `edgekit.protocol.decide` make the verdict; the
+session's next feed starts at its committed prefix, which drops the rejected
+rows from the KV (no rollback call). Under SH, a block with mismatches is
 first answered with a request for their hidden states and kept pending (its KV
 cells in place) until they come; any other request abandons it. An exact retry
 of the last applied round (or of a pending first half) gets the same answer
