@@ -49,4 +49,12 @@ _MAX_WINDOW = typer.Option(
 )
 _P_MIN = typer.Option(0.5, "--p-min", min=0.0, max=1.0, help="Confidence threshold of p-min drafting.")
 _UPLOAD = typer.Option("tokens", "--upload", help=UPLOAD_HELP)
+_SLO_CLASS = typer.Option(
+    None, "--slo-class",
+    help="A token-speed class the verifier names (by default realtime 8, interactive 6, standard 4, relaxed 2 "
+    "tok/s) for it to schedule this generation by; unset: best effort.",
+)
+_TARGET_SPEED = typer.Option(
+    None, "--target-speed", min=0.01, help="The token speed (tok/s) to ask the verifier for; wins over --slo-class."
+)
 _HIDDEN_ENCODING = typer.Option("fp16", "--hidden-encoding", help="fp16, or int8 with a scale per row.")

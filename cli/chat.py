@@ -12,7 +12,17 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from ._common import _DRAFTING, _MAX_WINDOW, _P_MIN, _PREDICTOR, _UPLOAD, PAIR_HELP, VERIFIER_HELP
+from ._common import (
+    _DRAFTING,
+    _MAX_WINDOW,
+    _P_MIN,
+    _PREDICTOR,
+    _SLO_CLASS,
+    _TARGET_SPEED,
+    _UPLOAD,
+    PAIR_HELP,
+    VERIFIER_HELP,
+)
 from .generate import Mode
 
 if TYPE_CHECKING:  # the command imports them when it runs: `edgekit --help` stays fast
@@ -80,6 +90,8 @@ def chat(
     max_window: int = _MAX_WINDOW,
     p_min: float = _P_MIN,
     upload: str = _UPLOAD,
+    slo_class: str | None = _SLO_CLASS,
+    target_speed: float | None = _TARGET_SPEED,
     seed: int | None = typer.Option(None, "--seed", help="Seed for sampling (reproducible answers)."),
     history: bool = typer.Option(
         True, "--history/--no-history",
@@ -100,6 +112,7 @@ def chat(
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
         drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
+        slo_class=slo_class, target_speed=target_speed,
         upload=cast(Upload, upload),
     )
     # With --json, stdout carries only JSON lines; everything for people goes to stderr.

@@ -14,6 +14,8 @@ from ._common import (
     _MAX_WINDOW,
     _P_MIN,
     _PREDICTOR,
+    _SLO_CLASS,
+    _TARGET_SPEED,
     _UPLOAD,
     PAIR_HELP,
     VERIFIER_HELP,
@@ -48,6 +50,8 @@ def generate(
     max_window: int = _MAX_WINDOW,
     p_min: float = _P_MIN,
     upload: str = _UPLOAD,
+    slo_class: str | None = _SLO_CLASS,
+    target_speed: float | None = _TARGET_SPEED,
     hidden_encoding: str = _HIDDEN_ENCODING,
     seed: int | None = typer.Option(None, "--seed", help="Seed for sampling on both sides (reproducible runs)."),
     baseline: Baseline | None = typer.Option(
@@ -69,6 +73,7 @@ def generate(
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
         drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
+        slo_class=slo_class, target_speed=target_speed,
         upload=cast(Upload, upload), hidden_encoding=cast(HiddenEncoding, hidden_encoding),
     )
     with _connect.build_client(

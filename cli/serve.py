@@ -17,6 +17,11 @@ class Numerics(str, Enum):
     fast = "fast"
 
 
+class Policy(str, Enum):
+    fcfs = "fcfs"
+    wisp = "wisp"
+
+
 def serve(
     pair: str = typer.Option("gemma-270m", "--pair", help="Serve this pair's target model."),
     model: Path | None = typer.Option(
@@ -44,9 +49,30 @@ def serve(
         128, "--prefill-chunk", min=1,
         help="Prompts and turns go to the engine in chunks of this many tokens, other sessions' rounds between them.",
     ),
+    policy: Policy = typer.Option(
+        Policy.fcfs,
+        "--policy",
+        help="Which work runs next: fcfs (arrival order) or wisp (token-speed SLOs: deadlines first, then "
+        "expected tokens per ms; WISP Algorithm 1, with the verification-time estimator).",
+    ),
+    slo_class: list[str] = typer.Option(
+        [], "--slo-class", metavar="NAME=TOK/S",
+        help="A named token-speed class (repeat for several); replaces the defaults "
+        "realtime=8, interactive=6, standard=4, relaxed=2.",
+    ),
+    guard_ms: float = typer.Option(20.0, "--guard-ms", min=0.0, help="wisp: guard time of the latest start (eq. 17)."),
+    starvation: float = typer.Option(
+        2.0, "--starvation", min=0.01, help="wisp: the longest any work waits before it goes first, in seconds."
+    ),
+    calibrate: bool = typer.Option(
+        False, "--calibrate",
+        help="Measure the verification-time estimator again on this machine (else: the cached calibration, measured "
+        "once when the policy needs it).",
+    ),
 ) -> None:
     """Serve a target model as an edgekit verifier (gRPC, edgekit.verifier.v1, with grpc.health.v1)."""
     from edgekit import ServerConfig
+    from edgekit.config import DEFAULT_SLO_CLASSES
     from edgekit.verifier import VerifierServer
 
     config = ServerConfig(
@@ -62,6 +88,11 @@ def serve(
         tls_key=str(tls_key) if tls_key else None,
         threads=threads,
         prefill_chunk=prefill_chunk,
+        policy=policy.value,
+        guard_ms=guard_ms,
+        starvation_s=starvation,
+        calibrate="force" if calibrate else "auto",
+        slo_classes=",".join(slo_class) if slo_class else dict(DEFAULT_SLO_CLASSES),
     )
     if model is not None:
         path, name = model, model.stem
@@ -78,6 +109,10 @@ def serve(
     else:
         detail = "fast numerics"
     note(f"edgekit verifier: {name} on {server.address} ({detail}; up to {max_sessions} sessions)")
+    classes = ", ".join(f"{n} {s:g}" for n, s in server.service.slo.classes.items())
+    estimator = server.service.estimator
+    fitted = "calibrated" if estimator.calibrated else "learning from live batches"
+    note(f"scheduling: {policy.value}; SLO classes (tok/s): {classes}; time estimator {fitted}")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -6,20 +6,26 @@ so constructing a config in code is never surprised by the environment.
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from .errors import ConfigError
 
-__all__ = ["ClientConfig", "GenerationConfig", "ServerConfig"]
+__all__ = ["DEFAULT_SLO_CLASSES", "ClientConfig", "GenerationConfig", "ServerConfig"]
 
 Mode = Literal["greedy", "sample"]
-SloClass = Literal["interactive", "standard", "batch"]
 Drafting = Literal["auto", "fixed", "predictor", "p-min", "latency"]
 Upload = Literal["tokens", "fh", "sh", "auto", "rtt"]
 HiddenEncoding = Literal["fp16", "int8"]
 Numerics = Literal["exact", "fast"]
+Policy = Literal["fcfs", "wisp"]
+Calibrate = Literal["auto", "force", "off"]
+
+# Token-speed SLO classes a verifier serves by default: WISP's four (sec. 5.1), tokens/s.
+DEFAULT_SLO_CLASSES: Mapping[str, float] = {"realtime": 8.0, "interactive": 6.0, "standard": 4.0, "relaxed": 2.0}
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,12 @@ class GenerationConfig:
     hidden_encoding: HiddenEncoding = "fp16"
     rtt_rule_ms: float = 10.0
     stop_at_eos: bool = True
-    slo_class: SloClass = "interactive"
+    # A token-speed SLO for the verifier to schedule by (protocol 2): a class it
+    # names (its handshake lists them; WISP's four by default: realtime 8,
+    # interactive 6, standard 4, relaxed 2 tokens/s), or a speed, which wins.
+    # Neither: best effort.
+    slo_class: str | None = None
+    target_speed: float | None = None  # tokens/s
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -86,8 +97,10 @@ class GenerationConfig:
             raise ConfigError(f"predictor_threshold must be between 0 and 1, got {self.predictor_threshold}")
         if not 1 <= self.draft_top_k <= 1024:
             raise ConfigError(f"draft_top_k must be between 1 and 1024, got {self.draft_top_k}")
-        if self.slo_class not in ("interactive", "standard", "batch"):
-            raise ConfigError(f"slo_class must be interactive, standard or batch, got {self.slo_class!r}")
+        if self.slo_class is not None and not self.slo_class.strip():
+            raise ConfigError("slo_class must name a class, or be None for best effort")
+        if self.target_speed is not None and not (math.isfinite(self.target_speed) and self.target_speed > 0):
+            raise ConfigError(f"target_speed must be a positive number of tokens/s, got {self.target_speed}")
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,19 @@ class ServerConfig:
     # Prompts and turns longer than this go to the engine in chunks, other sessions'
     # rounds between them: the longest a prefill holds the engine is one chunk.
     prefill_chunk: int = 128
+    # Which work the engine runs next: "fcfs" (arrival order, SLED's verifier) or
+    # "wisp" (WISP's Algorithm 1: deadlines first, then expected tokens per ms).
+    policy: Policy = "fcfs"
+    # Named token-speed classes, tokens/s; a mapping, or "name=speed,..." (for the environment).
+    slo_classes: Mapping[str, float] | str = field(default_factory=lambda: dict(DEFAULT_SLO_CLASSES))
+    guard_ms: float = 20.0  # wisp: the guard time delta of the latest start time (eq. 17)
+    starvation_s: float = 2.0  # wisp: the longest any work waits before it goes first, best effort included
+    max_queue: int = 256  # works waiting for the engine before new ones are refused (RESOURCE_EXHAUSTED)
+    # The verification-time estimator's calibration: "auto" uses the cached one for this
+    # model and machine, measuring it first when the policy needs it; "force" measures
+    # again; "off" never measures (the estimator learns from the live batches only).
+    calibrate: Calibrate = "auto"
+    calibration_dir: str | None = None  # None: $XDG_CACHE_HOME/edgekit/calibration or ~/.cache/...
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_block < 1 or self.max_context < 8:
@@ -138,12 +164,42 @@ class ServerConfig:
             raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
         if self.numerics not in ("exact", "fast"):
             raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
+        if self.policy not in ("fcfs", "wisp"):
+            raise ConfigError(f"policy must be 'fcfs' or 'wisp', got {self.policy!r}")
+        if self.calibrate not in ("auto", "force", "off"):
+            raise ConfigError(f"calibrate must be auto, force or off, got {self.calibrate!r}")
+        if not (self.guard_ms >= 0 and self.starvation_s > 0 and self.max_queue >= 1):
+            raise ConfigError("guard_ms must be >= 0, starvation_s > 0 and max_queue >= 1")
+        object.__setattr__(self, "slo_classes", _slo_classes(self.slo_classes))
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("TLS needs both a certificate and a key")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ServerConfig:
         return replace(cls(), **_env_values(cls, "EDGEKIT_SERVE_"), **overrides)
+
+
+def _slo_classes(spec: Mapping[str, float] | str) -> dict[str, float]:
+    """Named classes from a mapping or from "name=speed,name=speed"; speeds must be positive."""
+    if isinstance(spec, str):
+        items: list[tuple[str, Any]] = []
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            name, sep, speed = part.partition("=")
+            if not sep:
+                raise ConfigError(f"SLO class {part!r}: write name=tokens_per_s, e.g. realtime=8")
+            items.append((name.strip(), speed.strip()))
+    else:
+        items = list(spec.items())
+    out: dict[str, float] = {}
+    for name, speed in items:
+        try:
+            value = float(speed)
+        except (TypeError, ValueError):
+            raise ConfigError(f"SLO class {name!r}: {speed!r} is not a speed in tokens/s") from None
+        if not name or not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"SLO class {name!r}: a class needs a name and a positive speed, got {speed!r}")
+        out[name] = value
+    return out
 
 
 def _env_values(cls: type, prefix: str) -> dict[str, Any]:

@@ -155,7 +155,17 @@ class StaleRoundError(VerifierError):
 
 
 class LimitExceededError(VerifierError):
-    """A limit was hit: sessions, block length, context or payload size."""
+    """A limit was hit: sessions, queue, block length, context or payload size.
+
+    ``retry_after`` (seconds), when the verifier gave one: how long to back off
+    before trying again (a full session table or queue).
+    """
+
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, address: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message, address=address, code=code)
+        self.retry_after = retry_after
 
 
 class ProtocolError(VerifierError):

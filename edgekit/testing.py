@@ -26,7 +26,7 @@ from .link import MIN_RTO_MS
 from .protocol import BlockRequest, Fingerprint, VerifyResult, error_from_status, status_of
 from .runtime import DraftOutput, ToyLanguageModel
 from .transport import MessageTransport
-from .verifier import ToyEngine, VerifierService
+from .verifier import Coefficients, ToyEngine, VerifierService, VerifyTimeEstimator
 
 __all__ = ["FakeDraftModel", "InProcessTransport", "SimulatedLink", "ToyLanguageModel", "toy_verifier"]
 
@@ -180,15 +180,25 @@ def toy_verifier(
     hidden_size: int = 8,
     link: SimulatedLink | None = None,
     address: str = "in-process",
+    cost: Coefficients | None = None,
     **config: Any,
 ) -> InProcessTransport:
     """The reference verifier over a toy target, in this process: a transport to it.
 
-    `config` takes other `ServerConfig` fields (idle_timeout, max_message_bytes, ...).
-    With no `link`, a `SimulatedLink()`: instant, so timings are the verifier's own."""
+    `config` takes other `ServerConfig` fields (idle_timeout, max_message_bytes, policy, ...).
+    With no `link`, a `SimulatedLink()`: instant, so timings are the verifier's own.
+    With `cost`, every batch takes the time these coefficients give it (eq. 19 and
+    the logit rows), and the verifier's estimator starts out knowing them."""
     c = ServerConfig(port=0, max_block=max_block, max_context=max_context, max_sessions=max_sessions, **config)
-    engine = ToyEngine(target, n_seq=c.max_sessions, max_context=c.max_context, hidden_size=hidden_size)
-    return InProcessTransport(VerifierService(engine, c), link=link or SimulatedLink(), address=address)
+    engine = ToyEngine(
+        target,
+        n_seq=c.max_sessions,
+        max_context=c.max_context,
+        hidden_size=hidden_size,
+        cost=None if cost is None else VerifyTimeEstimator(cost).predict,
+    )
+    service = VerifierService(engine, c, estimator=VerifyTimeEstimator(cost) if cost is not None else None)
+    return InProcessTransport(service, link=link or SimulatedLink(), address=address)
 
 
 def _now_ms() -> float:

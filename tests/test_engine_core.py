@@ -102,7 +102,7 @@ def test_a_long_prefill_lets_another_sessions_round_through_between_its_chunks()
 
     def open_session(name: str, text: str) -> None:
         opened[name] = v.open_session(DRAFT.tokenize(text), mode="greedy", temperature=1.0, seed=0,
-                                      slo_class="standard", draft=DRAFT.fingerprint())
+                                      draft=DRAFT.fingerprint())
 
     first = threading.Thread(target=open_session, args=("short", "hi"))
     first.start()

@@ -183,7 +183,7 @@ def test_a_server_that_names_tokens_by_text_only_is_asked_once():
 def test_a_wrong_token_id_is_a_protocol_error(vllm, fault, message):
     transport = _handshake(vllm.url)
     prompt = _draft().tokenize("speculate")
-    opened = transport.open_session(prompt, mode="greedy", temperature=0, seed=0, slo_class="interactive",
+    opened = transport.open_session(prompt, mode="greedy", temperature=0, seed=0,
                                     draft=_draft().fingerprint())
     vllm.fault = fault
     with pytest.raises(ProtocolError, match=message):
@@ -215,3 +215,12 @@ def test_probing_a_stock_server_loads_the_draft_once_and_calibrates(vllm, monkey
     assert len(loaded) == 1
     out = __import__("json").loads(r.stdout)
     assert out["calibration"]["rounds"] > 0 and out["costs"]["measured"] and out["choice"]["upload"] == "tokens"
+
+
+def test_a_stock_server_takes_no_token_speed_slo(vllm):
+    from edgekit.protocol import SpeedObjective
+
+    transport = _handshake(vllm.url)
+    with pytest.raises(ConfigError, match="does not schedule by token-speed SLOs"):
+        transport.open_session(_draft().tokenize("hi"), mode="greedy", temperature=0, seed=0,
+                               slo=SpeedObjective(tokens_per_s=4.0), draft=_draft().fingerprint())

@@ -44,7 +44,7 @@ def _verifier(**config) -> InProcessTransport:
 
 
 def _open(v: InProcessTransport, prompt=PROMPT, **kw):
-    args = {"mode": "greedy", "temperature": 1.0, "seed": 0, "slo_class": "standard", "draft": DRAFT.fingerprint(),
+    args = {"mode": "greedy", "temperature": 1.0, "seed": 0, "draft": DRAFT.fingerprint(),
             "draft_hidden_size": 16} | kw
     return v.open_session(prompt, **args)
 
@@ -299,8 +299,8 @@ def test_a_different_tokenizer_or_protocol_version_is_a_failed_precondition():
         v.handshake(other.fingerprint(), draft_model="small-vocab", draft_hidden_size=8)
     with pytest.raises(IncompatibleModelsError):  # sessions check it again
         _open(v, draft=other.fingerprint())
-    status = _raw(v, "Handshake", pb.HandshakeRequest(protocol_version=99))
-    assert status.code == grpc.StatusCode.FAILED_PRECONDITION and "protocol version 99" in status.message
+    status = _raw(v, "Handshake", pb.HandshakeRequest(protocol_version=0))
+    assert status.code == grpc.StatusCode.FAILED_PRECONDITION and "protocol version 0" in status.message
 
 
 # -- hidden states: FH and SH --------------------------------------------------------------
@@ -490,7 +490,7 @@ def test_over_grpc_refusals_keep_their_status_auth_is_required_and_health_answer
     with GrpcTransport(grpc_server.address, ClientConfig(token=TOKEN, timeout=5)) as t:
         info = t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=16)
         assert (info.target_model, info.max_block, info.exact_numerics) == ("toy", 8, True) and t.health() == "SERVING"
-        opened = t.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0, slo_class="standard",
+        opened = t.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0,
                                 draft=DRAFT.fingerprint(), draft_hidden_size=16)
         sid, base = opened.session_id, opened.committed_length
         first = t.verify(BlockRequest(session_id=sid, base_position=base, draft_tokens=[5]))

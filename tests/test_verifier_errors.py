@@ -50,7 +50,7 @@ def small(small_server):
 
 def _open(transport, draft, prompt="Hello there, general"):
     return transport.open_session(
-        draft.tokenize(prompt), mode="greedy", temperature=1.0, seed=0, slo_class="standard", draft=draft.fingerprint()
+        draft.tokenize(prompt), mode="greedy", temperature=1.0, seed=0, draft=draft.fingerprint()
     )
 
 
@@ -136,10 +136,10 @@ def test_malformed_and_oversize_requests_are_invalid_and_others_keep_working(sma
 
 
 def test_wrong_protocol_version_is_refused(gemma_server):
-    req = pb.HandshakeRequest(protocol_version=99)
+    req = pb.HandshakeRequest(protocol_version=0)
     with pytest.raises(grpc.RpcError) as info:
         _raw(gemma_server.address, "Handshake", req.SerializeToString())
-    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "protocol version 99" in info.value.details()
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "protocol version 0" in info.value.details()
 
 
 def test_token_is_required_when_configured(small_server, gemma_draft):

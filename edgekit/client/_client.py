@@ -13,7 +13,7 @@ from ..config import ClientConfig, GenerationConfig, ServerConfig
 from ..drafting import Controller, ControllerFactory
 from ..errors import IncompatibleModelsError
 from ..link import LinkEstimator, LinkPolicy, ProbeResult, probe
-from ..protocol import ServerInfo
+from ..protocol import ServerInfo, SpeedObjective
 from ..runtime import DraftModel, LlamaDraftModel
 from ..transport import VerifierTransport, connect
 from ._chat import ChatTemplate, Conversation
@@ -199,7 +199,12 @@ class EdgeClient:
             parts: list[str] = []
             start = time.perf_counter()
             for t in self.transport.generate(
-                tokens, mode=gen.mode, temperature=gen.temperature, seed=seed, max_tokens=gen.max_tokens
+                tokens,
+                mode=gen.mode,
+                temperature=gen.temperature,
+                seed=seed,
+                max_tokens=gen.max_tokens,
+                slo=SpeedObjective(gen.slo_class, gen.target_speed),
             ):
                 out.append(t.token)
                 stats.rounds += 1

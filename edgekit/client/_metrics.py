@@ -38,6 +38,10 @@ class RoundStats:
     uplink_bytes: int = 0  # serialized requests
     downlink_bytes: int = 0  # serialized answers
     hidden_rows: int = 0  # hidden states the verifier took
+    # With a token-speed SLO: the verifier's budget for the round (WISP eq. 6) and
+    # whether its queue and verify time kept within it. None: best effort.
+    server_budget_ms: float | None = None
+    deadline_met: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,6 +68,8 @@ class GenerationStats:
     uplink_bytes: int = 0
     downlink_bytes: int = 0
     hidden_rows: int = 0
+    deadlines_missed: int = 0  # rounds whose verifier-side budget was exceeded (sessions with an SLO)
+    target_speed: float | None = None  # tokens/s the verifier held the session to; None: best effort
     uploads: dict[str, int] = field(default_factory=dict)  # rounds per upload protocol
     prefill_ms: float = 0.0  # client-side time to open the session (both prefills)
     time_to_first_token_ms: float | None = None
@@ -86,6 +92,7 @@ class GenerationStats:
         self.uplink_bytes += r.uplink_bytes
         self.downlink_bytes += r.downlink_bytes
         self.hidden_rows += r.hidden_rows
+        self.deadlines_missed += r.deadline_met is False
         self.uploads[r.upload] = self.uploads.get(r.upload, 0) + 1
         self.rounds_detail.append(r)
 

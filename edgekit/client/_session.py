@@ -23,7 +23,7 @@ from ..config import GenerationConfig
 from ..drafting import Controller, ControllerFactory, Decision
 from ..errors import ConfigError, EdgekitError, ProtocolError
 from ..link import LinkEstimator, LinkPolicy, probe
-from ..protocol import BlockRequest, Exchange, ServerInfo, SparseDistribution, draft_distribution
+from ..protocol import BlockRequest, Exchange, ServerInfo, SparseDistribution, SpeedObjective, draft_distribution
 from ..runtime import DraftModel
 from ..transport import VerifierTransport
 from ._events import Event, FinalStats, RoundEvent, TextDelta
@@ -100,9 +100,13 @@ class SpeculativeSession:
         self.max_context = min(server.max_context, draft.n_ctx)
         self._round_index = 0
         self._budget = 0  # the draft budget the verifier assigned last (0: none)
+        self.target_speed: float | None = None  # tokens/s the verifier holds the session to (None: best effort)
+        # The link time the next round is expected to take (for the verifier's SLO budget, WISP eq. 6):
+        # the last round's, and before any round the measured RTT.
+        self._network_ms = self.link.state().rtt_ms
 
     # Settings the verifier knows about: changing one needs a new session.
-    _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class")
+    _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class", "target_speed")
     _DRAFTING = ("drafting", "draft_k", "max_window", "predictor", "predictor_threshold", "p_min")
 
     def reconfigure(self, **changes: Any) -> bool:
@@ -135,12 +139,13 @@ class SpeculativeSession:
             mode=self.config.mode,
             temperature=self.config.temperature,
             seed=self._verifier_seed,
-            slo_class=self.config.slo_class,
+            slo=SpeedObjective(self.config.slo_class, self.config.target_speed),
             draft=self.draft.fingerprint(),
             draft_hidden_size=self.draft.n_embd,
         )
         self.session_id = opened.session_id
         self._budget = opened.next_budget
+        self.target_speed = opened.target_speed or None
         self.max_context = min(self.max_context, opened.max_context)
         self.tokens = list(prompt_tokens)
         with self._shared.lock:
@@ -228,12 +233,13 @@ class SpeculativeSession:
                 draft_tokens=block,
                 draft_distributions=dists,
                 link=self.link.state(),
-                slo_class=self.config.slo_class,
                 round_index=self._round_index,
                 continue_after_eog=not self.config.stop_at_eos,
                 upload=upload,
                 hidden=np.stack(rows) if upload != "tokens" else None,
                 hidden_encoding=self.policy.encoding,
+                draft_ms=(t1 - t0) * 1e3,
+                network_ms=self._network_ms,
             )
         )
         t2 = time.perf_counter()
@@ -241,6 +247,8 @@ class SpeculativeSession:
         for ex in exchanges:
             if ex.server_ms is not None:  # without the server's time, a round trip says nothing about the link
                 self.link.add_exchange(ex.round_trip_ms, ex.server_ms, ex.uplink_bytes, ex.downlink_bytes)
+        # The next round's expected time on the link (its SLO budget leaves it out): this one's.
+        self._network_ms = sum(max(0.0, e.round_trip_ms - (e.server_ms or 0.0)) for e in exchanges)
         a = verdict.accepted
         new = block[:a] + ([verdict.next_token] if verdict.next_token is not None else [])
         if not 0 <= a <= len(block) or not new or verdict.committed_length != base + len(new):
@@ -279,6 +287,8 @@ class SpeculativeSession:
             uplink_bytes=sum(e.uplink_bytes for e in exchanges),
             downlink_bytes=sum(e.downlink_bytes for e in exchanges),
             hidden_rows=verdict.hidden_rows,
+            server_budget_ms=verdict.budget_ms,
+            deadline_met=verdict.deadline_met,
         )
         self._round_index += 1
         return new, stats, verdict.context_full
@@ -292,6 +302,7 @@ class SpeculativeSession:
             drafting=self.controller.name,
             prompt_tokens=len(self.tokens),
             prefill_ms=prefill_ms,
+            target_speed=self.target_speed,
         )
         decoder = TextDecoder(self.draft)
         out: list[int] = []

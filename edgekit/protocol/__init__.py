@@ -22,8 +22,9 @@ from ._acceptance import (
 from ._hidden import ENCODINGS, EncodedHidden, bits_per_element, decode_hidden, encode_hidden, encoding_error
 from ._pb import verifier_pb2 as pb
 from ._pb import verifier_pb2_grpc as pb_grpc
-from ._status import COMMITTED_LENGTH_KEY, Status, error_from_status, status_of
+from ._status import COMMITTED_LENGTH_KEY, RETRY_AFTER_MS_KEY, Status, error_from_status, status_of
 from ._types import (
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     BlockRequest,
     Exchange,
@@ -32,6 +33,7 @@ from ._types import (
     LinkState,
     OpenedSession,
     ServerInfo,
+    SpeedObjective,
     VerifyResult,
 )
 from ._verdict import Verdict, check_base, decide
@@ -42,8 +44,6 @@ from ._wire import (
     FINISH_TO_PB,
     MODE_FROM_PB,
     MODE_TO_PB,
-    SLO_FROM_PB,
-    SLO_TO_PB,
     UPLOAD_FROM_PB,
     UPLOAD_TO_PB,
     distributions_from_pb,
@@ -67,12 +67,12 @@ __all__ = [
     "ENCODING_TO_PB",
     "FINISH_FROM_PB",
     "FINISH_TO_PB",
+    "MIN_PROTOCOL_VERSION",
     "MODE_FROM_PB",
     "MODE_TO_PB",
     "PROTOCOL_VERSION",
+    "RETRY_AFTER_MS_KEY",
     "SERVICE_NAME",
-    "SLO_FROM_PB",
-    "SLO_TO_PB",
     "UPLOAD_FROM_PB",
     "UPLOAD_TO_PB",
     "BlockRequest",
@@ -84,6 +84,7 @@ __all__ = [
     "OpenedSession",
     "ServerInfo",
     "SparseDistribution",
+    "SpeedObjective",
     "Status",
     "Verdict",
     "VerifyResult",

@@ -29,9 +29,10 @@ from ..errors import (
     VerifierUnavailableError,
 )
 
-__all__ = ["COMMITTED_LENGTH_KEY", "Status", "error_from_status", "status_of"]
+__all__ = ["COMMITTED_LENGTH_KEY", "RETRY_AFTER_MS_KEY", "Status", "error_from_status", "status_of"]
 
 COMMITTED_LENGTH_KEY = "edgekit-committed-length"
+RETRY_AFTER_MS_KEY = "edgekit-retry-after-ms"  # how long a refused client should back off
 
 # Most specific first: the first class an error is an instance of gives its status.
 _STATUS_OF = (
@@ -64,6 +65,8 @@ def status_of(exc: EdgekitError) -> Status:
     trailers: tuple[tuple[str, str], ...] = ()
     if isinstance(exc, StaleRoundError) and exc.committed_length is not None:
         trailers = ((COMMITTED_LENGTH_KEY, str(exc.committed_length)),)
+    if isinstance(exc, LimitExceededError) and exc.retry_after is not None:
+        trailers = ((RETRY_AFTER_MS_KEY, f"{exc.retry_after * 1e3:.0f}"),)
     return Status(code, str(exc), trailers)
 
 
@@ -101,7 +104,13 @@ def error_from_status(
             f"verifier at {address}: {detail}", committed_length=committed, address=address, code=name
         )
     if code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.OUT_OF_RANGE):
-        return LimitExceededError(f"verifier at {address}: {detail}", address=address, code=name)
+        retry_ms = next((float(v) for k, v in trailers if k == RETRY_AFTER_MS_KEY), None)
+        return LimitExceededError(
+            f"verifier at {address}: {detail}",
+            retry_after=None if retry_ms is None else retry_ms / 1e3,
+            address=address,
+            code=name,
+        )
     if code == grpc.StatusCode.FAILED_PRECONDITION and "tokenizer" in detail:
         return IncompatibleModelsError(f"verifier at {address}: {detail}")
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION):

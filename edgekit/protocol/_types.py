@@ -11,6 +11,7 @@ import numpy as np
 from ._acceptance import SparseDistribution
 
 __all__ = [
+    "MIN_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
     "BlockRequest",
     "Exchange",
@@ -19,10 +20,26 @@ __all__ = [
     "LinkState",
     "OpenedSession",
     "ServerInfo",
+    "SpeedObjective",
     "VerifyResult",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: token-speed SLOs
+MIN_PROTOCOL_VERSION = 1  # the oldest a peer may agree on
+
+
+@dataclass(frozen=True)
+class SpeedObjective:
+    """A session's token-speed SLO (WISP sec. 3.1): a class the verifier names,
+    or a speed in tokens per second (which wins if both are given). Neither:
+    best effort, verified when there is time."""
+
+    slo_class: str | None = None
+    tokens_per_s: float | None = None
+
+    @property
+    def best_effort(self) -> bool:
+        return self.slo_class is None and self.tokens_per_s is None
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,8 @@ class ServerInfo:
     exact_numerics: bool = False
     invariant_batch: int = 0
     backend: str = "edgekit"  # "edgekit" (our gRPC verifier), "openai", "sglang"
+    slo_classes: dict[str, float] = field(default_factory=dict)  # named classes, tokens/s (protocol 2)
+    scheduling_policy: str = ""  # "fcfs", "wisp"; empty: not said
     tokenizer_check: str = "fingerprint"  # how the target's tokenizer was matched to the draft's
 
 
@@ -85,6 +104,7 @@ class OpenedSession:
     max_context: int
     next_budget: int = 0
     prefill_ms: float = 0.0
+    target_speed: float = 0.0  # tokens/s the verifier holds the session to; 0: best effort
 
 
 @dataclass(frozen=True)
@@ -94,7 +114,6 @@ class BlockRequest:
     draft_tokens: Sequence[int]
     draft_distributions: Sequence[SparseDistribution] = ()
     link: LinkState = field(default_factory=LinkState)
-    slo_class: str = "interactive"
     round_index: int = 0
     continue_after_eog: bool = False  # default: an accepted end-of-text token ends the round
     # How hidden states travel: "tokens" (none), "fh" (every row with the block)
@@ -102,6 +121,10 @@ class BlockRequest:
     upload: str = "tokens"
     hidden: np.ndarray | None = None  # [len(draft_tokens), d] float32: row i produced draft token i
     hidden_encoding: str = "fp16"
+    # The round's cost outside the verifier, for its SLO deadline (WISP eq. 6):
+    # time spent drafting the block, and the expected time on the link.
+    draft_ms: float = 0.0
+    network_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +152,10 @@ class VerifyResult:
     exchanges: tuple[Exchange, ...] = field(default=(), compare=False)
     hidden_rows: int = 0  # hidden rows the verifier received and validated
     hidden_requested: tuple[int, ...] = ()  # SH: the block offsets it asked for (its mismatches)
+    # A session with an SLO: the round's server-side budget (WISP eq. 6) and
+    # whether queue and verify time kept within it. None: best effort.
+    budget_ms: float | None = None
+    deadline_met: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,6 @@ UPLOAD_TO_PB: dict[str, pb.UploadProtocol] = {
 UPLOAD_FROM_PB: dict[int, str] = {int(v): k for k, v in UPLOAD_TO_PB.items()}
 ENCODING_TO_PB: dict[str, pb.HiddenEncoding] = {"fp16": pb.HIDDEN_ENCODING_FP16, "int8": pb.HIDDEN_ENCODING_INT8}
 ENCODING_FROM_PB: dict[int, str] = {int(v): k for k, v in ENCODING_TO_PB.items()}
-SLO_TO_PB: dict[str, pb.SloClass] = {
-    "interactive": pb.SLO_CLASS_INTERACTIVE,
-    "standard": pb.SLO_CLASS_STANDARD,
-    "batch": pb.SLO_CLASS_BATCH,
-}
-SLO_FROM_PB: dict[int, str] = {int(v): k for k, v in SLO_TO_PB.items()} | {pb.SLO_CLASS_UNSPECIFIED: "standard"}
 FINISH_TO_PB: dict[str, pb.FinishReason] = {
     "eos": pb.FINISH_REASON_EOS,
     "length": pb.FINISH_REASON_LENGTH,
@@ -73,6 +67,8 @@ def server_info_from_pb(r: pb.HandshakeResponse) -> ServerInfo:
         server_version=r.server_version,
         exact_numerics=c.exact_numerics,
         invariant_batch=c.invariant_batch,
+        slo_classes=dict(c.slo_classes),
+        scheduling_policy=c.scheduling_policy,
     )
 
 
@@ -129,9 +125,10 @@ def verify_request_to_pb(block: BlockRequest) -> pb.VerifyRequest:
         ],
         upload_protocol=UPLOAD_TO_PB[block.upload],
         link=link_to_pb(link),
-        slo_class=SLO_TO_PB.get(block.slo_class, pb.SLO_CLASS_STANDARD),
         round_index=block.round_index,
         continue_after_eog=block.continue_after_eog,
+        draft_ms=block.draft_ms,
+        network_ms=block.network_ms,
     )
     if block.upload == "fh":
         req.hidden.CopyFrom(hidden_to_pb(encode_hidden(_rows(block), block.hidden_encoding)))

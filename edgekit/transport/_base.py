@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from ..protocol import BlockRequest, Fingerprint, GeneratedToken, OpenedSession, ServerInfo, VerifyResult
+from ..protocol import (
+    BlockRequest,
+    Fingerprint,
+    GeneratedToken,
+    OpenedSession,
+    ServerInfo,
+    SpeedObjective,
+    VerifyResult,
+)
 
 __all__ = ["VerifierTransport"]
 
@@ -33,7 +41,7 @@ class VerifierTransport(Protocol):
         mode: str,
         temperature: float,
         seed: int,
-        slo_class: str,
+        slo: SpeedObjective = SpeedObjective(),
         draft: Fingerprint,
         draft_hidden_size: int = 0,
     ) -> OpenedSession: ...
@@ -52,6 +60,7 @@ class VerifierTransport(Protocol):
         temperature: float,
         seed: int,
         max_tokens: int,
+        slo: SpeedObjective = SpeedObjective(),
     ) -> Iterator[GeneratedToken]: ...
 
     def close(self) -> None: ...

@@ -16,11 +16,11 @@ from collections.abc import Iterator, Sequence
 from google.protobuf.message import Message
 
 from ..config import ClientConfig
-from ..errors import HiddenStateError, ProtocolError
+from ..errors import ConfigError, HiddenStateError, ProtocolError
 from ..protocol import (
     FINISH_FROM_PB,
+    MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
-    SLO_TO_PB,
     BlockRequest,
     EncodedHidden,
     Exchange,
@@ -28,6 +28,7 @@ from ..protocol import (
     GeneratedToken,
     OpenedSession,
     ServerInfo,
+    SpeedObjective,
     VerifyResult,
     encode_hidden,
     fingerprint_to_pb,
@@ -44,6 +45,7 @@ __all__ = ["MessageTransport"]
 class MessageTransport:
     address: str
     config: ClientConfig
+    _version: int = PROTOCOL_VERSION  # what the handshake agreed on
 
     # -- how a message travels: the subclass's part ------------------------------------
 
@@ -75,6 +77,13 @@ class MessageTransport:
             timeout=self.config.connect_timeout,
         )
         assert isinstance(r, pb.HandshakeResponse)
+        if not MIN_PROTOCOL_VERSION <= r.protocol_version <= PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"verifier at {self.address} answered with protocol version {r.protocol_version}; this client "
+                f"speaks {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}",
+                address=self.address,
+            )
+        self._version = r.protocol_version
         return server_info_from_pb(r)
 
     def ping(self, payload_bytes: int = 0, reply_bytes: int = 0) -> float:
@@ -89,18 +98,20 @@ class MessageTransport:
         mode: str,
         temperature: float,
         seed: int,
-        slo_class: str,
+        slo: SpeedObjective = SpeedObjective(),
         draft: Fingerprint,
         draft_hidden_size: int = 0,
     ) -> OpenedSession:
+        self._check_slo(slo)
         r, _ = self._unary(
             "OpenSession",
             pb.OpenSessionRequest(
                 prompt_tokens=prompt_tokens,
                 sampling=sampling_to_pb(mode, temperature, seed),
-                slo_class=SLO_TO_PB.get(slo_class, pb.SLO_CLASS_STANDARD),
                 draft_tokenizer=fingerprint_to_pb(draft),
                 draft_hidden_size=draft_hidden_size,
+                slo_name=slo.slo_class or "",
+                target_tokens_per_s=slo.tokens_per_s or 0.0,
             ),
             during="opening a session",
         )
@@ -111,7 +122,15 @@ class MessageTransport:
             max_context=r.max_context,
             next_budget=r.next_budget,
             prefill_ms=r.prefill_ms,
+            target_speed=r.target_tokens_per_s,
         )
+
+    def _check_slo(self, slo: SpeedObjective) -> None:
+        if not slo.best_effort and self._version < 2:
+            raise ConfigError(
+                f"verifier at {self.address} speaks protocol version {self._version}, which has no token-speed "
+                "SLOs; leave slo_class and target_speed unset, or upgrade the verifier"
+            )
 
     def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int:
         r, _ = self._unary(
@@ -124,6 +143,9 @@ class MessageTransport:
 
     def verify(self, block: BlockRequest) -> VerifyResult:
         req = verify_request_to_pb(block)
+        if self._version < 2:  # no field a version 1 peer does not know
+            req.ClearField("draft_ms")
+            req.ClearField("network_ms")
         exchanges: list[Exchange] = []
         timings: list[tuple[float, float]] = []  # (queue, verify) of each answer
         r = self._exchange(req, block, exchanges, timings)
@@ -154,6 +176,8 @@ class MessageTransport:
             exchanges=tuple(exchanges),
             hidden_rows=v.hidden_rows,
             hidden_requested=requested,
+            budget_ms=r.timings.budget_ms if r.timings.has_deadline else None,
+            deadline_met=r.timings.deadline_met if r.timings.has_deadline else None,
         )
 
     def _exchange(
@@ -195,11 +219,15 @@ class MessageTransport:
         temperature: float,
         seed: int,
         max_tokens: int,
+        slo: SpeedObjective = SpeedObjective(),
     ) -> Iterator[GeneratedToken]:
+        self._check_slo(slo)
         req = pb.GenerateRequest(
             prompt_tokens=prompt_tokens,
             sampling=sampling_to_pb(mode, temperature, seed),
             max_tokens=max_tokens,
+            slo_name=slo.slo_class or "",
+            target_tokens_per_s=slo.tokens_per_s or 0.0,
         )
         # The stream's deadline scales with its length; each token must still come quickly.
         deadline = self.config.timeout + max_tokens * 2.0

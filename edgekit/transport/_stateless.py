@@ -31,6 +31,7 @@ from ..protocol import (
     GeneratedToken,
     OpenedSession,
     ServerInfo,
+    SpeedObjective,
     VerifyResult,
     accept_top1,
     check_base,
@@ -128,7 +129,7 @@ class StatelessTransport:
         mode: str,
         temperature: float,
         seed: int,
-        slo_class: str,
+        slo: SpeedObjective = SpeedObjective(),
         draft: Fingerprint,
         draft_hidden_size: int = 0,
     ) -> OpenedSession:
@@ -137,9 +138,17 @@ class StatelessTransport:
                 f"the {self.kind} at {self.address} returns top-1 log-probabilities only, which verify greedy "
                 f"decoding but carry no target distribution for {mode!r}; use mode='greedy' or an edgekit verifier"
             )
+        self._no_slo(slo)
         sid = f"{self.backend}-{next(self._ids)}"
         self._sessions[sid] = list(prompt_tokens)
         return OpenedSession(sid, len(prompt_tokens), self.max_context)
+
+    def _no_slo(self, slo: SpeedObjective) -> None:
+        if not slo.best_effort:
+            raise ConfigError(
+                f"the {self.kind} at {self.address} does not schedule by token-speed SLOs; "
+                "leave slo_class and target_speed unset, or use an edgekit verifier"
+            )
 
     def _session(self, sid: str) -> list[int]:
         if sid not in self._sessions:
@@ -190,10 +199,18 @@ class StatelessTransport:
         self._sessions.pop(session_id, None)
 
     def generate(
-        self, prompt_tokens: Sequence[int], *, mode: str, temperature: float, seed: int, max_tokens: int
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        mode: str,
+        temperature: float,
+        seed: int,
+        max_tokens: int,
+        slo: SpeedObjective = SpeedObjective(),
     ) -> Iterator[GeneratedToken]:
         if mode != "greedy":
             raise ConfigError(f"the {self.kind} at {self.address} is driven greedily here; use mode='greedy'")
+        self._no_slo(slo)
         t0 = time.perf_counter()
         ids = self._generate_ids(list(prompt_tokens), max_tokens)
         ms = (time.perf_counter() - t0) * 1e3 / max(len(ids), 1)

@@ -8,25 +8,47 @@ Its parts, each in its own module:
 - `SessionTable` (`_sessions`): sessions, their KV sequences, limits and eviction.
 - `Rounds` (`_rounds`): open, extend, verify (FH, SH, replays), close.
 - `TargetOnly` (`_baseline`): target-only decoding, the centralized baseline.
+- `SpeedClasses` (`_slo`): token-speed SLOs, each round's budget and deadline (WISP eqs. 5, 6, 12).
 - `EngineCore` (`_core`): runs the scheduler's batches on the engine.
-- `scheduler/`: what runs next (`Scheduler`; FCFS today). `engine/`: what runs
-  it (`Engine`: `LlamaEngine` on llama.cpp, `ToyEngine` for tests).
+- `VerifyTimeEstimator` (`_estimator`): a batch's run time (WISP eqs. 18-19), fitted
+  by `calibrated_estimator` (`_calibration`) and refitted online.
+- `scheduler/`: what runs next (`Scheduler`: `FcfsScheduler`, `WispScheduler`).
+  `engine/`: what runs it (`Engine`: `LlamaEngine` on llama.cpp, `ToyEngine` for tests).
 """
 
+from ._calibration import calibrated_estimator, default_calibration_dir, profile_batches
 from ._core import EngineCore
+from ._estimator import Coefficients, FitReport, VerifyTimeEstimator, batch_features, fit_coefficients, fit_report
 from ._server import VerifierServer
 from ._service import VerifierService
+from ._slo import BEST_EFFORT, SpeedClasses
 from .engine import Engine, Feed, LlamaEngine, ToyEngine
-from .scheduler import FcfsScheduler, Scheduler
+from .scheduler import Batch, FcfsScheduler, Objective, Scheduler, WispScheduler, Work, WorkResult
 
 __all__ = [
+    "BEST_EFFORT",
+    "Batch",
+    "Coefficients",
     "Engine",
     "EngineCore",
     "FcfsScheduler",
     "Feed",
+    "FitReport",
     "LlamaEngine",
+    "Objective",
     "Scheduler",
+    "SpeedClasses",
     "ToyEngine",
     "VerifierServer",
     "VerifierService",
+    "VerifyTimeEstimator",
+    "WispScheduler",
+    "Work",
+    "WorkResult",
+    "batch_features",
+    "calibrated_estimator",
+    "default_calibration_dir",
+    "fit_coefficients",
+    "fit_report",
+    "profile_batches",
 ]

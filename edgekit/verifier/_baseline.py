@@ -15,19 +15,32 @@ from ..config import ServerConfig
 from ..protocol import GeneratedToken, target_probs
 from ._core import EngineCore
 from ._sessions import SessionTable
+from ._slo import SpeedClasses
 from ._validation import RequestChecks
 from .engine import Feed
+from .scheduler import Objective
 
 __all__ = ["TargetOnly"]
 
 
 class TargetOnly:
-    def __init__(self, core: EngineCore, sessions: SessionTable, checks: RequestChecks, config: ServerConfig) -> None:
+    """Each step is one token; with a token-speed SLO of s tokens/s, a step is due
+    1/s after it was asked for (its budget), and is worth one token."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        sessions: SessionTable,
+        checks: RequestChecks,
+        config: ServerConfig,
+        slo: SpeedClasses | None = None,
+    ) -> None:
         self.core = core
         self.engine = core.engine
         self.sessions = sessions
         self.checks = checks
         self.config = config
+        self.slo = slo or SpeedClasses()
 
     def generate(
         self,
@@ -39,23 +52,33 @@ class TargetOnly:
         max_tokens: int,
         stop_tokens: Sequence[int] = (),
         is_active: Callable[[], bool] = lambda: True,
+        slo_name: str = "",
+        target_speed: float = 0.0,
     ) -> Iterator[GeneratedToken]:
         """The target's tokens after `prompt`; stops early when `is_active()` turns false (a cancelled call)."""
         self.checks.sampling(mode, temperature)
+        slo_class, speed = self.slo.resolve(slo_name, target_speed)
         tokens = list(prompt)
         self.checks.prompt(tokens)
         self.checks.generate_length(max_tokens)
         stops = set(stop_tokens)
-        sess = self.sessions.create(mode=mode, temperature=temperature, seed=seed, slo_class="batch", prefix="g-")
+        sess = self.sessions.create(
+            mode=mode, temperature=temperature, seed=seed, slo_class=slo_class, speed=speed, prefix="g-"
+        )
         try:
             with sess.lock:
-                prefill_ms = self.core.run(Feed(sess.seq, 0, tuple(tokens[:-1]), 0), session_id=sess.id).run_ms
+                prefill = Feed(sess.seq, 0, tuple(tokens[:-1]), 0)
+                prefill_ms = self.core.run(prefill, session_id=sess.id, slo_class=slo_class).run_ms
                 pos = len(tokens) - 1
                 last = tokens[-1]
                 for index in range(max_tokens):
                     if not is_active():
                         return
-                    ran = self.core.run(Feed(sess.seq, pos, (last,), 1), session_id=sess.id, slo_class="batch")
+                    asked = time.perf_counter()
+                    due = None if speed is None else asked + 1.0 / speed
+                    objective = Objective(due, None if speed is None else 1e3 / speed, 1.0, asked)
+                    step = Feed(sess.seq, pos, (last,), 1)
+                    ran = self.core.run(step, session_id=sess.id, slo_class=slo_class, objective=objective)
                     pos += 1
                     if mode == "greedy":
                         tok = int(np.argmax(ran.logits[0]))

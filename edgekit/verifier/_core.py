@@ -10,52 +10,84 @@ starts with the first work and leaves after a while idle.
 A prompt or a turn longer than `prefill_chunk` tokens goes in chunks, each a
 work of its own: other sessions' rounds run between them, and no prefill holds
 the engine for more than one chunk (chunked prefill, as vLLM and SGLang do).
-A work still queued when its call's deadline passes is withdrawn, never run.
+A work still queued when its call's deadline passes is withdrawn, never run;
+with `max_queue` works waiting, new ones are refused with a back-off hint.
+Every batch's run time goes to the verification-time estimator (which the
+SLO-aware policy plans with) and, at debug level, to the log beside its forecast.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
 
 import numpy as np
 
 from ..errors import LimitExceededError, VerifierUnavailableError
+from ._estimator import VerifyTimeEstimator, batch_features
 from .engine import Engine, Feed
-from .scheduler import Batch, Scheduler, Work, WorkResult
+from .scheduler import Batch, Objective, Scheduler, Work, WorkResult
 
 __all__ = ["EngineCore"]
 
+log = logging.getLogger("edgekit.verifier")
+
 
 class EngineCore:
-    def __init__(self, engine: Engine, scheduler: Scheduler, *, prefill_chunk: int = 128, idle_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        scheduler: Scheduler,
+        *,
+        estimator: VerifyTimeEstimator | None = None,
+        prefill_chunk: int = 128,
+        max_queue: int = 256,
+        idle_s: float = 5.0,
+    ) -> None:
         self.engine = engine
         self.scheduler = scheduler
+        self.estimator = estimator or VerifyTimeEstimator()
         self.prefill_chunk = prefill_chunk
+        self.max_queue = max_queue
         self.idle_s = idle_s
         self.batch_sizes: Counter[int] = Counter()  # batches run so far, by how many works each held
+        self.batch_rows: Counter[int] = Counter()  # batches run so far, by how many rows each put through
+        self._ms_per_row = 0.0  # recent engine time per row, for back-off hints
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def run(
-        self, feed: Feed, *, session_id: str = "", slo_class: str = "standard", deadline: float | None = None
+        self,
+        feed: Feed,
+        *,
+        session_id: str = "",
+        slo_class: str = "best-effort",
+        objective: Objective | None = None,
+        deadline: float | None = None,
     ) -> WorkResult:
-        """Runs `feed`: its logits and timings, or the engine's error. `deadline` is a
-        `time.monotonic()` by which the work must have started."""
+        """Runs `feed`: its logits and timings, or the engine's error. `objective` is what
+        the policy weighs; `deadline` a `time.monotonic()` by which the work must have
+        started (the call's own deadline)."""
+        objective = objective or Objective(arrived=time.perf_counter())
         if feed.n_out == 0 and len(feed.tokens) > self.prefill_chunk:
-            return self._chunked(feed, session_id, slo_class, deadline)
-        return self._wait(self._submit(Work(feed, session_id, slo_class)), deadline)
+            return self._chunked(feed, session_id, slo_class, objective, deadline)
+        return self._wait(self._submit(Work(feed, session_id, slo_class, objective)), deadline)
 
-    def _chunked(self, feed: Feed, session_id: str, slo_class: str, deadline: float | None) -> WorkResult:
+    def _chunked(
+        self, feed: Feed, session_id: str, slo_class: str, objective: Objective, deadline: float | None
+    ) -> WorkResult:
+        # Every chunk keeps the prefill's arrival: a policy's bound on waiting holds for the whole prefill.
         queue_ms = run_ms = 0.0
         batch_size = 1
         for lo in range(0, len(feed.tokens), self.prefill_chunk):
             part = Feed(feed.seq, feed.start + lo, feed.tokens[lo : lo + self.prefill_chunk], 0)
-            done = self._wait(self._submit(Work(part, session_id, slo_class)), deadline)
+            done = self._wait(self._submit(Work(part, session_id, slo_class, objective)), deadline)
             queue_ms, run_ms, batch_size = queue_ms + done.queue_ms, run_ms + done.run_ms, done.batch_size
         return WorkResult(np.empty((0, self.engine.n_vocab), dtype=np.float32), queue_ms, run_ms, batch_size)
 
@@ -63,6 +95,15 @@ class EngineCore:
         with self._wake:
             if self._closed:
                 raise VerifierUnavailableError("the verifier is shutting down")
+            waiting = self.scheduler.waiting()
+            if waiting >= self.max_queue:
+                # Back off for about as long as the engine needs to run what waits.
+                rows = waiting * max(work.rows, 1)
+                wait = max(0.05, rows * self._ms_per_row / 1e3)
+                raise LimitExceededError(
+                    f"the verifier's queue is full ({waiting} works waiting); try again in {wait:.2f} s",
+                    retry_after=wait,
+                )
             future = self.scheduler.submit(work)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="edgekit-engine", daemon=True)
@@ -95,14 +136,29 @@ class EngineCore:
             self._step(batch)
 
     def _step(self, batch: Batch) -> None:
+        feeds = batch.feeds
+        if not batch.estimated_ms:  # the policy did not plan with the estimator: what it says all the same
+            batch = replace(batch, estimated_ms=self.estimator.predict(feeds))
+        estimated = batch.estimated_ms
         t0 = time.perf_counter()
         try:
-            outputs = self.engine.run_batch(batch.feeds)
+            outputs = self.engine.run_batch(feeds)
         except Exception as exc:  # each work's caller raises it
             self.scheduler.update(batch, exc, (time.perf_counter() - t0) * 1e3)
             return
+        ms = (time.perf_counter() - t0) * 1e3
+        rows = sum(len(f.tokens) for f in feeds)
         self.batch_sizes[len(batch.works)] += 1
-        self.scheduler.update(batch, outputs, (time.perf_counter() - t0) * 1e3)
+        self.batch_rows[rows] += 1
+        self._ms_per_row = 0.8 * self._ms_per_row + 0.2 * ms / max(rows, 1)
+        if log.isEnabledFor(logging.DEBUG):
+            x = batch_features(feeds)
+            log.debug(
+                "batch: %d works, %d rows, %d cached, estimated %.1f ms, ran %.1f ms",
+                len(feeds), rows, int(x[2]), estimated, ms,
+            )
+        self.estimator.observe(feeds, ms)
+        self.scheduler.update(batch, outputs, ms)
 
     def close(self, timeout: float = 10.0) -> None:
         """Runs what is queued, then stops the thread; later work is refused."""

@@ -10,6 +10,11 @@ first answered with a request for their hidden states and kept pending (its KV
 cells in place) until they come; any other request abandons it. An exact retry
 of the last applied round (or of a pending first half) gets the same answer
 again and is not applied twice. Nothing here knows protobuf.
+
+A session with a token-speed SLO gives each round a budget and a deadline
+(`SpeedClasses.objective`, WISP eqs. 5, 6, 12) that the scheduler weighs, and
+its answer says whether the deadline was met: a missed deadline is reported,
+never hidden.
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ from ..protocol import (
 )
 from ._core import EngineCore
 from ._sessions import PendingRound, Session, SessionTable
+from ._slo import SpeedClasses
 from ._validation import RequestChecks
 from .engine import Feed
-from .scheduler import WorkResult
+from .scheduler import Objective, WorkResult
 
 __all__ = ["Opened", "RoundAnswer", "RoundRequest", "Rounds"]
 
@@ -57,6 +63,9 @@ class RoundRequest:
     hidden_encoding: str  # the encoding an SH round will answer in
     continue_after_eog: bool
     key: bytes  # what identifies the request: a retry has the same key
+    draft_ms: float = 0.0  # the device's drafting time for the block (WISP eq. 6)
+    network_ms: float = 0.0  # the device's expected link time for the round
+    arrived: float = 0.0  # time.perf_counter() when the request arrived (eq. 12's a); 0: when read here
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,9 @@ class RoundAnswer:
     queue_ms: float = 0.0
     verify_ms: float = 0.0
     batch_size: int = 1
+    budget_ms: float | None = None  # tau (eq. 6); None: best effort
+    deadline_met: bool | None = None
+    estimated_ms: float = 0.0  # the estimator's forecast for the batch the round ran in
 
 
 @dataclass(frozen=True)
@@ -77,17 +89,24 @@ class Opened:
     session_id: str
     committed_length: int
     prefill_ms: float
+    target_speed: float | None  # tokens/s the session is held to; None: best effort
 
 
 class Rounds:
     def __init__(
-        self, core: EngineCore, sessions: SessionTable, checks: RequestChecks, config: ServerConfig
+        self,
+        core: EngineCore,
+        sessions: SessionTable,
+        checks: RequestChecks,
+        config: ServerConfig,
+        slo: SpeedClasses | None = None,
     ) -> None:
         self.core = core
         self.engine = core.engine
         self.sessions = sessions
         self.checks = checks
         self.config = config
+        self.slo = slo or SpeedClasses()
 
     # -- session lifecycle ------------------------------------------------------------------
 
@@ -98,30 +117,34 @@ class Rounds:
         mode: str,
         temperature: float,
         seed: int,
-        slo_class: str,
         draft: Fingerprint,
         draft_hidden_size: int,
+        slo_name: str = "",
+        target_speed: float = 0.0,
         deadline: float | None = None,
     ) -> Opened:
+        arrived = time.perf_counter()
         self.checks.tokenizer(draft)
         self.checks.sampling(mode, temperature)
+        slo_class, speed = self.slo.resolve(slo_name, target_speed)
         tokens = list(prompt)
         self.checks.prompt(tokens)
-        sess = self.sessions.create(mode=mode, temperature=temperature, seed=seed, slo_class=slo_class)
+        sess = self.sessions.create(mode=mode, temperature=temperature, seed=seed, slo_class=slo_class, speed=speed)
         with sess.lock:
             try:
-                ran = self._run(sess, Feed(sess.seq, 0, tuple(tokens[:-1]), 0), deadline)
+                ran = self._run(sess, Feed(sess.seq, 0, tuple(tokens[:-1]), 0), deadline, Objective(arrived=arrived))
             except BaseException:
                 self.sessions.close(sess.id)
                 raise
             sess.tokens = tokens
             sess.hidden_size = draft_hidden_size
-        return Opened(sess.id, len(tokens), ran.run_ms)
+        return Opened(sess.id, len(tokens), ran.run_ms, speed)
 
     def extend(
         self, session_id: str, base_position: int, tokens: Sequence[int], *, deadline: float | None = None
     ) -> tuple[int, float]:
         """Appends a turn; returns the committed length and the prefill's milliseconds."""
+        arrived = time.perf_counter()
         sess = self.sessions.get(session_id)
         tokens = list(tokens)
         self.checks.tokens(tokens, "the extension")
@@ -131,7 +154,8 @@ class Rounds:
             self._drop_pending(sess)
             # Decode all but the new last token, which stays pending as usual.
             pending = sess.tokens[-1:] + tokens
-            ran = self._run(sess, Feed(sess.seq, len(sess.tokens) - 1, tuple(pending[:-1]), 0), deadline)
+            feed = Feed(sess.seq, len(sess.tokens) - 1, tuple(pending[:-1]), 0)
+            ran = self._run(sess, feed, deadline, Objective(arrived=arrived))
             sess.tokens.extend(tokens)
             sess.last_round = None
             return len(sess.tokens), ran.run_ms
@@ -143,6 +167,7 @@ class Rounds:
 
     def verify(self, r: RoundRequest, *, deadline: float | None = None) -> RoundAnswer:
         """One round; under SH, one half of one."""
+        arrived = r.arrived or time.perf_counter()
         sess = self.sessions.get(r.session_id)
         with sess.lock:
             if sess.last_round is not None and sess.last_round[0] == r.key:
@@ -164,20 +189,24 @@ class Rounds:
             elif r.hidden is not None:
                 what = "SH sends the tokens first" if r.upload == "sh" else "a tokens-only round"
                 raise ProtocolError(f"hidden states arrived with the block, but {what}")
+            objective = self.slo.objective(sess.speed, sess.acceptance, len(block), r.draft_ms, r.network_ms, arrived)
             checks_ms = (time.perf_counter() - t0) * 1e3
             base = len(sess.tokens)
-            ran = self._run(sess, Feed(sess.seq, base - 1, (sess.tokens[-1], *block), len(block) + 1), deadline)
+            feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block), len(block) + 1)
+            ran = self._run(sess, feed, deadline, objective)
             verify_ms = ran.run_ms + checks_ms
             if r.upload == "sh":
                 positions = tuple(mismatch_positions(ran.logits, block))
                 if positions:
+                    budget_ms, met = _outcome(objective)
                     answer = RoundAnswer(
                         None, positions, r.hidden_encoding, queue_ms=ran.queue_ms, verify_ms=verify_ms,
-                        batch_size=ran.batch_size,
+                        batch_size=ran.batch_size, estimated_ms=ran.estimated_ms, budget_ms=budget_ms,
+                        deadline_met=met,
                     )
                     sess.pending = PendingRound(r.key, r, answer, ran.logits, positions)
                     return answer
-            return self._finish(sess, r, ran.logits, ran.queue_ms, verify_ms, hidden, r.key, ran.batch_size)
+            return self._finish(sess, r, ran, verify_ms, hidden, r.key, objective)
 
     def _second_half(self, sess: Session, r: RoundRequest, pending: PendingRound | None) -> RoundAnswer:
         """SH's second half: only the requested rows, naming the round by base and index."""
@@ -194,21 +223,24 @@ class Rounds:
         sess.pending = None
         # This exchange's own time: the first half reported the target pass.
         own_ms = (time.perf_counter() - t0) * 1e3
-        return self._finish(sess, pending.request, pending.logits, 0.0, own_ms, (pending.positions, rows), r.key)
+        ran = WorkResult(pending.logits, 0.0, 0.0, 1)
+        return self._finish(sess, pending.request, ran, own_ms, (pending.positions, rows), r.key, None)
 
     def _finish(
         self,
         sess: Session,
         r: RoundRequest,
-        logits: np.ndarray,
-        queue_ms: float,
+        ran: WorkResult,
         verify_ms: float,
         hidden: tuple[tuple[int, ...], np.ndarray] | None,
         key: bytes,
-        batch_size: int = 1,
+        objective: Objective | None,
     ) -> RoundAnswer:
-        """Accepts a verified block: the verdict, the session's tokens and KV."""
+        """Accepts a verified block: the verdict, the session's tokens and KV. `objective`: the
+        round's SLO, whose deadline the answer reports on (None: an SH second half, whose first
+        half did)."""
         block = r.draft_tokens
+        logits = ran.logits
         t0 = time.perf_counter()
         if sess.mode == "greedy":
             accepted, nxt = accept_greedy(logits, block)
@@ -230,16 +262,25 @@ class Rounds:
         sess.last_hidden = hidden
         n_hidden = 0 if hidden is None else len(hidden[0])
         sess.hidden_rows += n_hidden
+        sess.acceptance = self.slo.smoothed(sess.acceptance, len(block), accepted)
+        budget_ms, met = _outcome(objective) if objective is not None else (None, None)
         answer = RoundAnswer(
-            verdict, hidden_rows=n_hidden, queue_ms=queue_ms, verify_ms=verify_ms + accept_ms, batch_size=batch_size
+            verdict,
+            hidden_rows=n_hidden,
+            queue_ms=ran.queue_ms,
+            verify_ms=verify_ms + accept_ms,
+            batch_size=ran.batch_size,
+            estimated_ms=ran.estimated_ms,
+            budget_ms=budget_ms,
+            deadline_met=met,
         )
         sess.last_round = (key, answer)
         return answer
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _run(self, sess: Session, feed: Feed, deadline: float | None) -> WorkResult:
-        ran = self.core.run(feed, session_id=sess.id, slo_class=sess.slo_class, deadline=deadline)
+    def _run(self, sess: Session, feed: Feed, deadline: float | None, objective: Objective) -> WorkResult:
+        ran = self.core.run(feed, session_id=sess.id, slo_class=sess.slo_class, objective=objective, deadline=deadline)
         sess.decoded += len(feed.tokens)
         return ran
 
@@ -256,3 +297,10 @@ class Rounds:
             return decode_hidden(h, dim=sess.hidden_size, positions=positions)
         except HiddenStateError as exc:
             raise ProtocolError(str(exc)) from None
+
+
+def _outcome(objective: Objective) -> tuple[float | None, bool | None]:
+    """The round's budget and whether it kept to it, as of now (its answer is ready)."""
+    if objective.deadline is None:
+        return None, None
+    return objective.budget_ms, time.perf_counter() <= objective.deadline

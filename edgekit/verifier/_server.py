@@ -15,6 +15,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ..config import ServerConfig
 from ..errors import ConfigError
 from ..protocol import SERVICE_NAME
+from ._calibration import calibrated_estimator, default_calibration_dir
+from ._estimator import VerifyTimeEstimator
 from ._service import VerifierService
 from .engine import Engine, LlamaEngine
 
@@ -75,7 +77,7 @@ class VerifierServer:
                 threads=c.threads,
             )
         self.engine = target
-        self.service = VerifierService(self.engine, c)
+        self.service = VerifierService(self.engine, c, estimator=self._estimator())
         interceptors: list[grpc.ServerInterceptor] = [_TokenAuth(c.token)] if c.token else []
         # gRPC's hard cap sits above ours so an oversize request reaches the
         # service and gets INVALID_ARGUMENT with its size, not a bare transport error.
@@ -104,6 +106,24 @@ class VerifierServer:
         self.address = f"{c.host}:{port}"
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="edgekit-reaper", daemon=True)
+
+    def _estimator(self) -> VerifyTimeEstimator:
+        """The verification-time estimator: calibrated on this machine where the policy
+        plans with it (or the config asks), from the cache when it holds one."""
+        c = self.config
+        if c.calibrate == "off":
+            return VerifyTimeEstimator()
+        return calibrated_estimator(
+            self.engine,
+            n_seq=c.max_sessions,
+            max_context=c.max_context,
+            max_block=c.max_block,
+            prefill_chunk=c.prefill_chunk,
+            threads=c.threads,
+            cache_dir=Path(c.calibration_dir) if c.calibration_dir else default_calibration_dir(),
+            measure=c.policy == "wisp" or c.calibrate == "force",
+            force=c.calibrate == "force",
+        )
 
     def start(self) -> VerifierServer:
         self._server.start()

@@ -31,9 +31,7 @@ from ..protocol import (
     ENCODING_TO_PB,
     FINISH_TO_PB,
     MODE_FROM_PB,
-    PROTOCOL_VERSION,
     SERVICE_NAME,
-    SLO_FROM_PB,
     UPLOAD_FROM_PB,
     distributions_from_pb,
     fingerprint_from_pb,
@@ -44,11 +42,13 @@ from ..protocol import (
 )
 from ._baseline import TargetOnly
 from ._core import EngineCore
+from ._estimator import VerifyTimeEstimator
 from ._rounds import RoundAnswer, RoundRequest, Rounds
 from ._sessions import SessionTable
+from ._slo import SpeedClasses
 from ._validation import RequestChecks
 from .engine import Engine
-from .scheduler import FcfsScheduler, Scheduler
+from .scheduler import FcfsScheduler, Scheduler, WispScheduler
 
 __all__ = ["VerifierService"]
 
@@ -57,17 +57,42 @@ log = logging.getLogger("edgekit.verifier")
 
 class VerifierService:
     """The verifier over `engine`: sessions, rounds and the target-only baseline,
-    with the engine's work ordered by `scheduler` (first come, first served by default)."""
+    with the engine's work ordered by `scheduler` (by default the policy the
+    config names) and planned with `estimator` (by default an uncalibrated one,
+    which learns from the batches that run)."""
 
-    def __init__(self, engine: Engine, config: ServerConfig, *, scheduler: Scheduler | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        config: ServerConfig,
+        *,
+        scheduler: Scheduler | None = None,
+        estimator: VerifyTimeEstimator | None = None,
+    ) -> None:
         self.engine = engine
         self.config = config
         self.fingerprint = engine.fingerprint()
-        self.core = EngineCore(engine, scheduler or FcfsScheduler(), prefill_chunk=config.prefill_chunk)
+        self.estimator = estimator or VerifyTimeEstimator()
+        if scheduler is None:
+            scheduler = (
+                WispScheduler(self.estimator, guard_ms=config.guard_ms, starvation_s=config.starvation_s)
+                if config.policy == "wisp"
+                else FcfsScheduler()
+            )
+        self.policy = getattr(scheduler, "name", type(scheduler).__name__)
+        self.core = EngineCore(
+            engine,
+            scheduler,
+            estimator=self.estimator,
+            prefill_chunk=config.prefill_chunk,
+            max_queue=config.max_queue,
+        )
         self.sessions = SessionTable(config.max_sessions, config.idle_timeout)
         self.checks = RequestChecks(config, self.fingerprint)
-        self.rounds = Rounds(self.core, self.sessions, self.checks, config)
-        self.baseline = TargetOnly(self.core, self.sessions, self.checks, config)
+        assert not isinstance(config.slo_classes, str)  # the config parsed it
+        self.slo = SpeedClasses(config.slo_classes)
+        self.rounds = Rounds(self.core, self.sessions, self.checks, config, self.slo)
+        self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo)
         self._unary: dict[str, tuple[type[Message], Callable[[Message, float | None], Message]]] = {
             "Handshake": (pb.HandshakeRequest, self.handshake),
             "Ping": (pb.PingRequest, self.ping),
@@ -136,11 +161,11 @@ class VerifierService:
 
     def handshake(self, req: Message, deadline: float | None = None) -> pb.HandshakeResponse:
         assert isinstance(req, pb.HandshakeRequest)
-        self.checks.protocol_version(req.protocol_version)
+        version = self.checks.protocol_version(req.protocol_version)
         self.checks.tokenizer(fingerprint_from_pb(req.draft_tokenizer))
         c = self.config
         return pb.HandshakeResponse(
-            protocol_version=PROTOCOL_VERSION,
+            protocol_version=version,
             target_tokenizer=fingerprint_to_pb(self.fingerprint),
             target_model=self.engine.name,
             target_hidden_size=self.engine.n_embd,
@@ -161,6 +186,8 @@ class VerifierService:
                 max_message_bytes=c.max_message_bytes,
                 exact_numerics=self.engine.exact,
                 invariant_batch=self.engine.invariant_batch,
+                slo_classes=self.slo.classes if version >= 2 else {},
+                scheduling_policy=self.policy if version >= 2 else "",
             ),
             server_version=__version__,
             chat_template=self.engine.chat_template() or "",
@@ -180,9 +207,10 @@ class VerifierService:
             mode=_mode(req.sampling.mode),
             temperature=float(req.sampling.temperature),
             seed=req.sampling.seed,
-            slo_class=SLO_FROM_PB.get(req.slo_class, "standard"),
             draft=fingerprint_from_pb(req.draft_tokenizer),
             draft_hidden_size=req.draft_hidden_size,
+            slo_name=req.slo_name,
+            target_speed=req.target_tokens_per_s,
             deadline=deadline,
         )
         return pb.OpenSessionResponse(
@@ -190,6 +218,7 @@ class VerifierService:
             committed_length=opened.committed_length,
             max_context=self.config.max_context,
             prefill_ms=opened.prefill_ms,
+            target_tokens_per_s=opened.target_speed or 0.0,
         )
 
     def extend_session(self, req: Message, deadline: float | None = None) -> pb.ExtendSessionResponse:
@@ -200,6 +229,7 @@ class VerifierService:
     def verify(self, req: Message, deadline: float | None = None) -> pb.VerifyResponse:
         """One round; under SH, one half of one (see the HiddenRequest message)."""
         assert isinstance(req, pb.VerifyRequest)
+        arrived = time.perf_counter()
         h = req.hidden
         upload = req.upload_protocol or pb.UPLOAD_PROTOCOL_TOKENS_ONLY
         answer = self.rounds.verify(
@@ -214,6 +244,9 @@ class VerifierService:
                 hidden_encoding=ENCODING_FROM_PB.get(h.encoding, "fp16"),
                 continue_after_eog=req.continue_after_eog,
                 key=hashlib.sha256(req.SerializeToString(deterministic=True)).digest(),
+                draft_ms=req.draft_ms,
+                network_ms=req.network_ms,
+                arrived=arrived,
             ),
             deadline=deadline,
         )
@@ -236,6 +269,8 @@ class VerifierService:
             max_tokens=req.max_tokens,
             stop_tokens=req.stop_tokens,
             is_active=is_active,
+            slo_name=req.slo_name,
+            target_speed=req.target_tokens_per_s,
         ):
             yield pb.GenerateResponse(
                 token=t.token,
@@ -255,7 +290,15 @@ def _mode(value: int) -> str:
 
 
 def _verify_response(a: RoundAnswer) -> pb.VerifyResponse:
-    timings = pb.ServerTimings(queue_ms=a.queue_ms, verify_ms=a.verify_ms, batch_size=a.batch_size)
+    timings = pb.ServerTimings(
+        queue_ms=a.queue_ms,
+        verify_ms=a.verify_ms,
+        batch_size=a.batch_size,
+        has_deadline=a.budget_ms is not None,
+        budget_ms=a.budget_ms or 0.0,
+        deadline_met=bool(a.deadline_met),
+        estimated_ms=a.estimated_ms,
+    )
     v = a.verdict
     if v is None:
         encoding = ENCODING_TO_PB.get(a.hidden_encoding, pb.HIDDEN_ENCODING_UNSPECIFIED)

@@ -35,7 +35,11 @@ class Session:
     mode: str  # "greedy" | "sample"
     temperature: float
     rng: np.random.Generator
-    slo_class: str
+    slo_class: str  # its SLO class's name ("best-effort" without one), as metrics group it
+    speed: float | None = None  # target tokens/s (WISP sec. 3.1); None: best effort
+    # Smoothed fraction of drafted tokens accepted: the alpha of WISP eq. 5, for the
+    # round's expected committed tokens and so its budget (eq. 6).
+    acceptance: float = 0.5
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # (request key, answer) of the last applied round, for idempotent retries.
@@ -72,13 +76,25 @@ class SessionTable:
         return len(self._sessions)
 
     def create(
-        self, *, mode: str, temperature: float, seed: int, slo_class: str, prefix: str = "s-"
+        self,
+        *,
+        mode: str,
+        temperature: float,
+        seed: int,
+        slo_class: str = "best-effort",
+        speed: float | None = None,
+        prefix: str = "s-",
     ) -> Session:
         # A sequence id comes back with its old cells: the new session's first feed starts at 0 and cuts them.
         with self._lock:
             seq = self._free_seqs.pop() if self._free_seqs else self._evict_lru_locked()
         if seq is None:
-            raise LimitExceededError(f"the verifier is serving its maximum of {self._max} sessions; try again later")
+            wait = self._until_evictable()
+            raise LimitExceededError(
+                f"the verifier is serving its maximum of {self._max} sessions; try again in {wait:.0f} s, "
+                "when the least recently used one may be evicted, or sooner if one closes",
+                retry_after=wait,
+            )
         sess = Session(
             id=prefix + secrets.token_hex(8),
             seq=seq,
@@ -87,6 +103,7 @@ class SessionTable:
             temperature=temperature,
             rng=np.random.default_rng(seed),
             slo_class=slo_class,
+            speed=speed,
         )
         with self._lock:
             self._sessions[sess.id] = sess
@@ -122,6 +139,12 @@ class SessionTable:
         for seq in freed:
             self._recycle(seq)
         return len(freed)
+
+    def _until_evictable(self) -> float:
+        """Seconds until the least recently used session passes the idle timeout (at least 1)."""
+        with self._lock:
+            oldest = min((s.last_used for s in self._sessions.values()), default=time.monotonic())
+        return max(1.0, self._idle_timeout - (time.monotonic() - oldest))
 
     def _recycle(self, seq: int) -> None:
         with self._lock:

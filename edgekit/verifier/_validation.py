@@ -14,7 +14,7 @@ import numpy as np
 
 from ..config import ServerConfig
 from ..errors import IncompatibleModelsError, LimitExceededError, ProtocolError
-from ..protocol import PROTOCOL_VERSION, Fingerprint, SparseDistribution
+from ..protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, Fingerprint, SparseDistribution
 
 __all__ = ["RequestChecks"]
 
@@ -28,12 +28,15 @@ class RequestChecks:
         self.target = target
         self.n_vocab = target.vocab_size
 
-    def protocol_version(self, version: int) -> None:
-        if version != PROTOCOL_VERSION:
+    def protocol_version(self, version: int) -> int:
+        """The version both ends speak: the client's highest, if this verifier speaks it, or its own."""
+        if version < MIN_PROTOCOL_VERSION:
             raise ProtocolError(
-                f"protocol version {version} is not supported; this verifier speaks {PROTOCOL_VERSION}",
+                f"protocol version {version} is not supported; this verifier speaks "
+                f"{MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}",
                 code="FAILED_PRECONDITION",
             )
+        return min(version, PROTOCOL_VERSION)
 
     def tokenizer(self, draft: Fingerprint) -> None:
         fp = self.target

@@ -75,7 +75,14 @@ class TokenizerFingerprint(_message.Message):
     def __init__(self, vocab_size: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., bos_token: _Optional[int] = ..., eos_token: _Optional[int] = ..., model_name: _Optional[str] = ...) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("acceptance_modes", "upload_protocols", "hidden_encodings", "max_block", "max_context", "max_sessions", "assigns_budgets", "max_draft_top_k", "prefix_cache", "max_message_bytes", "exact_numerics", "invariant_batch")
+    __slots__ = ("acceptance_modes", "upload_protocols", "hidden_encodings", "max_block", "max_context", "max_sessions", "assigns_budgets", "max_draft_top_k", "prefix_cache", "max_message_bytes", "exact_numerics", "invariant_batch", "slo_classes", "scheduling_policy")
+    class SloClassesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ACCEPTANCE_MODES_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_PROTOCOLS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_ENCODINGS_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +95,8 @@ class Capabilities(_message.Message):
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     EXACT_NUMERICS_FIELD_NUMBER: _ClassVar[int]
     INVARIANT_BATCH_FIELD_NUMBER: _ClassVar[int]
+    SLO_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULING_POLICY_FIELD_NUMBER: _ClassVar[int]
     acceptance_modes: _containers.RepeatedScalarFieldContainer[AcceptanceMode]
     upload_protocols: _containers.RepeatedScalarFieldContainer[UploadProtocol]
     hidden_encodings: _containers.RepeatedScalarFieldContainer[HiddenEncoding]
@@ -100,7 +109,9 @@ class Capabilities(_message.Message):
     max_message_bytes: int
     exact_numerics: bool
     invariant_batch: int
-    def __init__(self, acceptance_modes: _Optional[_Iterable[_Union[AcceptanceMode, str]]] = ..., upload_protocols: _Optional[_Iterable[_Union[UploadProtocol, str]]] = ..., hidden_encodings: _Optional[_Iterable[_Union[HiddenEncoding, str]]] = ..., max_block: _Optional[int] = ..., max_context: _Optional[int] = ..., max_sessions: _Optional[int] = ..., assigns_budgets: _Optional[bool] = ..., max_draft_top_k: _Optional[int] = ..., prefix_cache: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., exact_numerics: _Optional[bool] = ..., invariant_batch: _Optional[int] = ...) -> None: ...
+    slo_classes: _containers.ScalarMap[str, float]
+    scheduling_policy: str
+    def __init__(self, acceptance_modes: _Optional[_Iterable[_Union[AcceptanceMode, str]]] = ..., upload_protocols: _Optional[_Iterable[_Union[UploadProtocol, str]]] = ..., hidden_encodings: _Optional[_Iterable[_Union[HiddenEncoding, str]]] = ..., max_block: _Optional[int] = ..., max_context: _Optional[int] = ..., max_sessions: _Optional[int] = ..., assigns_budgets: _Optional[bool] = ..., max_draft_top_k: _Optional[int] = ..., prefix_cache: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., exact_numerics: _Optional[bool] = ..., invariant_batch: _Optional[int] = ..., slo_classes: _Optional[_Mapping[str, float]] = ..., scheduling_policy: _Optional[str] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("protocol_version", "draft_tokenizer", "draft_model", "draft_hidden_size", "client_version")
@@ -183,36 +194,42 @@ class SamplingParams(_message.Message):
     def __init__(self, mode: _Optional[_Union[AcceptanceMode, str]] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., semantic_threshold: _Optional[float] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("prompt_tokens", "sampling", "slo_class", "draft_tokenizer", "client_id", "draft_hidden_size")
+    __slots__ = ("prompt_tokens", "sampling", "slo_class", "draft_tokenizer", "client_id", "draft_hidden_size", "slo_name", "target_tokens_per_s")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SLO_CLASS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SLO_NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     slo_class: SloClass
     draft_tokenizer: TokenizerFingerprint
     client_id: str
     draft_hidden_size: int
-    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., slo_class: _Optional[_Union[SloClass, str]] = ..., draft_tokenizer: _Optional[_Union[TokenizerFingerprint, _Mapping]] = ..., client_id: _Optional[str] = ..., draft_hidden_size: _Optional[int] = ...) -> None: ...
+    slo_name: str
+    target_tokens_per_s: float
+    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., slo_class: _Optional[_Union[SloClass, str]] = ..., draft_tokenizer: _Optional[_Union[TokenizerFingerprint, _Mapping]] = ..., client_id: _Optional[str] = ..., draft_hidden_size: _Optional[int] = ..., slo_name: _Optional[str] = ..., target_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("session_id", "committed_length", "max_context", "next_budget", "prefill_ms", "reused_tokens")
+    __slots__ = ("session_id", "committed_length", "max_context", "next_budget", "prefill_ms", "reused_tokens", "target_tokens_per_s")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     NEXT_BUDGET_FIELD_NUMBER: _ClassVar[int]
     PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     committed_length: int
     max_context: int
     next_budget: int
     prefill_ms: float
     reused_tokens: int
-    def __init__(self, session_id: _Optional[str] = ..., committed_length: _Optional[int] = ..., max_context: _Optional[int] = ..., next_budget: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., reused_tokens: _Optional[int] = ...) -> None: ...
+    target_tokens_per_s: float
+    def __init__(self, session_id: _Optional[str] = ..., committed_length: _Optional[int] = ..., max_context: _Optional[int] = ..., next_budget: _Optional[int] = ..., prefill_ms: _Optional[float] = ..., reused_tokens: _Optional[int] = ..., target_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class ExtendSessionRequest(_message.Message):
     __slots__ = ("session_id", "base_position", "tokens")
@@ -257,7 +274,7 @@ class HiddenStates(_message.Message):
     def __init__(self, encoding: _Optional[_Union[HiddenEncoding, str]] = ..., count: _Optional[int] = ..., dim: _Optional[int] = ..., data: _Optional[bytes] = ..., scales: _Optional[_Iterable[float]] = ..., positions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "base_position", "draft_tokens", "draft_distributions", "upload_protocol", "hidden", "link", "slo_class", "round_index", "continue_after_eog")
+    __slots__ = ("session_id", "base_position", "draft_tokens", "draft_distributions", "upload_protocol", "hidden", "link", "slo_class", "round_index", "continue_after_eog", "draft_ms", "network_ms")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BASE_POSITION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +285,8 @@ class VerifyRequest(_message.Message):
     SLO_CLASS_FIELD_NUMBER: _ClassVar[int]
     ROUND_INDEX_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_AFTER_EOG_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_MS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     base_position: int
     draft_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -278,17 +297,27 @@ class VerifyRequest(_message.Message):
     slo_class: SloClass
     round_index: int
     continue_after_eog: bool
-    def __init__(self, session_id: _Optional[str] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., upload_protocol: _Optional[_Union[UploadProtocol, str]] = ..., hidden: _Optional[_Union[HiddenStates, _Mapping]] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., slo_class: _Optional[_Union[SloClass, str]] = ..., round_index: _Optional[int] = ..., continue_after_eog: _Optional[bool] = ...) -> None: ...
+    draft_ms: float
+    network_ms: float
+    def __init__(self, session_id: _Optional[str] = ..., base_position: _Optional[int] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., upload_protocol: _Optional[_Union[UploadProtocol, str]] = ..., hidden: _Optional[_Union[HiddenStates, _Mapping]] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., slo_class: _Optional[_Union[SloClass, str]] = ..., round_index: _Optional[int] = ..., continue_after_eog: _Optional[bool] = ..., draft_ms: _Optional[float] = ..., network_ms: _Optional[float] = ...) -> None: ...
 
 class ServerTimings(_message.Message):
-    __slots__ = ("queue_ms", "verify_ms", "batch_size")
+    __slots__ = ("queue_ms", "verify_ms", "batch_size", "has_deadline", "budget_ms", "deadline_met", "estimated_ms")
     QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HAS_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MET_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_MS_FIELD_NUMBER: _ClassVar[int]
     queue_ms: float
     verify_ms: float
     batch_size: int
-    def __init__(self, queue_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    has_deadline: bool
+    budget_ms: float
+    deadline_met: bool
+    estimated_ms: float
+    def __init__(self, queue_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., has_deadline: _Optional[bool] = ..., budget_ms: _Optional[float] = ..., deadline_met: _Optional[bool] = ..., estimated_ms: _Optional[float] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ("accepted", "next_token", "bonus", "committed_length", "next_budget", "context_full", "ended", "hidden_rows")
@@ -339,16 +368,20 @@ class CloseSessionResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt_tokens", "sampling", "max_tokens", "stop_tokens")
+    __slots__ = ("prompt_tokens", "sampling", "max_tokens", "stop_tokens", "slo_name", "target_tokens_per_s")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SLO_NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     max_tokens: int
     stop_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    slo_name: str
+    target_tokens_per_s: float
+    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., slo_name: _Optional[str] = ..., target_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token", "index", "decode_ms", "finish_reason", "prefill_ms")

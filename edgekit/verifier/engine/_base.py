@@ -42,6 +42,7 @@ class Engine(Protocol):
     """
 
     name: str
+    identity: str  # what a calibration of its speed holds for (the model file, or the toy's make)
     n_vocab: int
     n_embd: int  # the target's hidden size
     exact: bool  # greedy output token-identical to target-only decoding

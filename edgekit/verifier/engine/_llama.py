@@ -24,6 +24,7 @@ kernel llama.cpp has.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -118,6 +119,8 @@ class LlamaEngine:
     ) -> None:
         self.model = LlamaModel(model_path, name=name, repack=not exact)
         self.name = self.model.name
+        stat = os.stat(model_path)
+        self.identity = f"{os.path.basename(model_path)}:{stat.st_size}:{int(stat.st_mtime)}"
         self.n_vocab = self.model.n_vocab
         self.n_embd = self.model.n_embd
         n_batch = max(512, max_block + 1)

@@ -5,12 +5,15 @@ rules of the llama.cpp engine: a feed first cuts its sequence to `start` (it
 may not start past the end), a feed that would pass `max_context` cells raises
 `KVCacheFullError` and leaves the sequences as they were, and the logits of a
 position are the toy model's for the sequence up to and including it.
-Batch-invariant by construction.
+Batch-invariant by construction. Given `cost` (a batch's milliseconds, say an
+estimator's prediction), a batch also takes that long, so that schedulers can
+be tested against an engine whose speed is known.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -23,9 +26,19 @@ __all__ = ["ToyEngine"]
 
 
 class ToyEngine:
-    def __init__(self, lm: ToyLanguageModel, *, n_seq: int, max_context: int, hidden_size: int = 8) -> None:
+    def __init__(
+        self,
+        lm: ToyLanguageModel,
+        *,
+        n_seq: int,
+        max_context: int,
+        hidden_size: int = 8,
+        cost: Callable[[Sequence[Feed]], float] | None = None,
+    ) -> None:
         self.lm = lm
         self.name = lm.name
+        self.identity = f"toy:{lm.name}:{lm.vocab_size}"
+        self.cost = cost
         self.n_vocab = lm.vocab_size
         self.n_embd = hidden_size
         self.exact = True
@@ -53,7 +66,11 @@ class ToyEngine:
                 )
             if feed.start + len(feed.tokens) > self.max_context:
                 raise KVCacheFullError("no free KV cells for this batch")
-        return [self._run(feed) for feed in feeds]
+        t0 = time.perf_counter()
+        out = [self._run(feed) for feed in feeds]
+        if self.cost is not None:
+            time.sleep(max(0.0, self.cost(feeds) / 1e3 - (time.perf_counter() - t0)))
+        return out
 
     def _run(self, feed: Feed) -> np.ndarray:
         kv = self._kv[feed.seq]

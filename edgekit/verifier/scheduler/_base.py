@@ -10,6 +10,7 @@ budgets) are schedulers.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -20,7 +21,17 @@ import numpy as np
 
 from ..engine import Feed
 
-__all__ = ["Batch", "Scheduler", "Work", "WorkResult"]
+__all__ = ["Batch", "Objective", "Scheduler", "Work", "WorkQueue", "WorkResult", "complete"]
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a work is for, as a policy weighs it (WISP sec. 4.2)."""
+
+    deadline: float | None = None  # time.perf_counter() by which its round should be answered (eq. 12); None: none
+    budget_ms: float | None = None  # the round's server-side budget tau (eq. 6)
+    value: float = 0.0  # tokens it is expected to commit (eq. 5, plus the verifier's own)
+    arrived: float | None = None  # time.perf_counter() when its request arrived; None: when submitted
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,7 @@ class WorkResult:
     queue_ms: float  # from submission to dispatch
     run_ms: float  # the batch it ran in, on the engine
     batch_size: int  # works in that batch
+    estimated_ms: float = 0.0  # what the scheduler's estimator expected of that batch (0: no estimate)
 
 
 @dataclass(eq=False)
@@ -37,7 +49,8 @@ class Work:
 
     feed: Feed
     session_id: str = ""
-    slo_class: str = "standard"
+    slo_class: str = "best-effort"
+    objective: Objective = field(default_factory=Objective)
     submitted: float = field(default_factory=time.perf_counter)
     future: Future[WorkResult] = field(default_factory=Future)
 
@@ -46,11 +59,18 @@ class Work:
         """Tokens it puts through the engine."""
         return len(self.feed.tokens)
 
+    @property
+    def arrived(self) -> float:
+        """When its request arrived (its waiting counts from there)."""
+        a = self.objective.arrived
+        return self.submitted if a is None else a
+
 
 @dataclass(frozen=True)
 class Batch:
     works: tuple[Work, ...]
     dispatched: float = field(default_factory=time.perf_counter)
+    estimated_ms: float = 0.0  # the policy's forecast of its run time (0: none)
 
     @property
     def feeds(self) -> list[Feed]:
@@ -75,3 +95,34 @@ class Scheduler(Protocol):
     def update(self, batch: Batch, outputs: Sequence[np.ndarray] | BaseException, run_ms: float) -> None:
         """A batch ran: its outputs (one per work, in order) or the error that stopped it."""
         ...
+
+
+def complete(batch: Batch, outputs: Sequence[np.ndarray] | BaseException, run_ms: float) -> None:
+    """Hands a batch's outputs (or the error that stopped it) to its works' futures."""
+    for i, work in enumerate(batch.works):
+        if isinstance(outputs, BaseException):
+            work.future.set_exception(outputs)
+        else:
+            queue_ms = (batch.dispatched - work.submitted) * 1e3
+            work.future.set_result(WorkResult(outputs[i], queue_ms, run_ms, len(batch.works), batch.estimated_ms))
+
+
+class WorkQueue:
+    """What every policy shares: the waiting works, in arrival order, under a lock;
+    `update` hands results back. A policy adds `schedule`."""
+
+    def __init__(self) -> None:
+        self._queue: list[Work] = []
+        self._lock = threading.Lock()
+
+    def submit(self, work: Work) -> Future[WorkResult]:
+        with self._lock:
+            self._queue.append(work)
+        return work.future
+
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def update(self, batch: Batch, outputs: Sequence[np.ndarray] | BaseException, run_ms: float) -> None:
+        complete(batch, outputs, run_ms)

@@ -1,0 +1,135 @@
+"""WISP's SLO-aware batch scheduling (WISP sec. 4.2-4.3, Algorithm 1).
+
+At each dispatch epoch t (whenever the engine is free) the waiting works are
+split by their latest start time LST = d - v - delta (eq. 17), d being a work's
+deadline (eq. 12), v its verification time alone as the estimator predicts it
+and delta a guard for the estimator's error: those past it are critical and
+go first, earliest deadline first; the others fill what is left of the batch
+by utility U = N^v / v (expected committed tokens per millisecond, eq. 16),
+highest first. Every addition must keep the batch feasible (FEASIBLEADD): its
+rows within the memory budget (eq. 14; here the engine's rows per decode, as
+each session's KV is already allocated) and t plus the batch's predicted time
+within the deadline of every member (eq. 15). The first addition that does not
+fit stops the batch.
+
+What Algorithm 1 leaves open, decided here:
+- A work whose deadline cannot be met any more, even alone (late), is not
+  dropped (its device waits for the verdict, and its response's speed still
+  counts): it goes after the critical works and before the rest, and its own
+  deadline no longer constrains the batch.
+- A work that has waited `starvation_s` goes first whatever its deadline or
+  utility (oldest first): best-effort work, prefills (worth no tokens of their
+  own) and late work all wait a bounded time.
+- A batch is never empty while work waits: if nothing else fits, the oldest
+  work goes alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .._estimator import VerifyTimeEstimator, batch_features
+from ._base import Batch, Work, WorkQueue
+
+__all__ = ["WispScheduler"]
+
+
+class WispScheduler(WorkQueue):
+    name = "wisp"
+
+    def __init__(
+        self,
+        estimator: VerifyTimeEstimator,
+        *,
+        guard_ms: float = 20.0,
+        starvation_s: float = 2.0,
+        max_rows: int = 512,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if max_rows < 1 or guard_ms < 0 or starvation_s <= 0:
+            raise ValueError("max_rows must be >= 1, guard_ms >= 0 and starvation_s > 0")
+        super().__init__()
+        self.estimator = estimator
+        self.guard_ms = guard_ms
+        self.starvation_s = starvation_s
+        self.max_rows = max_rows
+        self.clock = clock  # the dispatch epoch's time: perf_counter, or a simulation's virtual clock
+
+    def schedule(self) -> Batch | None:
+        with self._lock:
+            self._queue = [w for w in self._queue if not w.future.cancelled()]  # callers that gave up
+            if not self._queue:
+                return None
+            now = self.clock()
+            chosen, estimated_ms = self.plan(self._queue, now)
+            taken = {id(w) for w in chosen}
+            self._queue = [w for w in self._queue if id(w) not in taken]
+            for work in chosen:
+                work.future.set_running_or_notify_cancel()
+            return Batch(tuple(chosen), dispatched=now, estimated_ms=estimated_ms)
+
+    def plan(self, queue: Sequence[Work], now: float) -> tuple[list[Work], float]:
+        """Algorithm 1 at epoch `now` over `queue` (in arrival order): the batch, and its predicted ms."""
+        coef = self.estimator.coefficients.vector()
+        feats = {id(w): batch_features([w.feed]) for w in queue}
+        solo_ms = {id(w): float(feats[id(w)] @ coef) for w in queue}
+
+        def late(w: Work) -> bool:
+            d = w.objective.deadline
+            return d is not None and now + solo_ms[id(w)] / 1e3 > d
+
+        forced, critical, overdue, rest = [], [], [], []
+        for w in queue:
+            d = w.objective.deadline
+            if now - w.arrived >= self.starvation_s:
+                forced.append(w)
+            elif late(w):
+                overdue.append(w)
+            elif d is not None and now >= d - (solo_ms[id(w)] + self.guard_ms) / 1e3:  # past LST (eq. 17)
+                critical.append(w)
+            else:
+                rest.append(w)
+        forced.sort(key=lambda w: w.arrived)
+        critical.sort(key=lambda w: (w.objective.deadline, w.arrived))  # EDF
+        overdue.sort(key=lambda w: (w.objective.deadline, w.arrived))
+        # Utility: expected committed tokens per predicted ms (eq. 16); ties go to the older work.
+        rest.sort(key=lambda w: (-w.objective.value / max(solo_ms[id(w)], 1e-3), w.arrived))
+
+        batch: list[Work] = []
+        x = np.zeros(len(coef))
+        rows = 0
+        d_min = float("inf")
+
+        def feasible_add(w: Work, *, check_deadlines: bool = True) -> bool:
+            nonlocal x, rows, d_min
+            x2 = x + feats[id(w)]
+            x2[-1] = 1.0  # one batch: one constant
+            rows2 = rows + w.rows
+            d = w.objective.deadline
+            d_min2 = d_min if d is None or late(w) else min(d_min, d)
+            if batch and rows2 > self.max_rows:  # eq. 14 (the first work always fits)
+                return False
+            if batch and check_deadlines and now + float(x2 @ coef) / 1e3 > d_min2:  # eq. 15
+                return False
+            batch.append(w)
+            x, rows, d_min = x2, rows2, d_min2
+            return True
+
+        for w in forced:
+            if not feasible_add(w, check_deadlines=False):
+                break
+        stop = False
+        for w in critical:
+            if not feasible_add(w):
+                stop = True  # a violation: the batch stops growing
+                break
+        if not stop:
+            for group in (overdue, rest):
+                if not all(feasible_add(w) for w in group):
+                    break
+        if not batch:
+            feasible_add(min(queue, key=lambda w: w.arrived), check_deadlines=False)
+        return batch, float(x @ coef)

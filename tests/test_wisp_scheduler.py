@@ -1,0 +1,150 @@
+"""WISP's Algorithm 1 (`WispScheduler`) on a virtual clock: which works a dispatch
+epoch takes and in what order. The estimator's coefficients are fixed: a work of
+n rows alone takes n + 5 ms (1 ms per row, 5 ms per batch); the guard time is 5 ms
+unless a test says otherwise, so a work is critical from 15 ms to 10 ms before its
+deadline (its latest start, eq. 17) and late after."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgekit.verifier import Coefficients, Feed, Objective, VerifyTimeEstimator, WispScheduler, Work
+
+COST = Coefficients(a=1.0, c=5.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _scheduler(clock: Clock, **kw) -> WispScheduler:
+    return WispScheduler(VerifyTimeEstimator(COST), clock=clock, **({"guard_ms": 5.0} | kw))
+
+
+def _work(name: str, clock: Clock, rows: int = 5, *, due_ms: float | None = None, value: float = 3.0,
+          waited_ms: float = 0.0) -> Work:
+    """A work of `rows` rows, due `due_ms` from now (None: best effort), that arrived `waited_ms` ago."""
+    deadline = None if due_ms is None else clock.now + due_ms / 1e3
+    arrived = clock.now - waited_ms / 1e3
+    return Work(Feed(0, 0, tuple(range(rows)), rows), session_id=name,
+                objective=Objective(deadline, due_ms, value, arrived), submitted=arrived)
+
+
+def _names(batch) -> list[str]:
+    return [w.session_id for w in batch.works]
+
+
+def test_best_effort_works_fill_the_batch_by_utility():
+    clock = Clock()
+    s = _scheduler(clock, max_rows=10)  # room for two works of five rows
+    for name, value in (("low", 1.0), ("high", 4.0), ("mid", 2.0)):
+        s.submit(_work(name, clock, value=value))
+    batch = s.schedule()
+    assert _names(batch) == ["high", "mid"]  # U = value / 10 ms, highest first (eq. 16)
+    assert batch.estimated_ms == pytest.approx(10 + 5)  # both works' rows and one batch constant
+    assert _names(s.schedule()) == ["low"] and s.schedule() is None
+
+
+def test_utility_weighs_expected_tokens_against_the_works_cost():
+    clock = Clock()
+    s = _scheduler(clock, max_rows=30)
+    s.submit(_work("long", clock, rows=25, value=4.0))  # 4 tokens / 30 ms
+    s.submit(_work("short", clock, rows=5, value=2.0))  # 2 tokens / 10 ms: denser
+    s.submit(_work("medium", clock, rows=20, value=3.5))  # 3.5 tokens / 25 ms
+    assert _names(s.schedule()) == ["short", "medium"]  # "long" would pass the row budget: the batch stops
+
+
+def test_critical_works_go_first_in_deadline_order():
+    clock = Clock()
+    s = _scheduler(clock, max_rows=10)
+    s.submit(_work("rich", clock, value=100.0))  # best effort, very high utility
+    s.submit(_work("later", clock, due_ms=16.0))  # latest start 16 - 10 - 5 = 1 ms away: not critical
+    s.submit(_work("sooner", clock, due_ms=14.0))  # latest start 1 ms ago: critical
+    s.submit(_work("soonest", clock, due_ms=12.0))  # critical, earlier deadline
+    # EDF among the critical; with both the batch would take 15 ms, past "soonest"'s deadline: it stops.
+    assert _names(s.schedule()) == ["soonest"]
+    # Still critical at the next epoch, "sooner" goes before "rich", which would make it late.
+    assert _names(s.schedule()) == ["sooner"]
+    assert _names(s.schedule()) == ["rich", "later"]
+
+
+def test_a_work_joins_only_if_every_member_still_meets_its_deadline_and_the_guard_protects_the_tight():
+    def submit(s: WispScheduler, clock: Clock) -> None:
+        s.submit(_work("tight", clock, rows=5, due_ms=20.0))  # 10 ms alone: latest start 10 ms away
+        s.submit(_work("big", clock, rows=30, value=30.0))  # best effort, the densest: 35 ms alone
+        s.submit(_work("small", clock, rows=2, value=1.0))
+
+    clock = Clock()
+    greedy = _scheduler(clock)  # latest start 5 ms away: nothing is critical yet; by utility: big, tight, small
+    submit(greedy, clock)
+    # "big" goes; "tight" would make the batch 40 ms, past its 20 ms deadline: the batch stops there.
+    assert _names(greedy.schedule()) == ["big"]
+    guarded = _scheduler(clock, guard_ms=15.0)  # latest start now: "tight" is critical
+    submit(guarded, clock)
+    batch = guarded.schedule()
+    assert _names(batch) == ["tight"]  # "big" would break its deadline, which stops the batch
+    assert clock.now + batch.estimated_ms / 1e3 <= batch.works[0].objective.deadline
+    assert _names(guarded.schedule()) == ["big", "small"]
+
+
+def test_the_guard_time_makes_a_work_critical_earlier():
+    clock = Clock()
+    works = lambda: [_work("rich", clock, value=50.0), _work("due", clock, due_ms=25.0)]  # noqa: E731
+    plain = _scheduler(clock, max_rows=5)  # one work per batch
+    for w in works():
+        plain.submit(w)
+    assert _names(plain.schedule()) == ["rich"]  # LST = 25 - 10 - 5 = 10 ms away: not critical
+    guarded = _scheduler(clock, max_rows=5, guard_ms=20.0)
+    for w in works():
+        guarded.submit(w)
+    assert _names(guarded.schedule()) == ["due"]  # LST = 25 - 10 - 20 < now: critical (eq. 17)
+
+
+def test_a_late_work_is_not_dropped_and_does_not_hold_the_others_to_its_deadline():
+    clock = Clock()
+    s = _scheduler(clock)
+    s.submit(_work("best", clock, value=1.0))  # U = 0.1
+    s.submit(_work("due16", clock, due_ms=16.0))  # latest start 1 ms away; U = 0.3
+    s.submit(_work("late", clock, due_ms=2.0))  # 10 ms alone: its deadline cannot be met any more
+    # The late work first (before the non-critical), without its deadline; "due16" fits (15 ms),
+    # "best" would make the batch 20 ms, past "due16"'s deadline.
+    batch = s.schedule()
+    assert _names(batch) == ["late", "due16"] and batch.estimated_ms == pytest.approx(15.0)
+    assert _names(s.schedule()) == ["best"]
+
+
+def test_best_effort_work_waits_at_most_the_starvation_bound():
+    clock = Clock()
+    s = _scheduler(clock, max_rows=10, starvation_s=0.5)
+    s.submit(_work("prefill", clock, rows=8, value=0.0))  # worth no tokens: lowest utility
+    waited = None
+    for epoch in range(200):  # every 10 ms two dense works arrive and fill the batch
+        s.submit(_work(f"a{epoch}", clock, value=5.0))
+        s.submit(_work(f"b{epoch}", clock, value=5.0))
+        batch = s.schedule()
+        if "prefill" in _names(batch):
+            waited = epoch * 0.010
+            break
+        clock.now += 0.010
+    assert waited is not None and 0.5 <= waited <= 0.52
+
+
+def test_a_batch_is_never_empty_while_work_waits():
+    clock = Clock()
+    s = _scheduler(clock, max_rows=4)
+    s.submit(_work("too big", clock, rows=9, due_ms=1.0))  # over the row budget and already late
+    assert _names(s.schedule()) == ["too big"]
+
+
+def test_works_whose_caller_gave_up_are_dropped():
+    clock = Clock()
+    s = _scheduler(clock)
+    gone = _work("gone", clock)
+    s.submit(gone)
+    s.submit(_work("here", clock))
+    gone.future.cancel()
+    assert _names(s.schedule()) == ["here"] and s.waiting() == 0
