@@ -1,0 +1,101 @@
+"""The fleet simulator (benchmarks/_fleet.py, benchmarks/fleet.py): recorded traces
+replayed by simulated devices against a real gRPC verifier. Over the toy target it
+runs in seconds and its faithfulness check is shown to bite; `fleet.py smoke` runs
+the short real configuration on the gemma pair, as CI does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgekit import ServerConfig
+from edgekit.drafting import FixedWindow
+from edgekit.testing import FakeDraftModel, ToyLanguageModel
+from edgekit.verifier import ToyEngine, VerifierServer
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from _fleet import DeviceSpec, Fleet, Trace, load_traces, record_trace, save_traces  # noqa: E402
+
+TARGET = ToyLanguageModel(seed=11)
+DRAFT = FakeDraftModel(ToyLanguageModel(seed=11, noise=1.5), n_embd=8)
+
+
+def _greedy(context: list[int], n: int) -> list[int]:
+    out, ctx = [], list(context)
+    for _ in range(n):
+        ctx.append(int(np.argmax(TARGET.logits(ctx))))
+        out.append(ctx[-1])
+    return out
+
+
+@pytest.fixture(scope="module")
+def traces() -> list[Trace]:
+    out = []
+    for text in ("the first prompt", "a second, longer prompt for the toy"):
+        prompt = DRAFT.tokenize(text)
+        out.append(record_trace(DRAFT, prompt, _greedy(prompt, 24), window=6))
+    return out
+
+
+@pytest.fixture()
+def server():
+    config = ServerConfig(port=0, max_sessions=8, max_context=256, max_block=8, calibrate="off")
+    with VerifierServer(ToyEngine(TARGET, n_seq=8, max_context=256), config) as s:
+        yield s
+
+
+def _specs(n: int) -> list[DeviceSpec]:
+    classes = [("realtime", 8.0), ("relaxed", 2.0), (None, None)]
+    return [DeviceSpec(*classes[i % 3], speed_factor=1.0, rtt_ms=2.0) for i in range(n)]
+
+
+def test_a_trace_holds_the_drafts_continuation_at_every_position(traces, tmp_path):
+    t = traces[0]
+    assert len(t.drafts) == len(t.target) == 24 and all(len(c) == 6 for c in t.drafts)
+    # The draft's greedy continuation after prompt + target[:i] is what the draft proposes there.
+    for i in (0, 7, 23):
+        DRAFT.truncate(0)
+        assert DRAFT.eval(t.prompt + t.target[:i]).stats.argmax() == t.drafts[i][0]
+    assert t.accepted(0, t.target[:3] + [t.target[3] + 1]) == 3
+    save_traces(tmp_path / "t.json", traces, {"pair": "toy"})
+    back, meta = load_traces(tmp_path / "t.json")
+    assert back == traces and meta == {"pair": "toy"}
+
+
+@pytest.mark.parametrize("mode", ["speculative", "reprefill", "centralized"])
+def test_devices_replay_the_traces_faithfully_in_every_mode(traces, server, mode):
+    fleet = Fleet(server.address, DRAFT.fingerprint(), traces, _specs(3), mode=mode,
+                  controller=lambda: FixedWindow(3), duration=1.5, max_window=6).run()
+    assert fleet.errors == []
+    assert fleet.responses and all(r.tokens == 24 for r in fleet.responses)  # every response to the end
+    summary = fleet.summary()
+    assert set(summary["classes"]) == {"realtime", "relaxed", "best-effort"}
+    assert summary["goodput_tokens_per_s"] > 0
+    if mode != "centralized":
+        assert all(r.drafted <= 3 for r in fleet.rounds)
+        with_slo = [r for r in fleet.rounds if r.device % 3 != 2]
+        assert with_slo and all(r.budget_ms is not None for r in with_slo)
+
+
+def test_a_trace_that_is_not_the_targets_output_is_caught(traces, server):
+    bad = Trace(traces[0].prompt, list(traces[0].target), [list(c) for c in traces[0].drafts],
+                traces[0].features, traces[0].step_ms)
+    bad.target[5] = (bad.target[5] + 1) % TARGET.vocab_size  # the recorded output is wrong from position 5
+    fleet = Fleet(server.address, DRAFT.fingerprint(), [bad], _specs(1), controller=lambda: FixedWindow(3),
+                  duration=0.5, max_window=6).run()
+    assert fleet.errors and "the trace says" in fleet.errors[0]
+
+
+@pytest.mark.timeout(600)
+def test_the_smoke_configuration_runs_on_the_gemma_pair(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "fleet.py"), "smoke", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    for system in ("fcfs", "wisp", "sled", "centralized"):
+        assert f"{system}: " in done.stdout
