@@ -126,6 +126,23 @@ class _RecordedStep:
         self.hidden = None
 
 
+def draft_block(controller: Controller, trace: Trace, pos: int, k: int) -> tuple[list[int], int]:
+    """The block a window policy drafts at `pos` (the recorded continuation, cut where the
+    policy stops) and the draft steps it took (a stop decision costs the step it read)."""
+    cont, feats = trace.drafts[pos], trace.features[pos]
+    block: list[int] = []
+    steps = 0
+    for j in range(min(k, len(cont))):
+        steps += 1
+        decision = controller.draft_next(j + 1, _RecordedStep(cont[j], feats[j]))  # type: ignore[arg-type]
+        if not decision:
+            break
+        block.append(cont[j])
+        if decision == Decision.LAST:
+            break
+    return block, steps
+
+
 # -- devices ------------------------------------------------------------------------------
 
 
@@ -251,7 +268,7 @@ class Fleet:
                 limit = min(self.max_window, len(trace.target) - pos)
                 if budget:
                     limit = min(limit, budget)
-                block, steps = self._draft(controller, trace, pos, controller.window(limit))
+                block, steps = draft_block(controller, trace, pos, controller.window(limit))
                 draft_ms = steps * trace.step_ms * spec.speed_factor
                 time.sleep(draft_ms / 1e3)
                 context = trace.prompt + trace.target[:pos]
@@ -288,21 +305,6 @@ class Fleet:
             if sid is not None and self.mode == "speculative":
                 transport.close_session(sid)
         self._response(i, spec, min(pos, len(trace.target)), started, rounds)
-
-    def _draft(self, controller: Controller, trace: Trace, pos: int, k: int) -> tuple[list[int], int]:
-        """The block a policy drafts at `pos` (the recorded continuation, cut where it stops) and its steps."""
-        cont, feats = trace.drafts[pos], trace.features[pos]
-        block: list[int] = []
-        steps = 0
-        for j in range(min(k, len(cont))):
-            steps += 1
-            decision = controller.draft_next(j + 1, _RecordedStep(cont[j], feats[j]))  # type: ignore[arg-type]
-            if not decision:
-                break
-            block.append(cont[j])
-            if decision == Decision.LAST:
-                break
-        return block, steps
 
     def _centralized(self, i: int, spec: DeviceSpec, transport: GrpcTransport, trace: Trace) -> None:
         started = time.perf_counter()

@@ -61,8 +61,8 @@ SYSTEMS: dict[str, tuple[str, str, str]] = {  # name: (verifier policy, device m
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def traces_path(pair: str) -> Path:
-    return RESULTS / f"fleet_traces_{pair}.json"
+def traces_path(pair: str, tokens: int = 48) -> Path:
+    return RESULTS / (f"fleet_traces_{pair}.json" if tokens == 48 else f"fleet_traces_{pair}_{tokens}.json")
 
 
 # -- recording -------------------------------------------------------------------------------
@@ -383,7 +383,8 @@ def main(argv: list[str] | None = None) -> None:
         for k, v in dict(speed_min=1.0, speed_max=1.5, rtt_min=5.0, rtt_max=20.0).items():
             setattr(args, k, v)
     if args.cmd == "record":
-        path = record(args.pair, args.prompts, args.tokens, args.window, args.threads, traces_path(args.pair))
+        path = record(args.pair, args.prompts, args.tokens, args.window, args.threads,
+                      traces_path(args.pair, args.tokens))
         print(path)
     elif args.cmd == "run":
         payload = cmd_run(args)

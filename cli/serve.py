@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from enum import Enum
@@ -20,6 +21,13 @@ class Numerics(str, Enum):
 class Policy(str, Enum):
     fcfs = "fcfs"
     wisp = "wisp"
+
+
+class LogLevel(str, Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
 
 
 def serve(
@@ -69,12 +77,23 @@ def serve(
         help="Measure the verification-time estimator again on this machine (else: the cached calibration, measured "
         "once when the policy needs it).",
     ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=0, max=65535, metavar="PORT",
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port); needs "
+        "pip install 'edgekit\\[server]'.",  # escaped: rich would read [server] as a tag
+    ),
+    log_level: LogLevel = typer.Option(
+        LogLevel.warning, "--log-level", envvar="EDGEKIT_LOG_LEVEL",
+        help="The verifier's log on stderr: info adds start-up and evictions, debug every engine batch "
+        "(works, rows, estimated and measured time).",
+    ),
 ) -> None:
     """Serve a target model as an edgekit verifier (gRPC, edgekit.verifier.v1, with grpc.health.v1)."""
     from edgekit import ServerConfig
     from edgekit.config import DEFAULT_SLO_CLASSES
     from edgekit.verifier import VerifierServer
 
+    _log_to_stderr(log_level.value)
     config = ServerConfig(
         host=host,
         port=port,
@@ -93,6 +112,7 @@ def serve(
         starvation_s=starvation,
         calibrate="force" if calibrate else "auto",
         slo_classes=",".join(slo_class) if slo_class else dict(DEFAULT_SLO_CLASSES),
+        metrics_port=metrics_port,
     )
     if model is not None:
         path, name = model, model.stem
@@ -113,9 +133,21 @@ def serve(
     estimator = server.service.estimator
     fitted = "calibrated" if estimator.calibrated else "learning from live batches"
     note(f"scheduling: {policy.value}; SLO classes (tok/s): {classes}; time estimator {fitted}")
+    if server.metrics_address is not None:
+        note(f"metrics: http://{server.metrics_address}/metrics")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     note("stopping: finishing calls in flight")
     server.stop(grace=5.0)
+
+
+def _log_to_stderr(level: str) -> None:
+    """edgekit's own loggers to stderr at `level` (other libraries' stay as they are)."""
+    logger = logging.getLogger("edgekit")
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)

@@ -156,6 +156,9 @@ class ServerConfig:
     # again; "off" never measures (the estimator learns from the live batches only).
     calibrate: Calibrate = "auto"
     calibration_dir: str | None = None  # None: $XDG_CACHE_HOME/edgekit/calibration or ~/.cache/...
+    # Serve Prometheus metrics over HTTP on this port of `host` (0 picks a free port); None: no
+    # endpoint. Needs prometheus-client: pip install 'edgekit[server]'.
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_block < 1 or self.max_context < 8:
@@ -170,6 +173,8 @@ class ServerConfig:
             raise ConfigError(f"calibrate must be auto, force or off, got {self.calibrate!r}")
         if not (self.guard_ms >= 0 and self.starvation_s > 0 and self.max_queue >= 1):
             raise ConfigError("guard_ms must be >= 0, starvation_s > 0 and max_queue >= 1")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be a port number (0 for a free one), got {self.metrics_port}")
         object.__setattr__(self, "slo_classes", _slo_classes(self.slo_classes))
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("TLS needs both a certificate and a key")
@@ -210,15 +215,18 @@ def _env_values(cls: type, prefix: str) -> dict[str, Any]:
         if raw is None:
             continue
         default = getattr(defaults, f.name)
+        # An optional number (None by default) is read as the number it is when set.
+        kind = type(default) if default is not None else {"int | None": int, "float | None": float}.get(str(f.type))
         try:
-            if isinstance(default, bool):
+            if kind is bool:
                 out[f.name] = raw.lower() in ("1", "true", "yes", "on")
-            elif isinstance(default, int):
+            elif kind is int:
                 out[f.name] = int(raw)
-            elif isinstance(default, float):
+            elif kind is float:
                 out[f.name] = float(raw)
             else:
                 out[f.name] = raw
         except ValueError as exc:
-            raise ConfigError(f"{prefix}{f.name.upper()}={raw!r} is not a valid {type(default).__name__}") from exc
+            what = kind.__name__ if kind is not None else type(default).__name__
+            raise ConfigError(f"{prefix}{f.name.upper()}={raw!r} is not a valid {what}") from exc
     return out

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 from typer.testing import CliRunner
@@ -39,6 +40,9 @@ def test_every_command_explains_its_options(command):
     if command == ["generate"]:
         for option in ("--pair", "--verifier", "--prompt", "--max-tokens", "--mode", "--draft-k", "--seed", "--json",
                        "--baseline", "--drafting", "--predictor", "--max-window", "--p-min"):
+            assert option in result.output
+    if command == ["serve"]:
+        for option in ("--policy", "--slo-class", "--metrics-port", "--log-level"):
             assert option in result.output
 
 
@@ -104,16 +108,25 @@ def test_serve_announces_its_address_serves_and_stops_on_sigterm(gemma_draft):
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgekit.cli.app", "serve", "--pair", "gemma-270m", "--port", "0", "--max-sessions", "2",
-         "--max-context", "512"],
+         "--max-context", "512", "--metrics-port", "0", "--log-level", "info"],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
     )
     try:
-        line = proc.stderr.readline()
-        match = re.search(r"on (127\.0\.0\.1:\d+) \(exact numerics, invariant batch \d+", line)
-        assert match, line
+        lines = []  # the log's lines, then the announcement's
+        while not (lines and lines[-1].startswith("metrics: ")) and len(lines) < 20:
+            lines.append(proc.stderr.readline())
+            assert lines[-1], "".join(lines)  # not the end of the output
+        text = "".join(lines)
+        match = re.search(r"on (127\.0\.0\.1:\d+) \(exact numerics, invariant batch \d+", text)
+        assert match, text
+        assert f"INFO edgekit.verifier: verifier for gemma-3-270m listening on {match.group(1)}" in text
+        metrics = re.search(r"^metrics: (http://127\.0\.0\.1:\d+/metrics)$", lines[-1]).group(1)
         with GrpcTransport(match.group(1)) as t:
             assert t.health() == "SERVING"
             assert t.handshake(gemma_draft.fingerprint(), draft_model="d", draft_hidden_size=640).max_sessions == 2
+            t.open_session([2, 3, 4], mode="greedy", temperature=1.0, seed=0, draft=gemma_draft.fingerprint())
+        with urllib.request.urlopen(metrics, timeout=10) as response:
+            assert "edgekit:sessions 1.0" in response.read().decode().splitlines()
         proc.send_signal(sig.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert "stopping" in proc.stderr.read()

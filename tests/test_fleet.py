@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from edgekit import ServerConfig
@@ -26,20 +25,13 @@ TARGET = ToyLanguageModel(seed=11)
 DRAFT = FakeDraftModel(ToyLanguageModel(seed=11, noise=1.5), n_embd=8)
 
 
-def _greedy(context: list[int], n: int) -> list[int]:
-    out, ctx = [], list(context)
-    for _ in range(n):
-        ctx.append(int(np.argmax(TARGET.logits(ctx))))
-        out.append(ctx[-1])
-    return out
-
 
 @pytest.fixture(scope="module")
 def traces() -> list[Trace]:
     out = []
     for text in ("the first prompt", "a second, longer prompt for the toy"):
         prompt = DRAFT.tokenize(text)
-        out.append(record_trace(DRAFT, prompt, _greedy(prompt, 24), window=6))
+        out.append(record_trace(DRAFT, prompt, TARGET.greedy(prompt, 24), window=6))
     return out
 
 

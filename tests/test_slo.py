@@ -246,13 +246,6 @@ def test_a_full_queue_is_refused_with_a_back_off_and_never_stalls_the_engine():
 # -- the wisp policy in the verifier -------------------------------------------------------
 
 
-def _toy_greedy(context: list[int], n: int) -> list[int]:
-    out, ctx = [], list(context)
-    for _ in range(n):
-        ctx.append(int(np.argmax(TARGET.logits(ctx))))
-        out.append(ctx[-1])
-    return out
-
 
 def test_under_the_wisp_policy_concurrent_sessions_get_the_targets_own_tokens():
     from edgekit.verifier import Coefficients
@@ -276,7 +269,19 @@ def test_under_the_wisp_policy_concurrent_sessions_get_the_targets_own_tokens():
         t.join(30)
     assert sorted(results) == list(range(6))
     for i, final in results.items():
-        assert list(final.token_ids) == _toy_greedy(prompts[i], 20)
+        assert list(final.token_ids) == TARGET.greedy(prompts[i], 20)
         has_slo = classes[i] is not None
         assert all((r.server_budget_ms is not None) == has_slo for r in final.stats.rounds_detail)
     assert v.service.policy == "wisp" and max(v.service.core.batch_sizes) >= 2  # rounds were batched
+
+
+def test_an_sh_round_reports_its_deadline_in_the_verdict_too():
+    v = _verifier()
+    v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
+    opened = v.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=SpeedObjective("relaxed"),
+                            draft=DRAFT.fingerprint(), draft_hidden_size=8)
+    block = [3, 4, 5, 6]
+    r = v.verify(BlockRequest(opened.session_id, opened.committed_length, block, upload="sh",
+                              hidden=np.ones((4, 8), dtype=np.float32), draft_ms=10.0, network_ms=10.0))
+    assert len(r.exchanges) == 2 and r.hidden_requested  # the toy target rejects some: two exchanges
+    assert r.budget_ms == pytest.approx((0.5 * 4 + 1) / 2.0 * 1e3 - 20.0) and r.deadline_met is True

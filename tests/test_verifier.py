@@ -49,14 +49,6 @@ def _open(v: InProcessTransport, prompt=PROMPT, **kw):
     return v.open_session(prompt, **args)
 
 
-def _greedy(context: list[int], n: int) -> list[int]:
-    """The toy target's own greedy decoding."""
-    out, ctx = [], list(context)
-    for _ in range(n):
-        ctx.append(int(np.argmax(TARGET.logits(ctx))))
-        out.append(ctx[-1])
-    return out
-
 
 def _state(v: InProcessTransport, sid: str):
     return v.service.sessions.get(sid)
@@ -85,7 +77,7 @@ def test_rounds_commit_the_targets_greedy_tokens_and_keep_the_kv_at_the_prefix()
     opened = _open(v)
     base = opened.committed_length
     assert _kv_ok(v, opened.session_id)
-    reference = _greedy(PROMPT, 30)
+    reference = TARGET.greedy(PROMPT, 30)
     committed: list[int] = []
     while len(committed) < 24:
         block = reference[len(committed) : len(committed) + 3] + [5]  # three right, one most likely wrong
@@ -116,14 +108,14 @@ def test_an_empty_block_is_one_target_step():
     v = _verifier()
     opened = _open(v)
     r = v.verify(BlockRequest(session_id=opened.session_id, base_position=opened.committed_length, draft_tokens=[]))
-    assert (r.accepted, r.next_token, r.bonus) == (0, _greedy(PROMPT, 1)[0], True)
+    assert (r.accepted, r.next_token, r.bonus) == (0, TARGET.greedy(PROMPT, 1)[0], True)
 
 
 def test_a_stale_round_is_detected_and_a_retry_is_applied_once():
     v = _verifier()
     opened = _open(v)
     sid, base = opened.session_id, opened.committed_length
-    block = BlockRequest(session_id=sid, base_position=base, draft_tokens=_greedy(PROMPT, 3))
+    block = BlockRequest(session_id=sid, base_position=base, draft_tokens=TARGET.greedy(PROMPT, 3))
     first = v.verify(block)
     state = _state(v, sid)
     assert len(state.tokens) == first.committed_length
@@ -257,7 +249,7 @@ def test_extending_a_session_appends_a_turn_and_checks_its_base():
     with pytest.raises(StaleRoundError, match="stale extension"):
         v.extend_session(sid, base, turn)
     r = v.verify(BlockRequest(session_id=sid, base_position=base + len(turn), draft_tokens=[]))
-    assert r.next_token == _greedy(PROMPT + turn, 1)[0]
+    assert r.next_token == TARGET.greedy(PROMPT + turn, 1)[0]
 
 
 # -- bad input ------------------------------------------------------------------------------
@@ -400,7 +392,7 @@ def test_another_request_abandons_a_half_done_sh_round():
     assert plain.verdict.accepted == first.hidden_request.positions[0]
     state = _state(v, sid)
     assert state.pending is None and len(state.tokens) == plain.verdict.committed_length and _kv_ok(v, sid)
-    assert state.tokens == PROMPT + _greedy(PROMPT, len(state.tokens) - len(PROMPT))
+    assert state.tokens == PROMPT + TARGET.greedy(PROMPT, len(state.tokens) - len(PROMPT))
 
 
 # -- the target-only baseline ----------------------------------------------------------------
@@ -409,7 +401,7 @@ def test_another_request_abandons_a_half_done_sh_round():
 def test_target_only_generation_is_the_targets_greedy_decoding_and_ends_as_it_says():
     v = _verifier()
     tokens = list(v.generate(PROMPT, mode="greedy", temperature=0.0, seed=0, max_tokens=12))
-    assert [t.token for t in tokens] == _greedy(PROMPT, 12)
+    assert [t.token for t in tokens] == TARGET.greedy(PROMPT, 12)
     assert [t.finish_reason for t in tokens] == [None] * 11 + ["length"]
     assert len(v.service.sessions) == 0  # its session is gone with it
     ends = toy_verifier(ToyLanguageModel(seed=21, eos_bias=9.0))
@@ -465,7 +457,7 @@ def test_concurrent_sessions_get_what_each_would_alone():
     for t in threads:
         t.join()
     for i, p in enumerate(prompts):
-        assert results[i] == _greedy(p, len(results[i]))
+        assert results[i] == TARGET.greedy(p, len(results[i]))
 
 
 # -- what gRPC adds ---------------------------------------------------------------------------
@@ -513,5 +505,5 @@ def test_a_client_speculates_through_the_grpc_verifier_to_the_targets_own_decodi
     with EdgeClient(grpc_server.address, draft_model=DRAFT, generation=config,
                     config=ClientConfig(token=TOKEN, timeout=5)) as client:
         final = client.generate("hello there, general").until_done()
-    assert list(final.token_ids) == _greedy(PROMPT, 30)
+    assert list(final.token_ids) == TARGET.greedy(PROMPT, 30)
     assert final.stats.rounds < 30

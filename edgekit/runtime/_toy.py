@@ -54,5 +54,13 @@ class ToyLanguageModel:
             base += self._rng(context, f"noise{self.noise}").normal(0.0, self.noise, self.vocab_size)
         return base.astype(np.float32)
 
+    def greedy(self, context: Sequence[int], n: int) -> list[int]:
+        """The model's own greedy decoding: the n tokens after `context` (what a lossless verifier must give)."""
+        out, ctx = [], list(context)
+        for _ in range(n):
+            ctx.append(int(np.argmax(self.logits(ctx))))
+            out.append(ctx[-1])
+        return out
+
     def fingerprint(self) -> Fingerprint:
         return Fingerprint(self.vocab_size, hashlib.sha256(b"toy-vocab").digest(), 0, self.eos, self.name)

@@ -2,7 +2,8 @@
 
 Its parts, each in its own module:
 
-- `VerifierServer` (`_server`): gRPC, health, token auth, TLS, the idle-session reaper.
+- `VerifierServer` (`_server`): gRPC, health, token auth, TLS, the idle-session reaper,
+  and the optional Prometheus endpoint (`_metrics`, with prometheus-client).
 - `VerifierService` (`_service`): protobuf in, protobuf out.
 - `RequestChecks` (`_validation`): what a request must satisfy.
 - `SessionTable` (`_sessions`): sessions, their KV sequences, limits and eviction.
@@ -10,6 +11,8 @@ Its parts, each in its own module:
 - `TargetOnly` (`_baseline`): target-only decoding, the centralized baseline.
 - `SpeedClasses` (`_slo`): token-speed SLOs, each round's budget and deadline (WISP eqs. 5, 6, 12).
 - `EngineCore` (`_core`): runs the scheduler's batches on the engine.
+- `ServingStats` (`_stats`): what was served (batches, rounds by SLO class, drafted and
+  accepted tokens, goodput), recorded by the engine core, the rounds and the baseline.
 - `VerifyTimeEstimator` (`_estimator`): a batch's run time (WISP eqs. 18-19), fitted
   by `calibrated_estimator` (`_calibration`) and refitted online.
 - `scheduler/`: what runs next (`Scheduler`: `FcfsScheduler`, `WispScheduler`).
@@ -22,12 +25,14 @@ from ._estimator import Coefficients, FitReport, VerifyTimeEstimator, batch_feat
 from ._server import VerifierServer
 from ._service import VerifierService
 from ._slo import BEST_EFFORT, SpeedClasses
+from ._stats import ClassStats, ServingStats, StatsSnapshot
 from .engine import Engine, Feed, LlamaEngine, ToyEngine
 from .scheduler import Batch, FcfsScheduler, Objective, Scheduler, WispScheduler, Work, WorkResult
 
 __all__ = [
     "BEST_EFFORT",
     "Batch",
+    "ClassStats",
     "Coefficients",
     "Engine",
     "EngineCore",
@@ -37,7 +42,9 @@ __all__ = [
     "LlamaEngine",
     "Objective",
     "Scheduler",
+    "ServingStats",
     "SpeedClasses",
+    "StatsSnapshot",
     "ToyEngine",
     "VerifierServer",
     "VerifierService",

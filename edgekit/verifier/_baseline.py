@@ -1,7 +1,8 @@
 """Target-only decoding, token by token: the centralized baseline (`Generate`).
 
 The same engine, sessions and prefill as speculative rounds, so the two can be
-measured against each other on one server.
+measured against each other on one server. Each token counts as committed in
+the serving statistics, for goodput.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..protocol import GeneratedToken, target_probs
 from ._core import EngineCore
 from ._sessions import SessionTable
 from ._slo import SpeedClasses
+from ._stats import ServingStats
 from ._validation import RequestChecks
 from .engine import Feed
 from .scheduler import Objective
@@ -34,6 +36,7 @@ class TargetOnly:
         checks: RequestChecks,
         config: ServerConfig,
         slo: SpeedClasses | None = None,
+        stats: ServingStats | None = None,
     ) -> None:
         self.core = core
         self.engine = core.engine
@@ -41,6 +44,7 @@ class TargetOnly:
         self.checks = checks
         self.config = config
         self.slo = slo or SpeedClasses()
+        self.stats = stats if stats is not None else core.stats
 
     def generate(
         self,
@@ -86,6 +90,7 @@ class TargetOnly:
                         p = target_probs(ran.logits[0], temperature)
                         tok = int(sess.rng.choice(p.size, p=p))
                     sess.last_used = time.monotonic()
+                    self.stats.record_generated(slo_class)
                     reason = None
                     if self.engine.is_eog(tok) or tok in stops:
                         reason = "eos"

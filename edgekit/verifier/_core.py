@@ -13,7 +13,8 @@ the engine for more than one chunk (chunked prefill, as vLLM and SGLang do).
 A work still queued when its call's deadline passes is withdrawn, never run;
 with `max_queue` works waiting, new ones are refused with a back-off hint.
 Every batch's run time goes to the verification-time estimator (which the
-SLO-aware policy plans with) and, at debug level, to the log beside its forecast.
+SLO-aware policy plans with), to the serving statistics with its size and
+forecast, and, at debug level, to the log beside that forecast.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 
 from ..errors import LimitExceededError, VerifierUnavailableError
 from ._estimator import VerifyTimeEstimator, batch_features
+from ._stats import ServingStats
 from .engine import Engine, Feed
 from .scheduler import Batch, Objective, Scheduler, Work, WorkResult
 
@@ -48,6 +50,7 @@ class EngineCore:
         prefill_chunk: int = 128,
         max_queue: int = 256,
         idle_s: float = 5.0,
+        stats: ServingStats | None = None,
     ) -> None:
         self.engine = engine
         self.scheduler = scheduler
@@ -55,12 +58,21 @@ class EngineCore:
         self.prefill_chunk = prefill_chunk
         self.max_queue = max_queue
         self.idle_s = idle_s
-        self.batch_sizes: Counter[int] = Counter()  # batches run so far, by how many works each held
-        self.batch_rows: Counter[int] = Counter()  # batches run so far, by how many rows each put through
+        self.stats = stats if stats is not None else ServingStats(queue_depth=scheduler.waiting)
         self._ms_per_row = 0.0  # recent engine time per row, for back-off hints
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+
+    @property
+    def batch_sizes(self) -> Counter[int]:
+        """Batches run so far, by how many works each held."""
+        return self.stats.batch_sizes
+
+    @property
+    def batch_rows(self) -> Counter[int]:
+        """Batches run so far, by how many rows each put through."""
+        return self.stats.batch_rows
 
     def run(
         self,
@@ -148,8 +160,7 @@ class EngineCore:
             return
         ms = (time.perf_counter() - t0) * 1e3
         rows = sum(len(f.tokens) for f in feeds)
-        self.batch_sizes[len(batch.works)] += 1
-        self.batch_rows[rows] += 1
+        self.stats.record_batch(len(batch.works), rows, ms, estimated)
         self._ms_per_row = 0.8 * self._ms_per_row + 0.2 * ms / max(rows, 1)
         if log.isEnabledFor(logging.DEBUG):
             x = batch_features(feeds)

@@ -14,7 +14,9 @@ again and is not applied twice. Nothing here knows protobuf.
 A session with a token-speed SLO gives each round a budget and a deadline
 (`SpeedClasses.objective`, WISP eqs. 5, 6, 12) that the scheduler weighs, and
 its answer says whether the deadline was met: a missed deadline is reported,
-never hidden.
+never hidden. Each verdict goes to the serving statistics (`ServingStats`) under
+the session's class: its drafted, accepted and committed tokens, its time on the
+server and whether it met its deadline.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from ..protocol import (
 from ._core import EngineCore
 from ._sessions import PendingRound, Session, SessionTable
 from ._slo import SpeedClasses
+from ._stats import ServingStats
 from ._validation import RequestChecks
 from .engine import Feed
 from .scheduler import Objective, WorkResult
@@ -100,6 +103,7 @@ class Rounds:
         checks: RequestChecks,
         config: ServerConfig,
         slo: SpeedClasses | None = None,
+        stats: ServingStats | None = None,
     ) -> None:
         self.core = core
         self.engine = core.engine
@@ -107,6 +111,7 @@ class Rounds:
         self.checks = checks
         self.config = config
         self.slo = slo or SpeedClasses()
+        self.stats = stats if stats is not None else core.stats
 
     # -- session lifecycle ------------------------------------------------------------------
 
@@ -132,7 +137,8 @@ class Rounds:
         sess = self.sessions.create(mode=mode, temperature=temperature, seed=seed, slo_class=slo_class, speed=speed)
         with sess.lock:
             try:
-                ran = self._run(sess, Feed(sess.seq, 0, tuple(tokens[:-1]), 0), deadline, Objective(arrived=arrived))
+                feed = Feed(sess.seq, 0, tuple(tokens[:-1]), 0)
+                ran = self._run(sess, feed, deadline, self.slo.prefill(speed, arrived))
             except BaseException:
                 self.sessions.close(sess.id)
                 raise
@@ -155,7 +161,7 @@ class Rounds:
             # Decode all but the new last token, which stays pending as usual.
             pending = sess.tokens[-1:] + tokens
             feed = Feed(sess.seq, len(sess.tokens) - 1, tuple(pending[:-1]), 0)
-            ran = self._run(sess, feed, deadline, Objective(arrived=arrived))
+            ran = self._run(sess, feed, deadline, self.slo.prefill(sess.speed, arrived))
             sess.tokens.extend(tokens)
             sess.last_round = None
             return len(sess.tokens), ran.run_ms
@@ -224,7 +230,7 @@ class Rounds:
         # This exchange's own time: the first half reported the target pass.
         own_ms = (time.perf_counter() - t0) * 1e3
         ran = WorkResult(pending.logits, 0.0, 0.0, 1)
-        return self._finish(sess, pending.request, ran, own_ms, (pending.positions, rows), r.key, None)
+        return self._finish(sess, pending.request, ran, own_ms, (pending.positions, rows), r.key, None, pending.answer)
 
     def _finish(
         self,
@@ -235,10 +241,11 @@ class Rounds:
         hidden: tuple[tuple[int, ...], np.ndarray] | None,
         key: bytes,
         objective: Objective | None,
+        first_half: RoundAnswer | None = None,
     ) -> RoundAnswer:
         """Accepts a verified block: the verdict, the session's tokens and KV. `objective`: the
-        round's SLO, whose deadline the answer reports on (None: an SH second half, whose first
-        half did)."""
+        round's SLO, whose deadline the answer reports on (None: an SH second half, which reports
+        what its first half, `first_half`, found)."""
         block = r.draft_tokens
         logits = ran.logits
         t0 = time.perf_counter()
@@ -263,7 +270,10 @@ class Rounds:
         n_hidden = 0 if hidden is None else len(hidden[0])
         sess.hidden_rows += n_hidden
         sess.acceptance = self.slo.smoothed(sess.acceptance, len(block), accepted)
-        budget_ms, met = _outcome(objective) if objective is not None else (None, None)
+        if objective is not None:
+            budget_ms, met = _outcome(objective)
+        else:  # an SH second half: the round's deadline was kept, or not, by its first half's target pass
+            budget_ms, met = (first_half.budget_ms, first_half.deadline_met) if first_half else (None, None)
         answer = RoundAnswer(
             verdict,
             hidden_rows=n_hidden,
@@ -275,6 +285,16 @@ class Rounds:
             deadline_met=met,
         )
         sess.last_round = (key, answer)
+        # An SH round waited for and ran its target pass, and met its deadline or not, in its first half.
+        self.stats.record_round(
+            sess.slo_class,
+            drafted=len(block),
+            accepted=verdict.accepted,
+            committed=len(verdict.committed),
+            queue_ms=answer.queue_ms + (first_half.queue_ms if first_half else 0.0),
+            verify_ms=answer.verify_ms + (first_half.verify_ms if first_half else 0.0),
+            deadline_met=answer.deadline_met,
+        )
         return answer
 
     # -- helpers ----------------------------------------------------------------------------

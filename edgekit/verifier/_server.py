@@ -1,4 +1,5 @@
-"""Running the reference verifier: gRPC server, health, auth, idle-session reaper."""
+"""Running the reference verifier: gRPC server, health, auth, idle-session reaper,
+and the Prometheus endpoint when the config asks for one."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..errors import ConfigError
 from ..protocol import SERVICE_NAME
 from ._calibration import calibrated_estimator, default_calibration_dir
 from ._estimator import VerifyTimeEstimator
+from ._metrics import MetricsEndpoint, check_installed
 from ._service import VerifierService
 from .engine import Engine, LlamaEngine
 
@@ -59,6 +61,8 @@ class VerifierServer:
 
     `target` is a GGUF file (run on llama.cpp as the config says) or an `Engine`
     (a `ToyEngine` for tests, say), which must hold `config.max_sessions` sequences.
+    With `config.metrics_port` set, `start` also serves Prometheus metrics over HTTP
+    at `metrics_address` (``http://<metrics_address>/metrics``), until `stop`.
     """
 
     def __init__(
@@ -66,6 +70,8 @@ class VerifierServer:
     ) -> None:
         self.config = config or ServerConfig()
         c = self.config
+        if c.metrics_port is not None:
+            check_installed()  # before a model is loaded for nothing
         if isinstance(target, (str, Path)):
             target = LlamaEngine(
                 str(target),
@@ -106,6 +112,12 @@ class VerifierServer:
         self.address = f"{c.host}:{port}"
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="edgekit-reaper", daemon=True)
+        self._metrics: MetricsEndpoint | None = None
+
+    @property
+    def metrics_address(self) -> str | None:
+        """HOST:PORT of the Prometheus endpoint once started; None without one."""
+        return self._metrics.address if self._metrics is not None else None
 
     def _estimator(self) -> VerifyTimeEstimator:
         """The verification-time estimator: calibrated on this machine where the policy
@@ -126,6 +138,10 @@ class VerifierServer:
         )
 
     def start(self) -> VerifierServer:
+        c = self.config
+        if c.metrics_port is not None and self._metrics is None:
+            self._metrics = MetricsEndpoint(self.service.stats, c.host, c.metrics_port)
+            log.info("metrics on http://%s/metrics", self._metrics.address)
         self._server.start()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -148,6 +164,9 @@ class VerifierServer:
         self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
         self.service.close()
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
 
     def __enter__(self) -> VerifierServer:
         return self.start()

@@ -45,7 +45,8 @@ from ._core import EngineCore
 from ._estimator import VerifyTimeEstimator
 from ._rounds import RoundAnswer, RoundRequest, Rounds
 from ._sessions import SessionTable
-from ._slo import SpeedClasses
+from ._slo import BEST_EFFORT, SpeedClasses
+from ._stats import ServingStats
 from ._validation import RequestChecks
 from .engine import Engine
 from .scheduler import FcfsScheduler, Scheduler, WispScheduler
@@ -59,7 +60,7 @@ class VerifierService:
     """The verifier over `engine`: sessions, rounds and the target-only baseline,
     with the engine's work ordered by `scheduler` (by default the policy the
     config names) and planned with `estimator` (by default an uncalibrated one,
-    which learns from the batches that run)."""
+    which learns from the batches that run). `stats` counts what it has served."""
 
     def __init__(
         self,
@@ -80,19 +81,23 @@ class VerifierService:
                 else FcfsScheduler()
             )
         self.policy = getattr(scheduler, "name", type(scheduler).__name__)
+        self.sessions = SessionTable(config.max_sessions, config.idle_timeout)
+        assert not isinstance(config.slo_classes, str)  # the config parsed it
+        self.slo = SpeedClasses(config.slo_classes)
+        self.stats = ServingStats(
+            classes=[*self.slo.classes, BEST_EFFORT], queue_depth=scheduler.waiting, sessions=self.sessions.__len__
+        )
         self.core = EngineCore(
             engine,
             scheduler,
             estimator=self.estimator,
             prefill_chunk=config.prefill_chunk,
             max_queue=config.max_queue,
+            stats=self.stats,
         )
-        self.sessions = SessionTable(config.max_sessions, config.idle_timeout)
         self.checks = RequestChecks(config, self.fingerprint)
-        assert not isinstance(config.slo_classes, str)  # the config parsed it
-        self.slo = SpeedClasses(config.slo_classes)
-        self.rounds = Rounds(self.core, self.sessions, self.checks, config, self.slo)
-        self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo)
+        self.rounds = Rounds(self.core, self.sessions, self.checks, config, self.slo, self.stats)
+        self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo, self.stats)
         self._unary: dict[str, tuple[type[Message], Callable[[Message, float | None], Message]]] = {
             "Handshake": (pb.HandshakeRequest, self.handshake),
             "Ping": (pb.PingRequest, self.ping),

@@ -14,6 +14,11 @@ token (the correction, or the bonus after a fully accepted block: WISP's
 "extra token", sec. 2.4), so the tokens a round adds are one more. The round's
 deadline is d = a + tau (eq. 12), a being when its request arrived. A session
 without an objective is best effort: its work has no deadline.
+
+A prompt or a turn is prefilled apart from the rounds (WISP verifies it with
+the first block, as a cold start): it is due 1/s_c after it arrives, the time
+the objective gives one token, and worth that token, so that a session's start
+is as urgent as its rounds and is not left behind other sessions' rounds.
 """
 
 from __future__ import annotations
@@ -69,6 +74,12 @@ class SpeedClasses:
             return Objective(None, None, value, arrived)
         budget_ms = value / speed * 1e3 - draft_ms - network_ms
         return Objective(arrived + budget_ms / 1e3, budget_ms, value, arrived)
+
+    def prefill(self, speed: float | None, arrived: float) -> Objective:
+        """A prompt's or a turn's prefill: due one token's time after it arrives."""
+        if speed is None:
+            return Objective(None, None, 0.0, arrived)
+        return Objective(arrived + 1.0 / speed, 1e3 / speed, 1.0, arrived)
 
     def smoothed(self, acceptance: float, drafted: int, accepted: int) -> float:
         """The session's acceptance after a round (an exponential average; rounds without drafts leave it)."""

@@ -1,0 +1,334 @@
+"""Capacity at GPU scale, by discrete-event simulation (a SIMULATION: nothing here runs on a GPU).
+
+The verifier's own scheduler code (`FcfsScheduler`, `WispScheduler`, and
+`SpeedClasses` for each round's budget and deadline) runs in virtual time: no
+sleeping, no model. A batch takes the time WISP's verification-time estimator
+gives it with their published A100 coefficients for Qwen3-32B (sec. 4.4:
+a = 143.39 us/token, b_compute = 2.53 ns/interaction, b_read = 2.67 us per
+cached token; c = 14.86 ms from their appendix C, Table 12), times a lognormal
+noise of --noise (their estimator's test MAPE was 4.93%), and the scheduler
+plans with the same coefficients (no noise). Devices draft and are accepted as
+our recorded traces say (benchmarks/fleet.py record: the real draft model's
+continuation at every position of the target's greedy output, replayed by the
+same window policies as the fleet simulator), with their recorded draft step
+time times a speed factor, and links of random RTT and rates. Every prompt is
+padded to --context tokens (a long system prompt or chat history: the regime
+WISP profiled, 500-2000 cached tokens). A batch holds at most --max-rows tokens
+(vLLM's max_num_batched_tokens); KV memory is assumed to hold every session.
+
+Systems, as in WISP Table 2:
+    sled         FCFS, fixed window 4, no prefix cache: every round is verified on its whole context
+    centralized  FCFS, target-only decoding: one token per device per step, steps batched continuously
+    wisp         WISP's Algorithm 1 and the predictor's windows, with the prefix cache
+
+For each system the number of devices N is swept; per SLO class (8/6/4/2 tok/s,
+devices draw one at random) Cap(tau) is the largest N whose responses fall short
+of their speed at most --epsilon of the time (eq. 20). Set beside WISP Table 2
+(Qwen3-32B: SLED 83/42/27/21, centralized 97/80/54/41, WISP 164/142/103/86;
+WISP/SLED 1.98-4.10x, WISP/centralized 1.69-2.10x).
+
+    python benchmarks/fleet.py record --pair gemma-270m --tokens 128   # the traces, once
+    python benchmarks/gpu_sim.py --pair gemma-270m
+    python benchmarks/gpu_sim.py --devices 20,40,...,400 --horizon 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C
+from _fleet import Trace, draft_block, load_traces
+from fleet import controller_factory, traces_path
+
+from edgekit.config import DEFAULT_SLO_CLASSES
+from edgekit.verifier import (
+    Coefficients,
+    FcfsScheduler,
+    Feed,
+    Objective,
+    SpeedClasses,
+    VerifyTimeEstimator,
+    WispScheduler,
+    Work,
+)
+
+# WISP sec. 4.4 (a, b_compute, b_read) and appendix C Table 12 (c), in milliseconds per unit.
+WISP_A100_QWEN3_32B = Coefficients(a=143.39e-3, b_compute=2.53e-6, b_read=2.67e-3, d_out=0.0, c=14.86)
+WISP_TABLE2_QWEN3_32B = {
+    "sled": (83, 42, 27, 21),
+    "centralized": (97, 80, 54, 41),
+    "wisp": (164, 142, 103, 86),
+}
+SYSTEMS = {"sled": ("fcfs", "reprefill", "fixed"), "centralized": ("fcfs", "centralized", "none"),
+           "wisp": ("wisp", "speculative", "predictor"),
+           # for telling the parts apart: prefix reuse alone, and each drafting under each policy
+           "fcfs": ("fcfs", "speculative", "fixed"), "fcfs-predictor": ("fcfs", "speculative", "predictor"),
+           "wisp-fixed": ("wisp", "speculative", "fixed")}
+
+
+@dataclass
+class Device:
+    idx: int
+    slo_class: str
+    speed: float
+    speed_factor: float
+    rtt_ms: float
+    up_mbps: float
+    down_mbps: float
+    controller: object = None
+    trace: Trace | None = None
+    pos: int = 0
+    started: float = 0.0
+    acceptance: float = 0.5
+    link_ms: float = 0.0
+    pending: dict = field(default_factory=dict)
+
+
+class Simulation:
+    def __init__(self, system: str, n: int, traces: list[Trace], args: argparse.Namespace,
+                 controller: Callable[[], object]) -> None:
+        policy, self.mode, _ = SYSTEMS[system]
+        self.now = 0.0
+        self.estimator = VerifyTimeEstimator(WISP_A100_QWEN3_32B)
+        clock: Callable[[], float] = lambda: self.now  # noqa: E731
+        self.scheduler = (WispScheduler(self.estimator, guard_ms=args.guard_ms, starvation_s=args.starvation,
+                                        max_rows=args.max_rows, clock=clock)
+                          if policy == "wisp" else FcfsScheduler(max_rows=args.max_rows))
+        self.slo = SpeedClasses(DEFAULT_SLO_CLASSES)
+        self.rng = random.Random(args.seed * 7919 + n)
+        self.traces = traces
+        self.context = args.context
+        self.noise = args.noise
+        self.horizon = args.horizon
+        self.warmup = args.warmup
+        self.max_window = args.window
+        names = list(DEFAULT_SLO_CLASSES)
+        self.devices = []
+        for i in range(n):
+            name = self.rng.choice(names)
+            self.devices.append(Device(i, name, DEFAULT_SLO_CLASSES[name], self.rng.uniform(1.0, 2.0),
+                                       self.rng.uniform(10, 60), self.rng.uniform(5, 50), self.rng.uniform(10, 100),
+                                       controller=controller()))
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._busy = False
+        self.responses: list[tuple[str, float, float, int]] = []  # (class, speed target, achieved, started)
+        self.rounds = 0
+        self.committed = 0
+        self.batches = 0
+
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), fn))
+
+    def run(self) -> Simulation:
+        for d in self.devices:
+            self.at(self.rng.uniform(0, 2.0), lambda d=d: self.start_response(d))
+        while self._events:
+            t, _, fn = heapq.heappop(self._events)
+            if t > self.horizon:
+                break
+            self.now = t
+            fn()
+        return self
+
+    # -- devices ----------------------------------------------------------------------
+
+    def _net_ms(self, d: Device, up_bytes: int, down_bytes: int) -> float:
+        return d.rtt_ms + up_bytes * 8 / (d.up_mbps * 1e3) + down_bytes * 8 / (d.down_mbps * 1e3)
+
+    def start_response(self, d: Device) -> None:
+        d.trace = self.rng.choice(self.traces)
+        d.pos = 0
+        d.started = self.now
+        d.link_ms = self._net_ms(d, 4 * self.context, 64)
+        if self.mode == "speculative":  # the prompt's prefill (as the verifier gives it an objective), then rounds
+            feed = Feed(d.idx, 0, (0,) * (self.context - 1), 0)
+            self.submit(d, feed, self.slo.prefill(d.speed, self.now), lambda: self.start_round(d))
+        else:
+            self.start_round(d)
+
+    def start_round(self, d: Device) -> None:
+        assert d.trace is not None
+        ctx = self.context + d.pos
+        if self.mode == "centralized":  # one target step; due 1/speed after it was asked for
+            obj = Objective(self.now + 1.0 / d.speed, 1e3 / d.speed, 1.0, self.now)
+            self.submit(d, Feed(d.idx, ctx - 1, (0,), 1), obj, lambda: self.end_round(d, 0, 0))
+            return
+        limit = min(self.max_window, len(d.trace.target) - d.pos)
+        block, steps = draft_block(d.controller, d.trace, d.pos, d.controller.window(limit))  # type: ignore[attr-defined]
+        draft_ms = steps * d.trace.step_ms * d.speed_factor
+        up = 4 * len(block) + 32 + (4 * ctx if self.mode == "reprefill" else 0)
+        net_ms = self._net_ms(d, up, 32)
+        k = len(block)
+        if self.mode == "reprefill":  # no prefix cache: the whole context and the block, every round
+            feed = Feed(d.idx, 0, (0,) * (ctx + k), k + 1)
+        else:
+            feed = Feed(d.idx, ctx - 1, (0,) * (k + 1), k + 1)
+        accepted = d.trace.accepted(d.pos, block)
+
+        def arrive() -> None:
+            obj = self.slo.objective(d.speed, d.acceptance, k, draft_ms, d.link_ms, self.now)
+            self.submit(d, feed, obj, lambda: self.end_round(d, k, accepted), net_ms=net_ms)
+
+        self.at(self.now + (draft_ms + net_ms / 2) / 1e3, arrive)
+
+    def end_round(self, d: Device, drafted: int, accepted: int) -> None:
+        assert d.trace is not None
+        if self.mode != "centralized":
+            d.controller.observe(drafted, accepted)  # type: ignore[attr-defined]
+            d.acceptance = self.slo.smoothed(d.acceptance, drafted, accepted)
+        committed = accepted + 1
+        d.pos += committed
+        if self.now >= self.warmup:
+            self.rounds += 1
+            self.committed += committed
+        if d.pos >= len(d.trace.target):
+            tokens = len(d.trace.target)
+            speed = tokens / max(self.now - d.started, 1e-9)
+            if d.started >= self.warmup:
+                self.responses.append((d.slo_class, d.speed, speed, int(d.started)))
+            self.start_response(d)
+        else:
+            self.start_round(d)
+
+    # -- the verifier ----------------------------------------------------------------------
+
+    def submit(self, d: Device, feed: Feed, obj: Objective, then: Callable[[], None], net_ms: float = 0.0) -> None:
+        work = Work(feed, session_id=str(d.idx), slo_class=d.slo_class, objective=obj, submitted=self.now)
+        d.pending[id(work)] = (then, net_ms)
+        self.scheduler.submit(work)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        if self._busy:
+            return
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return
+        self._busy = True
+        ms = self.estimator.predict(batch.feeds) * math.exp(self.rng.gauss(0.0, self.noise))
+        self.batches += 1
+
+        def done() -> None:
+            self._busy = False
+            for w in batch.works:
+                d = self.devices[int(w.session_id)]
+                then, net_ms = d.pending.pop(id(w))
+                self.at(self.now + net_ms / 2e3, then)  # the verdict comes back down the link
+            self._dispatch()
+
+        self.at(self.now + ms / 1e3, done)
+
+    # -- figures ----------------------------------------------------------------------------
+
+    def summary(self) -> dict:
+        out = {}
+        for name, speed in DEFAULT_SLO_CLASSES.items():
+            rs = [r for r in self.responses if r[0] == name]
+            out[name] = {
+                "responses": len(rs),
+                "violation_rate": (sum(a < s for _, s, a, _ in rs) / len(rs)) if rs else math.nan,
+                "mean_speed": (sum(a for *_, a, _ in rs) / len(rs)) if rs else math.nan,
+                "target_speed": speed,
+            }
+        span = self.horizon - self.warmup
+        return {"classes": out, "goodput_tokens_per_s": self.committed / span, "rounds": self.rounds,
+                "batches": self.batches}
+
+
+def capacity(points: list[dict], cls: str, epsilon: float) -> int:
+    cap = 0
+    for p in sorted(points, key=lambda p: p["devices"]):
+        rate = p["classes"][cls]["violation_rate"]
+        if not (rate <= epsilon):  # NaN (no response finished) counts as a violation
+            break
+        cap = p["devices"]
+    return cap
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", default="gemma-270m", help="whose recorded traces the devices replay")
+    ap.add_argument("--tokens", type=int, default=128, help="which recording: responses of this many tokens")
+    ap.add_argument("--systems", default="sled,centralized,wisp")
+    ap.add_argument("--devices", default=",".join(str(n) for n in range(20, 421, 20)))
+    ap.add_argument("--horizon", type=float, default=60.0, help="virtual seconds per run")
+    ap.add_argument("--warmup", type=float, default=10.0)
+    ap.add_argument("--context", type=int, default=1024, help="tokens every prompt is padded to")
+    ap.add_argument("--max-rows", type=int, default=8192)
+    ap.add_argument("--noise", type=float, default=0.05, help="lognormal sigma of batch times around the estimate")
+    ap.add_argument("--guard-ms", type=float, default=20.0)
+    ap.add_argument("--starvation", type=float, default=2.0)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--epsilon", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="gpu_sim")
+    args = ap.parse_args()
+    traces, meta = load_traces(traces_path(args.pair, args.tokens))
+    args.window = meta["window"]
+    devices = C.csv_list(args.devices, int)
+    results: dict[str, dict] = {}
+    for system in C.csv_list(args.systems):
+        _, _, drafting = SYSTEMS[system]
+        factory = controller_factory(drafting, args.pair, args.window, args.k)
+        points = []
+        for n in devices:
+            t0 = time.perf_counter()
+            sim = Simulation(system, n, traces, args, factory).run()
+            s = {"devices": n, **sim.summary(), "wall_s": time.perf_counter() - t0}
+            points.append(s)
+            print(f"{system:12s} N={n:4d} goodput {s['goodput_tokens_per_s']:8.1f} tok/s  " + "  ".join(
+                f"{c} {v['violation_rate']:.3f}" for c, v in s["classes"].items()), file=sys.stderr)
+        results[system] = {"points": points,
+                           "capacity": {c: capacity(points, c, args.epsilon) for c in DEFAULT_SLO_CLASSES}}
+    classes = list(DEFAULT_SLO_CLASSES)
+    rows = []
+    for system, r in results.items():
+        ours = [r["capacity"][c] for c in classes]
+        theirs = WISP_TABLE2_QWEN3_32B.get(system)
+        rows.append([f"{system} (simulated)", *ours])
+        if theirs:
+            rows.append([f"{system} (WISP Table 2)", *theirs])
+    for base in ("sled", "centralized"):
+        if "wisp" in results and base in results:
+            ours = [C.ratio(results["wisp"]["capacity"][c], results[base]["capacity"][c]) for c in classes]
+            theirs = [w / b for w, b in zip(WISP_TABLE2_QWEN3_32B["wisp"], WISP_TABLE2_QWEN3_32B[base])]
+            rows.append([f"wisp/{base} (simulated)", *[C.fmt(x) for x in ours]])
+            rows.append([f"wisp/{base} (WISP)", *[C.fmt(x) for x in theirs]])
+    print(C.table(["SIMULATION, capacity (devices)", *[f"{c} {DEFAULT_SLO_CLASSES[c]:g} tok/s" for c in classes]],
+                  rows))
+    payload = {"simulation": True, "pair_traces": args.pair, "settings": vars(args),
+               "coefficients_ms": WISP_A100_QWEN3_32B.__dict__, "wisp_table2_qwen3_32b": WISP_TABLE2_QWEN3_32B,
+               "systems": results, "machine": C.machine()}
+    path = C.write_result(args.out, payload)
+    fig, axes = C.subplots(2, width=6.4, height=4.6)
+    for system, r in results.items():
+        pts = r["points"]
+        for cls, ls in zip(classes, ["-", "--", ":", "-."]):
+            axes[0].plot([p["devices"] for p in pts], [p["classes"][cls]["violation_rate"] for p in pts], ls,
+                         marker=".", label=f"{system} {cls}")
+        axes[1].plot([p["devices"] for p in pts], [p["goodput_tokens_per_s"] for p in pts], marker=".",
+                     label=system)
+    axes[0].axhline(args.epsilon, color="grey", lw=0.8)
+    axes[0].set(xlabel="devices N", ylabel="violation rate",
+                title="SIMULATION: A100 Qwen3-32B cost model (WISP coefficients)")
+    axes[0].legend(fontsize=6, ncol=3)
+    axes[1].set(xlabel="devices N", ylabel="committed tokens/s", title="SIMULATION: system goodput")
+    axes[1].legend(fontsize=8)
+    C.save_figure(fig, path.with_suffix(".png"))
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
