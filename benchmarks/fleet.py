@@ -22,6 +22,7 @@ system is a verifier policy, a device mode and a drafting policy:
     centralized     fcfs, target-only Generate streams (continuous batching of their steps)
     wisp            wisp (Algorithm 1 with the estimator), prefix reuse, the predictor
     wisp-fixed      wisp, prefix reuse, fixed window 4
+    wisp-response   wisp with response budgets (--slo-budget response), prefix reuse, the predictor
 
 `sweep` runs systems over device counts and reports Cap(tau) per class (WISP
 eq. 20: the largest N whose violation rate stays within --epsilon), goodput
@@ -50,13 +51,14 @@ from edgekit.config import DEFAULT_SLO_CLASSES
 from edgekit.drafting import FixedWindow, PredictorController
 from edgekit.models import get_pair, model_path
 
-SYSTEMS: dict[str, tuple[str, str, str]] = {  # name: (verifier policy, device mode, drafting)
+SYSTEMS: dict[str, tuple[str, str, str]] = {  # name: (verifier policy[/budget], device mode, drafting)
     "sled": ("fcfs", "reprefill", "fixed"),
     "fcfs": ("fcfs", "speculative", "fixed"),
     "fcfs-predictor": ("fcfs", "speculative", "predictor"),
     "centralized": ("fcfs", "centralized", "none"),
     "wisp": ("wisp", "speculative", "predictor"),
     "wisp-fixed": ("wisp", "speculative", "fixed"),
+    "wisp-response": ("wisp/response", "speculative", "predictor"),  # response budgets (--slo-budget response)
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -111,8 +113,10 @@ def _free_port() -> int:
 def verifier(pair: str, policy: str, max_sessions: int, threads: int | None, numerics: str, log: Path | None):
     """`edgekit serve` in a process of its own, until the block ends."""
     port = _free_port()
+    policy, _, budget = policy.partition("/")
     cmd = [sys.executable, "-c", "from edgekit.cli.app import main; main()", "serve", "--pair", pair,
-           "--port", str(port), "--policy", policy, "--max-sessions", str(max_sessions), "--numerics", numerics]
+           "--port", str(port), "--policy", policy, "--max-sessions", str(max_sessions), "--numerics", numerics,
+           "--slo-budget", budget or "round"]
     if threads:
         cmd += ["--threads", str(threads)]
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115  (closed below)
@@ -154,12 +158,15 @@ def _wait_ready(address: str, proc: subprocess.Popen, timeout: float) -> None:
 
 def device_specs(n: int, seed: int, classes: dict[str, float], speed_range: tuple[float, float],
                  rtt_range: tuple[float, float]) -> list[DeviceSpec]:
-    """N devices with a random class each (WISP sec. 5.3), drafting speed, RTT and rates."""
+    """N devices, each with a class (WISP sec. 5.3 draws them at random; here the classes go round a
+    shuffled order, so that every class has its share of devices even when N is small), a drafting
+    speed, an RTT and rates, all drawn at random. Device i is the same at every N."""
     rng = random.Random(seed)
     names = list(classes)
+    rng.shuffle(names)
     out = []
-    for _ in range(n):
-        name = rng.choice(names)
+    for i in range(n):
+        name = names[i % len(names)]
         out.append(DeviceSpec(name, classes[name], speed_factor=rng.uniform(*speed_range),
                               rtt_ms=rng.uniform(*rtt_range), uplink_mbps=rng.uniform(5, 50),
                               downlink_mbps=rng.uniform(10, 100)))
@@ -243,7 +250,7 @@ def _maybe_verifier(args: argparse.Namespace, policy: str):
     if args.verifier:
         yield args.verifier
         return
-    log = RESULTS / f"fleet_serve_{args.pair}_{policy}.log"
+    log = RESULTS / f"fleet_serve_{args.pair}_{policy.replace('/', '-')}.log"
     with verifier(args.pair, policy, max(args.max_sessions, 2), args.threads, args.numerics, log) as address:
         yield address
 
@@ -331,7 +338,7 @@ def cmd_smoke(args: argparse.Namespace) -> dict:
     report = {}
     for system in ("fcfs", "wisp", "sled", "centralized"):
         policy = SYSTEMS[system][0]
-        config = ServerConfig(port=0, max_sessions=4, policy=policy, calibrate="off")
+        config = ServerConfig(port=0, max_sessions=4, policy=policy, calibrate="off")  # type: ignore[arg-type]
         spec = get_pair(args.pair)
         with VerifierServer(model_path(spec.target), config, name=spec.target) as server:
             args.duration, args.k = 4.0, 3

@@ -11,9 +11,10 @@ plans with the same coefficients (no noise). Devices draft and are accepted as
 our recorded traces say (benchmarks/fleet.py record: the real draft model's
 continuation at every position of the target's greedy output, replayed by the
 same window policies as the fleet simulator), with their recorded draft step
-time times a speed factor, and links of random RTT and rates. Every prompt is
-padded to --context tokens (a long system prompt or chat history: the regime
-WISP profiled, 500-2000 cached tokens). A batch holds at most --max-rows tokens
+time times a speed factor, and links of random RTT and rates. Prompts are the
+recorded ones (16-35 tokens) or padded to --context tokens (a long system
+prompt or chat history: the regime WISP profiled, 500-2000 cached tokens,
+where re-prefilling every round, as SLED does, is ruinous). A batch holds at most --max-rows tokens
 (vLLM's max_num_batched_tokens); KV memory is assumed to hold every session.
 
 Systems, as in WISP Table 2:
@@ -74,7 +75,8 @@ SYSTEMS = {"sled": ("fcfs", "reprefill", "fixed"), "centralized": ("fcfs", "cent
            "wisp": ("wisp", "speculative", "predictor"),
            # for telling the parts apart: prefix reuse alone, and each drafting under each policy
            "fcfs": ("fcfs", "speculative", "fixed"), "fcfs-predictor": ("fcfs", "speculative", "predictor"),
-           "wisp-fixed": ("wisp", "speculative", "fixed")}
+           "wisp-fixed": ("wisp", "speculative", "fixed"),
+           "wisp-response": ("wisp/response", "speculative", "predictor")}
 
 
 @dataclass
@@ -89,7 +91,9 @@ class Device:
     controller: object = None
     trace: Trace | None = None
     pos: int = 0
+    prompt_len: int = 0  # the response's prompt, padded to the simulation's context
     started: float = 0.0
+    began: float = 0.0  # when the verifier saw the response begin (its open's arrival)
     acceptance: float = 0.5
     link_ms: float = 0.0
     pending: dict = field(default_factory=dict)
@@ -99,13 +103,14 @@ class Simulation:
     def __init__(self, system: str, n: int, traces: list[Trace], args: argparse.Namespace,
                  controller: Callable[[], object]) -> None:
         policy, self.mode, _ = SYSTEMS[system]
+        policy, _, budget = policy.partition("/")
         self.now = 0.0
         self.estimator = VerifyTimeEstimator(WISP_A100_QWEN3_32B)
         clock: Callable[[], float] = lambda: self.now  # noqa: E731
         self.scheduler = (WispScheduler(self.estimator, guard_ms=args.guard_ms, starvation_s=args.starvation,
                                         max_rows=args.max_rows, clock=clock)
                           if policy == "wisp" else FcfsScheduler(max_rows=args.max_rows))
-        self.slo = SpeedClasses(DEFAULT_SLO_CLASSES)
+        self.slo = SpeedClasses(DEFAULT_SLO_CLASSES, budget=budget or "round")
         self.rng = random.Random(args.seed * 7919 + n)
         self.traces = traces
         self.context = args.context
@@ -150,17 +155,19 @@ class Simulation:
     def start_response(self, d: Device) -> None:
         d.trace = self.rng.choice(self.traces)
         d.pos = 0
+        d.prompt_len = max(self.context, len(d.trace.prompt))
         d.started = self.now
-        d.link_ms = self._net_ms(d, 4 * self.context, 64)
+        d.link_ms = self._net_ms(d, 4 * d.prompt_len, 64)
+        d.began = self.now
         if self.mode == "speculative":  # the prompt's prefill (as the verifier gives it an objective), then rounds
-            feed = Feed(d.idx, 0, (0,) * (self.context - 1), 0)
+            feed = Feed(d.idx, 0, (0,) * (d.prompt_len - 1), 0)
             self.submit(d, feed, self.slo.prefill(d.speed, self.now), lambda: self.start_round(d))
         else:
             self.start_round(d)
 
     def start_round(self, d: Device) -> None:
         assert d.trace is not None
-        ctx = self.context + d.pos
+        ctx = d.prompt_len + d.pos
         if self.mode == "centralized":  # one target step; due 1/speed after it was asked for
             obj = Objective(self.now + 1.0 / d.speed, 1e3 / d.speed, 1.0, self.now)
             self.submit(d, Feed(d.idx, ctx - 1, (0,), 1), obj, lambda: self.end_round(d, 0, 0))
@@ -178,7 +185,7 @@ class Simulation:
         accepted = d.trace.accepted(d.pos, block)
 
         def arrive() -> None:
-            obj = self.slo.objective(d.speed, d.acceptance, k, draft_ms, d.link_ms, self.now)
+            obj = self.slo.objective(d.speed, d.acceptance, k, draft_ms, d.link_ms, self.now, (d.pos, d.began))
             self.submit(d, feed, obj, lambda: self.end_round(d, k, accepted), net_ms=net_ms)
 
         self.at(self.now + (draft_ms + net_ms / 2) / 1e3, arrive)
@@ -265,7 +272,8 @@ def main() -> None:
     ap.add_argument("--devices", default=",".join(str(n) for n in range(20, 421, 20)))
     ap.add_argument("--horizon", type=float, default=60.0, help="virtual seconds per run")
     ap.add_argument("--warmup", type=float, default=10.0)
-    ap.add_argument("--context", type=int, default=1024, help="tokens every prompt is padded to")
+    ap.add_argument("--context", type=int, default=0,
+                    help="tokens every prompt is padded to (0: the recorded prompts as they are, 16-35 tokens)")
     ap.add_argument("--max-rows", type=int, default=8192)
     ap.add_argument("--noise", type=float, default=0.05, help="lognormal sigma of batch times around the estimate")
     ap.add_argument("--guard-ms", type=float, default=20.0)

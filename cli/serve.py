@@ -7,6 +7,7 @@ import signal
 import threading
 from enum import Enum
 from pathlib import Path
+from typing import Literal, cast
 
 import typer
 
@@ -69,6 +70,11 @@ def serve(
         "realtime=8, interactive=6, standard=4, relaxed=2.",
     ),
     guard_ms: float = typer.Option(20.0, "--guard-ms", min=0.0, help="wisp: guard time of the latest start (eq. 17)."),
+    slo_budget: str = typer.Option(
+        "round", "--slo-budget",
+        help="A round's budget: round (WISP eq. 6, this block's tokens at the session's speed) or response "
+        "(what keeps the whole response at its speed: credit when ahead).",
+    ),
     starvation: float = typer.Option(
         2.0, "--starvation", min=0.01, help="wisp: the longest any work waits before it goes first, in seconds."
     ),
@@ -109,6 +115,7 @@ def serve(
         prefill_chunk=prefill_chunk,
         policy=policy.value,
         guard_ms=guard_ms,
+        slo_budget=cast(Literal["round", "response"], slo_budget),
         starvation_s=starvation,
         calibrate="force" if calibrate else "auto",
         slo_classes=",".join(slo_class) if slo_class else dict(DEFAULT_SLO_CLASSES),

@@ -149,6 +149,9 @@ class ServerConfig:
     # Named token-speed classes, tokens/s; a mapping, or "name=speed,..." (for the environment).
     slo_classes: Mapping[str, float] | str = field(default_factory=lambda: dict(DEFAULT_SLO_CLASSES))
     guard_ms: float = 20.0  # wisp: the guard time delta of the latest start time (eq. 17)
+    # A round's budget: "round" is WISP eq. 6 (this block's expected tokens at the
+    # session's speed); "response" what keeps the whole response at its speed.
+    slo_budget: Literal["round", "response"] = "round"
     starvation_s: float = 2.0  # wisp: the longest any work waits before it goes first, best effort included
     max_queue: int = 256  # works waiting for the engine before new ones are refused (RESOURCE_EXHAUSTED)
     # The verification-time estimator's calibration: "auto" uses the cached one for this
@@ -169,6 +172,8 @@ class ServerConfig:
             raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
         if self.policy not in ("fcfs", "wisp"):
             raise ConfigError(f"policy must be 'fcfs' or 'wisp', got {self.policy!r}")
+        if self.slo_budget not in ("round", "response"):
+            raise ConfigError(f"slo_budget must be 'round' or 'response', got {self.slo_budget!r}")
         if self.calibrate not in ("auto", "force", "off"):
             raise ConfigError(f"calibrate must be auto, force or off, got {self.calibrate!r}")
         if not (self.guard_ms >= 0 and self.starvation_s > 0 and self.max_queue >= 1):

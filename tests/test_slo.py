@@ -285,3 +285,57 @@ def test_an_sh_round_reports_its_deadline_in_the_verdict_too():
                               hidden=np.ones((4, 8), dtype=np.float32), draft_ms=10.0, network_ms=10.0))
     assert len(r.exchanges) == 2 and r.hidden_requested  # the toy target rejects some: two exchanges
     assert r.budget_ms == pytest.approx((0.5 * 4 + 1) / 2.0 * 1e3 - 20.0) and r.deadline_met is True
+
+
+def test_a_response_budget_is_what_keeps_the_whole_response_at_its_speed():
+    from edgekit.verifier import SpeedClasses
+
+    per_round, per_response = SpeedClasses(), SpeedClasses(budget="response")
+    args = dict(speed=4.0, acceptance=0.5, n_draft=4, draft_ms=100.0, network_ms=50.0, arrived=10.0)
+    # Eq. 6: 3 expected tokens at 4 tok/s, less drafting and the link.
+    assert per_round.objective(**args, progress=(6, 8.0)).budget_ms == pytest.approx(750 - 150)
+    # 6 tokens done in the 2 s since the response began: 9 are due by 2.25 s, 25 ms of it the way down.
+    ahead = per_response.objective(**args, progress=(6, 8.0))
+    assert ahead.budget_ms == pytest.approx(250 - 25) and ahead.deadline == pytest.approx(10.0 + 0.225)
+    # Well ahead of its speed, a response has the credit it earned; behind it, none.
+    assert per_response.objective(**args, progress=(20, 8.0)).budget_ms == pytest.approx(3750 - 25)
+    assert per_response.objective(**args, progress=(0, 8.0)).budget_ms < 0
+    # On pace (the time since it began is this round's drafting and uplink) it is eq. 6 again.
+    on_pace = per_response.objective(**args, progress=(0, 10.0 - 0.125))
+    assert on_pace.budget_ms == pytest.approx(per_round.objective(**args).budget_ms)
+    with pytest.raises(ValueError, match="budget must be"):
+        SpeedClasses(budget="turn")
+
+
+def test_a_slow_or_vanished_client_never_stalls_the_engine():
+    from edgekit import ClientConfig, ServerConfig
+    from edgekit.transport import GrpcTransport
+    from edgekit.verifier import Coefficients, VerifierServer, VerifyTimeEstimator
+
+    cost = VerifyTimeEstimator(Coefficients(a=0.1, c=2.0)).predict  # each batch 2 ms and a bit
+    config = ServerConfig(port=0, max_sessions=4, max_context=1024, max_block=8, calibrate="off")
+    with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=1024, cost=cost), config) as server:
+        slow = GrpcTransport(server.address, ClientConfig(timeout=30))
+        slow.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
+        stream = slow.generate(PROMPT, mode="greedy", temperature=1.0, seed=0, max_tokens=900)
+        next(stream)  # one token read, then the client stops reading
+        gone = GrpcTransport(server.address, ClientConfig(timeout=30))
+        gone.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
+        gone.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint())
+        gone.close()  # a client that opened a session and vanished
+        with GrpcTransport(server.address, ClientConfig(timeout=10)) as t:
+            t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
+            opened = t.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint())
+            base = opened.committed_length
+            for _ in range(10):  # rounds go through while the others hold their sessions
+                v = t.verify(BlockRequest(opened.session_id, base, [3, 4]))
+                base = v.committed_length
+            assert base >= opened.committed_length + 10  # every round committed at least its own token
+        stream.close()  # the slow client gives up: its stream is cancelled, its session closed
+        slow.close()
+        table = server.service.sessions
+        for _ in range(200):  # the stream's session goes; the vanished client's waits for idle eviction
+            if not any(sid.startswith("g-") for sid in table._sessions):
+                break
+            threading.Event().wait(0.05)
+        assert len(table) == 2 and not any(sid.startswith("g-") for sid in table._sessions)

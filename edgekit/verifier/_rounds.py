@@ -144,6 +144,7 @@ class Rounds:
                 raise
             sess.tokens = tokens
             sess.hidden_size = draft_hidden_size
+            sess.began, sess.done = arrived, 0
         return Opened(sess.id, len(tokens), ran.run_ms, speed)
 
     def extend(
@@ -164,6 +165,7 @@ class Rounds:
             ran = self._run(sess, feed, deadline, self.slo.prefill(sess.speed, arrived))
             sess.tokens.extend(tokens)
             sess.last_round = None
+            sess.began, sess.done = arrived, 0  # a new turn: a new response
             return len(sess.tokens), ran.run_ms
 
     def close(self, session_id: str) -> bool:
@@ -195,7 +197,9 @@ class Rounds:
             elif r.hidden is not None:
                 what = "SH sends the tokens first" if r.upload == "sh" else "a tokens-only round"
                 raise ProtocolError(f"hidden states arrived with the block, but {what}")
-            objective = self.slo.objective(sess.speed, sess.acceptance, len(block), r.draft_ms, r.network_ms, arrived)
+            objective = self.slo.objective(
+                sess.speed, sess.acceptance, len(block), r.draft_ms, r.network_ms, arrived, (sess.done, sess.began)
+            )
             checks_ms = (time.perf_counter() - t0) * 1e3
             base = len(sess.tokens)
             feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block), len(block) + 1)
@@ -270,6 +274,7 @@ class Rounds:
         n_hidden = 0 if hidden is None else len(hidden[0])
         sess.hidden_rows += n_hidden
         sess.acceptance = self.slo.smoothed(sess.acceptance, len(block), accepted)
+        sess.done += len(verdict.committed)
         if objective is not None:
             budget_ms, met = _outcome(objective)
         else:  # an SH second half: the round's deadline was kept, or not, by its first half's target pass

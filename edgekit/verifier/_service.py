@@ -83,7 +83,7 @@ class VerifierService:
         self.policy = getattr(scheduler, "name", type(scheduler).__name__)
         self.sessions = SessionTable(config.max_sessions, config.idle_timeout)
         assert not isinstance(config.slo_classes, str)  # the config parsed it
-        self.slo = SpeedClasses(config.slo_classes)
+        self.slo = SpeedClasses(config.slo_classes, budget=config.slo_budget)
         self.stats = ServingStats(
             classes=[*self.slo.classes, BEST_EFFORT], queue_depth=scheduler.waiting, sessions=self.sessions.__len__
         )

@@ -40,6 +40,10 @@ class Session:
     # Smoothed fraction of drafted tokens accepted: the alpha of WISP eq. 5, for the
     # round's expected committed tokens and so its budget (eq. 6).
     acceptance: float = 0.5
+    # The response under way (since the session opened or its last turn): when it
+    # began and the tokens committed since, for response budgets.
+    began: float = 0.0
+    done: int = 0
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # (request key, answer) of the last applied round, for idempotent retries.

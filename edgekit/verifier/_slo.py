@@ -15,6 +15,18 @@ token (the correction, or the bonus after a fully accepted block: WISP's
 deadline is d = a + tau (eq. 12), a being when its request arrived. A session
 without an objective is best effort: its work has no deadline.
 
+Eq. 6 budgets each round on its own: a short block gets a short budget,
+however far ahead of its speed the response is. With `budget="response"` a
+round's budget is what keeps the whole response at its speed (the measured
+quantity, WISP eq. 4 over the response): with D tokens committed since the
+response began at b,
+
+    tau = (D + N^v) / s_c - (a - b) - T_network / 2
+
+(the time since b already holds this round's drafting and uplink; the verdict's
+way down is left). On pace it equals eq. 6; a response ahead of its speed has
+the credit it earned, one behind has less (or none: it is late).
+
 A prompt or a turn is prefilled apart from the rounds (WISP verifies it with
 the first block, as a cold start): it is due 1/s_c after it arrives, the time
 the objective gives one token, and worth that token, so that a session's start
@@ -39,14 +51,19 @@ CUSTOM = "custom"  # a session that gave a speed rather than a class (one label 
 class SpeedClasses:
     """The verifier's named classes, and the objective of each round."""
 
-    def __init__(self, classes: Mapping[str, float] = DEFAULT_SLO_CLASSES, *, smoothing: float = 0.3) -> None:
+    def __init__(
+        self, classes: Mapping[str, float] = DEFAULT_SLO_CLASSES, *, smoothing: float = 0.3, budget: str = "round"
+    ) -> None:
         for name, speed in classes.items():
             if not name or name in (BEST_EFFORT, CUSTOM) or not (math.isfinite(speed) and speed > 0):
                 raise ValueError(f"SLO class {name!r}: a class needs a name of its own and a positive speed")
         if not 0 < smoothing <= 1:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        if budget not in ("round", "response"):
+            raise ValueError(f"budget must be 'round' or 'response', got {budget!r}")
         self.classes = dict(classes)
         self.smoothing = smoothing
+        self.budget = budget
 
     def resolve(self, name: str, speed: float) -> tuple[str, float | None]:
         """A session's (class name, tokens/s) from what it asked for; a speed wins over a name.
@@ -63,16 +80,29 @@ class SpeedClasses:
         return name, self.classes[name]
 
     def objective(
-        self, speed: float | None, acceptance: float, n_draft: int, draft_ms: float, network_ms: float, arrived: float
+        self,
+        speed: float | None,
+        acceptance: float,
+        n_draft: int,
+        draft_ms: float,
+        network_ms: float,
+        arrived: float,
+        progress: tuple[int, float] | None = None,
     ) -> Objective:
-        """A round's budget and deadline (eqs. 5, 6, 12); `arrived` is a perf_counter()."""
+        """A round's budget and deadline (eqs. 5, 6, 12); `arrived` is a perf_counter().
+        `progress`: (tokens committed since the response began, when it began), for
+        response budgets."""
         for what, ms in (("drafting", draft_ms), ("network", network_ms)):
             if not (math.isfinite(ms) and ms >= 0):
                 raise ProtocolError(f"the round's {what} time must be a non-negative number of ms, got {ms}")
         value = acceptance * n_draft + 1.0
         if speed is None:
             return Objective(None, None, value, arrived)
-        budget_ms = value / speed * 1e3 - draft_ms - network_ms
+        if self.budget == "response" and progress is not None:
+            done, began = progress
+            budget_ms = ((done + value) / speed - (arrived - began)) * 1e3 - network_ms / 2
+        else:
+            budget_ms = value / speed * 1e3 - draft_ms - network_ms
         return Objective(arrived + budget_ms / 1e3, budget_ms, value, arrived)
 
     def prefill(self, speed: float | None, arrived: float) -> Objective:
