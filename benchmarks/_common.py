@@ -264,15 +264,17 @@ def progress(message: str) -> None:
 # -- figures ---------------------------------------------------------------------------
 
 
-def subplots(ncols: int = 1, *, width: float = 6.0, height: float = 4.2) -> tuple[Any, list[Any]]:
-    """A matplotlib figure (no display needed) and its row of `ncols` axes (the bench extra)."""
+def subplots(
+    ncols: int = 1, *, nrows: int = 1, width: float = 6.0, height: float = 4.2
+) -> tuple[Any, list[Any]]:
+    """A matplotlib figure (no display needed) and its `nrows` x `ncols` axes, row by row (the bench extra)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
-    return fig, list(axes[0])
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    return fig, [ax for row in axes for ax in row]
 
 
 def save_figure(fig: Any, path: Path) -> Path:

@@ -298,31 +298,49 @@ def cmd_sweep(args: argparse.Namespace) -> dict:
     return {"systems": results, "devices": devices, "epsilon": args.epsilon}
 
 
-def plot_sweep(payload: dict, png: Path) -> None:
-    fig, axes = C.subplots(3, width=5.8, height=4.6)
+def plot_sweep(payload: dict, png: Path, label: str = "") -> None:
+    """Top row: each class's violation rate against N, one line per system (Fig. 7). Bottom: goodput
+    against N, capacity per class, and (where rounds were logged) the queue/verify plane of two
+    systems' rounds at the largest N (Fig. 8: violated rounds marked). `label` prefixes every title."""
     classes = list(DEFAULT_SLO_CLASSES)
-    styles = ["-", "--", ":", "-."]
+    fig, axes = C.subplots(4, nrows=2, width=4.6, height=3.8)
+    systems = list(payload["systems"])
+    colors = {s: f"C{i}" for i, s in enumerate(systems)}
+    for ax, cls in zip(axes[:4], classes):
+        for system, r in payload["systems"].items():
+            pts = [p for p in r["points"] if cls in p["classes"]]
+            ax.plot([p["devices"] for p in pts], [p["classes"][cls]["violation_rate"] for p in pts], marker="o",
+                    color=colors[system], label=system)
+        ax.axhline(payload["epsilon"], color="grey", lw=0.8, ls="--")
+        ax.set(xlabel="devices N", ylabel="responses short of their speed", ylim=(-0.03, 1.03),
+               title=f"{label}{cls} ({DEFAULT_SLO_CLASSES[cls]:g} tok/s)")
     for system, r in payload["systems"].items():
-        pts = r["points"]
-        for cls, ls in zip(classes, styles):
-            xs = [p["devices"] for p in pts if cls in p["classes"]]
-            ys = [p["classes"][cls]["violation_rate"] for p in pts if cls in p["classes"]]
-            axes[0].plot(xs, ys, ls, marker="o", label=f"{system} {cls}")
-        axes[1].plot([p["devices"] for p in pts], [p["goodput_tokens_per_s"] for p in pts], marker="o", label=system)
-    axes[0].axhline(payload["epsilon"], color="grey", lw=0.8)
-    axes[0].set(xlabel="devices N", ylabel="violation rate", title="Token-speed SLO violations (Fig. 7)")
-    axes[0].legend(fontsize=6, ncol=2)
-    axes[1].set(xlabel="devices N", ylabel="committed tokens/s", title="System goodput")
-    axes[1].legend(fontsize=8)
-    for system, r in payload["systems"].items():
-        pts = r["points"][-1]["attribution"]["points"] if r["points"] else []
-        ok = [(q, v) for q, v, bad in pts if not bad]
-        bad = [(q, v) for q, v, b in pts if b]
-        if ok or bad:
-            axes[2].scatter([q for q, _ in ok], [v for _, v in ok], s=4, alpha=0.3, label=f"{system} met")
-            axes[2].scatter([q for q, _ in bad], [v for _, v in bad], s=6, marker="x", label=f"{system} violated")
-    axes[2].set(xlabel="queue ms", ylabel="verify ms", title="Rounds at the largest N (Fig. 8)")
-    axes[2].legend(fontsize=6)
+        axes[4].plot([p["devices"] for p in r["points"]], [p["goodput_tokens_per_s"] for p in r["points"]],
+                     marker="o", color=colors[system], label=system)
+    axes[4].set(xlabel="devices N", ylabel="committed tokens/s", title=f"{label}system goodput")
+    width = 0.8 / max(len(systems), 1)
+    for i, system in enumerate(systems):
+        caps = payload["systems"][system].get("capacity", {})
+        axes[5].bar([c + i * width for c in range(len(classes))], [caps.get(c, 0) for c in classes], width,
+                    color=colors[system], label=system)
+    axes[5].set_xticks([c + 0.4 - width / 2 for c in range(len(classes))], classes)
+    axes[5].set(ylabel="devices", title=f"{label}Cap(tau), epsilon {payload['epsilon']:g}")
+    if not any("attribution" in p for r in payload["systems"].values() for p in r["points"]):
+        for ax in axes[6:]:
+            fig.delaxes(ax)
+        C.save_figure(fig, png)
+        return
+    shown = [s for s in ("fcfs", "wisp") if s in payload["systems"]] or systems[:2]
+    for ax, system in zip(axes[6:], shown):
+        pts = payload["systems"][system]["points"]
+        att = pts[-1]["attribution"] if pts else {"points": []}
+        ok = [(q, v) for q, v, bad in att["points"] if not bad]
+        bad = [(q, v) for q, v, b in att["points"] if b]
+        ax.scatter([q for q, _ in ok], [v for _, v in ok], s=5, alpha=0.4, color="C2", label="met")
+        ax.scatter([q for q, _ in bad], [v for _, v in bad], s=8, marker="x", color="C3", label="violated")
+        ax.set(xlabel="queue ms", ylabel="verify ms",
+               title=f"{system}, N={pts[-1]['devices'] if pts else '-'}: {att.get('compute_dominant', 0)} compute-, "
+               f"{att.get('queue_dominant', 0)} queue-dominant")
     C.save_figure(fig, png)
 
 
@@ -381,6 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.choices["sweep"].add_argument("--devices", default="2,4,6,8,12")
     sub.choices["sweep"].add_argument("--epsilon", type=float, default=0.05)
     sub.choices["sweep"].add_argument("--out", default=None)
+    sub.choices["sweep"].add_argument("--replot", default=None, help="redraw a sweep JSON's PNG, measure nothing")
     smoke = sub.add_parser("smoke")
     smoke.add_argument("--pair", default="gemma-270m")
     smoke.add_argument("--out-dir", default=str(RESULTS))
@@ -396,6 +415,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "run":
         payload = cmd_run(args)
         C.write_result(f"fleet_run_{args.pair}_{args.system}_{args.devices}", {"machine": C.machine(), **payload})
+    elif args.cmd == "sweep" and args.replot:
+        import json
+
+        plot_sweep(json.loads(Path(args.replot).read_text()), Path(args.replot).with_suffix(".png"))
     elif args.cmd == "sweep":
         payload = {"machine": C.machine(), "pair": args.pair, "settings": vars(args), **cmd_sweep(args)}
         name = args.out or f"fleet_sweep_{args.pair}"

@@ -50,8 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C
 from _fleet import Trace, draft_block, load_traces
-from fleet import controller_factory, traces_path
+from fleet import controller_factory, plot_sweep, traces_path
 
+from edgekit import ServerConfig
 from edgekit.config import DEFAULT_SLO_CLASSES
 from edgekit.verifier import (
     Coefficients,
@@ -108,7 +109,7 @@ class Simulation:
         self.estimator = VerifyTimeEstimator(WISP_A100_QWEN3_32B)
         clock: Callable[[], float] = lambda: self.now  # noqa: E731
         self.scheduler = (WispScheduler(self.estimator, guard_ms=args.guard_ms, starvation_s=args.starvation,
-                                        max_rows=args.max_rows, clock=clock)
+                                        max_rows=args.max_rows, min_efficiency=args.min_efficiency, clock=clock)
                           if policy == "wisp" else FcfsScheduler(max_rows=args.max_rows))
         self.slo = SpeedClasses(DEFAULT_SLO_CLASSES, budget=budget or "round")
         self.rng = random.Random(args.seed * 7919 + n)
@@ -278,6 +279,8 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.05, help="lognormal sigma of batch times around the estimate")
     ap.add_argument("--guard-ms", type=float, default=20.0)
     ap.add_argument("--starvation", type=float, default=2.0)
+    ap.add_argument("--min-efficiency", type=float, default=ServerConfig().min_efficiency,
+                    help="WispScheduler's min_efficiency (the verifier's default; 0: Algorithm 1 as published)")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--epsilon", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
@@ -320,21 +323,7 @@ def main() -> None:
                "coefficients_ms": WISP_A100_QWEN3_32B.__dict__, "wisp_table2_qwen3_32b": WISP_TABLE2_QWEN3_32B,
                "systems": results, "machine": C.machine()}
     path = C.write_result(args.out, payload)
-    fig, axes = C.subplots(2, width=6.4, height=4.6)
-    for system, r in results.items():
-        pts = r["points"]
-        for cls, ls in zip(classes, ["-", "--", ":", "-."]):
-            axes[0].plot([p["devices"] for p in pts], [p["classes"][cls]["violation_rate"] for p in pts], ls,
-                         marker=".", label=f"{system} {cls}")
-        axes[1].plot([p["devices"] for p in pts], [p["goodput_tokens_per_s"] for p in pts], marker=".",
-                     label=system)
-    axes[0].axhline(args.epsilon, color="grey", lw=0.8)
-    axes[0].set(xlabel="devices N", ylabel="violation rate",
-                title="SIMULATION: A100 Qwen3-32B cost model (WISP coefficients)")
-    axes[0].legend(fontsize=6, ncol=3)
-    axes[1].set(xlabel="devices N", ylabel="committed tokens/s", title="SIMULATION: system goodput")
-    axes[1].legend(fontsize=8)
-    C.save_figure(fig, path.with_suffix(".png"))
+    plot_sweep({"systems": results, "epsilon": args.epsilon}, path.with_suffix(".png"), label="SIMULATION: ")
     print(path)
 
 

@@ -75,6 +75,11 @@ def serve(
         help="A round's budget: round (WISP eq. 6, this block's tokens at the session's speed) or response "
         "(what keeps the whole response at its speed: credit when ahead).",
     ),
+    min_efficiency: float = typer.Option(
+        0.75, "--min-efficiency", min=0.0, max=0.99,
+        help="wisp: while less than this share of a batch's predicted time is work rather than the per-batch "
+        "constant, deadlines do not stop it growing (0: Algorithm 1 as published).",
+    ),
     starvation: float = typer.Option(
         2.0, "--starvation", min=0.01, help="wisp: the longest any work waits before it goes first, in seconds."
     ),
@@ -117,6 +122,7 @@ def serve(
         guard_ms=guard_ms,
         slo_budget=cast(Literal["round", "response"], slo_budget),
         starvation_s=starvation,
+        min_efficiency=min_efficiency,
         calibrate="force" if calibrate else "auto",
         slo_classes=",".join(slo_class) if slo_class else dict(DEFAULT_SLO_CLASSES),
         metrics_port=metrics_port,

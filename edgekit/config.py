@@ -153,6 +153,10 @@ class ServerConfig:
     # session's speed); "response" what keeps the whole response at its speed.
     slo_budget: Literal["round", "response"] = "round"
     starvation_s: float = 2.0  # wisp: the longest any work waits before it goes first, best effort included
+    # wisp: while less than this share of a batch's predicted time is work (not the per-batch
+    # constant), deadlines do not stop it growing (0: Algorithm 1 as published, whose small
+    # batches halved goodput past ~150 devices in the GPU-scale simulation).
+    min_efficiency: float = 0.75
     max_queue: int = 256  # works waiting for the engine before new ones are refused (RESOURCE_EXHAUSTED)
     # The verification-time estimator's calibration: "auto" uses the cached one for this
     # model and machine, measuring it first when the policy needs it; "force" measures
@@ -178,6 +182,8 @@ class ServerConfig:
             raise ConfigError(f"calibrate must be auto, force or off, got {self.calibrate!r}")
         if not (self.guard_ms >= 0 and self.starvation_s > 0 and self.max_queue >= 1):
             raise ConfigError("guard_ms must be >= 0, starvation_s > 0 and max_queue >= 1")
+        if not 0 <= self.min_efficiency < 1:
+            raise ConfigError(f"min_efficiency must be in [0, 1), got {self.min_efficiency}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be a port number (0 for a free one), got {self.metrics_port}")
         object.__setattr__(self, "slo_classes", _slo_classes(self.slo_classes))

@@ -22,7 +22,8 @@ class Clock:
 
 
 def _scheduler(clock: Clock, **kw) -> WispScheduler:
-    return WispScheduler(VerifyTimeEstimator(COST), clock=clock, **({"guard_ms": 5.0} | kw))
+    # Algorithm 1 as published (min_efficiency 0) unless a test says otherwise.
+    return WispScheduler(VerifyTimeEstimator(COST), clock=clock, **({"guard_ms": 5.0, "min_efficiency": 0.0} | kw))
 
 
 def _work(name: str, clock: Clock, rows: int = 5, *, due_ms: float | None = None, value: float = 3.0,
@@ -148,3 +149,19 @@ def test_works_whose_caller_gave_up_are_dropped():
     s.submit(_work("here", clock))
     gone.future.cancel()
     assert _names(s.schedule()) == ["here"] and s.waiting() == 0
+
+
+def test_a_minimum_efficiency_lets_a_batch_outgrow_a_tight_deadline_while_its_constant_dominates():
+    def batch_with(min_efficiency: float) -> list[str]:
+        clock = Clock()
+        s = _scheduler(clock, min_efficiency=min_efficiency)
+        s.submit(_work("tight", clock, rows=1, due_ms=8.0))  # 6 ms alone: critical (guard 5 ms)
+        for i in range(6):
+            s.submit(_work(f"w{i}", clock, rows=1))
+        return _names(s.schedule())
+
+    # As published: three one-row works take 8 ms, all the tight deadline allows.
+    assert batch_with(0.0) == ["tight", "w0", "w1"]
+    # At least half work (n rows / (n + 5 ms)): a fourth row still leaves the constant the larger
+    # share, so it joins (9 ms, past the deadline); a fifth would make the batch efficient and late.
+    assert batch_with(0.5) == ["tight", "w0", "w1", "w2"]

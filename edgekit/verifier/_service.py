@@ -76,7 +76,12 @@ class VerifierService:
         self.estimator = estimator or VerifyTimeEstimator()
         if scheduler is None:
             scheduler = (
-                WispScheduler(self.estimator, guard_ms=config.guard_ms, starvation_s=config.starvation_s)
+                WispScheduler(
+                    self.estimator,
+                    guard_ms=config.guard_ms,
+                    starvation_s=config.starvation_s,
+                    min_efficiency=config.min_efficiency,
+                )
                 if config.policy == "wisp"
                 else FcfsScheduler()
             )
