@@ -36,7 +36,6 @@ import numpy as np
 
 from edgekit import ClientConfig
 from edgekit.drafting import Controller, Decision, FixedWindow
-from edgekit.errors import EdgekitError
 from edgekit.protocol import BlockRequest, Fingerprint, SpeedObjective
 from edgekit.runtime import ALL_COLUMNS, DraftModel
 from edgekit.transport import GrpcTransport
@@ -244,7 +243,7 @@ class Fleet:
         except FaithfulnessError as exc:
             with self._lock:
                 self.errors.append(f"device {i}: {exc}")
-        except EdgekitError as exc:
+        except Exception as exc:  # a device that stops for any reason is reported, never silently lost
             with self._lock:
                 self.errors.append(f"device {i}: {type(exc).__name__}: {exc}")
 
