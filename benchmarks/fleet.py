@@ -330,7 +330,8 @@ def plot_sweep(payload: dict, png: Path, label: str = "") -> None:
             fig.delaxes(ax)
         C.save_figure(fig, png)
         return
-    shown = [s for s in ("fcfs", "wisp") if s in payload["systems"]] or systems[:2]
+    shown = [s for s in ("fcfs", "wisp") if s in payload["systems"]]
+    shown += [s for s in systems if s not in shown][: 2 - len(shown)]  # two systems, FCFS and WISP first
     for ax, system in zip(axes[6:], shown):
         pts = payload["systems"][system]["points"]
         att = pts[-1]["attribution"] if pts else {"points": []}
