@@ -170,7 +170,7 @@ class Simulation:
         assert d.trace is not None
         ctx = d.prompt_len + d.pos
         if self.mode == "centralized":  # one target step; due 1/speed after it was asked for
-            obj = Objective(self.now + 1.0 / d.speed, 1e3 / d.speed, 1.0, self.now)
+            obj = self.slo.token(d.speed, self.now)
             self.submit(d, Feed(d.idx, ctx - 1, (0,), 1), obj, lambda: self.end_round(d, 0, 0))
             return
         limit = min(self.max_window, len(d.trace.target) - d.pos)

@@ -20,7 +20,6 @@ from ._slo import SpeedClasses
 from ._stats import ServingStats
 from ._validation import RequestChecks
 from .engine import Feed
-from .scheduler import Objective
 
 __all__ = ["TargetOnly"]
 
@@ -60,6 +59,7 @@ class TargetOnly:
         target_speed: float = 0.0,
     ) -> Iterator[GeneratedToken]:
         """The target's tokens after `prompt`; stops early when `is_active()` turns false (a cancelled call)."""
+        arrived = time.perf_counter()
         self.checks.sampling(mode, temperature)
         slo_class, speed = self.slo.resolve(slo_name, target_speed)
         tokens = list(prompt)
@@ -72,15 +72,14 @@ class TargetOnly:
         try:
             with sess.lock:
                 prefill = Feed(sess.seq, 0, tuple(tokens[:-1]), 0)
-                prefill_ms = self.core.run(prefill, session_id=sess.id, slo_class=slo_class).run_ms
+                objective = self.slo.prefill(speed, arrived)
+                prefill_ms = self.core.run(prefill, session_id=sess.id, slo_class=slo_class, objective=objective).run_ms
                 pos = len(tokens) - 1
                 last = tokens[-1]
                 for index in range(max_tokens):
                     if not is_active():
                         return
-                    asked = time.perf_counter()
-                    due = None if speed is None else asked + 1.0 / speed
-                    objective = Objective(due, None if speed is None else 1e3 / speed, 1.0, asked)
+                    objective = self.slo.token(speed, time.perf_counter())
                     step = Feed(sess.seq, pos, (last,), 1)
                     ran = self.core.run(step, session_id=sess.id, slo_class=slo_class, objective=objective)
                     pos += 1

@@ -149,8 +149,9 @@ class EngineCore:
 
     def _step(self, batch: Batch) -> None:
         feeds = batch.feeds
+        x = batch_features(feeds)
         if not batch.estimated_ms:  # the policy did not plan with the estimator: what it says all the same
-            batch = replace(batch, estimated_ms=self.estimator.predict(feeds))
+            batch = replace(batch, estimated_ms=self.estimator.predict_features(x))
         estimated = batch.estimated_ms
         t0 = time.perf_counter()
         try:
@@ -163,12 +164,11 @@ class EngineCore:
         self.stats.record_batch(len(batch.works), rows, ms, estimated)
         self._ms_per_row = 0.8 * self._ms_per_row + 0.2 * ms / max(rows, 1)
         if log.isEnabledFor(logging.DEBUG):
-            x = batch_features(feeds)
             log.debug(
                 "batch: %d works, %d rows, %d cached, estimated %.1f ms, ran %.1f ms",
                 len(feeds), rows, int(x[2]), estimated, ms,
             )
-        self.estimator.observe(feeds, ms)
+        self.estimator.observe_features(x, ms)
         self.scheduler.update(batch, outputs, ms)
 
     def close(self, timeout: float = 10.0) -> None:

@@ -190,7 +190,10 @@ class VerifyTimeEstimator:
 
     def observe(self, feeds: Sequence[Feed], ms: float) -> None:
         """A batch ran in `ms`: it joins the online fit."""
-        x = batch_features(feeds) / _SCALE
+        self.observe_features(batch_features(feeds), ms)
+
+    def observe_features(self, features: np.ndarray, ms: float) -> None:
+        x = features / _SCALE
         f = self.forgetting
         self._g = f * self._g + np.outer(x, x)
         self._h = f * self._h + x * ms

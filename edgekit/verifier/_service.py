@@ -85,7 +85,7 @@ class VerifierService:
                 if config.policy == "wisp"
                 else FcfsScheduler()
             )
-        self.policy = getattr(scheduler, "name", type(scheduler).__name__)
+        self.policy = scheduler.name
         self.sessions = SessionTable(config.max_sessions, config.idle_timeout)
         assert not isinstance(config.slo_classes, str)  # the config parsed it
         self.slo = SpeedClasses(config.slo_classes, budget=config.slo_budget)

@@ -105,11 +105,16 @@ class SpeedClasses:
             budget_ms = value / speed * 1e3 - draft_ms - network_ms
         return Objective(arrived + budget_ms / 1e3, budget_ms, value, arrived)
 
-    def prefill(self, speed: float | None, arrived: float) -> Objective:
-        """A prompt's or a turn's prefill: due one token's time after it arrives."""
+    def token(self, speed: float | None, arrived: float, value: float = 1.0) -> Objective:
+        """Work due one token's time (1/s) after it arrives, worth one token: a
+        target-only step, or a prefill (worth nothing of its own when best effort)."""
         if speed is None:
-            return Objective(None, None, 0.0, arrived)
+            return Objective(None, None, value, arrived)
         return Objective(arrived + 1.0 / speed, 1e3 / speed, 1.0, arrived)
+
+    def prefill(self, speed: float | None, arrived: float) -> Objective:
+        """A prompt's or a turn's prefill (see the module's docstring)."""
+        return self.token(speed, arrived, value=0.0)
 
     def smoothed(self, acceptance: float, drafted: int, accepted: int) -> float:
         """The session's acceptance after a round (an exponential average; rounds without drafts leave it)."""

@@ -78,6 +78,8 @@ class Batch:
 
 
 class Scheduler(Protocol):
+    name: str  # the policy, as the handshake names it ("fcfs", "wisp")
+
     def submit(self, work: Work) -> Future[WorkResult]:
         """Queues `work`; its future completes when a batch holding it has run.
         A work whose future is cancelled before it is scheduled never runs."""
