@@ -105,17 +105,30 @@ def test_the_guard_time_makes_a_work_critical_earlier():
     assert _names(guarded.schedule()) == ["due"]  # LST = 25 - 10 - 20 < now: critical (eq. 17)
 
 
-def test_a_late_work_is_not_dropped_and_does_not_hold_the_others_to_its_deadline():
+def test_a_late_work_is_not_dropped_and_is_served_as_soon_as_it_can_be():
     clock = Clock()
     s = _scheduler(clock)
     s.submit(_work("best", clock, value=1.0))  # U = 0.1
-    s.submit(_work("due16", clock, due_ms=16.0))  # latest start 1 ms away; U = 0.3
+    s.submit(_work("due30", clock, due_ms=30.0))  # latest start 15 ms away; U = 0.3
     s.submit(_work("late", clock, due_ms=2.0))  # 10 ms alone: its deadline cannot be met any more
-    # The late work first (before the non-critical), without its deadline; "due16" fits (15 ms),
-    # "best" would make the batch 20 ms, past "due16"'s deadline.
+    # The late work first (before the non-critical), due now as soon as it can be: its 10 ms alone
+    # plus the 5 ms guard. "due30" fits (15 ms); "best" would make the batch 20 ms.
     batch = s.schedule()
-    assert _names(batch) == ["late", "due16"] and batch.estimated_ms == pytest.approx(15.0)
+    assert _names(batch) == ["late", "due30"] and batch.estimated_ms == pytest.approx(15.0)
     assert _names(s.schedule()) == ["best"]
+
+
+def test_late_works_do_not_let_a_batch_grow_to_the_whole_queue():
+    clock = Clock()
+    s = _scheduler(clock)
+    for i in range(3):
+        s.submit(_work(f"late{i}", clock, due_ms=1.0 + i))  # all late, most overdue first
+    for i in range(3):
+        s.submit(_work(f"free{i}", clock))
+    # Exempt from deadlines, the batch would take all six (35 ms); as soon as possible, the first
+    # late work holds it to 15 ms: one more five-row work.
+    assert _names(s.schedule()) == ["late0", "late1"]
+    assert _names(s.schedule()) == ["late2", "free0"]
 
 
 def test_best_effort_work_waits_at_most_the_starvation_bound():

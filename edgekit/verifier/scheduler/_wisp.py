@@ -15,8 +15,14 @@ fit stops the batch.
 What Algorithm 1 leaves open, decided here:
 - A work whose deadline cannot be met any more, even alone (late), is not
   dropped (its device waits for the verdict, and its response's speed still
-  counts): it goes after the critical works and before the rest, and its own
-  deadline no longer constrains the batch.
+  counts): it goes after the critical works and before the rest, and it is
+  served as soon as it can be: its deadline becomes its time alone plus the
+  guard from now, so a batch that holds it grows only within the guard.
+  Exempting late works from the deadline check instead (an earlier version)
+  let every batch under overload grow to the whole queue, as FCFS does: the
+  tightest class, late first, then waited behind everyone else's rounds, and
+  on the CPU fleet `wisp` violated realtime as often as FCFS with the
+  predictor (benchmarks/results/fleet_focus_gemma-270m.json).
 - A work that has waited `starvation_s` goes first whatever its deadline or
   utility (oldest first): best-effort work, prefills (worth no tokens of their
   own) and late work all wait a bounded time.
@@ -121,7 +127,9 @@ class WispScheduler(WorkQueue):
             x2[-1] = 1.0  # one batch: one constant
             rows2 = rows + w.rows
             d = w.objective.deadline
-            d_min2 = d_min if d is None or late(w) else min(d_min, d)
+            if d is not None and late(w):
+                d = now + (solo_ms[id(w)] + self.guard_ms) / 1e3  # as soon as possible
+            d_min2 = d_min if d is None else min(d_min, d)
             if batch and rows2 > self.max_rows:  # eq. 14 (the first work always fits)
                 return False
             t2 = float(x2 @ coef)
