@@ -58,3 +58,8 @@ _TARGET_SPEED = typer.Option(
     None, "--target-speed", min=0.01, help="The token speed (tok/s) to ask the verifier for; wins over --slo-class."
 )
 _HIDDEN_ENCODING = typer.Option("fp16", "--hidden-encoding", help="fp16, or int8 with a scale per row.")
+_RETRY_FOR = typer.Option(
+    None, "--retry-for", min=0.0,
+    help="Seconds to keep trying through a verifier outage, reopening the session if the verifier lost it "
+    "(default 30, or EDGEKIT_RETRY_FOR); 0: stop at the first failure.",
+)

@@ -14,10 +14,12 @@ def build_client(
     generation,  # GenerationConfig
     announce: bool = True,
     local_server=None,  # ServerConfig of the local verifier, when one is started
+    retry_for: float | None = None,  # None: the config's (EDGEKIT_RETRY_FOR, or 30 s)
 ):
     from edgekit import ClientConfig, EdgeClient
 
-    config = ClientConfig(timeout=timeout, connect_timeout=min(10.0, timeout), token=token)
+    retry = {} if retry_for is None else {"retry_for": retry_for}
+    config = ClientConfig.from_env(timeout=timeout, connect_timeout=min(10.0, timeout), token=token, **retry)
     client = EdgeClient(verifier, pair=pair, config=config, generation=generation, local_server=local_server)
     if client.local_verifier_address and announce:
         info = client.server_info()

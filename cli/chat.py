@@ -17,6 +17,7 @@ from ._common import (
     _MAX_WINDOW,
     _P_MIN,
     _PREDICTOR,
+    _RETRY_FOR,
     _SLO_CLASS,
     _TARGET_SPEED,
     _UPLOAD,
@@ -99,6 +100,7 @@ def chat(
     ),
     token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
     timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, in seconds."),
+    retry_for: float | None = _RETRY_FOR,
 ) -> None:
     """Chat with the pair's target model, drafted on this device (one session, KV reused across turns)."""
     from rich.console import Console
@@ -118,7 +120,9 @@ def chat(
     # With --json, stdout carries only JSON lines; everything for people goes to stderr.
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
     log = History(history, pair)
-    with _connect.build_client(pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen) as client:
+    with _connect.build_client(
+        pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, retry_for=retry_for
+    ) as client:
         conv = client.conversation(system=system)
         session = _ChatSession(client, conv, out, log, json_out)
         try:
@@ -142,7 +146,7 @@ class _ChatSession:
     # -- one answer ---------------------------------------------------------------------
 
     def answer(self, text: str) -> None:
-        from edgekit import TextDelta
+        from edgekit import Resumed, TextDelta
 
         self.log.add("user", text)
         stream = self.conv.send(text)
@@ -151,6 +155,8 @@ class _ChatSession:
             for event in stream:
                 if isinstance(event, TextDelta) and not self.json_out:
                     self.out.print(event.text, end="", markup=False)
+                elif isinstance(event, Resumed) and not self.json_out:
+                    self.out.print(f"[dim] \\[verifier lost for {event.outage_ms / 1e3:.1f} s; resumed][/dim] ", end="")
                 if interrupt.requested:
                     stopped = True
                     break

@@ -14,6 +14,7 @@ from ._common import (
     _MAX_WINDOW,
     _P_MIN,
     _PREDICTOR,
+    _RETRY_FOR,
     _SLO_CLASS,
     _TARGET_SPEED,
     _UPLOAD,
@@ -63,10 +64,12 @@ def generate(
     rounds: bool = typer.Option(False, "--rounds", help="With --json, include per-round figures."),
     token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
     timeout: float = typer.Option(30.0, "--timeout", help="Deadline of each verifier call, in seconds."),
+    retry_for: float | None = _RETRY_FOR,
 ) -> None:
     """Generate a completion by speculative decoding (or by the target alone with --baseline)."""
-    from edgekit import GenerationConfig, TextDelta
+    from edgekit import GenerationConfig, Resumed, TextDelta
     from edgekit.config import Drafting, HiddenEncoding, Upload
+    from edgekit.errors import EdgekitError
 
     from . import _connect
 
@@ -77,17 +80,46 @@ def generate(
         upload=cast(Upload, upload), hidden_encoding=cast(HiddenEncoding, hidden_encoding),
     )
     with _connect.build_client(
-        pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, announce=not json_out
+        pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, announce=not json_out,
+        retry_for=retry_for,
     ) as client:
+        info = client.server_info()
         stream = client.generate_target_only(prompt) if baseline else client.generate(prompt)
-        with stream:
-            for event in stream:
-                if isinstance(event, TextDelta) and not json_out:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
+        ids: list[int] = []
+        parts: list[str] = []
+        outages: list[dict] = []
+        try:
+            with stream:
+                for event in stream:
+                    if isinstance(event, TextDelta):
+                        ids.extend(event.token_ids)
+                        parts.append(event.text)
+                        if not json_out:
+                            sys.stdout.write(event.text)
+                            sys.stdout.flush()
+                    elif isinstance(event, Resumed):
+                        outages.append({"outage_ms": event.outage_ms, "reprefilled_tokens": event.reprefilled_tokens})
+                        note(f"[verifier lost for {event.outage_ms / 1e3:.1f} s; resumed]")
+        except EdgekitError as exc:
+            # What was generated before the failure is kept: printed (text mode), or in the JSON.
+            if json_out:
+                print_json(
+                    {
+                        "pair": pair,
+                        "verifier": verifier or client.local_verifier_address,
+                        "prompt": prompt,
+                        "token_ids": ids,
+                        "text": "".join(parts),
+                        "finish_reason": "error",
+                        "error": {"type": type(exc).__name__, "message": str(exc)},
+                        "outages": outages,
+                    }
+                )
+            else:
+                sys.stdout.write("\n")
+            raise
         final = stream.final
         assert final is not None
-        info = client.server_info()
         if json_out:
             print_json(
                 {
@@ -104,6 +136,8 @@ def generate(
                     "prompt": prompt,
                     "token_ids": list(final.token_ids),
                     "text": final.text,
+                    "finish_reason": final.stats.finish_reason,
+                    "outages": outages,
                     "metrics": final.stats.to_dict(rounds=rounds),
                 }
             )

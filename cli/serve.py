@@ -44,6 +44,14 @@ def serve(
         4096, "--max-context", min=256, help="Tokens per session; the KV cache holds max-context x max-sessions."
     ),
     idle_timeout: float = typer.Option(900.0, "--idle-timeout", help="Seconds before an idle session may be evicted."),
+    reclaim_after: float = typer.Option(
+        60.0, "--reclaim-after", min=0, help="With every session taken, one idle this many seconds makes room."
+    ),
+    max_sessions_per_client: int = typer.Option(
+        0, "--max-sessions-per-client", min=0,
+        help="Most sessions one client (a --tokens-file tenant, else a host) may hold; 0: no hard limit. With every "
+        "session taken, a client holding under half of them takes the least recently used one of a client over half.",
+    ),
     numerics: Numerics = typer.Option(
         Numerics.exact,
         "--numerics",
@@ -51,6 +59,10 @@ def serve(
         "fast: every llama.cpp kernel, last-bit differences may flip near-tied argmaxes.",
     ),
     token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_SERVE_TOKEN", help="Require this bearer token."),
+    tokens_file: Path | None = typer.Option(
+        None, "--tokens-file", exists=True, dir_okay=False,
+        help="Take several tokens, one tenant each (lines of NAME TOKEN); a session belongs to its tenant.",
+    ),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", exists=True, help="PEM certificate chain for TLS."),
     tls_key: Path | None = typer.Option(None, "--tls-key", exists=True, help="PEM private key for TLS."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
@@ -112,8 +124,11 @@ def serve(
         max_block=max_block,
         max_context=max_context,
         idle_timeout=idle_timeout,
+        reclaim_after=reclaim_after,
+        max_sessions_per_client=max_sessions_per_client,
         numerics=numerics.value,
         token=token,
+        tokens_file=str(tokens_file) if tokens_file else None,
         tls_cert=str(tls_cert) if tls_cert else None,
         tls_key=str(tls_key) if tls_key else None,
         threads=threads,

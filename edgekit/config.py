@@ -113,6 +113,19 @@ class ClientConfig:
     tls: bool = False
     root_certificates: str | None = None  # PEM file; system roots when None
     max_message_bytes: int = 16 * 1024 * 1024
+    # A generation that loses its verifier (unreachable, a deadline, a full queue, a session
+    # the verifier no longer knows) tries again for this long in all, backing off exponentially
+    # from retry_initial to retry_max seconds with jitter, then reopens its session from the
+    # committed tokens where needed and goes on. 0: fail at the first loss.
+    retry_for: float = 30.0
+    retry_initial: float = 0.2
+    retry_max: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not (self.timeout > 0 and self.connect_timeout > 0):
+            raise ConfigError("timeout and connect_timeout must be positive")
+        if not (self.retry_for >= 0 and 0 < self.retry_initial <= self.retry_max):
+            raise ConfigError("retry_for must be >= 0 and 0 < retry_initial <= retry_max")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ClientConfig:
@@ -129,10 +142,17 @@ class ServerConfig:
     max_block: int = 32  # draft tokens per round
     max_context: int = 4096  # tokens per session; KV memory is max_context x max_sessions
     idle_timeout: float = 900.0  # seconds before an idle session may be evicted
+    # With the table full, a session idle this long makes room for a new one (least recently used first).
+    reclaim_after: float = 60.0
+    # The most sessions one client (a tenant of the tokens file, else a peer host) may hold; 0: no
+    # hard limit. Either way, with the table full, a client holding less than half of it takes the
+    # least recently used session of one holding more (its owner reopens it when it next calls).
+    max_sessions_per_client: int = 0
     max_draft_top_k: int = 1024
     max_message_bytes: int = 16 * 1024 * 1024
     max_generate_tokens: int = 4096
-    token: str | None = None  # require `authorization: Bearer <token>`
+    token: str | None = None  # require `authorization: Bearer <token>`: one secret, shared
+    tokens_file: str | None = None  # several tokens, one tenant each: lines of `NAME TOKEN`
     tls_cert: str | None = None
     tls_key: str | None = None
     threads: int | None = None
@@ -186,6 +206,8 @@ class ServerConfig:
             raise ConfigError(f"min_efficiency must be in [0, 1), got {self.min_efficiency}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be a port number (0 for a free one), got {self.metrics_port}")
+        if self.reclaim_after < 0 or self.max_sessions_per_client < 0:
+            raise ConfigError("reclaim_after and max_sessions_per_client must be >= 0")
         object.__setattr__(self, "slo_classes", _slo_classes(self.slo_classes))
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("TLS needs both a certificate and a key")

@@ -23,7 +23,8 @@ where they happen, and the message says what to do about it::
         ├── SessionNotFoundError     unknown or evicted session
         ├── StaleRoundError          the round's base position is not the session's
         ├── LimitExceededError       a session, block or context limit
-        └── ProtocolError            malformed message or unsupported version/mode
+        ├── ProtocolError            malformed message or unsupported version/mode
+        └── InternalError            the verifier failed inside (a bug: it says so and keeps serving)
 
 `ConfigError`, `PredictorError` and `HiddenStateError` are also `ValueError`s,
 `DependencyMissingError` an `ImportError`. A `VerifierError` carries the
@@ -42,6 +43,7 @@ __all__ = [
     "HiddenStateError",
     "IncompatibleModelsError",
     "InferenceError",
+    "InternalError",
     "KVCacheFullError",
     "LimitExceededError",
     "ModelError",
@@ -170,3 +172,7 @@ class LimitExceededError(VerifierError):
 
 class ProtocolError(VerifierError):
     """A malformed message, or a protocol version or mode the peer does not support."""
+
+
+class InternalError(VerifierError):
+    """The verifier failed inside (a bug); it answers INTERNAL and goes on serving other calls."""

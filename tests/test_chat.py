@@ -22,7 +22,7 @@ def fake_client(monkeypatch, tmp_path):
     monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path))
     made = []
 
-    def build_client(*, pair, verifier, timeout, token, generation, announce=True):
+    def build_client(*, pair, verifier, timeout, token, generation, announce=True, **_):
         target = ToyLanguageModel(seed=9)
         client = EdgeClient(
             toy_verifier(target), draft_model=FakeDraftModel(ToyLanguageModel(seed=9, noise=1.0)), generation=generation

@@ -24,10 +24,10 @@ EXPORTED = [
     "ClientConfig", "ConfidenceThreshold", "ConfigError", "Controller", "Conversation", "Decision",
     "DependencyMissingError", "DraftModel", "DraftOutput", "EdgeClient", "EdgekitError", "Event", "FinalStats",
     "FixedWindow", "GenerationConfig", "GenerationStats", "GenerationStream", "HiddenStateError",
-    "IncompatibleModelsError", "InferenceError", "KVCacheFullError", "LimitExceededError", "LinkEstimator",
+    "IncompatibleModelsError", "InferenceError", "InternalError", "KVCacheFullError", "LimitExceededError", "LinkEstimator",
     "LinkState", "LlamaDraftModel", "LogitStats", "ModelError", "ModelFetchError", "ModelIntegrityError",
     "ModelLoadError", "ModelNotFoundError", "PredictorController", "PredictorError", "ProbeResult", "ProtocolError",
-    "RoundEvent", "RoundPlan", "RoundStats", "ServerConfig", "SessionNotFoundError", "SpeculativeSession",
+    "Resumed", "RoundEvent", "RoundPlan", "RoundStats", "ServerConfig", "SessionNotFoundError", "SpeculativeSession",
     "StaleRoundError", "TextDelta", "VerifierError", "VerifierUnavailableError", "__version__",
 ]
 

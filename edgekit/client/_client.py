@@ -153,6 +153,7 @@ class EdgeClient:
             controller_factory=self._controller_factory(),
             shared=self._shared,
             link=self.link,
+            client=self.config,
         )
 
     def _config(self, overrides: dict[str, Any]) -> GenerationConfig:

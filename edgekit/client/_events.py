@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ._metrics import GenerationStats, RoundStats
 
-__all__ = ["Event", "FinalStats", "RoundEvent", "TextDelta"]
+__all__ = ["Event", "FinalStats", "Resumed", "RoundEvent", "TextDelta"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,20 @@ class RoundEvent:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """The verifier was lost and the generation went on: for how long it was lost, how
+    many tries it took, how many committed tokens the verifier prefilled again (a
+    reopened session) and what failed (edgekit error class names). Nothing committed
+    was lost or duplicated."""
+
+    outage_ms: float
+    attempts: int
+    reprefilled_tokens: int
+    causes: tuple[str, ...]
+    type: str = "resumed"
+
+
+@dataclass(frozen=True)
 class FinalStats:
     """The generation ended; `stats.finish_reason` says why."""
 
@@ -36,4 +50,4 @@ class FinalStats:
     type: str = "final"
 
 
-Event = TextDelta | RoundEvent | FinalStats
+Event = TextDelta | RoundEvent | Resumed | FinalStats

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 __all__ = ["GenerationStats", "RoundStats"]
 
@@ -69,6 +70,9 @@ class GenerationStats:
     downlink_bytes: int = 0
     hidden_rows: int = 0
     deadlines_missed: int = 0  # rounds whose verifier-side budget was exceeded (sessions with an SLO)
+    outages: int = 0  # times the verifier was lost and the generation went on
+    outage_ms: float = 0.0  # time spent waiting for it
+    reprefilled_tokens: int = 0  # committed tokens the verifier prefilled again on reopening
     target_speed: float | None = None  # tokens/s the verifier held the session to; None: best effort
     uploads: dict[str, int] = field(default_factory=dict)  # rounds per upload protocol
     prefill_ms: float = 0.0  # client-side time to open the session (both prefills)
@@ -76,6 +80,12 @@ class GenerationStats:
     elapsed_s: float = 0.0
     finish_reason: str | None = None
     rounds_detail: list[RoundStats] = field(default_factory=list, repr=False)
+
+    def add_outage(self, r: Any) -> None:
+        """Counts a `Resumed` event."""
+        self.outages += 1
+        self.outage_ms += r.outage_ms
+        self.reprefilled_tokens += r.reprefilled_tokens
 
     def add_round(self, r: RoundStats) -> None:
         self.rounds += 1

@@ -5,6 +5,15 @@ run its last token yet. A round: draft a block on top of it (the controller
 says when to stop), send it with the base position, apply the verdict (accepted
 prefix plus the verifier's next token), roll the draft KV back to what is still
 valid. All of a round's state lives in `SpeculativeSession`.
+
+A round whose verdict does not arrive stays in flight: the draft's KV goes back
+to the committed tokens, and the next try re-sends the same request (same base
+position and block), which a verifier that applied it before the failure
+recognises and answers again; nothing is applied twice. `stream` tries again
+through an outage (`edgekit.client._retry`): it backs off, reopens the session
+from the committed tokens when the verifier no longer knows it (the verifier
+prefills them again, and must still serve the same target), and reports the
+outage as a `Resumed` event. Nothing committed is lost or duplicated.
 """
 
 from __future__ import annotations
@@ -14,20 +23,28 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from ..config import GenerationConfig
+from ..config import ClientConfig, GenerationConfig
 from ..drafting import Controller, ControllerFactory, Decision
-from ..errors import ConfigError, EdgekitError, ProtocolError
+from ..errors import (
+    ConfigError,
+    EdgekitError,
+    IncompatibleModelsError,
+    ProtocolError,
+    SessionNotFoundError,
+    StaleRoundError,
+)
 from ..link import LinkEstimator, LinkPolicy, probe
 from ..protocol import BlockRequest, Exchange, ServerInfo, SparseDistribution, SpeedObjective, draft_distribution
 from ..runtime import DraftModel
 from ..transport import VerifierTransport
-from ._events import Event, FinalStats, RoundEvent, TextDelta
+from ._events import Event, FinalStats, Resumed, RoundEvent, TextDelta
 from ._metrics import GenerationStats, RoundStats
+from ._retry import Backoff
 from ._text import TextDecoder
 
 __all__ = ["SharedDraft", "SpeculativeSession"]
@@ -52,6 +69,15 @@ class SharedDraft:
             self._owner = weakref.ref(owner)
 
 
+@dataclass(frozen=True)
+class _InFlight:
+    """A round sent and not yet answered: what to re-send, and what drafting it took."""
+
+    request: BlockRequest
+    draft_ms: float
+    steps: int
+
+
 class SpeculativeSession:
     def __init__(
         self,
@@ -64,11 +90,13 @@ class SpeculativeSession:
         controller_factory: ControllerFactory | None = None,
         shared: SharedDraft | None = None,
         link: LinkEstimator | None = None,
+        client: ClientConfig | None = None,
     ) -> None:
         """`controller` replaces the drafting policy the config names until a
         drafting setting is reconfigured; `controller_factory` builds it otherwise (one for
         the draft and target by name when not given). `shared`: the draft as the client's other
-        sessions use it; `link`: the client's link estimate."""
+        sessions use it; `link`: the client's link estimate; `client`: how long to keep trying
+        through an outage (by default the transport's config)."""
         if config.mode not in server.modes:
             raise ConfigError(
                 f"the verifier at {transport.address} does not support {config.mode!r} acceptance "
@@ -104,6 +132,9 @@ class SpeculativeSession:
         # The link time the next round is expected to take (for the verifier's SLO budget, WISP eq. 6):
         # the last round's, and before any round the measured RTT.
         self._network_ms = self.link.state().rtt_ms
+        self.retry = client or getattr(transport, "config", None) or ClientConfig()
+        self._inflight: _InFlight | None = None
+        self._reprefilled = 0  # tokens the verifier prefilled again on reopening, this outage
 
     # Settings the verifier knows about: changing one needs a new session.
     _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class", "target_speed")
@@ -134,8 +165,17 @@ class SpeculativeSession:
         if self._needs_rates():
             # The latency model weighs payloads by the link's rates; measure them once (a second or less).
             probe(self.transport, self.link, pings=5, tries=2, payload_bytes=64 * 1024)
+        self._open_remote(prompt_tokens)
+        self.tokens = list(prompt_tokens)
+        self._inflight = None
+        with self._shared.lock:
+            self._shared.claim(self, self.tokens)
+        return (time.perf_counter() - t0) * 1e3
+
+    def _open_remote(self, tokens: Sequence[int]) -> None:
+        """Opens the verifier's side of the session on `tokens` (it prefills them)."""
         opened = self.transport.open_session(
-            prompt_tokens,
+            tokens,
             mode=self.config.mode,
             temperature=self.config.temperature,
             seed=self._verifier_seed,
@@ -147,10 +187,26 @@ class SpeculativeSession:
         self._budget = opened.next_budget
         self.target_speed = opened.target_speed or None
         self.max_context = min(self.max_context, opened.max_context)
-        self.tokens = list(prompt_tokens)
-        with self._shared.lock:
-            self._shared.claim(self, self.tokens)
-        return (time.perf_counter() - t0) * 1e3
+
+    def reopen(self) -> int:
+        """Opens the session again on the committed tokens (the verifier restarted, or
+        evicted it); returns how many tokens the verifier prefilled. The verifier must
+        serve the target the session began with: another is refused, never used."""
+        d = self.draft
+        info = self.transport.handshake(d.fingerprint(), draft_model=d.name, draft_hidden_size=d.n_embd)
+        if info.target_model != self.server.target_model or info.target_fingerprint != self.server.target_fingerprint:
+            raise IncompatibleModelsError(
+                f"the verifier at {self.transport.address} now serves {info.target_model!r}, not "
+                f"{self.server.target_model!r} as when this session began; its tokens would differ, so it is not used"
+            )
+        old, self.session_id = self.session_id, None
+        if old is not None:
+            try:
+                self.transport.close_session(old)  # a stale session the verifier still holds
+            except EdgekitError:
+                pass
+        self._open_remote(self.tokens)
+        return len(self.tokens)
 
     def _needs_rates(self) -> bool:
         uses_model = self.config.upload == "auto" or self.config.drafting == "latency"
@@ -163,7 +219,17 @@ class SpeculativeSession:
         if self.session_id is None:
             raise EdgekitError("the session is not open")
         t0 = time.perf_counter()
-        committed = self.transport.extend_session(self.session_id, len(self.tokens), tokens)
+        backoff: Backoff | None = None
+        while True:
+            try:
+                committed = self.transport.extend_session(self.session_id, len(self.tokens), tokens)
+                break
+            except EdgekitError as exc:
+                backoff = backoff or Backoff(self.retry)
+                backoff.wait(exc)  # raises once it is not worth trying again
+                if isinstance(exc, (SessionNotFoundError, StaleRoundError)):
+                    self._inflight = None
+                    self.reopen()
         self.tokens.extend(tokens)
         if committed != len(self.tokens):
             raise ProtocolError(f"verifier reports {committed} committed tokens, the client has {len(self.tokens)}")
@@ -221,13 +287,15 @@ class SpeculativeSession:
 
     def _round_locked(self, limit: int) -> tuple[list[int], RoundStats, bool]:
         base = len(self.tokens)
-        t0 = time.perf_counter()
-        block, dists, rows, steps = self._draft_block(self.controller.window(limit))
-        upload = self.policy.upload_for(len(block))
-        t1 = time.perf_counter()
         assert self.session_id is not None  # round() checked
-        verdict = self.transport.verify(
-            BlockRequest(
+        if self._inflight is not None and self._inflight.request.base_position != base:
+            self._inflight = None  # the conversation moved on (a new turn): that block is void
+        if self._inflight is None:
+            t0 = time.perf_counter()
+            block, dists, rows, steps = self._draft_block(self.controller.window(limit))
+            upload = self.policy.upload_for(len(block))
+            draft_ms = (time.perf_counter() - t0) * 1e3
+            request = BlockRequest(
                 session_id=self.session_id,
                 base_position=base,
                 draft_tokens=block,
@@ -238,10 +306,23 @@ class SpeculativeSession:
                 upload=upload,
                 hidden=np.stack(rows) if upload != "tokens" else None,
                 hidden_encoding=self.policy.encoding,
-                draft_ms=(t1 - t0) * 1e3,
+                draft_ms=draft_ms,
                 network_ms=self._network_ms,
             )
-        )
+            self._inflight = _InFlight(request, draft_ms, steps)
+        else:  # the round a failure left unanswered: the same request again (on the session as it is now)
+            request = replace(self._inflight.request, session_id=self.session_id, link=self.link.state())
+            draft_ms, steps = self._inflight.draft_ms, self._inflight.steps
+            block, upload = list(request.draft_tokens), request.upload
+        t1 = time.perf_counter()
+        try:
+            verdict = self.transport.verify(request)
+        except BaseException:
+            # The draft's KV goes back to what is committed: the next try re-sends this block, or
+            # (the session reopened) drafts again from there.
+            self.draft.truncate(min(self.draft.n_past, len(self.tokens) - 1))
+            raise
+        self._inflight = None
         t2 = time.perf_counter()
         exchanges = verdict.exchanges or (Exchange((t2 - t1) * 1e3, verdict.verify_ms + verdict.queue_ms, 0, 0),)
         for ex in exchanges:
@@ -264,7 +345,7 @@ class SpeculativeSession:
         self.policy.costs.observe(
             drafted=len(block),
             accepted=a,
-            draft_ms=(t1 - t0) * 1e3,
+            draft_ms=draft_ms,
             draft_steps=steps,
             verify_ms=verdict.verify_ms + verdict.queue_ms,
             mismatches=len(verdict.hidden_requested) if upload == "sh" else None,
@@ -277,7 +358,7 @@ class SpeculativeSession:
             bonus=verdict.bonus,
             committed=len(new),
             wasted=len(block) - a,
-            draft_ms=(t1 - t0) * 1e3,
+            draft_ms=draft_ms,
             draft_steps=steps,
             round_trip_ms=(t2 - t1) * 1e3,
             server_verify_ms=verdict.verify_ms,
@@ -292,6 +373,34 @@ class SpeculativeSession:
         )
         self._round_index += 1
         return new, stats, verdict.context_full
+
+    def resilient_round(self, limit: int) -> tuple[list[int], RoundStats, bool, Resumed | None]:
+        """`round`, tried again through an outage (see the module's docstring): the round's
+        tokens, figures and whether the context is full, and the outage it came through, if any."""
+        backoff: Backoff | None = None
+        reopen = False
+        reprefilled = 0
+        reasons: list[str] = []
+        while True:
+            try:
+                if reopen:
+                    reprefilled += self.reopen()
+                    reopen = False
+                new, stats, full = self.round(limit)
+            except EdgekitError as exc:
+                backoff = backoff or Backoff(self.retry)
+                backoff.wait(exc)  # raises once it is not worth trying again
+                reasons.append(type(exc).__name__)
+                # The verifier lost the session (restarted, evicted) or disagrees about it: open it again.
+                reopen = reopen or isinstance(exc, (SessionNotFoundError, StaleRoundError))
+                continue
+            if backoff is None:
+                return new, stats, full, None
+            resumed = Resumed(
+                outage_ms=backoff.elapsed() * 1e3, attempts=backoff.attempts, reprefilled_tokens=reprefilled,
+                causes=tuple(dict.fromkeys(reasons)),
+            )
+            return new, stats, full, resumed
 
     def stream(self, max_tokens: int | None = None, *, prefill_ms: float = 0.0) -> Iterator[Event]:
         """Rounds until EOS, `max_tokens` or a full context, as events."""
@@ -319,7 +428,10 @@ class SpeculativeSession:
             limit = max(1, min(self.server.max_block, room, remaining - 1))
             if self._budget:
                 limit = min(limit, self._budget)  # the verifier's assigned budget bounds every policy
-            new, rstats, context_full = self.round(limit)
+            new, rstats, context_full, resumed = self.resilient_round(limit)
+            if resumed is not None:
+                stats.add_outage(resumed)
+                yield resumed
             stats.add_round(rstats)
             emitted: list[int] = []
             for tok in new:

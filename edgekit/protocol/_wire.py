@@ -108,7 +108,9 @@ def hidden_to_pb(h: EncodedHidden) -> pb.HiddenStates:
 
 def hidden_from_pb(m: pb.HiddenStates) -> EncodedHidden:
     """The message as an `EncodedHidden`; an unknown encoding keeps its enum name, for the refusal."""
-    encoding = ENCODING_FROM_PB.get(m.encoding) or pb.HiddenEncoding.Name(m.encoding)
+    encoding = ENCODING_FROM_PB.get(m.encoding) or (
+        pb.HiddenEncoding.Name(m.encoding) if m.encoding in pb.HiddenEncoding.values() else str(m.encoding)
+    )
     return EncodedHidden(encoding, m.count, m.dim, m.data, tuple(m.scales), tuple(m.positions))
 
 

@@ -2,8 +2,9 @@
 
 Every call carries a deadline; gRPC failures are mapped into the edgekit
 error tree here, with the verifier's address in the message. Nothing is
-retried: a round that fails is the caller's to resend (the verifier recognises
-an exact retry of the last round by its base position and answers it again).
+retried here: a round that fails is the session's to re-send (the verifier
+recognises a retry of the last round and answers it again), after its own
+back-off (`edgekit.client._retry`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class GrpcTransport(MessageTransport):
             ("grpc.max_send_message_length", c.max_message_bytes),
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.enable_retries", 0),  # a round is never resent behind the session's back
+            # After an outage the channel tries to reconnect within a second or two, not gRPC's
+            # default of up to two minutes: the session's own back-off paces the calls.
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         if c.tls:
             roots = Path(c.root_certificates).read_bytes() if c.root_certificates else None

@@ -15,7 +15,7 @@ import numpy as np
 from ..config import ServerConfig
 from ..protocol import GeneratedToken, target_probs
 from ._core import EngineCore
-from ._sessions import SessionTable
+from ._sessions import Caller, SessionTable
 from ._slo import SpeedClasses
 from ._stats import ServingStats
 from ._validation import RequestChecks
@@ -57,17 +57,18 @@ class TargetOnly:
         is_active: Callable[[], bool] = lambda: True,
         slo_name: str = "",
         target_speed: float = 0.0,
+        caller: Caller = Caller(),
     ) -> Iterator[GeneratedToken]:
         """The target's tokens after `prompt`; stops early when `is_active()` turns false (a cancelled call)."""
         arrived = time.perf_counter()
         self.checks.sampling(mode, temperature)
         slo_class, speed = self.slo.resolve(slo_name, target_speed)
+        self.checks.prompt(prompt)  # its length before its ids, and before a copy
         tokens = list(prompt)
-        self.checks.prompt(tokens)
         self.checks.generate_length(max_tokens)
         stops = set(stop_tokens)
         sess = self.sessions.create(
-            mode=mode, temperature=temperature, seed=seed, slo_class=slo_class, speed=speed, prefix="g-"
+            mode=mode, temperature=temperature, seed=seed, slo_class=slo_class, speed=speed, prefix="g-", caller=caller
         )
         try:
             with sess.lock:
@@ -108,4 +109,4 @@ class TargetOnly:
                         return
                     last = tok
         finally:
-            self.sessions.close(sess.id)
+            self.sessions.close(sess.id, caller.tenant)

@@ -42,7 +42,7 @@ from ..protocol import (
     mismatch_positions,
 )
 from ._core import EngineCore
-from ._sessions import PendingRound, Session, SessionTable
+from ._sessions import Caller, PendingRound, Session, SessionTable
 from ._slo import SpeedClasses
 from ._stats import ServingStats
 from ._validation import RequestChecks
@@ -127,37 +127,45 @@ class Rounds:
         slo_name: str = "",
         target_speed: float = 0.0,
         deadline: float | None = None,
+        caller: Caller = Caller(),
     ) -> Opened:
         arrived = time.perf_counter()
         self.checks.tokenizer(draft)
         self.checks.sampling(mode, temperature)
         slo_class, speed = self.slo.resolve(slo_name, target_speed)
+        self.checks.prompt(prompt)  # its length before its ids, and before a copy
         tokens = list(prompt)
-        self.checks.prompt(tokens)
-        sess = self.sessions.create(mode=mode, temperature=temperature, seed=seed, slo_class=slo_class, speed=speed)
-        with sess.lock:
-            try:
+        sess = self.sessions.create(
+            mode=mode, temperature=temperature, seed=seed, slo_class=slo_class, speed=speed, caller=caller
+        )
+        try:
+            with sess.lock:
                 feed = Feed(sess.seq, 0, tuple(tokens[:-1]), 0)
                 ran = self._run(sess, feed, deadline, self.slo.prefill(speed, arrived))
-            except BaseException:
-                self.sessions.close(sess.id)
-                raise
-            sess.tokens = tokens
-            sess.hidden_size = draft_hidden_size
-            sess.began, sess.done = arrived, 0
+                sess.tokens = tokens
+                sess.hidden_size = draft_hidden_size
+                sess.began, sess.done = arrived, 0
+        except BaseException:
+            self.sessions.close(sess.id, caller.tenant)
+            raise
         return Opened(sess.id, len(tokens), ran.run_ms, speed)
 
     def extend(
-        self, session_id: str, base_position: int, tokens: Sequence[int], *, deadline: float | None = None
+        self,
+        session_id: str,
+        base_position: int,
+        tokens: Sequence[int],
+        *,
+        deadline: float | None = None,
+        caller: Caller = Caller(),
     ) -> tuple[int, float]:
         """Appends a turn; returns the committed length and the prefill's milliseconds."""
         arrived = time.perf_counter()
-        sess = self.sessions.get(session_id)
-        tokens = list(tokens)
-        self.checks.tokens(tokens, "the extension")
-        with sess.lock:
+        with self.sessions.acquire(session_id, caller.tenant) as sess:
             check_base(base_position, len(sess.tokens), what="extension")
-            self.checks.extension(len(sess.tokens), tokens)
+            self.checks.extension(len(sess.tokens), tokens)  # the length before the ids: no scan of a huge turn
+            self.checks.tokens(tokens, "the extension")
+            tokens = list(tokens)
             self._drop_pending(sess)
             # Decode all but the new last token, which stays pending as usual.
             pending = sess.tokens[-1:] + tokens
@@ -168,18 +176,17 @@ class Rounds:
             sess.began, sess.done = arrived, 0  # a new turn: a new response
             return len(sess.tokens), ran.run_ms
 
-    def close(self, session_id: str) -> bool:
-        return self.sessions.close(session_id)
+    def close(self, session_id: str, caller: Caller = Caller()) -> bool:
+        return self.sessions.close(session_id, caller.tenant)
 
     # -- rounds ---------------------------------------------------------------------------
 
-    def verify(self, r: RoundRequest, *, deadline: float | None = None) -> RoundAnswer:
+    def verify(self, r: RoundRequest, *, deadline: float | None = None, caller: Caller = Caller()) -> RoundAnswer:
         """One round; under SH, one half of one."""
         arrived = r.arrived or time.perf_counter()
-        sess = self.sessions.get(r.session_id)
-        with sess.lock:
-            if sess.last_round is not None and sess.last_round[0] == r.key:
-                return sess.last_round[1]  # an exact retry of the applied round: same verdict, applied once
+        with self.sessions.acquire(r.session_id, caller.tenant) as sess:
+            if sess.last_round is not None and r.key in sess.last_round[0]:
+                return sess.last_round[1]  # a retry of the applied round: same verdict, applied once
             pending = sess.pending
             if pending is not None and pending.key == r.key:
                 return pending.answer  # a retried first half: the same request for hidden states
@@ -289,7 +296,8 @@ class Rounds:
             budget_ms=budget_ms,
             deadline_met=met,
         )
-        sess.last_round = (key, answer)
+        # A retry of the round, whole (its first half, under SH) or its last exchange, gets this answer.
+        sess.last_round = ((key, r.key), answer)
         # An SH round waited for and ran its target pass, and met its deadline or not, in its first half.
         self.stats.record_round(
             sess.slo_class,

@@ -22,16 +22,67 @@ from ._metrics import MetricsEndpoint, check_installed
 from ._service import VerifierService
 from .engine import Engine, LlamaEngine
 
-__all__ = ["VerifierServer"]
+__all__ = ["Tokens", "VerifierServer"]
 
 log = logging.getLogger("edgekit.verifier")
 
 
-class _TokenAuth(grpc.ServerInterceptor):
-    """Requires `authorization: Bearer <token>` on every call but health checks."""
+class Tokens:
+    """The bearer tokens a verifier takes, each naming a tenant: a file of `NAME TOKEN`
+    lines (`#` starts a comment), and `--token`, one secret shared by whoever has it
+    (tenant ""). Compared in constant time; sessions belong to the tenant whose token
+    opened them."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, token: str | None = None, file: str | Path | None = None) -> None:
+        self._tenants: list[tuple[bytes, str]] = []
+        if token:
+            self._tenants.append((f"Bearer {token}".encode(), ""))
+        if file is not None:
+            self._tenants.extend(_read_tokens(Path(file)))
+
+    def __bool__(self) -> bool:
+        return bool(self._tenants)
+
+    def tenant(self, metadata: object) -> str | None:
+        """The tenant of the call's `authorization` header ("" for `--token`); None if it names none."""
+        found = None
+        for key, value in metadata or ():  # type: ignore[attr-defined]
+            if key != "authorization":
+                continue
+            raw = value if isinstance(value, bytes) else value.encode()
+            for expected, name in self._tenants:  # every token compared, in constant time each
+                if hmac.compare_digest(raw, expected) and found is None:
+                    found = name
+        return found
+
+
+def _read_tokens(path: Path) -> list[tuple[bytes, str]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the tokens file {path}: {exc.strerror}") from None
+    out: list[tuple[bytes, str]] = []
+    names: set[str] = set()
+    for n, line in enumerate(lines, 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) != 2 or len(fields[1]) < 16:
+            raise ConfigError(f"{path}:{n}: write one tenant per line as NAME TOKEN, the token 16 characters or more")
+        if fields[0] in names:
+            raise ConfigError(f"{path}:{n}: tenant {fields[0]!r} appears twice")
+        names.add(fields[0])
+        out.append((f"Bearer {fields[1]}".encode(), fields[0]))
+    if not out:
+        raise ConfigError(f"the tokens file {path} names no tenant")
+    return out
+
+
+class _TokenAuth(grpc.ServerInterceptor):
+    """Requires `authorization: Bearer <token>` with a known token on every call but health checks."""
+
+    def __init__(self, tokens: Tokens) -> None:
+        self._tokens = tokens
 
         def deny(request: object, context: grpc.ServicerContext) -> None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token: pass the verifier's --token")
@@ -43,12 +94,9 @@ class _TokenAuth(grpc.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        if details.method.startswith("/grpc.health.v1."):
+        health = details.method.startswith("/grpc.health.v1.")
+        if health or self._tokens.tenant(details.invocation_metadata) is not None:
             return continuation(details)
-        for key, value in details.invocation_metadata or ():
-            raw = value if isinstance(value, bytes) else value.encode()
-            if key == "authorization" and hmac.compare_digest(raw, self._expected):
-                return continuation(details)
         return self._deny
 
 
@@ -84,10 +132,12 @@ class VerifierServer:
             )
         self.engine = target
         self.service = VerifierService(self.engine, c, estimator=self._estimator())
-        interceptors: list[grpc.ServerInterceptor] = [_TokenAuth(c.token)] if c.token else []
-        # gRPC's hard cap sits above ours so an oversize request reaches the
-        # service and gets INVALID_ARGUMENT with its size, not a bare transport error.
-        hard_cap = 4 * c.max_message_bytes
+        tokens = Tokens(c.token, c.tokens_file)
+        interceptors: list[grpc.ServerInterceptor] = [_TokenAuth(tokens)] if tokens else []
+        # gRPC's hard cap sits a little above ours, so a request just over the limit reaches the
+        # service and gets INVALID_ARGUMENT with its size; one far over it is refused by gRPC
+        # (RESOURCE_EXHAUSTED) before it is read into memory.
+        hard_cap = c.max_message_bytes + 64 * 1024
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=c.workers, thread_name_prefix="edgekit-verifier"),
             interceptors=interceptors,
@@ -97,7 +147,10 @@ class VerifierServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        self._server.add_generic_rpc_handlers((self.service.handlers(),))
+        def tenant_of(context: grpc.ServicerContext) -> str:
+            return tokens.tenant(context.invocation_metadata()) or ""
+
+        self._server.add_generic_rpc_handlers((self.service.handlers(tenant_of),))
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         bind = f"{c.host}:{c.port}"

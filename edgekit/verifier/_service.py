@@ -9,7 +9,16 @@ is an edgekit error, turned into its gRPC status by `edgekit.protocol.status_of`
 no refusal touches another session.
 
 `call` and `call_stream` are the service on bytes, which `handlers()` puts
-behind gRPC and an in-process transport calls directly.
+behind gRPC and an in-process transport calls directly. Each call is made by a
+`Caller` (its token's tenant, and the client it counts as): sessions belong to
+the tenant that opened them. An error that is not an edgekit error (a bug) is
+logged and answered INTERNAL with a message, never left to gRPC as UNKNOWN.
+
+A round is known again by its key, a hash of what decides its verdict (session,
+base position, round index, block, distributions, upload, hidden rows, flags),
+not of the link figures and timings a client measures afresh when it re-sends
+the round after a failure: so a verdict applied before the failure is answered
+again, never applied twice.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from google.protobuf.message import DecodeError, Message
 
 from ..__version__ import __version__
 from ..config import ServerConfig
-from ..errors import EdgekitError, ProtocolError, SessionNotFoundError
+from ..errors import EdgekitError, InternalError, ProtocolError, SessionNotFoundError
 from ..protocol import (
     ENCODING_FROM_PB,
     ENCODING_TO_PB,
@@ -44,10 +53,10 @@ from ._baseline import TargetOnly
 from ._core import EngineCore
 from ._estimator import VerifyTimeEstimator
 from ._rounds import RoundAnswer, RoundRequest, Rounds
-from ._sessions import SessionTable
+from ._sessions import Caller, SessionTable
 from ._slo import BEST_EFFORT, SpeedClasses
 from ._stats import ServingStats
-from ._validation import RequestChecks
+from ._validation import RequestChecks, clip
 from .engine import Engine
 from .scheduler import FcfsScheduler, Scheduler, WispScheduler
 
@@ -86,7 +95,12 @@ class VerifierService:
                 else FcfsScheduler()
             )
         self.policy = scheduler.name
-        self.sessions = SessionTable(config.max_sessions, config.idle_timeout)
+        self.sessions = SessionTable(
+            config.max_sessions,
+            config.idle_timeout,
+            reclaim_after=config.reclaim_after,
+            max_per_client=config.max_sessions_per_client,
+        )
         assert not isinstance(config.slo_classes, str)  # the config parsed it
         self.slo = SpeedClasses(config.slo_classes, budget=config.slo_budget)
         self.stats = ServingStats(
@@ -103,7 +117,7 @@ class VerifierService:
         self.checks = RequestChecks(config, self.fingerprint)
         self.rounds = Rounds(self.core, self.sessions, self.checks, config, self.slo, self.stats)
         self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo, self.stats)
-        self._unary: dict[str, tuple[type[Message], Callable[[Message, float | None], Message]]] = {
+        self._unary: dict[str, tuple[type[Message], Callable[[Message, float | None, Caller], Message]]] = {
             "Handshake": (pb.HandshakeRequest, self.handshake),
             "Ping": (pb.PingRequest, self.ping),
             "OpenSession": (pb.OpenSessionRequest, self.open_session),
@@ -118,19 +132,33 @@ class VerifierService:
 
     # -- the service on bytes ------------------------------------------------------------
 
-    def call(self, method: str, raw: bytes, deadline: float | None = None) -> Message:
+    def call(self, method: str, raw: bytes, deadline: float | None = None, caller: Caller = Caller()) -> Message:
         """A unary RPC on a serialized request; raises edgekit errors. `deadline`
         (a `time.monotonic()`): work for the engine not started by then is withdrawn."""
         cls, fn = self._unary[method]
-        return fn(self._parse(cls, raw), deadline)
+        try:
+            return fn(self._parse(cls, raw), deadline, caller)
+        except EdgekitError:
+            raise
+        except Exception as exc:  # a bug: say so, as INTERNAL, and keep serving
+            log.exception("%s failed", method)
+            raise InternalError(f"{method} failed inside the verifier: {type(exc).__name__}") from exc
 
-    def call_stream(self, method: str, raw: bytes, is_active: Callable[[], bool] = lambda: True) -> Iterator[Message]:
+    def call_stream(
+        self, method: str, raw: bytes, is_active: Callable[[], bool] = lambda: True, caller: Caller = Caller()
+    ) -> Iterator[Message]:
         """A server-streaming RPC (Generate) on a serialized request."""
         if method != "Generate":
             raise KeyError(method)
         req = self._parse(pb.GenerateRequest, raw)
         assert isinstance(req, pb.GenerateRequest)
-        return self.generate(req, is_active)
+        try:
+            yield from self.generate(req, is_active, caller)
+        except EdgekitError:
+            raise
+        except Exception as exc:
+            log.exception("Generate failed")
+            raise InternalError(f"Generate failed inside the verifier: {type(exc).__name__}") from exc
 
     def _parse(self, cls: type[Message], raw: bytes) -> Message:
         if len(raw) > self.config.max_message_bytes:
@@ -140,15 +168,20 @@ class VerifierService:
         except DecodeError as exc:
             raise ProtocolError(f"malformed {cls.__name__}: {exc}") from None
 
-    def handlers(self) -> grpc.GenericRpcHandler:
-        """The service behind gRPC: refusals become status codes (and trailers)."""
+    def handlers(self, tenant_of: Callable[[grpc.ServicerContext], str] = lambda context: "") -> grpc.GenericRpcHandler:
+        """The service behind gRPC: refusals become status codes (and trailers).
+        `tenant_of` names the tenant of a call's token ("" where tokens are not used)."""
+
+        def caller(context: grpc.ServicerContext) -> Caller:
+            tenant = tenant_of(context)
+            return Caller(tenant, f"tenant:{tenant}" if tenant else f"host:{_peer_host(context.peer())}")
 
         def unary(method: str) -> Callable[[bytes, grpc.ServicerContext], Message]:
             def handler(raw: bytes, context: grpc.ServicerContext) -> Message:
                 remaining = context.time_remaining()
                 deadline = time.monotonic() + remaining if remaining is not None else None
                 try:
-                    return self.call(method, raw, deadline)
+                    return self.call(method, raw, deadline, caller(context))
                 except EdgekitError as exc:
                     _abort(context, exc, method)
 
@@ -156,7 +189,7 @@ class VerifierService:
 
         def stream(raw: bytes, context: grpc.ServicerContext) -> Iterator[Message]:
             try:
-                yield from self.call_stream("Generate", raw, context.is_active)
+                yield from self.call_stream("Generate", raw, context.is_active, caller(context))
             except EdgekitError as exc:
                 _abort(context, exc, "Generate")
 
@@ -169,7 +202,7 @@ class VerifierService:
 
     # -- one method per RPC ---------------------------------------------------------------
 
-    def handshake(self, req: Message, deadline: float | None = None) -> pb.HandshakeResponse:
+    def handshake(self, req: Message, deadline: float | None = None, caller: Caller = Caller()) -> pb.HandshakeResponse:
         assert isinstance(req, pb.HandshakeRequest)
         version = self.checks.protocol_version(req.protocol_version)
         self.checks.tokenizer(fingerprint_from_pb(req.draft_tokenizer))
@@ -203,14 +236,16 @@ class VerifierService:
             chat_template=self.engine.chat_template() or "",
         )
 
-    def ping(self, req: Message, deadline: float | None = None) -> pb.PingResponse:
+    def ping(self, req: Message, deadline: float | None = None, caller: Caller = Caller()) -> pb.PingResponse:
         assert isinstance(req, pb.PingRequest)
         self.checks.ping_reply(req.reply_bytes)
         return pb.PingResponse(
             payload=bytes(req.reply_bytes), client_send_time=req.client_send_time, server_time=time.time()
         )
 
-    def open_session(self, req: Message, deadline: float | None = None) -> pb.OpenSessionResponse:
+    def open_session(
+        self, req: Message, deadline: float | None = None, caller: Caller = Caller()
+    ) -> pb.OpenSessionResponse:
         assert isinstance(req, pb.OpenSessionRequest)
         opened = self.rounds.open(
             req.prompt_tokens,
@@ -222,6 +257,7 @@ class VerifierService:
             slo_name=req.slo_name,
             target_speed=req.target_tokens_per_s,
             deadline=deadline,
+            caller=caller,
         )
         return pb.OpenSessionResponse(
             session_id=opened.session_id,
@@ -231,15 +267,21 @@ class VerifierService:
             target_tokens_per_s=opened.target_speed or 0.0,
         )
 
-    def extend_session(self, req: Message, deadline: float | None = None) -> pb.ExtendSessionResponse:
+    def extend_session(
+        self, req: Message, deadline: float | None = None, caller: Caller = Caller()
+    ) -> pb.ExtendSessionResponse:
         assert isinstance(req, pb.ExtendSessionRequest)
-        committed, ms = self.rounds.extend(req.session_id, req.base_position, req.tokens, deadline=deadline)
+        committed, ms = self.rounds.extend(
+            req.session_id, req.base_position, req.tokens, deadline=deadline, caller=caller
+        )
         return pb.ExtendSessionResponse(committed_length=committed, prefill_ms=ms)
 
-    def verify(self, req: Message, deadline: float | None = None) -> pb.VerifyResponse:
+    def verify(self, req: Message, deadline: float | None = None, caller: Caller = Caller()) -> pb.VerifyResponse:
         """One round; under SH, one half of one (see the HiddenRequest message)."""
         assert isinstance(req, pb.VerifyRequest)
         arrived = time.perf_counter()
+        # Sizes before anything is copied out of the message.
+        self.checks.block_size(len(req.draft_tokens), len(req.draft_distributions))
         h = req.hidden
         upload = req.upload_protocol or pb.UPLOAD_PROTOCOL_TOKENS_ONLY
         answer = self.rounds.verify(
@@ -253,23 +295,26 @@ class VerifierService:
                 hidden=hidden_from_pb(h) if h.count or h.data else None,
                 hidden_encoding=ENCODING_FROM_PB.get(h.encoding, "fp16"),
                 continue_after_eog=req.continue_after_eog,
-                key=hashlib.sha256(req.SerializeToString(deterministic=True)).digest(),
+                key=_round_key(req),
                 draft_ms=req.draft_ms,
                 network_ms=req.network_ms,
                 arrived=arrived,
             ),
             deadline=deadline,
+            caller=caller,
         )
         return _verify_response(answer)
 
-    def close_session(self, req: Message, deadline: float | None = None) -> pb.CloseSessionResponse:
+    def close_session(
+        self, req: Message, deadline: float | None = None, caller: Caller = Caller()
+    ) -> pb.CloseSessionResponse:
         assert isinstance(req, pb.CloseSessionRequest)
-        if not self.rounds.close(req.session_id):
-            raise SessionNotFoundError(f"session {req.session_id!r} is unknown or was evicted")
+        if not self.rounds.close(req.session_id, caller):
+            raise SessionNotFoundError(f"session {clip(req.session_id)} is unknown or was evicted")
         return pb.CloseSessionResponse()
 
     def generate(
-        self, req: pb.GenerateRequest, is_active: Callable[[], bool] = lambda: True
+        self, req: pb.GenerateRequest, is_active: Callable[[], bool] = lambda: True, caller: Caller = Caller()
     ) -> Iterator[pb.GenerateResponse]:
         for t in self.baseline.generate(
             req.prompt_tokens,
@@ -281,6 +326,7 @@ class VerifierService:
             is_active=is_active,
             slo_name=req.slo_name,
             target_speed=req.target_tokens_per_s,
+            caller=caller,
         ):
             yield pb.GenerateResponse(
                 token=t.token,
@@ -326,6 +372,23 @@ def _verify_response(a: RoundAnswer) -> pb.VerifyResponse:
         ),
         timings=timings,
     )
+
+
+def _round_key(req: pb.VerifyRequest) -> bytes:
+    """What identifies a round for retries: the request without what a client measures afresh."""
+    stable = pb.VerifyRequest()
+    stable.CopyFrom(req)
+    for name in ("link", "draft_ms", "network_ms"):
+        stable.ClearField(name)
+    return hashlib.sha256(stable.SerializeToString(deterministic=True)).digest()
+
+
+def _peer_host(peer: str) -> str:
+    """The host of a gRPC peer string ('ipv4:1.2.3.4:5', 'ipv6:[::1]:5', 'unix:...')."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rsplit(":", 1)[0]
+    return peer
 
 
 def _serialize(msg: Message) -> bytes:

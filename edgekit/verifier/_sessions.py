@@ -1,9 +1,26 @@
-"""Verifier sessions: their state, limits and eviction.
+"""Verifier sessions: their state, owners, limits and eviction.
 
 A session owns one KV sequence (its own stream of max_context cells) while it
-lives. Sessions idle longer than the idle timeout are evicted by a reaper, or
-earlier when the table is full and a new session needs a sequence (least
-recently used first). A session in the middle of a call is never evicted.
+lives. Sessions idle longer than the idle timeout are evicted by a reaper; when
+the table is full, a session idle longer than `reclaim_after` makes room for a
+new one (least recently used first). A session in the middle of a call is
+never evicted.
+
+No client locks the others out: with every sequence taken and nothing idle
+long enough to reclaim, a client that holds less than half of the table takes
+the least recently used session (not in a call) of a client that holds more;
+that session's owner finds it gone (NOT_FOUND) and reopens it from its
+committed tokens when it next calls, as after a restart.
+
+A session belongs to the tenant whose token opened it: to any other caller it
+does not exist (NOT_FOUND, as an unknown id), so one tenant cannot read, extend
+or close another's. Its id holds 128 random bits. With `max_per_client` set, no
+one client (a tenant, or without tokens a peer host) holds more than that many
+sessions at all.
+
+Calls reach a session through `acquire`, which holds its lock and refuses a
+session closed or evicted meanwhile: once `close` returns, no call runs on the
+session's sequence, which the next session may take.
 """
 
 from __future__ import annotations
@@ -11,17 +28,30 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import LimitExceededError, SessionNotFoundError
+from ._validation import clip
 
 if TYPE_CHECKING:  # the rounds keep their requests and answers here
     from ._rounds import RoundAnswer, RoundRequest
 
-__all__ = ["PendingRound", "Session", "SessionTable"]
+__all__ = ["Caller", "PendingRound", "Session", "SessionTable"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who makes a call: the tenant its token names ("" where the verifier takes no
+    tokens), owner of the sessions it opens, and the client it counts as for the
+    per-client session limit (the tenant, or without tokens the peer's host)."""
+
+    tenant: str = ""
+    client: str = ""
 
 
 @dataclass(eq=False)
@@ -46,8 +76,9 @@ class Session:
     done: int = 0
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # (request key, answer) of the last applied round, for idempotent retries.
-    last_round: tuple[bytes, RoundAnswer] | None = None
+    # (request keys, answer) of the last applied round, for idempotent retries: the keys of its
+    # request and, under SH, of its second half.
+    last_round: tuple[tuple[bytes, ...], RoundAnswer] | None = None
     decoded: int = 0  # tokens run through the target for this session: prefix reuse shows here
     hidden_size: int = 0  # width of the draft hidden states the session may upload; 0: none
     # SH: a block run and waiting for its hidden states (its KV cells are still in place).
@@ -56,6 +87,9 @@ class Session:
     # What a decision head reads; the lossless modes only check and count them.
     last_hidden: tuple[tuple[int, ...], np.ndarray] | None = None
     hidden_rows: int = 0  # hidden rows received over the session's life
+    owner: str = ""  # the tenant whose token opened it ("": no tokens configured)
+    client: str = ""  # who it counts against for the per-client limit
+    closed: bool = False  # closed or evicted: calls that were waiting for its lock are refused
 
 
 @dataclass(frozen=True)
@@ -68,9 +102,13 @@ class PendingRound:
 
 
 class SessionTable:
-    def __init__(self, max_sessions: int, idle_timeout: float) -> None:
+    def __init__(
+        self, max_sessions: int, idle_timeout: float, *, reclaim_after: float | None = None, max_per_client: int = 0
+    ) -> None:
         self._max = max_sessions
         self._idle_timeout = idle_timeout
+        self._reclaim_after = idle_timeout if reclaim_after is None else min(reclaim_after, idle_timeout)
+        self._max_per_client = max_per_client
         self._sessions: dict[str, Session] = {}
         self._free_seqs = list(range(max_sessions - 1, -1, -1))
         self._lock = threading.Lock()
@@ -88,19 +126,32 @@ class SessionTable:
         slo_class: str = "best-effort",
         speed: float | None = None,
         prefix: str = "s-",
+        caller: Caller = Caller(),
     ) -> Session:
         # A sequence id comes back with its old cells: the new session's first feed starts at 0 and cuts them.
+        client = caller.client
         with self._lock:
+            if self._max_per_client and client:
+                held = [x for x in self._sessions.values() if x.client == client]
+                if len(held) >= self._max_per_client:
+                    raise LimitExceededError(
+                        f"this client already holds {len(held)} sessions, the most one client may hold on this "
+                        f"verifier (of {self._max} in all); close one, or try again in {self._reclaim_after:.0f} s, "
+                        "when its least recently used one may be reclaimed",
+                        retry_after=self._reclaim_after,
+                    )
             seq = self._free_seqs.pop() if self._free_seqs else self._evict_lru_locked()
+            if seq is None and client:
+                seq = self._take_from_the_largest_locked(client)
         if seq is None:
             wait = self._until_evictable()
             raise LimitExceededError(
                 f"the verifier is serving its maximum of {self._max} sessions; try again in {wait:.0f} s, "
-                "when the least recently used one may be evicted, or sooner if one closes",
+                "when the least recently used one may be reclaimed, or sooner if one closes",
                 retry_after=wait,
             )
         sess = Session(
-            id=prefix + secrets.token_hex(8),
+            id=prefix + secrets.token_hex(16),
             seq=seq,
             tokens=[],
             mode=mode,
@@ -108,25 +159,40 @@ class SessionTable:
             rng=np.random.default_rng(seed),
             slo_class=slo_class,
             speed=speed,
+            owner=caller.tenant,
+            client=client,
         )
         with self._lock:
             self._sessions[sess.id] = sess
         return sess
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str, owner: str = "") -> Session:
+        """The session `session_id` of `owner`; another owner's is as unknown as a made-up id."""
         with self._lock:
             sess = self._sessions.get(session_id)
-        if sess is None:
-            raise SessionNotFoundError(f"session {session_id!r} is unknown or was evicted; open a new session")
+        if sess is None or sess.owner != owner:
+            raise SessionNotFoundError(f"session {clip(session_id)} is unknown or was evicted; open a new session")
         sess.last_used = time.monotonic()
         return sess
 
-    def close(self, session_id: str) -> bool:
+    @contextmanager
+    def acquire(self, session_id: str, owner: str = "") -> Iterator[Session]:
+        """The session, locked for one call; refused if it closed while the call waited for it."""
+        sess = self.get(session_id, owner)
+        with sess.lock:
+            if sess.closed:
+                raise SessionNotFoundError(f"session {clip(session_id)} was closed or evicted; open a new session")
+            yield sess
+            sess.last_used = time.monotonic()
+
+    def close(self, session_id: str, owner: str = "") -> bool:
         with self._lock:
-            sess = self._sessions.pop(session_id, None)
-        if sess is None:
-            return False
+            sess = self._sessions.get(session_id)
+            if sess is None or sess.owner != owner:
+                return False
+            del self._sessions[session_id]
         with sess.lock:  # a call in flight finishes on its sequence before another session may take it
+            sess.closed = True
             self._recycle(sess.seq)
         return True
 
@@ -145,10 +211,10 @@ class SessionTable:
         return len(freed)
 
     def _until_evictable(self) -> float:
-        """Seconds until the least recently used session passes the idle timeout (at least 1)."""
+        """Seconds until the least recently used session may be reclaimed (at least 1)."""
         with self._lock:
             oldest = min((s.last_used for s in self._sessions.values()), default=time.monotonic())
-        return max(1.0, self._idle_timeout - (time.monotonic() - oldest))
+        return max(1.0, self._reclaim_after - (time.monotonic() - oldest))
 
     def _recycle(self, seq: int) -> None:
         with self._lock:
@@ -157,8 +223,23 @@ class SessionTable:
     def _evict_lru_locked(self) -> int | None:
         now = time.monotonic()
         for sess in sorted(self._sessions.values(), key=lambda s: s.last_used):
-            if now - sess.last_used < self._idle_timeout:
+            if now - sess.last_used < self._reclaim_after:
                 return None
+            if self._evict_locked(sess):
+                return sess.seq
+        return None
+
+    def _take_from_the_largest_locked(self, client: str) -> int | None:
+        """The sequence of the least recently used session of a client holding over half the
+        table, for `client`, which holds less (None if there is none, or `client` is not owed one)."""
+        share = max(1, self._max // 2)
+        held: dict[str, list[Session]] = {}
+        for x in self._sessions.values():
+            held.setdefault(x.client, []).append(x)
+        if len(held.get(client, ())) >= share:
+            return None
+        over = [x for c, xs in held.items() if c and len(xs) > share for x in xs]
+        for sess in sorted(over, key=lambda x: x.last_used):
             if self._evict_locked(sess):
                 return sess.seq
         return None
@@ -169,7 +250,9 @@ class SessionTable:
             return False
         try:
             del self._sessions[sess.id]
+            sess.closed = True
             self.evictions += 1
             return True
         finally:
             sess.lock.release()
+

@@ -16,7 +16,7 @@ from ..config import ServerConfig
 from ..errors import IncompatibleModelsError, LimitExceededError, ProtocolError
 from ..protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, Fingerprint, SparseDistribution
 
-__all__ = ["RequestChecks"]
+__all__ = ["RequestChecks", "clip"]
 
 _MODES = ("greedy", "sample")
 _UPLOADS = ("tokens", "fh", "sh")
@@ -59,10 +59,12 @@ class RequestChecks:
             raise ProtocolError(f"sampling needs a temperature > 0, got {temperature}")
 
     def tokens(self, tokens: Sequence[int], what: str) -> None:
-        n_vocab = self.n_vocab
-        for t in tokens:
-            if not 0 <= t < n_vocab:
-                raise ProtocolError(f"{what} holds token id {t}, outside the vocabulary of {n_vocab}")
+        ids = np.asarray(tokens, dtype=np.int64)
+        bad = np.flatnonzero((ids < 0) | (ids >= self.n_vocab))
+        if bad.size:
+            raise ProtocolError(
+                f"{what} holds token id {ids[bad[0]]} (at {bad[0]}), outside the vocabulary of {self.n_vocab}"
+            )
 
     def prompt(self, tokens: Sequence[int]) -> None:
         if not tokens:
@@ -79,6 +81,12 @@ class RequestChecks:
                 f"extending to {committed + len(tokens)} tokens exceeds the context limit of {self.config.max_context}",
                 code="OUT_OF_RANGE",
             )
+
+    def block_size(self, tokens: int, distributions: int) -> None:
+        """A block's length, read before anything is copied out of its message."""
+        if tokens > self.config.max_block or distributions > self.config.max_block:
+            what = f"{tokens} tokens" if tokens > self.config.max_block else f"{distributions} distributions"
+            raise ProtocolError(f"draft block of {what} exceeds max_block={self.config.max_block}")
 
     def block(
         self,
@@ -130,3 +138,9 @@ class RequestChecks:
     def ping_reply(self, reply_bytes: int) -> None:
         if reply_bytes > self.config.max_message_bytes // 2:
             raise ProtocolError(f"reply_bytes {reply_bytes} exceeds {self.config.max_message_bytes // 2}")
+
+
+def clip(value: object, limit: int = 48) -> str:
+    """`value` for an error message: repr'd and cut to `limit` characters, so a message never echoes a whole input."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 16]}... ({len(text)} chars)"

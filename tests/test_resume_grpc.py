@@ -1,0 +1,85 @@
+"""Kill the verifier process mid-answer, start it again, and the answer goes on:
+greedy output token-identical to target-only decoding, over real gRPC, on the
+gemma pair (issue 16, item 1)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from edgekit import ClientConfig, EdgeClient, FinalStats, GenerationConfig, Resumed, RoundEvent
+from edgekit.transport import GrpcTransport
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(model: str, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", "from edgekit.cli.app import main; main()", "serve", "--model", model,
+           "--port", str(port), "--max-sessions", "4", "--max-context", "1024", "--threads", "1"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _wait_serving(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            pytest.fail(f"the verifier exited: {proc.stderr.read().decode()[-2000:]}", pytrace=False)
+        try:
+            with GrpcTransport(f"127.0.0.1:{port}", ClientConfig(timeout=2, connect_timeout=2)) as t:
+                if t.health() == "SERVING":
+                    return
+        except Exception:
+            time.sleep(0.2)
+    pytest.fail("the verifier did not start serving", pytrace=False)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_killing_the_verifier_mid_answer_and_restarting_it_loses_nothing(gemma_paths, gemma_draft):
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    procs = [_serve(str(gemma_paths[1]), port)]
+    try:
+        _wait_serving(port, procs[0])
+        config = ClientConfig(timeout=20, retry_for=120, retry_initial=0.2, retry_max=1.0)
+        prompt = "The three primary colors are"
+        gen = GenerationConfig(max_tokens=48, draft_k=4)
+        with EdgeClient(address, draft_model=gemma_draft, config=config, generation=gen) as client:
+            reference = client.generate_target_only(prompt).until_done().token_ids
+            prompt_tokens = len(client.tokenize(prompt))
+            events = []
+            rounds = 0
+            for event in client.generate(prompt):
+                events.append(event)
+                if isinstance(event, RoundEvent):
+                    rounds += 1
+                    if rounds == 3:  # mid-answer: kill it, and start another in the background
+                        _kill(procs[0])
+                        procs.append(_serve(str(gemma_paths[1]), port))
+                        threading.Thread(target=_wait_serving, args=(port, procs[1]), daemon=True).start()
+        final = events[-1]
+        assert isinstance(final, FinalStats)
+        (resumed,) = [e for e in events if isinstance(e, Resumed)]
+        assert resumed.reprefilled_tokens > prompt_tokens  # prompt and the answer so far
+        assert resumed.outage_ms > 0 and resumed.attempts >= 1
+        assert "SessionNotFoundError" in resumed.causes  # the new process knew nothing of the session
+        assert final.token_ids == reference
+        assert final.stats.outages == 1
+    finally:
+        for proc in procs:
+            _kill(proc)

@@ -1,0 +1,198 @@
+"""The verifier against callers that misbehave, over real gRPC on a toy engine
+(issue 16, item 0 and item 6): tenants kept apart, one client unable to take every
+session, a close that no round outlives, unknown enum values, inputs never echoed
+whole, huge turns refused before they are read, and bugs answered INTERNAL."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from edgekit import ClientConfig, ServerConfig
+from edgekit.errors import (
+    AuthenticationError,
+    InternalError,
+    LimitExceededError,
+    SessionNotFoundError,
+)
+from edgekit.protocol import BlockRequest, fingerprint_to_pb, pb
+from edgekit.testing import FakeDraftModel, ToyLanguageModel
+from edgekit.transport import GrpcTransport
+from edgekit.verifier import ToyEngine, VerifierServer, VerifierService
+from edgekit.verifier._sessions import SessionTable
+
+TOKENS = {"alice": "alice-token-0123456789", "bob": "bob-token-0123456789ab"}
+DRAFT = FakeDraftModel(ToyLanguageModel(seed=1, noise=1.0))
+FP = fingerprint_to_pb(DRAFT.fingerprint())
+
+
+def _server(tmp_path, **config) -> VerifierServer:
+    file = tmp_path / "tokens"
+    file.write_text("".join(f"{name} {token}  # {name}'s devices\n" for name, token in TOKENS.items()))
+    c = ServerConfig(port=0, max_sessions=4, max_context=256, tokens_file=str(file), **config)
+    return VerifierServer(ToyEngine(ToyLanguageModel(seed=1), n_seq=c.max_sessions, max_context=c.max_context), c)
+
+
+def _client(server: VerifierServer, tenant: str | None) -> GrpcTransport:
+    t = GrpcTransport(server.address, ClientConfig(timeout=10, token=TOKENS.get(tenant or "")))
+    return t
+
+
+def _open(t: GrpcTransport, prompt=(1, 2, 3)):
+    t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=0)
+    return t.open_session(list(prompt), mode="greedy", temperature=0.0, seed=0, draft=DRAFT.fingerprint())
+
+
+def _raw(server: VerifierServer, method: str, message, tenant="alice"):
+    with grpc.insecure_channel(server.address) as channel:
+        call = channel.unary_unary(f"/edgekit.verifier.v1.Verifier/{method}")
+        return call(message.SerializeToString(), timeout=10, metadata=(("authorization", f"Bearer {TOKENS[tenant]}"),))
+
+
+@pytest.fixture
+def server(tmp_path):
+    with _server(tmp_path) as s:
+        yield s
+
+
+def test_one_tenant_cannot_see_verify_extend_or_close_anothers_session(server):
+    with _client(server, "alice") as alice, _client(server, "bob") as bob:
+        opened = _open(alice)
+        sid, base = opened.session_id, opened.committed_length
+        assert len(sid.removeprefix("s-")) == 32  # 128 random bits
+        with pytest.raises(SessionNotFoundError):
+            bob.verify(BlockRequest(sid, base, [4, 5]))
+        with pytest.raises(SessionNotFoundError):
+            bob.extend_session(sid, base, [7])
+        with pytest.raises(SessionNotFoundError):
+            bob.close_session(sid)
+        verdict = alice.verify(BlockRequest(sid, base, [4, 5]))  # untouched by bob's tries
+        assert verdict.committed_length == base + verdict.accepted + 1
+        alice.close_session(sid)
+    with _client(server, None) as nobody, pytest.raises(AuthenticationError):
+        _open(nobody)
+
+
+def test_one_client_cannot_lock_the_others_out(server):
+    with _client(server, "alice") as alice, _client(server, "bob") as bob:
+        mine = [_open(alice) for _ in range(4)]  # every session the verifier has
+        theirs = _open(bob)  # alice holds over half: bob takes her least recently used one
+        with pytest.raises(SessionNotFoundError):
+            alice.verify(BlockRequest(mine[0].session_id, mine[0].committed_length, [4]))
+        verdict = alice.verify(BlockRequest(mine[1].session_id, mine[1].committed_length, [4]))
+        assert verdict.committed_length > mine[1].committed_length  # her others go on
+        with pytest.raises(LimitExceededError, match="maximum of 4 sessions") as info:
+            _open(alice)  # she still holds three, over half: she is not owed one
+        assert info.value.retry_after is not None and info.value.retry_after > 0
+        bob.close_session(theirs.session_id)
+        _open(alice)
+
+
+def test_a_hard_limit_per_client(tmp_path):
+    with _server(tmp_path, max_sessions_per_client=2) as server, _client(server, "alice") as alice:
+        _open(alice), _open(alice)
+        with pytest.raises(LimitExceededError, match="most one client may hold") as info:
+            _open(alice)
+        assert info.value.retry_after is not None
+        with _client(server, "bob") as bob:
+            _open(bob)
+
+
+def test_a_round_waiting_on_a_session_that_closes_is_refused_never_run_on_its_sequence():
+    got, go = threading.Event(), threading.Event()
+
+    class Paused(SessionTable):
+        def get(self, session_id, owner=""):
+            sess = super().get(session_id, owner)
+            if threading.current_thread().name == "round":
+                got.set()
+                go.wait(5)
+            return sess
+
+    table = Paused(2, 900.0)
+    sess = table.create(mode="greedy", temperature=0.0, seed=0)
+    outcome: list[object] = []
+
+    def round_() -> None:
+        try:
+            with table.acquire(sess.id):
+                outcome.append("ran")
+        except SessionNotFoundError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=round_, name="round")
+    worker.start()
+    assert got.wait(5)  # the round found the session ...
+    assert table.close(sess.id)  # ... which closed before the round took its lock
+    go.set()
+    worker.join(5)
+    assert isinstance(outcome[0], SessionNotFoundError) and "closed" in str(outcome[0])
+    assert len(table) == 0
+
+
+def test_unknown_enum_values_are_invalid_arguments_not_unknown_errors(server):
+    with _client(server, "alice") as alice:
+        opened = _open(alice)
+    sid, base = opened.session_id, opened.committed_length
+    cases = [
+        ("Verify", pb.VerifyRequest(session_id=sid, base_position=base, draft_tokens=[4], upload_protocol=77)),
+        ("Verify", pb.VerifyRequest(session_id=sid, base_position=base, draft_tokens=[4],
+                                    upload_protocol=pb.UPLOAD_PROTOCOL_FULL_HIDDEN,
+                                    hidden=pb.HiddenStates(encoding=99, count=1, dim=8, data=bytes(16)))),
+        ("OpenSession",
+         pb.OpenSessionRequest(prompt_tokens=[1, 2], sampling=pb.SamplingParams(mode=42), draft_tokenizer=FP)),
+    ]
+    for method, message in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            _raw(server, method, message)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, info.value.details())
+
+
+def test_messages_never_echo_a_whole_input(server):
+    huge_id = "x" * 100_000
+    for method, message in [
+        ("Verify", pb.VerifyRequest(session_id=huge_id, draft_tokens=[4])),
+        ("CloseSession", pb.CloseSessionRequest(session_id=huge_id)),
+        ("ExtendSession", pb.ExtendSessionRequest(session_id=huge_id, tokens=[1])),
+        ("OpenSession", pb.OpenSessionRequest(prompt_tokens=[1, 2], slo_name="y" * 100_000, draft_tokenizer=FP)),
+    ]:
+        with pytest.raises(grpc.RpcError) as info:
+            _raw(server, method, message)
+        assert len(info.value.details()) < 400, (method, len(info.value.details()))
+
+
+def test_a_huge_turn_is_refused_by_its_length_before_its_tokens_are_read(server):
+    with _client(server, "alice") as alice:
+        opened = _open(alice)
+        # A million ids, all outside the vocabulary: the refusal names the length, so no id was looked at.
+        bad = [10**8] * 1_000_000
+        with pytest.raises(LimitExceededError, match="context limit"):
+            alice.extend_session(opened.session_id, opened.committed_length, bad)
+        with pytest.raises(grpc.RpcError) as info:
+            greedy = pb.SamplingParams(mode=pb.ACCEPTANCE_MODE_GREEDY)
+            _raw(server, "OpenSession", pb.OpenSessionRequest(prompt_tokens=bad, draft_tokenizer=FP, sampling=greedy))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "context limit" in info.value.details()
+        # Far past the message limit, gRPC itself refuses it before the service reads it.
+        with pytest.raises(grpc.RpcError) as info:
+            _raw(server, "ExtendSession", pb.ExtendSessionRequest(session_id="s", tokens=[10**8] * 5_000_000))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        verdict = alice.verify(BlockRequest(opened.session_id, opened.committed_length, [4]))
+        assert verdict.committed_length >= opened.committed_length + 1  # the session is as it was
+
+
+def test_a_bug_is_answered_internal_with_a_message_and_the_verifier_goes_on(monkeypatch):
+    config = ServerConfig(port=0, max_sessions=2, max_context=128)
+    service = VerifierService(ToyEngine(ToyLanguageModel(seed=1), n_seq=2, max_context=128), config)
+    request = pb.PingRequest(reply_bytes=4).SerializeToString()
+
+    def broken(req, deadline=None, caller=None):
+        raise KeyError("a bug")
+
+    monkeypatch.setitem(service._unary, "Ping", (pb.PingRequest, broken))
+    with pytest.raises(InternalError, match="Ping failed inside the verifier: KeyError"):
+        service.call("Ping", request)
+    monkeypatch.undo()
+    assert service.call("Ping", request).payload == bytes(4)
+    service.close()
