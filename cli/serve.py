@@ -44,6 +44,10 @@ def serve(
         4096, "--max-context", min=256, help="Tokens per session; the KV cache holds max-context x max-sessions."
     ),
     idle_timeout: float = typer.Option(900.0, "--idle-timeout", help="Seconds before an idle session may be evicted."),
+    drain_timeout: float = typer.Option(
+        10.0, "--drain-timeout", min=0,
+        help="On SIGTERM or Ctrl-C, serve open sessions (refusing new ones) for at most this many seconds, then exit.",
+    ),
     reclaim_after: float = typer.Option(
         60.0, "--reclaim-after", min=0, help="With every session taken, one idle this many seconds makes room."
     ),
@@ -65,6 +69,9 @@ def serve(
     ),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", exists=True, help="PEM certificate chain for TLS."),
     tls_key: Path | None = typer.Option(None, "--tls-key", exists=True, help="PEM private key for TLS."),
+    tls_client_ca: Path | None = typer.Option(
+        None, "--tls-client-ca", exists=True, help="Mutual TLS: require client certificates signed by this CA (PEM)."
+    ),
     threads: int | None = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
     prefill_chunk: int = typer.Option(
         128, "--prefill-chunk", min=1,
@@ -131,6 +138,7 @@ def serve(
         tokens_file=str(tokens_file) if tokens_file else None,
         tls_cert=str(tls_cert) if tls_cert else None,
         tls_key=str(tls_key) if tls_key else None,
+        tls_client_ca=str(tls_client_ca) if tls_client_ca else None,
         threads=threads,
         prefill_chunk=prefill_chunk,
         policy=policy.value,
@@ -167,8 +175,9 @@ def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    note("stopping: finishing calls in flight")
-    server.stop(grace=5.0)
+    note(f"draining: no new sessions; serving the open ones until they go quiet, {drain_timeout:g} s at most")
+    took = server.drain(timeout=drain_timeout)
+    note(f"stopped after {took:.1f} s")
 
 
 def _log_to_stderr(level: str) -> None:

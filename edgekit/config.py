@@ -112,6 +112,10 @@ class ClientConfig:
     token: str | None = None  # sent as `authorization: Bearer <token>`
     tls: bool = False
     root_certificates: str | None = None  # PEM file; system roots when None
+    # Mutual TLS: this client's certificate chain and private key (PEM files), for a verifier
+    # that asks for one (`edgekit serve --tls-client-ca`).
+    tls_cert: str | None = None
+    tls_key: str | None = None
     max_message_bytes: int = 16 * 1024 * 1024
     # A generation that loses its verifier (unreachable, a deadline, a full queue, a session
     # the verifier no longer knows) tries again for this long in all, backing off exponentially
@@ -126,6 +130,8 @@ class ClientConfig:
             raise ConfigError("timeout and connect_timeout must be positive")
         if not (self.retry_for >= 0 and 0 < self.retry_initial <= self.retry_max):
             raise ConfigError("retry_for must be >= 0 and 0 < retry_initial <= retry_max")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("a client certificate needs both tls_cert and tls_key")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ClientConfig:
@@ -155,6 +161,8 @@ class ServerConfig:
     tokens_file: str | None = None  # several tokens, one tenant each: lines of `NAME TOKEN`
     tls_cert: str | None = None
     tls_key: str | None = None
+    # Mutual TLS: clients must present a certificate signed by this CA (PEM file).
+    tls_client_ca: str | None = None
     threads: int | None = None
     workers: int = 32  # gRPC handler threads
     # "exact": greedy output token-identical to target-only decoding (slower
@@ -211,6 +219,8 @@ class ServerConfig:
         object.__setattr__(self, "slo_classes", _slo_classes(self.slo_classes))
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("TLS needs both a certificate and a key")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigError("mutual TLS (tls_client_ca) needs the server's own certificate and key")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ServerConfig:

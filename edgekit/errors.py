@@ -135,7 +135,17 @@ class VerifierError(EdgekitError):
 
 
 class VerifierUnavailableError(VerifierError):
-    """The verifier cannot be reached, or did not answer within the deadline."""
+    """The verifier cannot be reached, or did not answer within the deadline.
+
+    ``retry_after`` (seconds), when the verifier gave one: it is draining for a
+    restart, and says when to try again.
+    """
+
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, address: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message, address=address, code=code)
+        self.retry_after = retry_after
 
 
 class AuthenticationError(VerifierError):

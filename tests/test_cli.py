@@ -129,7 +129,7 @@ def test_serve_announces_its_address_serves_and_stops_on_sigterm(gemma_draft):
             assert "edgekit:sessions 1.0" in response.read().decode().splitlines()
         proc.send_signal(sig.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        assert "stopping" in proc.stderr.read()
+        assert "draining: no new sessions" in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

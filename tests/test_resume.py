@@ -225,3 +225,34 @@ def test_generate_json_keeps_what_came_before_the_verifier_died(monkeypatch):
     assert len(out["token_ids"]) >= 3  # three rounds committed at least one token each
     assert tuple(out["token_ids"]) == _reference("partial")[: len(out["token_ids"])]
     assert out["text"]
+
+
+def test_a_lost_verifier_fails_over_to_the_next_serving_the_same_target():
+    from edgekit.transport import FailoverTransport
+
+    first = Flaky(lambda: toy_verifier(_target()), {n: "drop" for n in range(4, 1000)})
+    second = toy_verifier(_target(), address="second")
+    transport = FailoverTransport([first, second], FAST)
+    draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5, eos_bias=-4.0))
+    gen = GenerationConfig(draft_k=4, max_tokens=60, stop_at_eos=False)
+    client = EdgeClient(transport, draft_model=draft, generation=gen, config=FAST)
+    events = list(client.generate("fail over"))
+    assert events[-1].token_ids == _reference("fail over")
+    (resumed,) = [e for e in events if isinstance(e, Resumed)]
+    assert resumed.causes == ("VerifierUnavailableError", "SessionNotFoundError") and resumed.reprefilled_tokens > 0
+    assert transport.address == "second" and len(second.verify_calls) > 0
+
+
+def test_failover_never_uses_a_verifier_of_another_target():
+    from edgekit.transport import FailoverTransport
+
+    brief = ClientConfig(retry_for=0.3, retry_initial=0.01, retry_max=0.02)
+    first = Flaky(lambda: toy_verifier(_target()), {n: "drop" for n in range(2, 10**6)}, brief)
+    other = toy_verifier(ToyLanguageModel(seed=3, eos_bias=-4.0, name="another-target"), address="other")
+    transport = FailoverTransport([first, other], brief)
+    client = EdgeClient(transport, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5)),
+                        generation=GenerationConfig(max_tokens=40, stop_at_eos=False), config=brief)
+    with pytest.raises(VerifierUnavailableError):
+        client.generate("stay on target").until_done()  # the first stays down; the other is never an option
+    assert not other.verify_calls and other.service.sessions.evictions == 0 and len(other.service.sessions) == 0
+    assert "another-target" in transport._refused[1]

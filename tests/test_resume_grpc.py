@@ -83,3 +83,32 @@ def test_killing_the_verifier_mid_answer_and_restarting_it_loses_nothing(gemma_p
     finally:
         for proc in procs:
             _kill(proc)
+
+
+def test_sigterm_drains_the_verifier_finishing_the_answer_under_way(gemma_paths, gemma_draft):
+    port = _free_port()
+    proc = _serve(str(gemma_paths[1]), port)
+    try:
+        _wait_serving(port, proc)
+        gen = GenerationConfig(max_tokens=40, draft_k=4)
+        config = ClientConfig(timeout=20, retry_for=0)  # nothing may need a retry: the drain serves the answer
+        prompt = "Write a short poem about the sea:"
+        with EdgeClient(f"127.0.0.1:{port}", draft_model=gemma_draft, config=config, generation=gen) as client:
+            reference = client.generate_target_only(prompt).until_done().token_ids
+            signalled = None
+            events = []
+            for event in client.generate(prompt):
+                events.append(event)
+                if isinstance(event, RoundEvent) and signalled is None:
+                    proc.send_signal(signal.SIGTERM)
+                    signalled = time.monotonic()
+                    time.sleep(0.3)
+                    with GrpcTransport(f"127.0.0.1:{port}", ClientConfig(timeout=5)) as probe:
+                        assert probe.health() == "NOT_SERVING"
+        assert events[-1].token_ids == reference  # the draining verifier served the rest of the answer
+        assert not [e for e in events if isinstance(e, Resumed)]
+        assert proc.wait(timeout=15) == 0
+        assert time.monotonic() - signalled < 15  # within the drain bound (10 s) and a second's grace
+        assert b"draining" in proc.stderr.read()
+    finally:
+        _kill(proc)

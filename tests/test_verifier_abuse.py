@@ -6,11 +6,12 @@ whole, huge turns refused before they are read, and bugs answered INTERNAL."""
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import pytest
 
-from edgekit import ClientConfig, ServerConfig
+from edgekit import ClientConfig, ServerConfig, VerifierUnavailableError
 from edgekit.errors import (
     AuthenticationError,
     InternalError,
@@ -156,7 +157,10 @@ def test_messages_never_echo_a_whole_input(server):
         ("Verify", pb.VerifyRequest(session_id=huge_id, draft_tokens=[4])),
         ("CloseSession", pb.CloseSessionRequest(session_id=huge_id)),
         ("ExtendSession", pb.ExtendSessionRequest(session_id=huge_id, tokens=[1])),
-        ("OpenSession", pb.OpenSessionRequest(prompt_tokens=[1, 2], slo_name="y" * 100_000, draft_tokenizer=FP)),
+        ("OpenSession", pb.OpenSessionRequest(prompt_tokens=[1, 2], slo_name="y" * 100_000, draft_tokenizer=FP,
+                                              sampling=pb.SamplingParams(mode=pb.ACCEPTANCE_MODE_GREEDY))),
+        ("OpenSession", pb.OpenSessionRequest(prompt_tokens=[1, 2], draft_tokenizer=pb.TokenizerFingerprint(
+            model_name="z" * 100_000))),
     ]:
         with pytest.raises(grpc.RpcError) as info:
             _raw(server, method, message)
@@ -196,3 +200,91 @@ def test_a_bug_is_answered_internal_with_a_message_and_the_verifier_goes_on(monk
     monkeypatch.undo()
     assert service.call("Ping", request).payload == bytes(4)
     service.close()
+
+
+def test_draining_refuses_new_sessions_serves_open_ones_and_stops_when_quiet(tmp_path):
+    server = _server(tmp_path).start()
+    with _client(server, "alice") as alice:
+        opened = _open(alice)
+        took: list[float] = []
+        drainer = threading.Thread(target=lambda: took.append(server.drain(timeout=20.0, quiet=1.0)))
+        drainer.start()
+        time.sleep(0.2)
+        assert alice.health() == "NOT_SERVING"
+        with pytest.raises(VerifierUnavailableError, match="draining") as info:
+            _open(alice)
+        assert info.value.retry_after is not None and info.value.retry_after > 1
+        base = opened.committed_length
+        for _ in range(3):  # the open session is still served, and keeps the verifier up
+            base = alice.verify(BlockRequest(opened.session_id, base, [4])).committed_length
+            time.sleep(0.5)
+        drainer.join(10)
+        assert took and 2.0 <= took[0] < 10  # stopped a second after the last call (about 1.2 s in), not at 20 s
+        with pytest.raises(VerifierUnavailableError):
+            alice.verify(BlockRequest(opened.session_id, base, [4]))
+
+
+def test_no_token_and_no_prompt_reach_the_logs_even_at_debug(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="edgekit")
+    prompt = [11, 42, 17, 33, 9, 51, 27]
+    with _server(tmp_path) as server, _client(server, "alice") as alice:
+        opened = _open(alice, prompt)
+        after = alice.verify(BlockRequest(opened.session_id, opened.committed_length, [4, 5])).committed_length
+        with pytest.raises(LimitExceededError):
+            alice.extend_session(opened.session_id, after, [10**8] * 10_000)
+        alice.close_session(opened.session_id)
+        with GrpcTransport(server.address, ClientConfig(timeout=5, token="wrong-token-xyz")) as wrong:
+            with pytest.raises(AuthenticationError):
+                _open(wrong)
+    text = "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
+    assert caplog.records  # the verifier did log (its batches, at debug)
+    for secret in (*TOKENS.values(), "wrong-token-xyz", opened.session_id, str(prompt)[1:-1]):
+        assert secret not in text
+
+
+def _openssl(*args: str) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the test certificates", pytrace=False)
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _signed(tmp_path, name: str, ca_key, ca_cert, san: str | None = None):
+    key, csr, cert = (tmp_path / f"{name}.{ext}" for ext in ("key", "csr", "pem"))
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}")
+    ext = tmp_path / f"{name}.ext"
+    ext.write_text(f"subjectAltName={san}\n" if san else "extendedKeyUsage=clientAuth\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key), "-CAcreateserial",
+             "-out", str(cert), "-days", "1", "-extfile", str(ext))
+    return key, cert
+
+
+def test_mutual_tls_takes_a_client_certificate_from_the_ca_and_refuses_others(tmp_path):
+    ca_key, ca_cert = tmp_path / "ca.key", tmp_path / "ca.pem"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca_cert),
+             "-days", "1", "-subj", "/CN=edgekit test CA")
+    server_key, server_cert = _signed(tmp_path, "verifier", ca_key, ca_cert, "DNS:localhost,IP:127.0.0.1")
+    client_key, client_cert = _signed(tmp_path, "device", ca_key, ca_cert)
+    rogue_key, rogue_cert = tmp_path / "rogue.key", tmp_path / "rogue.pem"  # self-signed: not from the CA
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(rogue_key), "-out", str(rogue_cert),
+             "-days", "1", "-subj", "/CN=rogue")
+    c = ServerConfig(port=0, max_sessions=2, max_context=128, tls_cert=str(server_cert), tls_key=str(server_key),
+                     tls_client_ca=str(ca_cert))
+    engine = ToyEngine(ToyLanguageModel(seed=1), n_seq=2, max_context=128)
+    with VerifierServer(engine, c) as server:
+        good = ClientConfig(tls=True, root_certificates=str(ca_cert), tls_cert=str(client_cert),
+                            tls_key=str(client_key), timeout=5, connect_timeout=5)
+        with GrpcTransport(server.address, good) as t:
+            opened = _open(t)
+            assert t.verify(BlockRequest(opened.session_id, opened.committed_length, [4])).committed_length > 3
+        for who in (
+            ClientConfig(tls=True, root_certificates=str(ca_cert), timeout=3, connect_timeout=3),  # no certificate
+            ClientConfig(tls=True, root_certificates=str(ca_cert), tls_cert=str(rogue_cert), tls_key=str(rogue_key),
+                         timeout=3, connect_timeout=3),
+        ):
+            with GrpcTransport(server.address, who) as t, pytest.raises(VerifierUnavailableError):
+                _open(t)

@@ -32,13 +32,14 @@ __all__ = ["EdgeClient"]
 class EdgeClient:
     """Speculative decoding with a local draft model and a verifier.
 
-    verifier: "host:port" (or "grpc://host:port"), a transport object, or None
-    to start the pair's target as a verifier on loopback in this process.
+    verifier: "host:port" (or "grpc://host:port"), several of them (a list, or
+    comma-separated) serving one target to fail over between, a transport object,
+    or None to start the pair's target as a verifier on loopback in this process.
     """
 
     def __init__(
         self,
-        verifier: str | VerifierTransport | None = None,
+        verifier: str | Sequence[str] | VerifierTransport | None = None,
         *,
         pair: str = "gemma-270m",
         draft_model: str | Path | DraftModel | None = None,
@@ -54,14 +55,16 @@ class EdgeClient:
         # Close only what this client made: a draft model or transport passed in
         # belongs to the caller.
         self._owns_draft = not hasattr(draft_model, "eval")
-        self._owns_transport = verifier is None or isinstance(verifier, str)
+        target = ",".join(verifier) if isinstance(verifier, (list, tuple)) else verifier
+        assert not isinstance(target, Sequence) or isinstance(target, str)
+        self._owns_transport = target is None or isinstance(target, str)
         try:
             self._draft = self._load_draft(draft_model)
-            if verifier is None:
+            if target is None:
                 self._local = self._start_local(local_server)
-                verifier = self._local.address
+                target = self._local.address
             self.transport: VerifierTransport = (
-                connect(verifier, self.config, self._draft) if isinstance(verifier, str) else verifier
+                connect(target, self.config, self._draft) if isinstance(target, str) else target
             )
         except BaseException:
             self.close()

@@ -39,6 +39,7 @@ _STATUS_OF = (
     (SessionNotFoundError, grpc.StatusCode.NOT_FOUND),
     (StaleRoundError, grpc.StatusCode.ABORTED),
     (AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
+    (VerifierUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (KVCacheFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (IncompatibleModelsError, grpc.StatusCode.FAILED_PRECONDITION),
@@ -65,8 +66,9 @@ def status_of(exc: EdgekitError) -> Status:
     trailers: tuple[tuple[str, str], ...] = ()
     if isinstance(exc, StaleRoundError) and exc.committed_length is not None:
         trailers = ((COMMITTED_LENGTH_KEY, str(exc.committed_length)),)
-    if isinstance(exc, LimitExceededError) and exc.retry_after is not None:
-        trailers = ((RETRY_AFTER_MS_KEY, f"{exc.retry_after * 1e3:.0f}"),)
+    retry_after = getattr(exc, "retry_after", None)  # a full queue or table, a verifier draining
+    if retry_after is not None:
+        trailers = ((RETRY_AFTER_MS_KEY, f"{retry_after * 1e3:.0f}"),)
     return Status(code, str(exc), trailers)
 
 
@@ -81,6 +83,9 @@ def error_from_status(
 ) -> EdgekitError:
     """The edgekit error, saying what to do, for a call that ended with `code`."""
     name = code.name if code else "UNKNOWN"
+    trailers = tuple(trailers)
+    retry_ms = next((float(v) for k, v in trailers if k == RETRY_AFTER_MS_KEY), None)
+    retry_after = None if retry_ms is None else retry_ms / 1e3
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         within = f"within {deadline:g} s" if deadline else "within the deadline"
         return VerifierUnavailableError(
@@ -89,6 +94,10 @@ def error_from_status(
             code=name,
         )
     if code == grpc.StatusCode.UNAVAILABLE:
+        if retry_after is not None:  # it said why and for how long
+            return VerifierUnavailableError(
+                f"verifier at {address}: {detail}", retry_after=retry_after, address=address, code=name
+            )
         return VerifierUnavailableError(
             f"verifier at {address} is unavailable ({detail}); is `edgekit serve` running there?",
             address=address,
@@ -104,10 +113,9 @@ def error_from_status(
             f"verifier at {address}: {detail}", committed_length=committed, address=address, code=name
         )
     if code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.OUT_OF_RANGE):
-        retry_ms = next((float(v) for k, v in trailers if k == RETRY_AFTER_MS_KEY), None)
         return LimitExceededError(
             f"verifier at {address}: {detail}",
-            retry_after=None if retry_ms is None else retry_ms / 1e3,
+            retry_after=retry_after,
             address=address,
             code=name,
         )

@@ -8,6 +8,7 @@ of edgekit's protocol over any carrier (gRPC here; in process for tests).
 
 from ._base import VerifierTransport
 from ._connect import SCHEMES, connect
+from ._failover import FailoverTransport
 from ._grpc import GrpcTransport, map_rpc_error
 from ._message import MessageTransport
 from ._openai import OpenAITransport
@@ -17,6 +18,7 @@ from ._stateless import TOKENIZER_PROBE, StatelessTransport
 __all__ = [
     "SCHEMES",
     "TOKENIZER_PROBE",
+    "FailoverTransport",
     "GrpcTransport",
     "MessageTransport",
     "OpenAITransport",

@@ -26,7 +26,10 @@ __all__ = ["VerifierTransport"]
 
 
 class VerifierTransport(Protocol):
-    address: str
+    @property
+    def address(self) -> str:
+        """The verifier's address, for messages ("host:port", a URL)."""
+        ...
 
     def ping(self, payload_bytes: int = 0, reply_bytes: int = 0) -> float:
         """One echo carrying `payload_bytes` up and `reply_bytes` back; its round trip in ms."""

@@ -23,8 +23,14 @@ SCHEMES = {
 
 def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None) -> VerifierTransport:
     """`grpc://HOST:PORT` (or bare `HOST:PORT`), `grpcs://`, `openai+http(s)://HOST:PORT[/v1]`,
-    `sglang+http(s)://HOST:PORT`. The HTTP backends need the draft's tokenizer (shared with the target)."""
-    scheme, sep, rest = url.partition("://")
+    `sglang+http(s)://HOST:PORT`. The HTTP backends need the draft's tokenizer (shared with the target).
+    Several URLs, comma-separated, are verifiers of one target to fail over between (`FailoverTransport`)."""
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    if len(urls) > 1:
+        from ._failover import FailoverTransport
+
+        return FailoverTransport([connect(u, config, tokenizer) for u in urls], config)
+    scheme, sep, rest = url.strip().partition("://")
     if not sep:
         scheme, rest = "grpc", url
     if scheme in ("grpc", "grpcs"):

@@ -53,7 +53,10 @@ class GrpcTransport(MessageTransport):
         ]
         if c.tls:
             roots = Path(c.root_certificates).read_bytes() if c.root_certificates else None
-            self._channel = grpc.secure_channel(self.address, grpc.ssl_channel_credentials(roots), options=options)
+            key = Path(c.tls_key).read_bytes() if c.tls_key else None  # mutual TLS: this client's identity
+            chain = Path(c.tls_cert).read_bytes() if c.tls_cert else None
+            creds = grpc.ssl_channel_credentials(roots, private_key=key, certificate_chain=chain)
+            self._channel = grpc.secure_channel(self.address, creds, options=options)
         else:
             self._channel = grpc.insecure_channel(self.address, options=options)
         self._stub = pb_grpc.VerifierStub(self._channel)

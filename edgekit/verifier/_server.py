@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
@@ -155,7 +156,12 @@ class VerifierServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         bind = f"{c.host}:{c.port}"
         if c.tls_cert and c.tls_key:
-            creds = grpc.ssl_server_credentials([(Path(c.tls_key).read_bytes(), Path(c.tls_cert).read_bytes())])
+            client_ca = Path(c.tls_client_ca).read_bytes() if c.tls_client_ca else None
+            creds = grpc.ssl_server_credentials(
+                [(Path(c.tls_key).read_bytes(), Path(c.tls_cert).read_bytes())],
+                root_certificates=client_ca,
+                require_client_auth=client_ca is not None,  # mutual TLS
+            )
             port = self._server.add_secure_port(bind, creds)
         else:
             port = self._server.add_insecure_port(bind)
@@ -211,6 +217,20 @@ class VerifierServer:
 
     def wait(self) -> None:
         self._server.wait_for_termination()
+
+    def drain(self, timeout: float = 10.0, *, quiet: float = 0.5, back_in: float = 2.0) -> float:
+        """Drains for a restart, then stops: health turns NOT_SERVING, new sessions are refused
+        (UNAVAILABLE, with a hint to come back in `back_in` seconds), calls on open sessions are
+        served until none has come for `quiet` seconds or `timeout` has passed; then the calls
+        still in flight get a second to finish. Returns the seconds it took."""
+        t0 = time.monotonic()
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.service.drain(back_in=timeout + back_in)
+        while time.monotonic() - t0 < timeout and self.service.quiet_for() < quiet:
+            time.sleep(0.05)
+        self.stop(grace=1.0)
+        return time.monotonic() - t0
 
     def stop(self, grace: float | None = 1.0) -> None:
         self._stop.set()

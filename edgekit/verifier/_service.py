@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn
@@ -34,7 +35,7 @@ from google.protobuf.message import DecodeError, Message
 
 from ..__version__ import __version__
 from ..config import ServerConfig
-from ..errors import EdgekitError, InternalError, ProtocolError, SessionNotFoundError
+from ..errors import EdgekitError, InternalError, ProtocolError, SessionNotFoundError, VerifierUnavailableError
 from ..protocol import (
     ENCODING_FROM_PB,
     ENCODING_TO_PB,
@@ -117,6 +118,11 @@ class VerifierService:
         self.checks = RequestChecks(config, self.fingerprint)
         self.rounds = Rounds(self.core, self.sessions, self.checks, config, self.slo, self.stats)
         self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo, self.stats)
+        # Draining (`drain`): new sessions are refused, calls on open ones still served.
+        self.draining: float | None = None  # when the verifier expects to be back, as a time.monotonic()
+        self._in_flight = 0
+        self._last_call = time.monotonic()
+        self._calls = threading.Lock()
         self._unary: dict[str, tuple[type[Message], Callable[[Message, float | None, Caller], Message]]] = {
             "Handshake": (pb.HandshakeRequest, self.handshake),
             "Ping": (pb.PingRequest, self.ping),
@@ -130,12 +136,40 @@ class VerifierService:
         """Finishes the engine's queued work and stops its thread."""
         self.core.close()
 
+    def drain(self, back_in: float) -> None:
+        """From now on new sessions are refused (UNAVAILABLE, back in about `back_in` seconds);
+        calls on open sessions go on being served."""
+        self.draining = time.monotonic() + back_in
+
+    def quiet_for(self) -> float:
+        """Seconds since the last call ended (0 while one is in flight)."""
+        with self._calls:
+            return 0.0 if self._in_flight else time.monotonic() - self._last_call
+
+    def _refuse_if_draining(self, what: str) -> None:
+        if self.draining is not None:
+            wait = max(1.0, self.draining - time.monotonic())
+            raise VerifierUnavailableError(
+                f"the verifier is draining for a restart and takes no new {what}; try again in {wait:.0f} s",
+                retry_after=wait,
+            )
+
+    def _enter(self) -> None:
+        with self._calls:
+            self._in_flight += 1
+
+    def _leave(self) -> None:
+        with self._calls:
+            self._in_flight -= 1
+            self._last_call = time.monotonic()
+
     # -- the service on bytes ------------------------------------------------------------
 
     def call(self, method: str, raw: bytes, deadline: float | None = None, caller: Caller = Caller()) -> Message:
         """A unary RPC on a serialized request; raises edgekit errors. `deadline`
         (a `time.monotonic()`): work for the engine not started by then is withdrawn."""
         cls, fn = self._unary[method]
+        self._enter()
         try:
             return fn(self._parse(cls, raw), deadline, caller)
         except EdgekitError:
@@ -143,6 +177,8 @@ class VerifierService:
         except Exception as exc:  # a bug: say so, as INTERNAL, and keep serving
             log.exception("%s failed", method)
             raise InternalError(f"{method} failed inside the verifier: {type(exc).__name__}") from exc
+        finally:
+            self._leave()
 
     def call_stream(
         self, method: str, raw: bytes, is_active: Callable[[], bool] = lambda: True, caller: Caller = Caller()
@@ -152,6 +188,8 @@ class VerifierService:
             raise KeyError(method)
         req = self._parse(pb.GenerateRequest, raw)
         assert isinstance(req, pb.GenerateRequest)
+        self._refuse_if_draining("generations")
+        self._enter()
         try:
             yield from self.generate(req, is_active, caller)
         except EdgekitError:
@@ -159,6 +197,8 @@ class VerifierService:
         except Exception as exc:
             log.exception("Generate failed")
             raise InternalError(f"Generate failed inside the verifier: {type(exc).__name__}") from exc
+        finally:
+            self._leave()
 
     def _parse(self, cls: type[Message], raw: bytes) -> Message:
         if len(raw) > self.config.max_message_bytes:
@@ -247,6 +287,7 @@ class VerifierService:
         self, req: Message, deadline: float | None = None, caller: Caller = Caller()
     ) -> pb.OpenSessionResponse:
         assert isinstance(req, pb.OpenSessionRequest)
+        self._refuse_if_draining("sessions")
         opened = self.rounds.open(
             req.prompt_tokens,
             mode=_mode(req.sampling.mode),

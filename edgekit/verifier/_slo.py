@@ -40,6 +40,7 @@ from collections.abc import Mapping
 
 from ..config import DEFAULT_SLO_CLASSES
 from ..errors import ProtocolError
+from ._validation import clip
 from .scheduler import Objective
 
 __all__ = ["BEST_EFFORT", "CUSTOM", "SpeedClasses"]
@@ -76,7 +77,7 @@ class SpeedClasses:
             return BEST_EFFORT, None
         if name not in self.classes:
             known = ", ".join(f"{n} ({s:g} tok/s)" for n, s in self.classes.items())
-            raise ProtocolError(f"unknown SLO class {name!r}; this verifier serves {known}, or {BEST_EFFORT}")
+            raise ProtocolError(f"unknown SLO class {clip(name)}; this verifier serves {known}, or {BEST_EFFORT}")
         return name, self.classes[name]
 
     def objective(

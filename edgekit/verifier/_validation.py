@@ -47,7 +47,8 @@ class RequestChecks:
                 else "same vocabulary size, different tokens or special tokens"
             )
             raise IncompatibleModelsError(
-                f"draft model {draft.model_name or '(unnamed)'!r} does not share a tokenizer with target model "
+                f"draft model {clip(draft.model_name) if draft.model_name else '(unnamed)'} does not share a tokenizer "
+                "with target model "
                 f"{fp.model_name!r} ({what}); use a draft from the target's family"
             )
 
