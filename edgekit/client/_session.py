@@ -22,9 +22,9 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -48,6 +48,8 @@ from ._retry import Backoff
 from ._text import TextDecoder
 
 __all__ = ["SharedDraft", "SpeculativeSession"]
+
+T = TypeVar("T")
 
 
 class SharedDraft:
@@ -134,7 +136,6 @@ class SpeculativeSession:
         self._network_ms = self.link.state().rtt_ms
         self.retry = client or getattr(transport, "config", None) or ClientConfig()
         self._inflight: _InFlight | None = None
-        self._reprefilled = 0  # tokens the verifier prefilled again on reopening, this outage
 
     # Settings the verifier knows about: changing one needs a new session.
     _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class", "target_speed")
@@ -219,17 +220,9 @@ class SpeculativeSession:
         if self.session_id is None:
             raise EdgekitError("the session is not open")
         t0 = time.perf_counter()
-        backoff: Backoff | None = None
-        while True:
-            try:
-                committed = self.transport.extend_session(self.session_id, len(self.tokens), tokens)
-                break
-            except EdgekitError as exc:
-                backoff = backoff or Backoff(self.retry)
-                backoff.wait(exc)  # raises once it is not worth trying again
-                if isinstance(exc, (SessionNotFoundError, StaleRoundError)):
-                    self._inflight = None
-                    self.reopen()
+        committed, _ = self._through_outages(
+            lambda: self.transport.extend_session(self.session_id or "", len(self.tokens), tokens)
+        )
         self.tokens.extend(tokens)
         if committed != len(self.tokens):
             raise ProtocolError(f"verifier reports {committed} committed tokens, the client has {len(self.tokens)}")
@@ -377,6 +370,12 @@ class SpeculativeSession:
     def resilient_round(self, limit: int) -> tuple[list[int], RoundStats, bool, Resumed | None]:
         """`round`, tried again through an outage (see the module's docstring): the round's
         tokens, figures and whether the context is full, and the outage it came through, if any."""
+        (new, stats, full), resumed = self._through_outages(lambda: self.round(limit))
+        return new, stats, full, resumed
+
+    def _through_outages(self, call: Callable[[], T]) -> tuple[T, Resumed | None]:
+        """`call()`, tried again with back-off while the verifier is lost, the session reopened
+        first where the verifier no longer knows it; its result, and the outage if there was one."""
         backoff: Backoff | None = None
         reopen = False
         reprefilled = 0
@@ -386,7 +385,7 @@ class SpeculativeSession:
                 if reopen:
                     reprefilled += self.reopen()
                     reopen = False
-                new, stats, full = self.round(limit)
+                result = call()
             except EdgekitError as exc:
                 backoff = backoff or Backoff(self.retry)
                 backoff.wait(exc)  # raises once it is not worth trying again
@@ -395,12 +394,12 @@ class SpeculativeSession:
                 reopen = reopen or isinstance(exc, (SessionNotFoundError, StaleRoundError))
                 continue
             if backoff is None:
-                return new, stats, full, None
+                return result, None
             resumed = Resumed(
                 outage_ms=backoff.elapsed() * 1e3, attempts=backoff.attempts, reprefilled_tokens=reprefilled,
                 causes=tuple(dict.fromkeys(reasons)),
             )
-            return new, stats, full, resumed
+            return result, resumed
 
     def stream(self, max_tokens: int | None = None, *, prefill_ms: float = 0.0) -> Iterator[Event]:
         """Rounds until EOS, `max_tokens` or a full context, as events."""

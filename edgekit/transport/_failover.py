@@ -66,11 +66,16 @@ class FailoverTransport:
                     self._current = i
                     return
 
-    def _call(self, fn: Callable[[VerifierTransport], T]) -> T:
+    def _checked_current(self) -> int:
+        """The current verifier, its handshake checked first if nothing has gone to it yet."""
         i = self._current
         if i not in self._checked and self._hello is not None:
-            draft, model, hidden = self._hello  # a verifier is checked before anything else goes to it
+            draft, model, hidden = self._hello
             self.handshake(draft, draft_model=model, draft_hidden_size=hidden)
+        return i
+
+    def _call(self, fn: Callable[[VerifierTransport], T]) -> T:
+        i = self._checked_current()
         try:
             return fn(self.transports[i])
         except VerifierUnavailableError:
@@ -143,10 +148,7 @@ class FailoverTransport:
         slo: SpeedObjective = SpeedObjective(),
     ) -> Iterator[GeneratedToken]:
         kw = {"mode": mode, "temperature": temperature, "seed": seed, "max_tokens": max_tokens, "slo": slo}
-        i = self._current
-        if i not in self._checked and self._hello is not None:
-            draft, model, hidden = self._hello
-            self.handshake(draft, draft_model=model, draft_hidden_size=hidden)
+        i = self._checked_current()
         try:
             yield from self.transports[i].generate(prompt_tokens, **kw)  # type: ignore[arg-type]
         except VerifierUnavailableError:
