@@ -165,6 +165,7 @@ class RoundLog:
     deadline_met: bool | None
     drafted: int
     committed: int
+    round_trip_ms: float = 0.0  # the verify call as the device saw it (queue, verify and loopback)
 
 
 @dataclass
@@ -279,8 +280,10 @@ class Fleet:
                                                     draft=self.draft_fingerprint)
                     sid = opened.session_id
                 assert sid is not None
+                t_call = time.perf_counter()
                 v = transport.verify(BlockRequest(sid, base + pos, block, round_index=rounds, draft_ms=draft_ms,
                                                   network_ms=link_ms))
+                call_ms = (time.perf_counter() - t_call) * 1e3
                 if self.mode == "reprefill":
                     transport.close_session(sid)
                 time.sleep(net_ms / 2e3)
@@ -299,7 +302,7 @@ class Fleet:
                 rounds += 1
                 with self._lock:
                     self.rounds.append(RoundLog(i, time.perf_counter() - self._t0, v.queue_ms, v.verify_ms,
-                                                v.budget_ms, v.deadline_met, len(block), committed))
+                                                v.budget_ms, v.deadline_met, len(block), committed, call_ms))
         finally:
             if sid is not None and self.mode == "speculative":
                 transport.close_session(sid)

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -109,21 +110,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Served:
+    address: str
+    pid: int
+
+
 @contextmanager
-def verifier(pair: str, policy: str, max_sessions: int, threads: int | None, numerics: str, log: Path | None):
-    """`edgekit serve` in a process of its own, until the block ends."""
+def serve_process(serve_args: list[str], log: Path | None):
+    """`edgekit serve SERVE_ARGS` on a free loopback port, in a process of its own, until the block ends."""
     port = _free_port()
-    policy, _, budget = policy.partition("/")
-    cmd = [sys.executable, "-c", "from edgekit.cli.app import main; main()", "serve", "--pair", pair,
-           "--port", str(port), "--policy", policy, "--max-sessions", str(max_sessions), "--numerics", numerics,
-           "--slo-budget", budget or "round"]
-    if threads:
-        cmd += ["--threads", str(threads)]
+    cmd = [sys.executable, "-c", "from edgekit.cli.app import main; main()", "serve", "--port", str(port),
+           *serve_args]
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115  (closed below)
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         _wait_ready(f"127.0.0.1:{port}", proc, timeout=600)
-        yield f"127.0.0.1:{port}"
+        yield Served(f"127.0.0.1:{port}", proc.pid)
     finally:
         proc.terminate()
         try:
@@ -132,6 +135,18 @@ def verifier(pair: str, policy: str, max_sessions: int, threads: int | None, num
             proc.kill()
         if log:
             out.close()  # type: ignore[union-attr]
+
+
+@contextmanager
+def verifier(pair: str, policy: str, max_sessions: int, threads: int | None, numerics: str, log: Path | None):
+    """The pair's verifier under `policy` ("fcfs", "wisp", "wisp/response"); yields its address."""
+    policy, _, budget = policy.partition("/")
+    args = ["--pair", pair, "--policy", policy, "--max-sessions", str(max_sessions), "--numerics", numerics,
+            "--slo-budget", budget or "round"]
+    if threads:
+        args += ["--threads", str(threads)]
+    with serve_process(args, log) as served:
+        yield served.address
 
 
 def _wait_ready(address: str, proc: subprocess.Popen, timeout: float) -> None:

@@ -59,8 +59,14 @@ _TARGET_SPEED = typer.Option(
     None, "--target-speed", min=0.01, help="The token speed (tok/s) to ask the verifier for; wins over --slo-class."
 )
 _HIDDEN_ENCODING = typer.Option("fp16", "--hidden-encoding", help="fp16, or int8 with a scale per row.")
+_ON_DISCONNECT = typer.Option(
+    None, "--on-disconnect",
+    help="While no verifier answers: 'draft' keeps drafting ahead (shown as provisional text, verified when a "
+    "verifier answers again), 'wait' only tries again, 'fail' stops at once (default draft, or "
+    "EDGEKIT_ON_DISCONNECT).",
+)
 _RETRY_FOR = typer.Option(
     None, "--retry-for", min=0.0,
     help="Seconds to keep trying through a verifier outage, reopening the session if the verifier lost it "
-    "(default 30, or EDGEKIT_RETRY_FOR); 0: stop at the first failure.",
+    "(default 60, or EDGEKIT_RETRY_FOR); 0: stop at the first failure.",
 )

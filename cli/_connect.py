@@ -14,11 +14,14 @@ def build_client(
     generation,  # GenerationConfig
     announce: bool = True,
     local_server=None,  # ServerConfig of the local verifier, when one is started
-    retry_for: float | None = None,  # None: the config's (EDGEKIT_RETRY_FOR, or 30 s)
+    retry_for: float | None = None,  # None: the config's (EDGEKIT_RETRY_FOR, or 60 s)
+    on_disconnect: str | None = None,  # None: the config's (EDGEKIT_ON_DISCONNECT, or "draft")
 ):
     from edgekit import ClientConfig, EdgeClient
 
-    retry = {} if retry_for is None else {"retry_for": retry_for}
+    retry: dict = {} if retry_for is None else {"retry_for": retry_for}
+    if on_disconnect is not None:
+        retry["on_disconnect"] = on_disconnect
     config = ClientConfig.from_env(timeout=timeout, connect_timeout=min(10.0, timeout), token=token, **retry)
     client = EdgeClient(verifier, pair=pair, config=config, generation=generation, local_server=local_server)
     if client.local_verifier_address and announce:

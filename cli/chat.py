@@ -15,6 +15,7 @@ import typer
 from ._common import (
     _DRAFTING,
     _MAX_WINDOW,
+    _ON_DISCONNECT,
     _P_MIN,
     _PREDICTOR,
     _RETRY_FOR,
@@ -46,6 +47,53 @@ Type a message and press Enter. Commands:
 _SET_KEYS = {"k": "draft_k", "draft_k": "draft_k", "temperature": "temperature", "t": "temperature", "mode": "mode",
              "max_tokens": "max_tokens", "seed": "seed", "drafting": "drafting", "max_window": "max_window",
              "p_min": "p_min", "upload": "upload"}
+
+
+class _ProvisionalText:
+    """Provisional tokens shown dimmed after the answer, taken back when output replaces them.
+
+    It keeps the cursor's column from what the answer printed, so it can move back over
+    wrapped lines (the terminal may have scrolled, so saving the cursor would not do)."""
+
+    def __init__(self, out: Console) -> None:
+        self.out = out
+        self.enabled = out.is_terminal
+        self.column = 0
+        self._shown: tuple[int, int] | None = None  # rows below, and the column it began at
+
+    def printed(self, text: str) -> None:
+        """Follows the cursor over text the answer printed."""
+        self.column = self._advance(self.column, text)[1]
+
+    def _advance(self, column: int, text: str) -> tuple[int, int]:
+        from rich.cells import cell_len
+
+        width, rows = max(1, self.out.width), 0
+        for ch in text:
+            if ch == "\n":
+                rows, column = rows + 1, 0
+                continue
+            w = cell_len(ch)
+            if column + w > width:  # the terminal wraps before the character
+                rows, column = rows + 1, 0
+            column += w
+        return rows, column
+
+    def show(self, text: str) -> None:
+        self.clear()
+        if not (self.enabled and text):
+            return
+        self.out.file.write(f"\x1b[2m{text}\x1b[0m")
+        self.out.file.flush()
+        self._shown = (self._advance(self.column, text)[0], self.column)
+
+    def clear(self) -> None:
+        if self._shown is None:
+            return
+        rows, column = self._shown
+        self.out.file.write("\r" + (f"\x1b[{rows}A" if rows else "") + f"\x1b[{column + 1}G\x1b[J")
+        self.out.file.flush()
+        self._shown = None
 
 
 class _Interrupt:
@@ -101,6 +149,7 @@ def chat(
     token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
     timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, in seconds."),
     retry_for: float | None = _RETRY_FOR,
+    on_disconnect: str | None = _ON_DISCONNECT,
 ) -> None:
     """Chat with the pair's target model, drafted on this device (one session, KV reused across turns)."""
     from rich.console import Console
@@ -121,7 +170,8 @@ def chat(
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
     log = History(history, pair)
     with _connect.build_client(
-        pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, retry_for=retry_for
+        pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, retry_for=retry_for,
+        on_disconnect=on_disconnect,
     ) as client:
         conv = client.conversation(system=system)
         session = _ChatSession(client, conv, out, log, json_out)
@@ -146,20 +196,33 @@ class _ChatSession:
     # -- one answer ---------------------------------------------------------------------
 
     def answer(self, text: str) -> None:
-        from edgekit import Resumed, TextDelta
+        from rich.markup import escape
+
+        from edgekit import Provisional, Resumed, TextDelta
 
         self.log.add("user", text)
         stream = self.conv.send(text)
         stopped = False
+        ahead = _ProvisionalText(self.out)
         with self.interrupt.armed() as interrupt, stream:
             for event in stream:
-                if isinstance(event, TextDelta) and not self.json_out:
+                if self.json_out:
+                    pass
+                elif isinstance(event, Provisional):
+                    ahead.show(event.text)  # drafted while no verifier answers: dimmed, taken back later
+                elif isinstance(event, TextDelta):
+                    ahead.clear()
                     self.out.print(event.text, end="", markup=False)
-                elif isinstance(event, Resumed) and not self.json_out:
-                    self.out.print(f"[dim] \\[verifier lost for {event.outage_ms / 1e3:.1f} s; resumed][/dim] ", end="")
+                    ahead.printed(event.text)
+                elif isinstance(event, Resumed):
+                    ahead.clear()
+                    note = f" [verifier lost for {event.outage_ms / 1e3:.1f} s; resumed] "
+                    self.out.print(f"[dim]{escape(note)}[/dim]", end="")
+                    ahead.printed(note)
                 if interrupt.requested:
                     stopped = True
                     break
+            ahead.clear()
         reply = self.conv.messages[-1]["content"]
         self.log.add("assistant", reply)
         stats = stream.final.stats if stream.final else None

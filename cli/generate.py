@@ -12,6 +12,7 @@ from ._common import (
     _DRAFTING,
     _HIDDEN_ENCODING,
     _MAX_WINDOW,
+    _ON_DISCONNECT,
     _P_MIN,
     _PREDICTOR,
     _RETRY_FOR,
@@ -65,6 +66,7 @@ def generate(
     token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
     timeout: float = typer.Option(30.0, "--timeout", help="Deadline of each verifier call, in seconds."),
     retry_for: float | None = _RETRY_FOR,
+    on_disconnect: str | None = _ON_DISCONNECT,
 ) -> None:
     """Generate a completion by speculative decoding (or by the target alone with --baseline)."""
     from edgekit import GenerationConfig, Resumed, TextDelta
@@ -81,7 +83,7 @@ def generate(
     )
     with _connect.build_client(
         pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, announce=not json_out,
-        retry_for=retry_for,
+        retry_for=retry_for, on_disconnect=on_disconnect,
     ) as client:
         info = client.server_info()
         stream = client.generate_target_only(prompt) if baseline else client.generate(prompt)

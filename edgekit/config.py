@@ -23,6 +23,7 @@ HiddenEncoding = Literal["fp16", "int8"]
 Numerics = Literal["exact", "fast"]
 Policy = Literal["fcfs", "wisp"]
 Calibrate = Literal["auto", "force", "off"]
+OnDisconnect = Literal["draft", "wait", "fail"]
 
 # Token-speed SLO classes a verifier serves by default: WISP's four (sec. 5.1), tokens/s.
 DEFAULT_SLO_CLASSES: Mapping[str, float] = {"realtime": 8.0, "interactive": 6.0, "standard": 4.0, "relaxed": 2.0}
@@ -121,9 +122,18 @@ class ClientConfig:
     # the verifier no longer knows) tries again for this long in all, backing off exponentially
     # from retry_initial to retry_max seconds with jitter, then reopens its session from the
     # committed tokens where needed and goes on. 0: fail at the first loss.
-    retry_for: float = 30.0
+    retry_for: float = 60.0  # long enough for a 30 s outage (a restart, a lift, a tunnel)
     retry_initial: float = 0.2
     retry_max: float = 5.0
+    # While no verifier answers (a round has had no verdict for draft_ahead_after seconds, or
+    # failed): "draft" keeps drafting ahead, up to max_provisional tokens, streamed as
+    # `Provisional` events and sent as blocks when a verifier answers again (the accepted
+    # prefix is kept: lossless); "wait" only tries again; "fail" gives up at the first loss.
+    # "draft" by default: it costs nothing while the verifier answers, and during an outage
+    # the device's time would otherwise be idle (README: drafting through an outage).
+    on_disconnect: OnDisconnect = "draft"
+    draft_ahead_after: float = 1.0
+    max_provisional: int = 64
 
     def __post_init__(self) -> None:
         if not (self.timeout > 0 and self.connect_timeout > 0):
@@ -132,6 +142,10 @@ class ClientConfig:
             raise ConfigError("retry_for must be >= 0 and 0 < retry_initial <= retry_max")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("a client certificate needs both tls_cert and tls_key")
+        if self.on_disconnect not in ("draft", "wait", "fail"):
+            raise ConfigError(f"on_disconnect must be draft, wait or fail, got {self.on_disconnect!r}")
+        if not (self.draft_ahead_after > 0 and 0 <= self.max_provisional <= 4096):
+            raise ConfigError("draft_ahead_after must be positive and max_provisional between 0 and 4096")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ClientConfig:
@@ -164,7 +178,7 @@ class ServerConfig:
     # Mutual TLS: clients must present a certificate signed by this CA (PEM file).
     tls_client_ca: str | None = None
     threads: int | None = None
-    workers: int = 32  # gRPC handler threads
+    workers: int = 32  # gRPC handler threads (at least max_sessions + 8)
     # "exact": greedy output token-identical to target-only decoding (slower
     # kernels, blocks in batch-invariant sub-batches); "fast": every kernel.
     numerics: Numerics = "exact"

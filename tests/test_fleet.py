@@ -91,3 +91,20 @@ def test_the_smoke_configuration_runs_on_the_gemma_pair(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     for system in ("fcfs", "wisp", "sled", "centralized"):
         assert f"{system}: " in done.stdout
+
+
+def test_sixty_four_sessions_at_once_are_all_served_faithfully_and_all_closed(traces):
+    """The load run's short form (benchmarks/load.py runs 64 devices against the gemma verifier for
+    10 minutes): 64 devices, each a session at a time, against one verifier over gRPC."""
+    n = 64
+    config = ServerConfig(port=0, max_sessions=n, max_context=256, max_block=8, calibrate="off")
+    with VerifierServer(ToyEngine(TARGET, n_seq=n, max_context=256), config) as server:
+        specs = [DeviceSpec(None, None, speed_factor=1.0, rtt_ms=1.0) for _ in range(n)]
+        fleet = Fleet(server.address, DRAFT.fingerprint(), traces, specs, controller=lambda: FixedWindow(3),
+                      duration=4.0, max_window=6, timeout=60.0).run()
+        assert fleet.errors == []
+        assert {r.device for r in fleet.responses} == set(range(n))  # every device finished responses
+        assert all(r.tokens == 24 for r in fleet.responses)  # each to the end, every verdict as the target's
+        assert len(server.service.sessions) == 0  # every session was closed
+        latencies = sorted(r.round_trip_ms for r in fleet.rounds)
+        assert 0 < latencies[len(latencies) // 2] <= latencies[int(len(latencies) * 0.99)]

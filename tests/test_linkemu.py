@@ -66,3 +66,38 @@ def test_loss_shows_as_retransmission_delay_and_is_estimated(bed, gemma_draft):
     assert bed.proxy.losses > 0
     assert link.loss_rate > 0
     assert link.rtt_ms < 40  # retransmissions stay out of the smoothed RTT
+
+
+@pytest.mark.parametrize("kind", ["reset", "silent"])
+def test_an_answer_drafts_through_a_lost_link_and_stays_lossless(bed, gemma_draft, kind):
+    """The link goes for 2 s after the answer's first tokens: the device drafts ahead meanwhile,
+    and the output is still the target's own (benchmarks/outage.py measures the times)."""
+    import threading
+
+    from edgekit import ClientConfig, TextDelta
+
+    bed.shape(LinkProfile(rtt_ms=20, uplink_mbps=50))
+    gen = GenerationConfig(max_tokens=48, drafting="fixed", draft_k=4, stop_at_eos=False)
+    config = ClientConfig(on_disconnect="draft", draft_ahead_after=0.3, retry_for=30, retry_initial=0.1)
+    with EdgeClient(GrpcTransport(bed.address, config), draft_model=gemma_draft, generation=gen,
+                    config=config) as client:
+        reference = client.generate_target_only(PROMPT).until_done().token_ids
+        out: list[int] = []
+        timer = None
+        stream = client.generate(PROMPT)
+        try:
+            for event in stream:
+                if isinstance(event, TextDelta):
+                    out += event.token_ids
+                    if timer is None and len(out) >= 8:
+                        bed.proxy.outage(kind)
+                        timer = threading.Timer(2.0, bed.proxy.restore)
+                        timer.start()
+        finally:
+            if timer is not None:
+                timer.join()
+            bed.proxy.restore()
+    final = stream.final
+    assert final is not None and final.token_ids == reference
+    assert final.stats.provisional_tokens > 0 and final.stats.provisional_kept <= final.stats.provisional_tokens
+    assert final.stats.outages == (1 if kind == "reset" else 0)  # a silent link delays the call; it does not fail

@@ -28,6 +28,7 @@ EXPORTED = [
     "LinkEstimator",
     "LinkState", "LlamaDraftModel", "LogitStats", "ModelError", "ModelFetchError", "ModelIntegrityError",
     "ModelLoadError", "ModelNotFoundError", "PredictorController", "PredictorError", "ProbeResult", "ProtocolError",
+    "Provisional",
     "Resumed", "RoundEvent", "RoundPlan", "RoundStats", "ServerConfig", "SessionNotFoundError", "SpeculativeSession",
     "StaleRoundError", "TextDelta", "VerifierError", "VerifierUnavailableError", "__version__",
 ]

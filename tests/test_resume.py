@@ -129,7 +129,9 @@ def test_a_session_survives_a_failed_round_when_nothing_retries():
         committed += session.round(4)[0]
     with pytest.raises(VerifierUnavailableError):
         session.round(4)  # the verifier applied it; its verdict was lost
-    assert client.draft.evaluated == session.tokens[: client.draft.n_past]  # the draft rolled back
+    # The draft holds the committed tokens and the block in flight, nothing else: it is re-sent as it was.
+    assert client.draft.evaluated == (session.tokens + session._chain.tokens)[: client.draft.n_past]
+    assert session._chain.tokens == list(session._inflight.request.draft_tokens)
     for _ in range(5):  # the next round re-sends the lost one, and the session goes on in step
         committed += session.round(4)[0]
     (sess,) = transport.service.sessions._sessions.values()

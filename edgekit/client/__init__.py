@@ -4,7 +4,7 @@ event streams, chat, and the sync and async clients that put them together."""
 from ._async_client import AsyncConversation, AsyncEdgeClient
 from ._chat import ChatTemplate, Conversation
 from ._client import EdgeClient
-from ._events import Event, FinalStats, Resumed, RoundEvent, TextDelta
+from ._events import Event, FinalStats, Provisional, Resumed, RoundEvent, TextDelta
 from ._metrics import GenerationStats, RoundStats
 from ._session import SharedDraft, SpeculativeSession
 from ._stream import AsyncGenerationStream, GenerationStream
@@ -21,6 +21,7 @@ __all__ = [
     "FinalStats",
     "GenerationStats",
     "GenerationStream",
+    "Provisional",
     "Resumed",
     "RoundEvent",
     "RoundStats",

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ._metrics import GenerationStats, RoundStats
 
-__all__ = ["Event", "FinalStats", "Resumed", "RoundEvent", "TextDelta"]
+__all__ = ["Event", "FinalStats", "Provisional", "Resumed", "RoundEvent", "TextDelta"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,20 @@ class Resumed:
 
 
 @dataclass(frozen=True)
+class Provisional:
+    """Tokens the device drafted ahead of the output while no verifier answered
+    (`ClientConfig.on_disconnect="draft"`): not committed, and possibly wrong. Each one
+    replaces the one before: it holds every token now drafted past the output. A
+    `TextDelta` supersedes what is shown (tokens a verifier accepted come again there,
+    as output), and the `Provisional` after it holds what is still ahead; one with no
+    tokens means nothing is."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    type: str = "provisional"
+
+
+@dataclass(frozen=True)
 class FinalStats:
     """The generation ended; `stats.finish_reason` says why."""
 
@@ -50,4 +64,4 @@ class FinalStats:
     type: str = "final"
 
 
-Event = TextDelta | RoundEvent | Resumed | FinalStats
+Event = TextDelta | RoundEvent | Resumed | Provisional | FinalStats

@@ -73,6 +73,8 @@ class GenerationStats:
     outages: int = 0  # times the verifier was lost and the generation went on
     outage_ms: float = 0.0  # time spent waiting for it
     reprefilled_tokens: int = 0  # committed tokens the verifier prefilled again on reopening
+    provisional_tokens: int = 0  # tokens drafted ahead and shown while no verifier answered
+    provisional_kept: int = 0  # of those, tokens a verifier accepted (or matched) into the output
     target_speed: float | None = None  # tokens/s the verifier held the session to; None: best effort
     uploads: dict[str, int] = field(default_factory=dict)  # rounds per upload protocol
     prefill_ms: float = 0.0  # client-side time to open the session (both prefills)

@@ -57,7 +57,8 @@ class Backoff:
         hint = getattr(exc, "retry_after", None) or 0.0
         return max(step * self._rng.uniform(0.5, 1.0), hint)
 
-    def wait(self, exc: EdgekitError) -> None:
+    def next_delay(self, exc: EdgekitError) -> float:
+        """How long to wait before the next try; raises `exc` once trying again is not worth it."""
         delay = self.delay(exc)
         if not retryable(exc) or self.elapsed() + delay > self.config.retry_for:
             add_note = getattr(exc, "add_note", None)  # Python 3.11+
@@ -65,4 +66,8 @@ class Backoff:
                 add_note(f"edgekit tried again {self.attempts} times over {self.elapsed():.1f} s")
             raise exc
         self.attempts += 1
-        self._sleep(delay)
+        return delay
+
+    def wait(self, exc: EdgekitError) -> None:
+        """Sleeps before the next try (see `next_delay`)."""
+        self._sleep(self.next_delay(exc))

@@ -6,14 +6,23 @@ says when to stop), send it with the base position, apply the verdict (accepted
 prefix plus the verifier's next token), roll the draft KV back to what is still
 valid. All of a round's state lives in `SpeculativeSession`.
 
-A round whose verdict does not arrive stays in flight: the draft's KV goes back
-to the committed tokens, and the next try re-sends the same request (same base
-position and block), which a verifier that applied it before the failure
-recognises and answers again; nothing is applied twice. `stream` tries again
-through an outage (`edgekit.client._retry`): it backs off, reopens the session
-from the committed tokens when the verifier no longer knows it (the verifier
-prefills them again, and must still serve the same target), and reports the
-outage as a `Resumed` event. Nothing committed is lost or duplicated.
+What the draft produced past the committed tokens is a `DraftChain`: the block
+a round sends is its front. A round whose verdict does not arrive stays in
+flight: the next try re-sends the same request (same base position and block),
+which a verifier that applied it before the failure recognises and answers
+again; nothing is applied twice. `stream` tries again through an outage
+(`edgekit.client._retry`): it backs off, reopens the session from the committed
+tokens when the verifier no longer knows it (the verifier prefills them again,
+and must still serve the same target), and reports the outage as a `Resumed`
+event. Nothing committed is lost or duplicated.
+
+While the verifier is silent (`ClientConfig.on_disconnect="draft"`: a round
+with no verdict for `draft_ahead_after` seconds, or between tries), the device
+drafts further blocks onto the chain and streams them as `Provisional` events.
+When a verifier answers, the rounds send them block by block: each verdict that
+accepts a whole block and whose next token is the one drafted after it leaves
+the rest of the chain standing; any other voids it. The output is still the
+verifier's: lossless.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -39,10 +48,11 @@ from ..errors import (
     StaleRoundError,
 )
 from ..link import LinkEstimator, LinkPolicy, probe
-from ..protocol import BlockRequest, Exchange, ServerInfo, SparseDistribution, SpeedObjective, draft_distribution
-from ..runtime import DraftModel
+from ..protocol import BlockRequest, Exchange, ServerInfo, SpeedObjective, VerifyResult, draft_distribution
+from ..runtime import DraftModel, DraftOutput
 from ..transport import VerifierTransport
-from ._events import Event, FinalStats, Resumed, RoundEvent, TextDelta
+from ._ahead import DraftChain, DraftedBlock
+from ._events import Event, FinalStats, Provisional, Resumed, RoundEvent, TextDelta
 from ._metrics import GenerationStats, RoundStats
 from ._retry import Backoff
 from ._text import TextDecoder
@@ -135,7 +145,10 @@ class SpeculativeSession:
         # the last round's, and before any round the measured RTT.
         self._network_ms = self.link.state().rtt_ms
         self.retry = client or getattr(transport, "config", None) or ClientConfig()
-        self._inflight: _InFlight | None = None
+        self._inflight: _InFlight | None = None  # the chain's front block, sent and not yet answered
+        self._chain = DraftChain()  # tokens drafted past the committed ones
+        self.provisional_shown = 0  # tokens shown as provisional in this stream
+        self.provisional_kept = 0  # of those, tokens now in the output
 
     # Settings the verifier knows about: changing one needs a new session.
     _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class", "target_speed")
@@ -170,6 +183,7 @@ class SpeculativeSession:
         self.tokens = list(prompt_tokens)
         self._inflight = None
         with self._shared.lock:
+            self._chain.clear(len(self.tokens))
             self._shared.claim(self, self.tokens)
         return (time.perf_counter() - t0) * 1e3
 
@@ -220,9 +234,11 @@ class SpeculativeSession:
         if self.session_id is None:
             raise EdgekitError("the session is not open")
         t0 = time.perf_counter()
-        committed, _ = self._through_outages(
-            lambda: self.transport.extend_session(self.session_id or "", len(self.tokens), tokens)
-        )
+        def attempt() -> Generator[Provisional, None, int]:
+            return self.transport.extend_session(self.session_id or "", len(self.tokens), tokens)
+            yield  # a generator that drafts nothing ahead: a new turn has nothing to draft
+
+        committed, _ = _drain(self._through_outages(attempt))
         self.tokens.extend(tokens)
         if committed != len(self.tokens):
             raise ProtocolError(f"verifier reports {committed} committed tokens, the client has {len(self.tokens)}")
@@ -238,85 +254,119 @@ class SpeculativeSession:
 
     # -- rounds ------------------------------------------------------------------------
 
-    def _draft_block(self, k: int) -> tuple[list[int], list[SparseDistribution], list[np.ndarray], int]:
-        """The block, its draft distributions (when sampling), the hidden state that
-        produced each token (when uploads want them) and how many draft steps it took."""
-        feed = self.tokens[self.draft.n_past :]
-        block: list[int] = []
-        dists: list[SparseDistribution] = []
-        rows: list[np.ndarray] = []
+    def _sequence(self) -> list[int]:
+        """The committed tokens and those drafted past them: what the draft's KV follows."""
+        return self.tokens + self._chain.tokens
+
+    def _hold_draft(self) -> None:
+        """Makes the draft model's KV this session's (call under the shared lock); a chain
+        drafted for another point of the conversation (before a new turn) is void."""
+        chain = self._chain
+        if chain.base != len(self.tokens):
+            if len(chain):
+                self.draft.truncate(min(self.draft.n_past, chain.base))
+            chain.clear(len(self.tokens))
+            self._inflight = None
+        self._shared.claim(self, self._sequence())
+
+    def _pick(self, out: DraftOutput, block: DraftedBlock) -> int:
+        """The draft's token from a step (argmax, or a sample whose distribution goes with it)."""
+        if self.config.mode == "greedy":
+            tok = out.stats.argmax()
+        else:
+            temperature = self.config.draft_temperature or self.config.temperature
+            dist = draft_distribution(out.logits, temperature, self.config.draft_top_k)
+            tok = dist.sample(self._rng)
+            block.dists.append(dist)
+        block.tokens.append(tok)
+        if out.hidden is not None:
+            block.rows.append(np.array(out.hidden, dtype=np.float32))  # the draft's buffer is reused next step
+        return tok
+
+    def _draft_block(self, k: int, *, guess: bool = False) -> DraftedBlock:
+        """A block of at most `k` tokens on top of the sequence, the controller deciding where
+        it ends. `guess`: first the token the verifier adds after a whole block (the draft's
+        own; no decision), as a block drafted ahead starts with."""
+        t0 = time.perf_counter()
+        seq = self._sequence()
+        if self.draft.n_past >= len(seq):
+            self.draft.truncate(len(seq) - 1)  # a stop step ran the last token: run it again for its logits
+        feed = seq[self.draft.n_past :]
+        block = DraftedBlock([])
         hidden = self.config.upload != "tokens"
-        greedy = self.config.mode == "greedy"
-        temperature = self.config.draft_temperature or self.config.temperature
         steps = 0
+        if guess:
+            tok = self._pick(self.draft.eval(feed, hidden=hidden), block)
+            steps += 1
+            feed = [tok]
+            if self.config.stop_at_eos and self.draft.is_eog(tok):
+                k = 0
         for index in range(1, k + 1):
             out = self.draft.eval(feed, hidden=hidden)
             steps += 1
             decision = self.controller.draft_next(index, out)
             if not decision:
                 break
-            if greedy:
-                tok = out.stats.argmax()
-            else:
-                dist = draft_distribution(out.logits, temperature, self.config.draft_top_k)
-                tok = dist.sample(self._rng)
-                dists.append(dist)
-            block.append(tok)
-            if hidden:
-                rows.append(np.array(out.hidden, dtype=np.float32))  # the draft's buffer is reused next step
+            tok = self._pick(out, block)
             if self.draft.is_eog(tok) or decision == Decision.LAST:
                 break
             feed = [tok]
-        return block, dists, rows, steps
+        block.draft_ms = (time.perf_counter() - t0) * 1e3
+        block.steps = steps
+        return block
+
+    def _request(self, limit: int) -> _InFlight:
+        """This round's request: the one a failure left unanswered (the same block again, on
+        the session as it is now), or the chain's next block (drafted now if there is none)."""
+        if self._inflight is not None:
+            request = replace(self._inflight.request, session_id=self.session_id or "", link=self.link.state())
+            self._inflight = replace(self._inflight, request=request)
+            return self._inflight
+        if not len(self._chain):
+            self._chain.add(self._draft_block(self.controller.window(limit)))
+        blk = self._chain.front(limit)
+        upload = self.policy.upload_for(len(blk.tokens))
+        request = BlockRequest(
+            session_id=self.session_id or "",
+            base_position=len(self.tokens),
+            draft_tokens=blk.tokens,
+            draft_distributions=blk.dists,
+            link=self.link.state(),
+            round_index=self._round_index,
+            continue_after_eog=not self.config.stop_at_eos,
+            upload=upload,
+            hidden=np.stack(blk.rows) if upload != "tokens" else None,
+            hidden_encoding=self.policy.encoding,
+            draft_ms=blk.draft_ms,
+            network_ms=self._network_ms,
+        )
+        self._inflight = _InFlight(request, blk.draft_ms, blk.steps)
+        return self._inflight
+
+    def _verify(self, request: BlockRequest) -> tuple[VerifyResult, float, float]:
+        """The verify call, and when it began and ended (perf_counter seconds)."""
+        t1 = time.perf_counter()
+        verdict = self.transport.verify(request)
+        return verdict, t1, time.perf_counter()
 
     def round(self, limit: int) -> tuple[list[int], RoundStats, bool]:
         """Runs one round drafting at most `limit` tokens; returns the newly committed
-        tokens, the round's figures and whether the context is full."""
+        tokens, the round's figures and whether the context is full. A failure leaves the
+        round in flight: the next call sends it again."""
         if self.session_id is None:
             raise EdgekitError("the session is not open")
         with self._shared.lock:
-            self._shared.claim(self, self.tokens)
-            return self._round_locked(limit)
+            self._hold_draft()
+            sent = self._request(limit)
+            return self._apply(sent, *self._verify(sent.request))
 
-    def _round_locked(self, limit: int) -> tuple[list[int], RoundStats, bool]:
-        base = len(self.tokens)
-        assert self.session_id is not None  # round() checked
-        if self._inflight is not None and self._inflight.request.base_position != base:
-            self._inflight = None  # the conversation moved on (a new turn): that block is void
-        if self._inflight is None:
-            t0 = time.perf_counter()
-            block, dists, rows, steps = self._draft_block(self.controller.window(limit))
-            upload = self.policy.upload_for(len(block))
-            draft_ms = (time.perf_counter() - t0) * 1e3
-            request = BlockRequest(
-                session_id=self.session_id,
-                base_position=base,
-                draft_tokens=block,
-                draft_distributions=dists,
-                link=self.link.state(),
-                round_index=self._round_index,
-                continue_after_eog=not self.config.stop_at_eos,
-                upload=upload,
-                hidden=np.stack(rows) if upload != "tokens" else None,
-                hidden_encoding=self.policy.encoding,
-                draft_ms=draft_ms,
-                network_ms=self._network_ms,
-            )
-            self._inflight = _InFlight(request, draft_ms, steps)
-        else:  # the round a failure left unanswered: the same request again (on the session as it is now)
-            request = replace(self._inflight.request, session_id=self.session_id, link=self.link.state())
-            draft_ms, steps = self._inflight.draft_ms, self._inflight.steps
-            block, upload = list(request.draft_tokens), request.upload
-        t1 = time.perf_counter()
-        try:
-            verdict = self.transport.verify(request)
-        except BaseException:
-            # The draft's KV goes back to what is committed: the next try re-sends this block, or
-            # (the session reopened) drafts again from there.
-            self.draft.truncate(min(self.draft.n_past, len(self.tokens) - 1))
-            raise
-        self._inflight = None
-        t2 = time.perf_counter()
+    def _apply(
+        self, sent: _InFlight, verdict: VerifyResult, t1: float, t2: float
+    ) -> tuple[list[int], RoundStats, bool]:
+        """Commits a verdict: the accepted prefix and the verifier's token; the chain and the
+        draft's KV keep what still follows them."""
+        request = sent.request
+        base, block, upload = request.base_position, list(request.draft_tokens), request.upload
         exchanges = verdict.exchanges or (Exchange((t2 - t1) * 1e3, verdict.verify_ms + verdict.queue_ms, 0, 0),)
         for ex in exchanges:
             if ex.server_ms is not None:  # without the server's time, a round trip says nothing about the link
@@ -330,16 +380,19 @@ class SpeculativeSession:
                 f"verifier at {self.transport.address} sent an inconsistent verdict: accepted {a} of {len(block)}, "
                 f"committed {verdict.committed_length} on base {base}"
             )
+        self._inflight = None
+        shown = self._chain.shown
+        self.provisional_kept += min(shown, self._chain.advance(len(block), a, verdict.next_token))
         self.tokens.extend(new)
         self._budget = verdict.next_budget
-        # What the draft evaluated stays valid up to the last committed token, which it has not run.
-        self.draft.truncate(min(self.draft.n_past, len(self.tokens) - 1))
+        # What the draft evaluated stays valid up to the last token of the sequence, which it has not run.
+        self.draft.truncate(min(self.draft.n_past, len(self._sequence()) - 1))
         self.controller.observe(len(block), a)
         self.policy.costs.observe(
             drafted=len(block),
             accepted=a,
-            draft_ms=draft_ms,
-            draft_steps=steps,
+            draft_ms=sent.draft_ms,
+            draft_steps=sent.steps,
             verify_ms=verdict.verify_ms + verdict.queue_ms,
             mismatches=len(verdict.hidden_requested) if upload == "sh" else None,
         )
@@ -351,8 +404,8 @@ class SpeculativeSession:
             bonus=verdict.bonus,
             committed=len(new),
             wasted=len(block) - a,
-            draft_ms=draft_ms,
-            draft_steps=steps,
+            draft_ms=sent.draft_ms,
+            draft_steps=sent.steps,
             round_trip_ms=(t2 - t1) * 1e3,
             server_verify_ms=verdict.verify_ms,
             server_queue_ms=verdict.queue_ms,
@@ -367,15 +420,38 @@ class SpeculativeSession:
         self._round_index += 1
         return new, stats, verdict.context_full
 
+    # -- through an outage ---------------------------------------------------------------
+
     def resilient_round(self, limit: int) -> tuple[list[int], RoundStats, bool, Resumed | None]:
         """`round`, tried again through an outage (see the module's docstring): the round's
         tokens, figures and whether the context is full, and the outage it came through, if any."""
-        (new, stats, full), resumed = self._through_outages(lambda: self.round(limit))
+        return _drain(self._round_through_outages(limit, ahead=0))
+
+    def _round_through_outages(
+        self, limit: int, *, ahead: int
+    ) -> Generator[Provisional, None, tuple[list[int], RoundStats, bool, Resumed | None]]:
+        """A round, tried again through an outage; while the verifier is silent (it has not
+        answered for `draft_ahead_after` seconds, or failed) and `on_disconnect` is "draft",
+        the device drafts up to `ahead` tokens past the output, yielding each `Provisional`."""
+        if self.session_id is None:
+            raise EdgekitError("the session is not open")
+
+        def attempt() -> Generator[Provisional, None, tuple[list[int], RoundStats, bool]]:
+            with self._shared.lock:
+                self._hold_draft()
+                sent = self._request(limit)
+                verdict, t1, t2 = yield from self._verify_drafting_ahead(sent.request, limit, ahead)
+                return self._apply(sent, verdict, t1, t2)
+
+        (new, stats, full), resumed = yield from self._through_outages(attempt, limit=limit, ahead=ahead)
         return new, stats, full, resumed
 
-    def _through_outages(self, call: Callable[[], T]) -> tuple[T, Resumed | None]:
-        """`call()`, tried again with back-off while the verifier is lost, the session reopened
-        first where the verifier no longer knows it; its result, and the outage if there was one."""
+    def _through_outages(
+        self, attempt: Callable[[], Generator[Provisional, None, T]], *, limit: int = 1, ahead: int = 0
+    ) -> Generator[Provisional, None, tuple[T, Resumed | None]]:
+        """`attempt()`, tried again with back-off while the verifier is lost, the session reopened
+        first where the verifier no longer knows it; its result, and the outage if there was one.
+        Between tries the device drafts ahead (see `_round_through_outages`)."""
         backoff: Backoff | None = None
         reopen = False
         reprefilled = 0
@@ -385,13 +461,16 @@ class SpeculativeSession:
                 if reopen:
                     reprefilled += self.reopen()
                     reopen = False
-                result = call()
+                result = yield from attempt()
             except EdgekitError as exc:
+                if self.retry.on_disconnect == "fail":
+                    raise
                 backoff = backoff or Backoff(self.retry)
-                backoff.wait(exc)  # raises once it is not worth trying again
+                delay = backoff.next_delay(exc)  # raises once it is not worth trying again
                 reasons.append(type(exc).__name__)
                 # The verifier lost the session (restarted, evicted) or disagrees about it: open it again.
                 reopen = reopen or isinstance(exc, (SessionNotFoundError, StaleRoundError))
+                yield from self._wait_drafting_ahead(delay, limit, ahead)
                 continue
             if backoff is None:
                 return result, None
@@ -400,6 +479,58 @@ class SpeculativeSession:
                 causes=tuple(dict.fromkeys(reasons)),
             )
             return result, resumed
+
+    def _drafts_ahead(self, ahead: int) -> bool:
+        return self.retry.on_disconnect == "draft" and ahead > 0
+
+    def _verify_drafting_ahead(
+        self, request: BlockRequest, limit: int, ahead: int
+    ) -> Generator[Provisional, None, tuple[VerifyResult, float, float]]:
+        """The verify call; when drafting ahead, on a thread of its own, the device drafting
+        past the block once the call has been silent for `draft_ahead_after` seconds."""
+        if not self._drafts_ahead(ahead):
+            return self._verify(request)
+        call = _Background(lambda: self._verify(request))
+        if not call.wait(self.retry.draft_ahead_after):
+            while not call.wait(0):
+                event = self._draft_ahead(limit, ahead)
+                if event is None:
+                    call.wait()
+                    break
+                yield event
+        return call.result()
+
+    def _wait_drafting_ahead(self, delay: float, limit: int, ahead: int) -> Iterator[Provisional]:
+        """Waits `delay` seconds before trying again, drafting ahead meanwhile where it may."""
+        until = time.monotonic() + delay
+        while self._drafts_ahead(ahead) and time.monotonic() < until:
+            with self._shared.lock:
+                self._hold_draft()
+                event = self._draft_ahead(limit, ahead)
+            if event is None:
+                break
+            yield event
+        time.sleep(max(0.0, until - time.monotonic()))
+
+    def _draft_ahead(self, limit: int, ahead: int) -> Provisional | None:
+        """Drafts one more block past the chain (under the shared lock), or None when the chain
+        is as long as it may be: `ahead` tokens, the context, or an end of text."""
+        chain = self._chain
+        free = min(ahead, self.max_context - 2 - len(self.tokens)) - len(chain)
+        ended = len(chain) and self.config.stop_at_eos and self.draft.is_eog(chain.tokens[-1])
+        if free < 2 or ended:
+            return None
+        guess = len(chain) > 0
+        chain.add(self._draft_block(self.controller.window(min(limit, free - int(guess))), guess=guess))
+        return self._provisional()
+
+    def _provisional(self) -> Provisional:
+        """The chain as a `Provisional` event (all of it is shown from now on)."""
+        chain = self._chain
+        self.provisional_shown += max(0, len(chain) - chain.shown)
+        chain.shown = len(chain)
+        decoder = TextDecoder(self.draft)
+        return Provisional(decoder.feed(chain.tokens) + decoder.flush(), tuple(chain.tokens))
 
     def stream(self, max_tokens: int | None = None, *, prefill_ms: float = 0.0) -> Iterator[Event]:
         """Rounds until EOS, `max_tokens` or a full context, as events."""
@@ -417,6 +548,8 @@ class SpeculativeSession:
         text_parts: list[str] = []
         start = time.perf_counter()
         finish: str | None = None
+        self.provisional_shown = self.provisional_kept = 0
+        showing = False  # whether the consumer was last shown provisional tokens
         while finish is None:
             remaining = max_tokens - len(out)
             room = self.max_context - len(self.tokens) - 1  # base + K + 1 must fit
@@ -427,7 +560,10 @@ class SpeculativeSession:
             limit = max(1, min(self.server.max_block, room, remaining - 1))
             if self._budget:
                 limit = min(limit, self._budget)  # the verifier's assigned budget bounds every policy
-            new, rstats, context_full, resumed = self.resilient_round(limit)
+            shown = self.provisional_shown
+            ahead = min(self.retry.max_provisional, remaining)
+            new, rstats, context_full, resumed = yield from self._round_through_outages(limit, ahead=ahead)
+            showing = showing or self.provisional_shown > shown
             if resumed is not None:
                 stats.add_outage(resumed)
                 yield resumed
@@ -452,15 +588,57 @@ class SpeculativeSession:
             if text or emitted:
                 text_parts.append(text)
                 yield TextDelta(text, tuple(emitted))
+            if showing:  # what is still ahead of the output, or nothing
+                ahead_now = self._provisional() if finish is None else Provisional("", ())
+                showing = bool(ahead_now.token_ids)
+                yield ahead_now
             yield RoundEvent(rstats)
         tail = decoder.flush()
         if tail:
             text_parts.append(tail)
             yield TextDelta(tail, ())
         stats.completion_tokens = len(out)
+        stats.provisional_tokens, stats.provisional_kept = self.provisional_shown, self.provisional_kept
         stats.elapsed_s = time.perf_counter() - start + prefill_ms / 1e3
         stats.finish_reason = finish
         yield FinalStats(stats, tuple(out), "".join(text_parts))
+
+
+def _drain(steps: Generator[Any, None, T]) -> T:
+    """Runs a generator to its end, dropping what it yields; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+class _Background:
+    """A call on a thread of its own, so that the caller can work while it runs."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = call()
+            except BaseException as exc:  # handed to the caller
+                self._error = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name="edgekit-verify", daemon=True).start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def result(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _check_upload(config: GenerationConfig, server: ServerInfo, address: str) -> None:

@@ -1,5 +1,9 @@
 """`DelayProxy`: a TCP relay that delays each direction by half the RTT, with
-jitter and retransmission-style loss, preserving byte order (as TCP does)."""
+jitter and retransmission-style loss, preserving byte order (as TCP does), and
+that can lose the link altogether for a while (`outage`): "reset" cuts every
+connection and refuses new ones (a restarted verifier, an interface that went
+down), "silent" holds every byte until the link is back (out of radio range:
+TCP retransmits what was sent once the path returns, new connections hang)."""
 
 from __future__ import annotations
 
@@ -45,6 +49,9 @@ class DelayProxy:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="delay-proxy", daemon=True)
         self._ready = threading.Event()
+        self.down: str | None = None  # None, or the kind of outage under way
+        self._up = asyncio.Event()  # set while the link is up (used in the proxy's loop only)
+        self._writers: set[asyncio.StreamWriter] = set()
 
     def start(self) -> DelayProxy:
         self._thread.start()
@@ -57,6 +64,16 @@ class DelayProxy:
         self.bytes_up = self.bytes_down = self.losses = 0
         if seed is not None:
             self._rng.seed(seed)
+
+    def outage(self, kind: str = "reset") -> None:
+        """Loses the link until `restore()`: "reset" or "silent" (see the module's docstring)."""
+        if kind not in ("reset", "silent"):
+            raise ValueError(f"an outage is 'reset' or 'silent', not {kind!r}")
+        self._loop.call_soon_threadsafe(self._go_down, kind)
+
+    def restore(self) -> None:
+        """Brings the link back; held bytes flow again, in order."""
+        self._loop.call_soon_threadsafe(self._come_up)
 
     def close(self) -> None:
         if self._loop.is_running():
@@ -79,8 +96,20 @@ class DelayProxy:
 
     # -- inside the loop ------------------------------------------------------------
 
+    def _go_down(self, kind: str) -> None:
+        self.down = kind
+        self._up.clear()
+        if kind == "reset":
+            for w in list(self._writers):
+                w.transport.abort()  # RST: both ends see the connection fail at once
+
+    def _come_up(self) -> None:
+        self.down = None
+        self._up.set()
+
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._up.set()
 
         async def serve() -> None:
             await asyncio.start_server(self._handle, sock=self._sock)
@@ -108,11 +137,15 @@ class DelayProxy:
             writer.close()  # the proxy is closing
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down == "reset":
+            writer.transport.abort()  # connection refused, as a host that is gone answers
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
             writer.close()
             return
+        self._writers.update((writer, up_writer))
         for w in (writer, up_writer):
             sock = w.get_extra_info("socket")
             if sock is not None:
@@ -130,6 +163,8 @@ class DelayProxy:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                if not self._up.is_set():  # a silent outage: the bytes go when the path is back
+                    await self._up.wait()
                 writer.write(data)
                 await writer.drain()
             writer.close()
@@ -151,3 +186,4 @@ class DelayProxy:
             await sender
         except (ConnectionError, OSError):
             pass
+        self._writers.discard(writer)

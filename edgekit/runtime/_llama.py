@@ -47,6 +47,23 @@ def _init_backend() -> None:
             _backend_ready = True
 
 
+_amx_ok: bool | None = None
+
+
+def _extra_buffers_ok() -> bool:
+    """Whether llama.cpp's extra CPU buffer types (repacked weights) may be used.
+
+    Where the CPU backend is built with AMX (`AMX_INT8 = 1` in its system info), those
+    include the AMX buffer type, whose matmul crashed (SIGSEGV in ggml_backend_amx_mul_mat)
+    on the first decode on an Intel Xeon with AMX, llama-cpp-python 0.3.36, for both gemma
+    models: there the weights stay in their file layout (slower, correct) unless EDGEKIT_AMX=1."""
+    global _amx_ok
+    if _amx_ok is None:
+        built_with_amx = "AMX_INT8 = 1" in _lc.llama_print_system_info().decode(errors="replace")
+        _amx_ok = not built_with_amx or os.environ.get("EDGEKIT_AMX", "") in ("1", "true", "yes")
+    return _amx_ok
+
+
 def default_threads() -> int:
     env = os.environ.get("EDGEKIT_THREADS")
     if env:
@@ -67,7 +84,7 @@ class LlamaModel:
         self.name = name or self.path.stem
         params = _lc.llama_model_default_params()
         params.use_mmap = True
-        params.use_extra_bufts = repack
+        params.use_extra_bufts = repack and _extra_buffers_ok()
         model = _lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
             # A NULL here must never reach llama.cpp again: it would segfault later.

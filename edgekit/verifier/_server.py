@@ -140,7 +140,11 @@ class VerifierServer:
         # (RESOURCE_EXHAUSTED) before it is read into memory.
         hard_cap = c.max_message_bytes + 64 * 1024
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=c.workers, thread_name_prefix="edgekit-verifier"),
+            # A handler per session and a few for handshakes and health: with fewer, calls would queue in
+            # gRPC's pool, in arrival order, before the scheduler could see them.
+            futures.ThreadPoolExecutor(
+                max_workers=max(c.workers, c.max_sessions + 8), thread_name_prefix="edgekit-verifier"
+            ),
             interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", hard_cap),

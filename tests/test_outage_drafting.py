@@ -1,0 +1,326 @@
+"""Drafting through an outage, on the toy verifier: while no verifier answers, the
+device drafts ahead and streams it as provisional; when one answers again, the
+accepted prefix is kept and the rest replaced by the target's tokens, so output
+stays token-identical to target-only decoding. Also the chain's bookkeeping, the
+sampling argument behind keeping a chain past a whole-block verdict, and the chat's
+dimmed provisional text. The measurement with the link emulator is
+benchmarks/outage.py."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from edgekit import ClientConfig, EdgeClient, FinalStats, GenerationConfig, Provisional, Resumed, TextDelta
+from edgekit.client._ahead import DraftChain, DraftedBlock
+from edgekit.errors import VerifierUnavailableError
+from edgekit.protocol import SparseDistribution, accept_sampling, target_probs
+from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_verifier
+
+FAST = dict(retry_for=10.0, retry_initial=0.01, retry_max=0.05)
+
+
+class Outage(InProcessTransport):
+    """The toy verifier behind a link that goes away at the `at`-th Verify for `seconds`:
+    "reset" refuses every call meanwhile (a restart, an interface down); "silent" holds
+    the call and answers once the link is back (packets dropped and retransmitted)."""
+
+    def __init__(self, target: ToyLanguageModel, config: ClientConfig, *, at: int, seconds: float, kind: str):
+        super().__init__(toy_verifier(target).service, config=config)
+        self.at, self.seconds, self.kind = at, seconds, kind
+        self.calls = 0
+        self.down_until = 0.0
+        self.blocks: list[int] = []
+
+    def verify(self, block):
+        self.calls += 1
+        if self.calls == self.at:
+            self.down_until = time.monotonic() + self.seconds
+        wait = self.down_until - time.monotonic()
+        if wait > 0:
+            if self.kind == "reset":
+                raise VerifierUnavailableError("connection refused", address=self.address)
+            time.sleep(wait)
+        self.blocks.append(len(block.draft_tokens))
+        return super().verify(block)
+
+
+def _target() -> ToyLanguageModel:
+    return ToyLanguageModel(seed=3, eos_bias=-4.0)
+
+
+def _run(*, noise: float, kind: str = "reset", seconds: float = 0.4, on_disconnect: str = "draft",
+         max_tokens: int = 60, **config) -> tuple[list, Outage]:
+    cfg = ClientConfig(on_disconnect=on_disconnect, draft_ahead_after=0.05, **(FAST | config))
+    transport = Outage(_target(), cfg, at=3, seconds=seconds, kind=kind)
+    draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=noise, eos_bias=-4.0))
+    gen = GenerationConfig(draft_k=4, max_tokens=max_tokens, stop_at_eos=False)
+    client = EdgeClient(transport, draft_model=draft, generation=gen, config=cfg)
+    return list(client.generate("through the outage")), transport
+
+
+def _reference(max_tokens: int = 60) -> tuple[int, ...]:
+    transport = toy_verifier(_target())
+    client = EdgeClient(transport, draft_model=FakeDraftModel(_target()),
+                        generation=GenerationConfig(max_tokens=max_tokens, stop_at_eos=False))
+    return client.generate_target_only("through the outage").until_done().token_ids
+
+
+@pytest.mark.parametrize("kind", ["reset", "silent"])
+@pytest.mark.parametrize("noise", [0.0, 1.5])
+def test_drafting_through_an_outage_is_lossless(kind, noise):
+    events, _ = _run(noise=noise, kind=kind)
+    final = events[-1]
+    assert isinstance(final, FinalStats)
+    assert final.token_ids == _reference()  # the provisional tokens never reached the output unverified
+    provisional = [e for e in events if isinstance(e, Provisional)]
+    assert provisional and max(len(p.token_ids) for p in provisional) > 8
+    assert final.stats.provisional_tokens >= max(len(p.token_ids) for p in provisional)
+    assert 0 <= final.stats.provisional_kept <= final.stats.provisional_tokens
+    assert [isinstance(e, Resumed) for e in events].count(True) == (kind == "reset")
+    # Each Provisional holds what is drafted past the output at that moment: with a draft that is
+    # always right, the output so far followed by it is the reference's beginning.
+    out: list[int] = []
+    for e in events:
+        if isinstance(e, TextDelta):
+            out += e.token_ids
+        elif isinstance(e, Provisional) and e.token_ids and noise == 0.0:
+            assert tuple(out) + e.token_ids == _reference()[: len(out) + len(e.token_ids)]
+
+
+def test_with_a_draft_that_is_always_right_every_provisional_token_is_kept():
+    events, transport = _run(noise=0.0, seconds=0.3)
+    final = events[-1]
+    assert final.stats.provisional_tokens > 8
+    assert final.stats.provisional_kept == final.stats.provisional_tokens
+    # Sent as the controller cut them, one block per round after the outage: no block past draft_k.
+    assert max(transport.blocks) <= 4
+    last_provisional = [e for e in events if isinstance(e, Provisional)][-1]
+    assert last_provisional.token_ids == ()  # the stream says when nothing is ahead any more
+
+
+def test_provisional_tokens_past_the_first_mistake_are_replaced_by_the_targets():
+    events, _ = _run(noise=3.0, seconds=0.3)
+    final = events[-1]
+    assert final.token_ids == _reference()
+    assert final.stats.provisional_kept < final.stats.provisional_tokens  # a noisy draft loses some
+
+
+def test_drafting_ahead_stops_at_the_cap_and_at_the_answers_length():
+    events, _ = _run(noise=0.0, seconds=0.3, max_provisional=10)
+    assert max(len(e.token_ids) for e in events if isinstance(e, Provisional)) <= 10
+    # The outage begins at the third round, after two rounds of five tokens: 14 are left to write.
+    events, _ = _run(noise=0.0, seconds=0.3, max_tokens=24)
+    assert 0 < max(len(e.token_ids) for e in events if isinstance(e, Provisional)) <= 14
+    assert events[-1].token_ids == _reference(24)
+
+
+def test_wait_retries_without_drafting_and_fail_gives_up_at_once():
+    events, _ = _run(noise=1.5, on_disconnect="wait")
+    assert not [e for e in events if isinstance(e, Provisional)]
+    assert events[-1].token_ids == _reference()
+    with pytest.raises(VerifierUnavailableError):
+        _run(noise=1.5, on_disconnect="fail")
+
+
+def test_a_verifier_that_answers_in_time_never_sees_provisional_tokens():
+    cfg = ClientConfig(draft_ahead_after=5.0, **FAST)
+    transport = Outage(_target(), cfg, at=10**6, seconds=0, kind="reset")
+    client = EdgeClient(transport, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5)),
+                        generation=GenerationConfig(max_tokens=40, stop_at_eos=False), config=cfg)
+    events = list(client.generate("through the outage"))
+    assert not [e for e in events if isinstance(e, Provisional)]
+    assert events[-1].stats.provisional_tokens == 0
+
+
+def test_the_verify_call_runs_beside_the_drafting():
+    """While the call is silent the device drafts: the call is on another thread."""
+    seen: list[str] = []
+
+    class Spy(Outage):
+        def verify(self, block):
+            seen.append(threading.current_thread().name)
+            return super().verify(block)
+
+    cfg = ClientConfig(draft_ahead_after=0.05, **FAST)
+    transport = Spy(_target(), cfg, at=2, seconds=0.2, kind="silent")
+    client = EdgeClient(transport, draft_model=FakeDraftModel(_target()),
+                        generation=GenerationConfig(max_tokens=30, stop_at_eos=False), config=cfg)
+    client.generate("through the outage").until_done()
+    assert seen and all(name == "edgekit-verify" for name in seen)
+
+
+# -- the chain ------------------------------------------------------------------------
+
+
+def _block(tokens, ms=4.0, steps=None):
+    return DraftedBlock(list(tokens), draft_ms=ms, steps=len(tokens) if steps is None else steps)
+
+
+def test_a_whole_block_and_its_guess_leave_the_rest_of_the_chain_standing():
+    chain = DraftChain(base=10)
+    chain.add(_block([1, 2, 3]))
+    chain.add(_block([4, 5, 6, 7], ms=8.0))  # guess 4, then the block 5 6 7
+    assert chain.front(8).tokens == [1, 2, 3]
+    assert chain.advance(3, 3, 4) == 4  # all accepted, the verifier's token is the guess
+    assert (chain.base, chain.tokens, chain.ends) == (14, [5, 6, 7], [3])
+    front = chain.front(8)
+    assert front.tokens == [5, 6, 7] and front.draft_ms == 8.0
+    assert chain.advance(3, 1, 9) == 1  # a mismatch: the rest is void
+    assert (chain.base, chain.tokens, chain.ends) == (16, [], [])
+
+
+def test_a_block_cut_short_keeps_the_rest_as_a_block():
+    chain = DraftChain(base=0)
+    chain.add(_block([1, 2, 3, 4, 5], ms=10.0, steps=6))
+    front = chain.front(2)
+    assert front.tokens == [1, 2] and front.draft_ms == pytest.approx(4.0)
+    assert chain.advance(2, 2, 3) == 3  # token 3 was the guess of the cut
+    assert chain.tokens == [4, 5] and chain.ends == [2] and chain.front(8).draft_ms == pytest.approx(6.0)
+    assert chain.advance(2, 2, 7) == 2 and chain.tokens == []  # no guess: the verifier's token ends the chain
+    empty = DraftChain(base=5)
+    empty.add(_block([], steps=1))  # a controller may stop before the first token
+    assert empty.front(4).tokens == [] and empty.front(4).steps == 1
+
+
+# -- sampling: keeping a chain past a whole-block verdict is lossless -------------------
+
+
+def test_a_chain_kept_when_the_bonus_equals_the_drafted_guess_commits_tokens_distributed_as_the_target():
+    """Draft x1 ~ q, guess g ~ q(.|x1), x3 ~ q(.|x1,g); verify [x1]; if it is accepted and the
+    verifier's next token is g, verify [x3] next, else draft again from what was committed.
+    The first three committed tokens must be distributed as the target's (chi-square, p > 0.001)."""
+    vocab, trials = 4, 40_000
+    rng = np.random.default_rng(11)
+    logits = {}
+
+    def p_logits(ctx):
+        if ctx not in logits:
+            logits[ctx] = rng.normal(0, 1.2, vocab).astype(np.float32)
+        return logits[ctx]
+
+    qs = {}
+
+    def q(ctx):
+        if ctx not in qs:
+            probs = rng.dirichlet(np.ones(vocab)).astype(np.float32)
+            qs[ctx] = SparseDistribution(np.arange(vocab, dtype=np.int32), probs)
+        return qs[ctx]
+
+    def round_(ctx, block, dists, draw):
+        rows = np.stack([p_logits(ctx + tuple(block[:i])) for i in range(len(block) + 1)])
+        a, nxt = accept_sampling(rows, block, dists, 1.0, draw)
+        return list(block[:a]) + [nxt], a == len(block)
+
+    draw = np.random.default_rng(12)
+    counts = np.zeros((vocab,) * 3)
+    for _ in range(trials):
+        x1 = q(()).sample(draw)
+        g = q((x1,)).sample(draw)
+        x3 = q((x1, g)).sample(draw)
+        out, whole = round_((), [x1], [q(())], draw)
+        if whole and out[-1] == g:
+            more, _ = round_(tuple(out), [x3], [q(tuple(out))], draw)
+            out += more
+        while len(out) < 3:  # rounds drafting afresh
+            y = q(tuple(out)).sample(draw)
+            more, _ = round_(tuple(out), [y], [q(tuple(out))], draw)
+            out += more
+        counts[tuple(out[:3])] += 1
+    exact = np.zeros_like(counts)
+    for a in range(vocab):
+        for b in range(vocab):
+            for c in range(vocab):
+                exact[a, b, c] = (target_probs(p_logits(()), 1.0)[a] * target_probs(p_logits((a,)), 1.0)[b]
+                                  * target_probs(p_logits((a, b)), 1.0)[c])
+    assert chisquare(counts.ravel(), exact.ravel() / exact.sum() * trials).pvalue > 1e-3
+
+
+# -- the chat's dimmed text -------------------------------------------------------------
+
+
+def test_the_chat_takes_back_provisional_text_over_wrapped_lines():
+    from rich.console import Console
+
+    from edgekit.cli.chat import _ProvisionalText
+
+    buf = io.StringIO()
+    out = Console(file=buf, force_terminal=True, width=10)
+    ahead = _ProvisionalText(out)
+    ahead.printed("hello ")  # the answer so far: the cursor is at column 6
+    ahead.show("provisional")  # 4 cells on this row, 7 on the next: one row down
+    ahead.clear()
+    assert buf.getvalue() == "\x1b[2mprovisional\x1b[0m\r\x1b[1A\x1b[7G\x1b[J"
+    ahead.show("")  # nothing ahead: nothing drawn, nothing to take back
+    ahead.clear()
+    assert buf.getvalue().endswith("\x1b[J")
+    piped = _ProvisionalText(Console(file=io.StringIO(), force_terminal=False))
+    piped.show("never on a pipe")
+    assert piped.out.file.getvalue() == ""
+
+
+# -- the emulator's outages -------------------------------------------------------------
+
+
+@pytest.fixture()
+def echo():
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=lambda c=conn: [c.sendall(d) for d in iter(lambda: c.recv(4096), b"")],
+                             daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()
+    server.close()
+
+
+def test_the_link_emulator_cuts_or_holds_the_link_during_an_outage(echo):
+    import socket
+
+    from edgekit.linkemu import DelayProxy
+
+    with DelayProxy(echo) as proxy:
+        host, port = proxy.address.split(":")
+        conn = socket.create_connection((host, int(port)), timeout=2)
+        conn.sendall(b"ping")
+        assert conn.recv(16) == b"ping"
+        proxy.outage("silent")  # bytes are held, not lost
+        time.sleep(0.1)
+        conn.sendall(b"held")
+        conn.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            conn.recv(16)
+        proxy.restore()
+        conn.settimeout(2)
+        assert conn.recv(16) == b"held"
+        proxy.outage("reset")  # the connection is cut, and new ones are refused
+        time.sleep(0.1)
+        with pytest.raises((ConnectionError, OSError)):
+            conn.sendall(b"x")
+            if not conn.recv(16):
+                raise ConnectionResetError("closed")
+        again = socket.create_connection((host, int(port)), timeout=2)
+        again.settimeout(1)
+        with pytest.raises((ConnectionError, OSError)):
+            again.sendall(b"x")
+            if not again.recv(16):
+                raise ConnectionResetError("closed")
+        proxy.restore()
+        back = socket.create_connection((host, int(port)), timeout=2)
+        back.sendall(b"back")
+        assert back.recv(16) == b"back"
+        with pytest.raises(ValueError):
+            proxy.outage("flaky")
