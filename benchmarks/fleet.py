@@ -23,6 +23,9 @@ system is a verifier policy, a device mode and a drafting policy:
     wisp            wisp (Algorithm 1 with the estimator), prefix reuse, the predictor
     wisp-fixed      wisp, prefix reuse, fixed window 4
     wisp-response   wisp with response budgets (--slo-budget response), prefix reuse, the predictor
+    goodspeed       fcfs, draft budgets by GOODSPEED's gradient scheduling (--budgets goodspeed); devices
+                    draft what they are given (--token-budget C, else the verifier's)
+    fixed-s         the same with C/N each;  random-s  with random shares (GOODSPEED's baselines)
 
 `sweep` runs systems over device counts and reports Cap(tau) per class (WISP
 eq. 20: the largest N whose violation rate stays within --epsilon), goodput
@@ -60,12 +63,35 @@ SYSTEMS: dict[str, tuple[str, str, str]] = {  # name: (verifier policy[/budget],
     "wisp": ("wisp", "speculative", "predictor"),
     "wisp-fixed": ("wisp", "speculative", "fixed"),
     "wisp-response": ("wisp/response", "speculative", "predictor"),  # response budgets (--slo-budget response)
+    # Draft budgets the verifier assigns (GOODSPEED, issue 17): devices draft what they are given.
+    "goodspeed": ("fcfs+goodspeed", "speculative", "budget"),
+    "fixed-s": ("fcfs+fixed", "speculative", "budget"),
+    "random-s": ("fcfs+random", "speculative", "budget"),
 }
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def traces_path(pair: str, tokens: int = 48) -> Path:
     return RESULTS / (f"fleet_traces_{pair}.json" if tokens == 48 else f"fleet_traces_{pair}_{tokens}.json")
+
+
+def machine_traces(pair: str, tokens: int = 48, threads: int | None = None) -> tuple[list, dict]:
+    """The pair's traces as the target decodes on this machine. A trace holds the target's greedy
+    output, and greedy output can differ between CPUs (their kernels round differently, and a near
+    tie goes the other way): traces recorded on another CPU failed the faithfulness check on an
+    Intel Xeon from the 5th target token on. Those are recorded again here, once, beside them."""
+    path = traces_path(pair, tokens)
+    traces, meta = load_traces(path)
+    cpu = C.machine()["cpu"]
+    if meta.get("machine", {}).get("cpu") == cpu:
+        return traces, meta
+    slug = "".join(ch if ch.isalnum() else "-" for ch in cpu.lower()).strip("-")
+    here = path.with_name(f"{path.stem}-{slug}.json")
+    if not here.exists():
+        print(f"the traces in {path.name} were recorded on {meta.get('machine', {}).get('cpu')!r}; recording "
+              f"them on this {cpu!r} into {here.name}", file=sys.stderr)
+        record(pair, len(traces), tokens, meta.get("window", 8), threads, here)
+    return load_traces(here)
 
 
 # -- recording -------------------------------------------------------------------------------
@@ -138,11 +164,14 @@ def serve_process(serve_args: list[str], log: Path | None):
 
 
 @contextmanager
-def verifier(pair: str, policy: str, max_sessions: int, threads: int | None, numerics: str, log: Path | None):
-    """The pair's verifier under `policy` ("fcfs", "wisp", "wisp/response"); yields its address."""
+def verifier(pair: str, policy: str, max_sessions: int, threads: int | None, numerics: str, log: Path | None,
+             token_budget: int = 0):
+    """The pair's verifier under `policy` ("fcfs", "wisp", "wisp/response", and "+goodspeed",
+    "+fixed" or "+random" for draft budgets it assigns, C = `token_budget` or auto); its address."""
+    policy, _, budgets = policy.partition("+")
     policy, _, budget = policy.partition("/")
     args = ["--pair", pair, "--policy", policy, "--max-sessions", str(max_sessions), "--numerics", numerics,
-            "--slo-budget", budget or "round"]
+            "--slo-budget", budget or "round", "--budgets", budgets or "none", "--token-budget", str(token_budget)]
     if threads:
         args += ["--threads", str(threads)]
     with serve_process(args, log) as served:
@@ -189,6 +218,8 @@ def device_specs(n: int, seed: int, classes: dict[str, float], speed_range: tupl
 
 
 def controller_factory(drafting: str, pair: str, max_window: int, k: int):  # type: ignore[no-untyped-def]
+    if drafting == "budget":  # the verifier's budget decides: draft all of it
+        return lambda: FixedWindow(max_window)
     if drafting != "predictor":
         return lambda: FixedWindow(k)
     from edgekit.predictors.runtime import OnnxPredictor
@@ -248,7 +279,7 @@ def attribution(fleet: Fleet, window: int = 20, rho: float = 1.5) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> dict:
-    traces, meta = load_traces(traces_path(args.pair))
+    traces, meta = machine_traces(args.pair, threads=args.threads)
     policy = SYSTEMS[args.system][0]
     with _maybe_verifier(args, policy) as address:
         fleet = run_fleet(address, args.system, args.devices, args, traces, meta)
@@ -266,7 +297,8 @@ def _maybe_verifier(args: argparse.Namespace, policy: str):
         yield args.verifier
         return
     log = RESULTS / f"fleet_serve_{args.pair}_{policy.replace('/', '-')}.log"
-    with verifier(args.pair, policy, max(args.max_sessions, 2), args.threads, args.numerics, log) as address:
+    with verifier(args.pair, policy, max(args.max_sessions, 2), args.threads, args.numerics, log,
+                  getattr(args, "token_budget", 0)) as address:
         yield address
 
 
@@ -282,7 +314,7 @@ def capacity(curve: list[tuple[int, float]], epsilon: float) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> dict:
-    traces, meta = load_traces(traces_path(args.pair))
+    traces, meta = machine_traces(args.pair, threads=args.threads)
     devices = C.csv_list(args.devices, int)
     systems = C.csv_list(args.systems)
     results: dict[str, dict] = {}
@@ -409,6 +441,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--threads", type=int, default=None)
         p.add_argument("--numerics", default="exact")
         p.add_argument("--max-sessions", type=int, default=16)
+        p.add_argument("--token-budget", type=int, default=0, help="C of the budget systems (0: the verifier's auto)")
     sub.choices["run"].add_argument("--system", default="fcfs", choices=list(SYSTEMS))
     sub.choices["run"].add_argument("--devices", type=int, default=8)
     sub.choices["sweep"].add_argument("--systems", default="sled,fcfs,centralized,wisp")

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import _common as C
 import grpc
-from _fuzz import ALLOWED, METHODS, call, requests
+from _fuzz import ALLOWED, METHODS, Aim, call, mutated, requests
 from fleet import _free_port, _wait_ready
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> dict:
         hs.draft_tokenizer.CopyFrom(fingerprint_to_pb(fp))
         probe_draft.close()
         opened: list[str] = []
+        aim = Aim()
 
         def open_one(prompt: list[int]) -> None:
             req = pb.OpenSessionRequest(prompt_tokens=prompt, draft_tokenizer=hs.draft_tokenizer,
@@ -126,9 +127,14 @@ def run(args: argparse.Namespace) -> dict:
         @given(st.data())
         def fuzz(data: st.DataObject) -> None:
             method = data.draw(st.sampled_from(sorted(METHODS)))
-            payload = data.draw(requests(method, vocab=vocab, sessions=lambda: opened, near=lambda: [4, 5, 6, 40],
-                                         long_lists=args.long_lists))
+            payload = data.draw(
+                requests(method, vocab=vocab, sessions=lambda: opened, near=lambda: [4, 5, 6, 40],
+                         long_lists=args.long_lists)
+                | mutated(method, vocab=vocab, fingerprint=hs.draft_tokenizer, hidden=hs.draft_hidden_size, aim=aim,
+                          long_lists=args.long_lists)
+            )
             code, details, answer = call(channel, method, payload, auth, timeout=120)
+            aim.learn(method, payload, code, answer)
             codes[method][code.name] += 1
             if method == "OpenSession" and code == grpc.StatusCode.OK:
                 opened.append(pb.OpenSessionResponse.FromString(answer).session_id)
@@ -144,7 +150,7 @@ def run(args: argparse.Namespace) -> dict:
         stop.set()
         client.join(300)
         peak = max(m for _, m in memory)
-        for sid in opened:  # the fuzzer's sessions close; the well-behaved client closed its own
+        for sid in {*opened, *aim.lengths}:  # the fuzzer's sessions close; the well-behaved client closed its own
             call(channel, "CloseSession", pb.CloseSessionRequest(session_id=sid).SerializeToString(), auth)
         time.sleep(2.0)
         rss1 = rss_mb(proc.pid)

@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C
-from _fleet import DeviceSpec, Fleet, load_traces
-from fleet import _draft_fingerprint, serve_process, traces_path
+from _fleet import DeviceSpec, Fleet
+from fleet import _draft_fingerprint, machine_traces, serve_process
 
 from edgekit.drafting import FixedWindow
 
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--out", default="load")
     args = ap.parse_args()
     C.print_machine()
-    traces, meta = load_traces(traces_path(args.pair))
+    traces, meta = machine_traces(args.pair, threads=args.threads)
     fingerprint = _draft_fingerprint(meta)
     serve = ["--pair", args.pair, "--max-sessions", str(args.devices), "--max-context", str(args.max_context),
              "--policy", args.policy] + (["--threads", str(args.threads)] if args.threads else [])

@@ -62,7 +62,7 @@ _HIDDEN_ENCODING = typer.Option("fp16", "--hidden-encoding", help="fp16, or int8
 _ON_DISCONNECT = typer.Option(
     None, "--on-disconnect",
     help="While no verifier answers: 'draft' keeps drafting ahead (shown as provisional text, verified when a "
-    "verifier answers again), 'wait' only tries again, 'fail' stops at once (default draft, or "
+    "verifier answers again), 'wait' only tries again, 'fail' stops at once (default wait, or "
     "EDGEKIT_ON_DISCONNECT).",
 )
 _RETRY_FOR = typer.Option(

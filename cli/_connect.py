@@ -15,7 +15,7 @@ def build_client(
     announce: bool = True,
     local_server=None,  # ServerConfig of the local verifier, when one is started
     retry_for: float | None = None,  # None: the config's (EDGEKIT_RETRY_FOR, or 60 s)
-    on_disconnect: str | None = None,  # None: the config's (EDGEKIT_ON_DISCONNECT, or "draft")
+    on_disconnect: str | None = None,  # None: the config's (EDGEKIT_ON_DISCONNECT, or "wait")
 ):
     from edgekit import ClientConfig, EdgeClient
 

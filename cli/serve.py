@@ -40,6 +40,10 @@ def serve(
     port: int = typer.Option(50551, "--port", min=0, max=65535, help="Port to listen on; 0 picks a free one."),
     max_sessions: int = typer.Option(16, "--max-sessions", min=1, help="Concurrent sessions (KV sequences)."),
     max_block: int = typer.Option(32, "--max-block", min=1, help="Longest draft block accepted in one round."),
+    max_generate_tokens: int = typer.Option(
+        4096, "--max-generate-tokens", min=1,
+        help="Most tokens one target-only Generate stream may ask for (a long one holds the engine a while).",
+    ),
     max_context: int = typer.Option(
         4096, "--max-context", min=256, help="Tokens per session; the KV cache holds max-context x max-sessions."
     ),
@@ -102,6 +106,16 @@ def serve(
     starvation: float = typer.Option(
         2.0, "--starvation", min=0.01, help="wisp: the longest any work waits before it goes first, in seconds."
     ),
+    budgets: str = typer.Option(
+        "none", "--budgets",
+        help="Draft budgets the verifier assigns each device per round: goodspeed (GOODSPEED's gradient scheduling: "
+        "proportional fairness of goodput), fixed (C/N each), random, or none (devices choose).",
+    ),
+    token_budget: int = typer.Option(
+        0, "--token-budget", min=0, metavar="C",
+        help="With --budgets: draft tokens per target pass over all sessions (0: the most whose predicted verify "
+        "time meets the active SLOs; 4 per session without SLOs).",
+    ),
     calibrate: bool = typer.Option(
         False, "--calibrate",
         help="Measure the verification-time estimator again on this machine (else: the cached calibration, measured "
@@ -120,7 +134,7 @@ def serve(
 ) -> None:
     """Serve a target model as an edgekit verifier (gRPC, edgekit.verifier.v1, with grpc.health.v1)."""
     from edgekit import ServerConfig
-    from edgekit.config import DEFAULT_SLO_CLASSES
+    from edgekit.config import DEFAULT_SLO_CLASSES, BudgetPolicyName
     from edgekit.verifier import VerifierServer
 
     _log_to_stderr(log_level.value)
@@ -129,6 +143,7 @@ def serve(
         port=port,
         max_sessions=max_sessions,
         max_block=max_block,
+        max_generate_tokens=max_generate_tokens,
         max_context=max_context,
         idle_timeout=idle_timeout,
         reclaim_after=reclaim_after,
@@ -146,6 +161,8 @@ def serve(
         slo_budget=cast(Literal["round", "response"], slo_budget),
         starvation_s=starvation,
         min_efficiency=min_efficiency,
+        budgets=cast(BudgetPolicyName, budgets),
+        token_budget=token_budget,
         calibrate="force" if calibrate else "auto",
         slo_classes=",".join(slo_class) if slo_class else dict(DEFAULT_SLO_CLASSES),
         metrics_port=metrics_port,
@@ -168,7 +185,8 @@ def serve(
     classes = ", ".join(f"{n} {s:g}" for n, s in server.service.slo.classes.items())
     estimator = server.service.estimator
     fitted = "calibrated" if estimator.calibrated else "learning from live batches"
-    note(f"scheduling: {policy.value}; SLO classes (tok/s): {classes}; time estimator {fitted}")
+    budget_note = "" if budgets == "none" else f"; draft budgets: {budgets}, C = {token_budget or 'auto'}"
+    note(f"scheduling: {policy.value}; SLO classes (tok/s): {classes}; time estimator {fitted}{budget_note}")
     if server.metrics_address is not None:
         note(f"metrics: http://{server.metrics_address}/metrics")
     stop = threading.Event()

@@ -1,21 +1,24 @@
 """Messages to fuzz the verifier with, and what it may answer (issue 16, item 5).
 
 Shared by tests/test_fuzz.py (a short run in CI) and benchmarks/fuzz.py (the long
-run). Two kinds of input per RPC: arbitrary bytes, and messages built field by
+run). Three kinds of input per RPC: arbitrary bytes; messages built field by
 field from the RPC's protobuf descriptor with hostile values (ids out of range,
 negative and huge numbers, NaN and infinities, unknown enum values, long strings
 and lists), where a session id is often a live session's and a position near its
-real one, so that the fuzz reaches the rounds and not only the first check.
+real one; and valid messages (the right fingerprint, a live session of the
+fuzzer's at its true position, `Aim`) with one or two fields mutated, so that the
+fuzz reaches the rounds and not only the first checks.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 from hypothesis import strategies as st
 
 from edgekit.protocol import SERVICE_NAME, pb
@@ -161,3 +164,125 @@ def call(
     except grpc.RpcError as exc:
         return exc.code(), exc.details() or "", b""
     return grpc.StatusCode.OK, "", answer
+
+
+# -- valid messages, mutated: deep enough to reach the rounds -----------------------------
+
+
+class Aim:
+    """The fuzzer's own sessions and their committed lengths, learnt from the answers it gets,
+    so that a message built from a valid one carries a live session id and its true base
+    position (and so passes the first checks and reaches the rounds)."""
+
+    def __init__(self) -> None:
+        self.lengths: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def pick(self, i: int) -> tuple[str, int] | None:
+        with self._lock:
+            items = sorted(self.lengths.items())
+        return items[i % len(items)] if items else None
+
+    def learn(self, method: str, payload: bytes, code: grpc.StatusCode, answer: bytes) -> None:
+        try:
+            request = METHODS[method].FromString(payload)
+        except DecodeError:
+            return
+        sid = getattr(request, "session_id", "")
+        with self._lock:
+            if code == grpc.StatusCode.NOT_FOUND:
+                self.lengths.pop(sid, None)
+            if code != grpc.StatusCode.OK:
+                return
+            if method == "OpenSession":
+                opened = pb.OpenSessionResponse.FromString(answer)
+                self.lengths[opened.session_id] = opened.committed_length
+            elif method == "CloseSession":
+                self.lengths.pop(sid, None)
+            elif sid in self.lengths and method == "ExtendSession":
+                self.lengths[sid] = pb.ExtendSessionResponse.FromString(answer).committed_length
+            elif sid in self.lengths and method == "Verify":
+                verified = pb.VerifyResponse.FromString(answer)
+                if verified.HasField("verdict"):
+                    self.lengths[sid] = verified.verdict.committed_length
+
+
+def _leaves(desc: Descriptor, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], FieldDescriptor]]:
+    """Every field a mutation may set: scalars and repeated scalars, one level into sub-messages."""
+    out = []
+    for f in desc.fields:
+        if f.type != FieldDescriptor.TYPE_MESSAGE:
+            out.append(((*prefix, f.name), f))
+        elif not _repeated(f) and not prefix:
+            out += _leaves(f.message_type, (f.name,))
+    return out
+
+
+def _valid(method: str, fingerprint: Message, hidden: int, prompt: list[int], block: list[int],
+           aim: tuple[str, int] | None) -> Message | None:
+    greedy = pb.SamplingParams(mode=pb.ACCEPTANCE_MODE_GREEDY)
+    if method == "Handshake":
+        return pb.HandshakeRequest(protocol_version=2, draft_tokenizer=fingerprint, draft_model="fuzz",
+                                   draft_hidden_size=hidden)
+    if method == "Ping":
+        return pb.PingRequest(payload=bytes(16), reply_bytes=16)
+    if method == "OpenSession":
+        return pb.OpenSessionRequest(prompt_tokens=prompt, sampling=greedy, draft_tokenizer=fingerprint,
+                                     draft_hidden_size=hidden)
+    if method == "Generate":
+        return pb.GenerateRequest(prompt_tokens=prompt, sampling=greedy, max_tokens=4)
+    if aim is None:
+        return None  # nothing live to aim at yet
+    sid, length = aim
+    if method == "ExtendSession":
+        return pb.ExtendSessionRequest(session_id=sid, base_position=length, tokens=block or prompt)
+    if method == "Verify":
+        return pb.VerifyRequest(session_id=sid, base_position=length, draft_tokens=block)
+    return pb.CloseSessionRequest(session_id=sid)
+
+
+def _set(msg: Message, path: tuple[str, ...], f: FieldDescriptor, value: object, aim: Aim) -> None:
+    for name in path[:-1]:
+        msg = getattr(msg, name)
+    if isinstance(value, _Live):
+        live = aim.pick(int(value))
+        value = ("" if live is None else live[0]) if f.type == FieldDescriptor.TYPE_STRING else (live or ("", 0))[1]
+    try:
+        if _repeated(f):
+            field = getattr(msg, path[-1])
+            del field[:]
+            field.extend(value)  # type: ignore[arg-type]
+        else:
+            setattr(msg, path[-1], value)
+    except (TypeError, ValueError):
+        pass  # a value protobuf itself refuses to hold (an int32 out of range): the field keeps its value
+
+
+def mutated(
+    method: str, *, vocab: int, fingerprint: Message, hidden: int, aim: Aim, long_lists: int = 3000
+) -> st.SearchStrategy[bytes]:
+    """A valid message for `method` (aimed at one of the fuzzer's live sessions, at its true
+    position), with none, one or two of its fields given a hostile value."""
+    leaves = _leaves(METHODS[method].DESCRIPTOR)
+    tokens = st.integers(1, vocab - 1)
+
+    def hostile(leaf: tuple[tuple[str, ...], FieldDescriptor]) -> st.SearchStrategy:
+        one = _scalar(leaf[1], vocab)
+        if _repeated(leaf[1]):
+            one = st.lists(one, max_size=12) | st.lists(one, min_size=min(200, long_lists), max_size=long_lists)
+        return one.map(lambda v: (leaf, v))
+
+    @st.composite
+    def built(draw: st.DrawFn) -> bytes:
+        target = draw(st.integers(0, 63))
+        prompt = draw(st.lists(tokens, min_size=1, max_size=24))
+        block = draw(st.lists(tokens, max_size=8))
+        changes = draw(st.lists(st.sampled_from(leaves).flatmap(hostile), max_size=2))
+        msg = _valid(method, fingerprint, hidden, prompt, block, aim.pick(target))
+        if msg is None:
+            return b""
+        for (path, f), value in changes:
+            _set(msg, path, f, value, aim)
+        return msg.SerializeToString()
+
+    return built()

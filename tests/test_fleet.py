@@ -108,3 +108,17 @@ def test_sixty_four_sessions_at_once_are_all_served_faithfully_and_all_closed(tr
         assert len(server.service.sessions) == 0  # every session was closed
         latencies = sorted(r.round_trip_ms for r in fleet.rounds)
         assert 0 < latencies[len(latencies) // 2] <= latencies[int(len(latencies) * 0.99)]
+
+
+def test_devices_draft_within_the_budgets_the_verifier_assigns(traces):
+    config = ServerConfig(port=0, max_sessions=8, max_context=256, max_block=6, calibrate="off",
+                          budgets="goodspeed", token_budget=7)
+    with VerifierServer(ToyEngine(TARGET, n_seq=8, max_context=256), config) as server:
+        fleet = Fleet(server.address, DRAFT.fingerprint(), traces, _specs(3), controller=lambda: FixedWindow(6),
+                      duration=2.0, max_window=6).run()
+        assert fleet.errors == [] and fleet.responses
+        assert all(r.drafted <= 6 for r in fleet.rounds)
+        # Once all three have sessions (they start within 0.5 s), they share C = 7: none may hold more
+        # than 7 - 2 (the others' floor of 1 each).
+        assert max(r.drafted for r in fleet.rounds if r.t > 1.0) <= 5
+        assert server.service.budgets.last_capacity == 7

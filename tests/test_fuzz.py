@@ -11,11 +11,12 @@ import threading
 
 import grpc
 import pytest
-from _fuzz import ALLOWED, METHODS, call, requests
+from _fuzz import ALLOWED, METHODS, Aim, call, mutated, requests
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
+from edgekit.protocol import fingerprint_to_pb
 from edgekit.testing import FakeDraftModel, ToyLanguageModel
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import ToyEngine, VerifierServer
@@ -69,14 +70,20 @@ def test_every_rpc_answers_hostile_input_with_a_status_and_the_good_client_goes_
     good = threading.Thread(target=_well_behaved, args=(server.address, stop, outcomes), daemon=True)
     good.start()
     seen: dict[str, set] = {m: set() for m in METHODS}
+    aim = Aim()
+    fingerprint = fingerprint_to_pb(FakeDraftModel(TARGET).fingerprint())
 
     @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None,
               phases=[Phase.generate])  # the server's state moves on: no replaying to shrink
     @given(st.data())
     def fuzz(data: st.DataObject) -> None:
         method = data.draw(st.sampled_from(sorted(METHODS)))
-        payload = data.draw(requests(method, vocab=TARGET.vocab_size, sessions=live, near=near))
-        code, details, _ = call(channel, method, payload, auth)
+        payload = data.draw(
+            requests(method, vocab=TARGET.vocab_size, sessions=live, near=near)
+            | mutated(method, vocab=TARGET.vocab_size, fingerprint=fingerprint, hidden=8, aim=aim)
+        )
+        code, details, answer = call(channel, method, payload, auth)
+        aim.learn(method, payload, code, answer)
         seen[method].add(code)
         assert code in ALLOWED, (method, code, details)
         assert code == grpc.StatusCode.OK or 0 < len(details) < 1000, (method, details)
@@ -87,6 +94,8 @@ def test_every_rpc_answers_hostile_input_with_a_status_and_the_good_client_goes_
         stop.set()
         good.join(60)
     assert all(seen.values()), seen  # every RPC was fuzzed
+    for method in ("OpenSession", "ExtendSession", "Verify", "CloseSession"):  # and deep: rounds were run
+        assert grpc.StatusCode.OK in seen[method], seen
     assert outcomes and all(o is True for o in outcomes), [o for o in outcomes if o is not True][:3]
     with GrpcTransport(server.address, ClientConfig(token=TOKENS["good"], timeout=5)) as t:
         assert t.health() == "SERVING"

@@ -129,7 +129,7 @@ def test_wait_retries_without_drafting_and_fail_gives_up_at_once():
 
 
 def test_a_verifier_that_answers_in_time_never_sees_provisional_tokens():
-    cfg = ClientConfig(draft_ahead_after=5.0, **FAST)
+    cfg = ClientConfig(on_disconnect="draft", draft_ahead_after=5.0, **FAST)
     transport = Outage(_target(), cfg, at=10**6, seconds=0, kind="reset")
     client = EdgeClient(transport, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5)),
                         generation=GenerationConfig(max_tokens=40, stop_at_eos=False), config=cfg)
@@ -147,7 +147,7 @@ def test_the_verify_call_runs_beside_the_drafting():
             seen.append(threading.current_thread().name)
             return super().verify(block)
 
-    cfg = ClientConfig(draft_ahead_after=0.05, **FAST)
+    cfg = ClientConfig(on_disconnect="draft", draft_ahead_after=0.05, **FAST)
     transport = Spy(_target(), cfg, at=2, seconds=0.2, kind="silent")
     client = EdgeClient(transport, draft_model=FakeDraftModel(_target()),
                         generation=GenerationConfig(max_tokens=30, stop_at_eos=False), config=cfg)
@@ -324,3 +324,83 @@ def test_the_link_emulator_cuts_or_holds_the_link_during_an_outage(echo):
         assert back.recv(16) == b"back"
         with pytest.raises(ValueError):
             proxy.outage("flaky")
+
+
+# -- what a review found ------------------------------------------------------------------
+
+
+class _StopAtOnce:
+    """A controller that never drafts: every block is empty."""
+
+    name = "stop-at-once"
+
+    def window(self, limit: int) -> int:
+        return limit
+
+    def draft_next(self, index, step):
+        return False
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+def _session(kind: str = "silent", seconds: float = 0.6, **config):
+    cfg = ClientConfig(on_disconnect="draft", draft_ahead_after=0.05, **(FAST | config))
+    transport = Outage(_target(), cfg, at=3, seconds=seconds, kind=kind)
+    client = EdgeClient(transport, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5, eos_bias=-4.0)),
+                        generation=GenerationConfig(max_tokens=60, draft_k=4, stop_at_eos=False), config=cfg)
+    return client, transport
+
+
+def test_a_controller_that_never_drafts_does_not_spin_through_an_outage():
+    client, _ = _session(max_provisional=12)
+    events = list(client.generate("through the outage", controller=_StopAtOnce()))
+    provisional = [e for e in events if isinstance(e, Provisional)]
+    assert len(provisional) <= 2 * 12 + 60  # bounded: each one drafted a token, up to the cap
+    assert events[-1].token_ids == _reference()
+
+
+def test_the_shared_draft_is_free_while_the_consumer_holds_a_provisional_event():
+    client, _ = _session()
+    session = client.session()
+    session.open(client.tokenize("through the outage"))
+    stream = session.stream()
+    first = next(e for e in stream if isinstance(e, Provisional))
+    assert first.token_ids
+    assert session._shared.lock.acquire(timeout=1.0)  # another session of the client could draft now
+    session._shared.lock.release()
+    rest = list(stream)
+    assert rest[-1].token_ids[-5:] == _reference()[-5:]
+
+
+def test_a_turn_after_an_answer_stopped_mid_round_reopens_the_session_in_step():
+    client, transport = _session(seconds=0.4)
+    session = client.session()
+    session.open(client.tokenize("through the outage"))
+    stream = session.stream()
+    next(e for e in stream if isinstance(e, Provisional))
+    stream.close()  # the consumer stops while the verify call is silent: the verifier applies it later
+    time.sleep(0.8)
+    session.extend(client.tokenize(" and more", special=False))  # StaleRound: reopened from its tokens
+    server = transport.service.sessions.get(session.session_id)
+    assert server.tokens == session.tokens
+
+
+def test_a_cut_that_leaves_only_the_guess_sends_no_empty_block():
+    chain = DraftChain(base=0)
+    chain.add(_block([1, 2, 3, 4, 5]))
+    assert chain.front(4).tokens == [1, 2, 3, 4]
+    chain.advance(4, 4, 5)  # token 5 was the guess: nothing of the block is left
+    assert chain.tokens == [] and chain.ends == []
+
+
+def test_new_upload_settings_void_what_was_drafted_ahead():
+    client, _ = _session()
+    session = client.session()
+    session.open(client.tokenize("through the outage"))
+    with session._shared.lock:
+        session._hold_draft()
+        session._chain.add(session._draft_block(4))
+    assert len(session._chain) and not session._chain.rows
+    session.reconfigure(upload="fh")
+    assert len(session._chain) == 0 and session.draft.n_past <= len(session.tokens)

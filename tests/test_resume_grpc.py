@@ -112,3 +112,35 @@ def test_sigterm_drains_the_verifier_finishing_the_answer_under_way(gemma_paths,
         assert b"draining" in proc.stderr.read()
     finally:
         _kill(proc)
+
+
+def test_killing_one_of_two_verifiers_fails_over_to_the_other_and_loses_nothing(gemma_paths, gemma_draft):
+    """Two verifiers of one target; the one in use is killed mid-answer and never comes back: the
+    session moves to the other (its fingerprint checked first), and the output is the target's own."""
+    ports = [_free_port(), _free_port()]
+    procs = [_serve(str(gemma_paths[1]), port) for port in ports]
+    try:
+        for port, proc in zip(ports, procs, strict=True):
+            _wait_serving(port, proc)
+        config = ClientConfig(timeout=20, retry_for=60, retry_initial=0.2, retry_max=1.0)
+        prompt = "The three primary colors are"
+        gen = GenerationConfig(max_tokens=48, draft_k=4)
+        verifiers = [f"127.0.0.1:{port}" for port in ports]
+        with EdgeClient(verifiers, draft_model=gemma_draft, config=config, generation=gen) as client:
+            reference = client.generate_target_only(prompt).until_done().token_ids
+            assert client.transport.address == verifiers[0]
+            events, rounds = [], 0
+            for event in client.generate(prompt):
+                events.append(event)
+                if isinstance(event, RoundEvent):
+                    rounds += 1
+                    if rounds == 3:
+                        _kill(procs[0])
+            assert client.transport.address == verifiers[1]
+        final = events[-1]
+        assert isinstance(final, FinalStats) and final.token_ids == reference
+        (resumed,) = [e for e in events if isinstance(e, Resumed)]
+        assert "SessionNotFoundError" in resumed.causes and resumed.reprefilled_tokens > 0
+    finally:
+        for proc in procs:
+            _kill(proc)

@@ -86,8 +86,9 @@ class DraftChain:
             del self.tokens[:used]
             del self.dists[: min(used, len(self.dists))]
             del self.rows[: min(used, len(self.rows))]
-            kept = [(e - used, c) for e, c in zip(self.ends, self.costs, strict=True) if e >= used]
-            if self.ends and self.ends[0] > sent:  # a cut block: its remainder keeps the rest of its cost
+            # A block ending at the guess leaves nothing: its end goes (no empty round is sent for it).
+            kept = [(e - used, c) for e, c in zip(self.ends, self.costs, strict=True) if e > used]
+            if self.ends and self.ends[0] > used:  # a cut block: its remainder keeps the rest of its cost
                 ms, steps = self.costs[0]
                 share = 1 - sent / self.ends[0]
                 kept[0] = (kept[0][0], (ms * share, max(1, round(steps * share))))

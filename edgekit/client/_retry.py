@@ -3,7 +3,8 @@
 A generation that loses its verifier mid-answer (it is unreachable, it missed a
 deadline, its queue or session table is full, or it no longer knows the session
 after a restart or an eviction) backs off and tries again until `retry_for`
-seconds have passed since the first failure: exponential delays from
+seconds have passed since the first failure (a session it no longer knows, or
+whose length it disagrees on, is reopened first): exponential delays from
 `retry_initial` to `retry_max`, each drawn from its upper half (jitter, so a
 fleet that lost the same verifier does not come back in step), and never
 shorter than the verifier's own retry hint. Anything else (a refused token, a
@@ -18,7 +19,13 @@ import time
 from collections.abc import Callable
 
 from ..config import ClientConfig
-from ..errors import EdgekitError, LimitExceededError, SessionNotFoundError, VerifierUnavailableError
+from ..errors import (
+    EdgekitError,
+    LimitExceededError,
+    SessionNotFoundError,
+    StaleRoundError,
+    VerifierUnavailableError,
+)
 
 __all__ = ["Backoff", "retryable"]
 
@@ -27,7 +34,9 @@ def retryable(exc: BaseException) -> bool:
     """Whether trying again (after a while, or with the session reopened) may succeed."""
     if isinstance(exc, LimitExceededError):
         return exc.retry_after is not None  # a full queue or table; a block or context limit is final
-    return isinstance(exc, (VerifierUnavailableError, SessionNotFoundError))
+    # A session the verifier lost, or whose committed length it no longer agrees on (a round it
+    # applied after its caller stopped waiting): reopened from the client's committed tokens.
+    return isinstance(exc, (VerifierUnavailableError, SessionNotFoundError, StaleRoundError))
 
 
 class Backoff:

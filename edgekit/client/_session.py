@@ -73,6 +73,9 @@ class SharedDraft:
         self.lock = threading.Lock()
         self._owner: weakref.ref[object] | None = None  # weak: a finished session need not stay alive
 
+    def owned_by(self, owner: object) -> bool:
+        return self._owner is not None and self._owner() is owner
+
     def claim(self, owner: object, tokens: Sequence[int]) -> None:
         """Makes the cache hold `tokens` but the last for `owner`; call under `lock`."""
         if self._owner is None or self._owner() is not owner:
@@ -161,6 +164,9 @@ class SpeculativeSession:
             return False
         config = replace(self.config, **changes)
         _check_upload(config, self.server, self.transport.address)
+        if any(k in self._DRAFTING or k == "upload" for k in changes):
+            with self._shared.lock:
+                self._void_chain()  # drafted under the old settings (without the rows an upload needs)
         self.config = config
         self.policy.configure(config)
         if any(k in self._DRAFTING for k in changes):
@@ -261,13 +267,17 @@ class SpeculativeSession:
     def _hold_draft(self) -> None:
         """Makes the draft model's KV this session's (call under the shared lock); a chain
         drafted for another point of the conversation (before a new turn) is void."""
-        chain = self._chain
-        if chain.base != len(self.tokens):
-            if len(chain):
-                self.draft.truncate(min(self.draft.n_past, chain.base))
-            chain.clear(len(self.tokens))
-            self._inflight = None
+        if self._chain.base != len(self.tokens):
+            self._void_chain()
         self._shared.claim(self, self._sequence())
+
+    def _void_chain(self) -> None:
+        """Drops what was drafted past the committed tokens, and the round in flight with it."""
+        chain = self._chain
+        if len(chain) and self._shared.owned_by(self):
+            self.draft.truncate(min(self.draft.n_past, chain.base))
+        chain.clear(len(self.tokens))
+        self._inflight = None
 
     def _pick(self, out: DraftOutput, block: DraftedBlock) -> int:
         """The draft's token from a step (argmax, or a sample whose distribution goes with it)."""
@@ -437,10 +447,19 @@ class SpeculativeSession:
             raise EdgekitError("the session is not open")
 
         def attempt() -> Generator[Provisional, None, tuple[list[int], RoundStats, bool]]:
+            if not self._drafts_ahead(ahead):  # the draft is this session's for the whole round
+                with self._shared.lock:
+                    self._hold_draft()
+                    sent = self._request(limit)
+                    return self._apply(sent, *self._verify(sent.request))
+            # Drafting ahead yields events mid-round: the lock is taken around each use of the
+            # draft, never held while the consumer has an event.
             with self._shared.lock:
                 self._hold_draft()
                 sent = self._request(limit)
-                verdict, t1, t2 = yield from self._verify_drafting_ahead(sent.request, limit, ahead)
+            verdict, t1, t2 = yield from self._verify_drafting_ahead(sent.request, limit, ahead)
+            with self._shared.lock:
+                self._hold_draft()
                 return self._apply(sent, verdict, t1, t2)
 
         (new, stats, full), resumed = yield from self._through_outages(attempt, limit=limit, ahead=ahead)
@@ -493,7 +512,9 @@ class SpeculativeSession:
         call = _Background(lambda: self._verify(request))
         if not call.wait(self.retry.draft_ahead_after):
             while not call.wait(0):
-                event = self._draft_ahead(limit, ahead)
+                with self._shared.lock:
+                    self._hold_draft()
+                    event = self._draft_ahead(limit, ahead)
                 if event is None:
                     call.wait()
                     break
@@ -520,8 +541,11 @@ class SpeculativeSession:
         ended = len(chain) and self.config.stop_at_eos and self.draft.is_eog(chain.tokens[-1])
         if free < 2 or ended:
             return None
-        guess = len(chain) > 0
-        chain.add(self._draft_block(self.controller.window(min(limit, free - int(guess))), guess=guess))
+        guess = bool(chain.ends)  # after a block (even an empty one) comes the verifier's position
+        block = self._draft_block(self.controller.window(min(limit, free - int(guess))), guess=guess)
+        if not block.tokens:
+            return None  # the controller stops at once, and would again on the same logits
+        chain.add(block)
         return self._provisional()
 
     def _provisional(self) -> Provisional:
@@ -549,6 +573,7 @@ class SpeculativeSession:
         start = time.perf_counter()
         finish: str | None = None
         self.provisional_shown = self.provisional_kept = 0
+        self._chain.shown = 0  # what an earlier stream showed is not this one's to count
         showing = False  # whether the consumer was last shown provisional tokens
         while finish is None:
             remaining = max_tokens - len(out)

@@ -25,6 +25,7 @@ __all__ = [
     "accept_greedy",
     "accept_sampling",
     "accept_top1",
+    "acceptance_ratios",
     "draft_distribution",
     "mismatch_positions",
     "target_probs",
@@ -97,6 +98,29 @@ def accept_top1(best: Sequence[int], draft_tokens: Sequence[int]) -> tuple[int, 
     n = min(k, len(best))
     accepted = next((i for i in range(n) if int(best[i]) != int(draft_tokens[i])), n)
     return accepted, int(best[accepted]) if accepted < len(best) else None
+
+
+def acceptance_ratios(
+    target_logits: np.ndarray,
+    draft_tokens: Sequence[int],
+    draft_dists: Sequence[SparseDistribution] = (),
+    temperature: float = 1.0,
+) -> np.ndarray:
+    """min(1, p_j(s_j) / q_j(s_j)) for every token of a block, past the first rejection too
+    (GOODSPEED eq. 3's terms): with distributions, the sampling rule's acceptance
+    probabilities; without (greedy), whether each draft token is the target's top-1."""
+    k = len(draft_tokens)
+    if not k:
+        return np.zeros(0)
+    tokens = np.asarray(draft_tokens, dtype=np.int64)
+    if not draft_dists:
+        return (np.argmax(target_logits[:k], axis=1) == tokens).astype(np.float64)
+    out = np.empty(k)
+    for j in range(k):
+        p = target_probs(target_logits[j], temperature)[tokens[j]]
+        q = draft_dists[j].prob_of(int(tokens[j]))
+        out[j] = 1.0 if q <= p else p / q
+    return out
 
 
 def mismatch_positions(target_logits: np.ndarray, draft_tokens: Sequence[int]) -> list[int]:

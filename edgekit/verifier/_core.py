@@ -63,6 +63,7 @@ class EngineCore:
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.epochs = 0  # batches dispatched: the time slots of the budget policy
 
     @property
     def batch_sizes(self) -> Counter[int]:
@@ -148,6 +149,7 @@ class EngineCore:
             self._step(batch)
 
     def _step(self, batch: Batch) -> None:
+        self.epochs += 1
         feeds = batch.feeds
         x = batch_features(feeds)
         if not batch.estimated_ms:  # the policy did not plan with the estimator: what it says all the same

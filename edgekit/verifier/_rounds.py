@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,11 +36,13 @@ from ..protocol import (
     Verdict,
     accept_greedy,
     accept_sampling,
+    acceptance_ratios,
     check_base,
     decide,
     decode_hidden,
     mismatch_positions,
 )
+from ._budgets import Budgets
 from ._core import EngineCore
 from ._sessions import Caller, PendingRound, Session, SessionTable
 from ._slo import SpeedClasses
@@ -85,6 +87,7 @@ class RoundAnswer:
     budget_ms: float | None = None  # tau (eq. 6); None: best effort
     deadline_met: bool | None = None
     estimated_ms: float = 0.0  # the estimator's forecast for the batch the round ran in
+    next_budget: int = 0  # the session's draft budget for its next round (0: none assigned)
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class Opened:
     committed_length: int
     prefill_ms: float
     target_speed: float | None  # tokens/s the session is held to; None: best effort
+    next_budget: int = 0
 
 
 class Rounds:
@@ -104,7 +108,9 @@ class Rounds:
         config: ServerConfig,
         slo: SpeedClasses | None = None,
         stats: ServingStats | None = None,
+        budgets: Budgets | None = None,
     ) -> None:
+        self.budgets = budgets  # None: devices choose their blocks
         self.core = core
         self.engine = core.engine
         self.sessions = sessions
@@ -148,7 +154,8 @@ class Rounds:
         except BaseException:
             self.sessions.close(sess.id, caller.tenant)
             raise
-        return Opened(sess.id, len(tokens), ran.run_ms, speed)
+        budget = self.budgets.opened(sess.id, context=len(tokens), epoch=self.core.epochs) if self.budgets else 0
+        return Opened(sess.id, len(tokens), ran.run_ms, speed, budget)
 
     def extend(
         self,
@@ -177,7 +184,10 @@ class Rounds:
             return len(sess.tokens), ran.run_ms
 
     def close(self, session_id: str, caller: Caller = Caller()) -> bool:
-        return self.sessions.close(session_id, caller.tenant)
+        closed = self.sessions.close(session_id, caller.tenant)
+        if closed and self.budgets is not None:
+            self.budgets.forget(session_id)
+        return closed
 
     # -- rounds ---------------------------------------------------------------------------
 
@@ -204,6 +214,15 @@ class Rounds:
             elif r.hidden is not None:
                 what = "SH sends the tokens first" if r.upload == "sh" else "a tokens-only round"
                 raise ProtocolError(f"hidden states arrived with the block, but {what}")
+            budget = self.budgets.limit(sess.id) if self.budgets is not None else None
+            if budget is not None and len(block) > budget:
+                # Past the budget the session was told: the block is cut to it and the rest never
+                # verified (the verdict reads as a rejection there); the request's key stays, so a
+                # retry gets this answer.
+                block = block[:budget]
+                r = replace(r, draft_tokens=block, distributions=r.distributions[:budget])
+                if hidden is not None:
+                    hidden = (hidden[0][:budget], hidden[1][:budget])
             objective = self.slo.objective(
                 sess.speed, sess.acceptance, len(block), r.draft_ms, r.network_ms, arrived, (sess.done, sess.began)
             )
@@ -264,6 +283,10 @@ class Rounds:
             accepted, nxt = accept_greedy(logits, block)
         else:
             accepted, nxt = accept_sampling(logits, block, r.distributions, sess.temperature, sess.rng)
+        ratios = 0.0
+        if self.budgets is not None and block:
+            dists = r.distributions if sess.mode != "greedy" else ()
+            ratios = float(acceptance_ratios(logits, block, dists, sess.temperature).sum())
         verdict = decide(
             block,
             accepted,
@@ -286,6 +309,12 @@ class Rounds:
             budget_ms, met = _outcome(objective)
         else:  # an SH second half: the round's deadline was kept, or not, by its first half's target pass
             budget_ms, met = (first_half.budget_ms, first_half.deadline_met) if first_half else (None, None)
+        next_budget = 0
+        if self.budgets is not None:
+            next_budget = self.budgets.after_round(
+                sess.id, drafted=len(block), ratios=ratios, committed=len(verdict.committed), epoch=self.core.epochs,
+                context=len(sess.tokens), slo_budget_ms=budget_ms,
+            )
         answer = RoundAnswer(
             verdict,
             hidden_rows=n_hidden,
@@ -295,6 +324,7 @@ class Rounds:
             estimated_ms=ran.estimated_ms,
             budget_ms=budget_ms,
             deadline_met=met,
+            next_budget=next_budget,
         )
         # A retry of the round, whole (its first half, under SH) or its last exchange, gets this answer.
         sess.last_round = ((key, r.key), answer)

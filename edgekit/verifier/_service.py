@@ -27,7 +27,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 import grpc
@@ -51,6 +51,7 @@ from ..protocol import (
     status_of,
 )
 from ._baseline import TargetOnly
+from ._budgets import BUDGET_POLICIES, Budgets, BudgetState, capacity_within
 from ._core import EngineCore
 from ._estimator import VerifyTimeEstimator
 from ._rounds import RoundAnswer, RoundRequest, Rounds
@@ -116,7 +117,8 @@ class VerifierService:
             stats=self.stats,
         )
         self.checks = RequestChecks(config, self.fingerprint)
-        self.rounds = Rounds(self.core, self.sessions, self.checks, config, self.slo, self.stats)
+        self.budgets = _budgets(config, self.estimator, self.sessions)
+        self.rounds = Rounds(self.core, self.sessions, self.checks, config, self.slo, self.stats, self.budgets)
         self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo, self.stats)
         # Draining (`drain`): new sessions are refused, calls on open ones still served.
         self.draining: float | None = None  # when the verifier expects to be back, as a time.monotonic()
@@ -263,7 +265,7 @@ class VerifierService:
                 max_block=c.max_block,
                 max_context=c.max_context,
                 max_sessions=c.max_sessions,
-                assigns_budgets=False,
+                assigns_budgets=self.budgets is not None,
                 max_draft_top_k=c.max_draft_top_k,
                 prefix_cache=True,
                 max_message_bytes=c.max_message_bytes,
@@ -306,6 +308,7 @@ class VerifierService:
             max_context=self.config.max_context,
             prefill_ms=opened.prefill_ms,
             target_tokens_per_s=opened.target_speed or 0.0,
+            next_budget=opened.next_budget,
         )
 
     def extend_session(
@@ -386,6 +389,26 @@ def _mode(value: int) -> str:
     return pb.AcceptanceMode.Name(value) if value in pb.AcceptanceMode.values() else str(value)
 
 
+def _budgets(config: ServerConfig, estimator: VerifyTimeEstimator, sessions: SessionTable) -> Budgets | None:
+    """The budget policy the config names, with its C: fixed, or from the estimator and the SLOs
+    (without a calibrated estimator, as without SLOs: `DEFAULT_WINDOW` per session)."""
+    if config.budgets == "none":
+        return None
+    lo, hi = 1, config.max_block
+
+    def capacity(states: Sequence[BudgetState]) -> int:
+        if config.token_budget:
+            return config.token_budget
+        if not estimator.calibrated:
+            states = [BudgetState() for _ in states]
+        return capacity_within(estimator.predict_features, states, lo, hi)
+
+    return Budgets(
+        BUDGET_POLICIES[config.budgets](), capacity=capacity, lo=lo, hi=hi, eta=config.budget_eta,
+        beta=config.budget_beta, is_live=sessions.__contains__,
+    )
+
+
 def _verify_response(a: RoundAnswer) -> pb.VerifyResponse:
     timings = pb.ServerTimings(
         queue_ms=a.queue_ms,
@@ -410,6 +433,7 @@ def _verify_response(a: RoundAnswer) -> pb.VerifyResponse:
             context_full=v.context_full,
             ended=v.next_token is None,
             hidden_rows=a.hidden_rows,
+            next_budget=a.next_budget,
         ),
         timings=timings,
     )

@@ -114,6 +114,9 @@ class SessionTable:
         self._lock = threading.Lock()
         self.evictions = 0
 
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
     def __len__(self) -> int:
         return len(self._sessions)
 
