@@ -153,6 +153,17 @@ class DeviceSpec:
     rtt_ms: float = 20.0
     uplink_mbps: float = 20.0
     downlink_mbps: float = 50.0
+    # Which traces the device's prompts come from (indices; None: any), and from `switch_s` seconds
+    # into the run on, `traces_after` (its prompts change kind: non-stationary acceptance).
+    traces: tuple[int, ...] | None = None
+    switch_s: float | None = None
+    traces_after: tuple[int, ...] | None = None
+
+    def pool(self, elapsed_s: float) -> tuple[int, ...] | None:
+        """The traces this device draws from `elapsed_s` seconds into the run."""
+        if self.switch_s is not None and elapsed_s >= self.switch_s and self.traces_after is not None:
+            return self.traces_after
+        return self.traces
 
 
 @dataclass
@@ -166,6 +177,8 @@ class RoundLog:
     drafted: int
     committed: int
     round_trip_ms: float = 0.0  # the verify call as the device saw it (queue, verify and loopback)
+    draft_ms: float = 0.0  # the device's drafting time for the block
+    link_ms: float = 0.0  # its modelled link time, both ways
 
 
 @dataclass
@@ -236,7 +249,8 @@ class Fleet:
             with GrpcTransport(self.address, ClientConfig(timeout=self.timeout, token=self.token)) as transport:
                 transport.handshake(self.draft_fingerprint, draft_model="fleet", draft_hidden_size=0)
                 while time.perf_counter() < self._end:
-                    trace = rng.choice(self.traces)
+                    pool = spec.pool(time.perf_counter() - self._t0)
+                    trace = self.traces[rng.choice(pool)] if pool else rng.choice(self.traces)
                     if self.mode == "centralized":
                         self._centralized(i, spec, transport, trace)
                     else:
@@ -302,7 +316,8 @@ class Fleet:
                 rounds += 1
                 with self._lock:
                     self.rounds.append(RoundLog(i, time.perf_counter() - self._t0, v.queue_ms, v.verify_ms,
-                                                v.budget_ms, v.deadline_met, len(block), committed, call_ms))
+                                                v.budget_ms, v.deadline_met, len(block), committed, call_ms,
+                                                draft_ms, net_ms))
         finally:
             if sid is not None and self.mode == "speculative":
                 transport.close_session(sid)

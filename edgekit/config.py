@@ -209,7 +209,9 @@ class ServerConfig:
     # "none" (devices choose). A block longer than its budget is cut to it.
     budgets: BudgetPolicyName = "none"
     token_budget: int = 0  # C, draft tokens per target pass over all sessions; 0: from the estimator and SLOs
-    budget_eta: float = 0.2  # smoothing of each session's acceptance estimate (eq. 3)
+    # Smoothing of each session's acceptance estimate (eq. 3): 0.05 tracked a change of prompt kind as
+    # well as 0.1 and with less noise in benchmarks/budget_smoothing.py (gemma traces, blocks of 4).
+    budget_eta: float = 0.05
     budget_beta: float = 0.5  # smoothing of each session's goodput estimate (eq. 4; GOODSPEED's 0.5)
     # The verification-time estimator's calibration: "auto" uses the cached one for this
     # model and machine, measuring it first when the policy needs it; "force" measures

@@ -96,7 +96,7 @@ def test_acceptance_ratios_are_eq_3s_terms():
 
 
 def _budgeted(**config):
-    return toy_verifier(TARGET, **({"max_block": 8, "max_context": 512, "max_sessions": 4, "budgets": "goodspeed",
+    return toy_verifier(TARGET, **({"max_block": 8, "max_context": 2048, "max_sessions": 4, "budgets": "goodspeed",
                                     "token_budget": 10} | config))
 
 
@@ -135,7 +135,7 @@ def test_a_session_whose_acceptance_drops_loses_budget_to_the_others():
     a, b = _open(v, [5, 6, 7]), _open(v, [8, 9, 10])
     ta, tb, ba, bb = [5, 6, 7], [8, 9, 10], a.next_budget, b.next_budget
     given = {"a": 0, "b": 0}
-    for _ in range(30):
+    for _ in range(60):
         ta, ba = _play(v, a.session_id, ta, ba, good=True)
         tb, bb = _play(v, b.session_id, tb, bb, good=True)
         given["a"], given["b"] = given["a"] + ba, given["b"] + bb
@@ -143,8 +143,8 @@ def test_a_session_whose_acceptance_drops_loses_budget_to_the_others():
     # Both right every time: a fair split over time (gradient scheduling alternates who gets more:
     # the one whose smoothed goodput is lower has the steeper utility).
     assert states[b.session_id].alpha > 0.9 and given["a"] == pytest.approx(given["b"], rel=0.2)
-    assert given["a"] + given["b"] >= 30 * 9  # and the capacity (10) is used, up to the max block (8)
-    for _ in range(30):  # b's prompts change kind: its drafts are now always wrong
+    assert given["a"] + given["b"] >= 60 * 9  # and the capacity (10) is used, up to the max block (8)
+    for _ in range(60):  # b's prompts change kind: its drafts are now always wrong
         ta, ba = _play(v, a.session_id, ta, ba, good=True)
         tb, bb = _play(v, b.session_id, tb, bb, good=False)
     states = v.service.budgets.states()

@@ -118,7 +118,13 @@ def test_devices_draft_within_the_budgets_the_verifier_assigns(traces):
                       duration=2.0, max_window=6).run()
         assert fleet.errors == [] and fleet.responses
         assert all(r.drafted <= 6 for r in fleet.rounds)
-        # Once all three have sessions (they start within 0.5 s), they share C = 7: none may hold more
-        # than 7 - 2 (the others' floor of 1 each).
-        assert max(r.drafted for r in fleet.rounds if r.t > 1.0) <= 5
+        # Three devices share C = 7 (a device between responses has no session, and the others then
+        # share it: up to 6 each, the max block), so blocks are short on average.
+        assert sum(r.drafted for r in fleet.rounds) / len(fleet.rounds) <= 4.5
         assert server.service.budgets.last_capacity == 7
+    from goodspeed import analyse  # benchmarks/goodspeed.py's figures, on this run
+
+    figures = analyse(fleet, 3, rounds=600, beta=0.5)
+    assert 0 < figures["jain"] <= 1 and figures["goodput_tokens_per_s"] > 0
+    assert len(figures["utility"]) == figures["horizon"] == min(figures["rounds_per_device"].values())
+    assert figures["time_split_ms"]["receiving"] > figures["time_split_ms"]["sending"] > 0

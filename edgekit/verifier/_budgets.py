@@ -157,7 +157,7 @@ class Budgets:
         capacity: Callable[[Sequence[BudgetState]], int],
         lo: int = 1,
         hi: int = 32,
-        eta: float = 0.2,
+        eta: float = 0.05,
         beta: float = 0.5,
         active_s: float = 10.0,
         is_live: Callable[[str], bool] = lambda session_id: True,
