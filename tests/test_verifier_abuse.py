@@ -32,7 +32,7 @@ FP = fingerprint_to_pb(DRAFT.fingerprint())
 def _server(tmp_path, **config) -> VerifierServer:
     file = tmp_path / "tokens"
     file.write_text("".join(f"{name} {token}  # {name}'s devices\n" for name, token in TOKENS.items()))
-    c = ServerConfig(port=0, max_sessions=4, max_context=256, tokens_file=str(file), **config)
+    c = ServerConfig(**({"port": 0, "max_sessions": 4, "max_context": 256, "tokens_file": str(file)} | config))
     return VerifierServer(ToyEngine(ToyLanguageModel(seed=1), n_seq=c.max_sessions, max_context=c.max_context), c)
 
 
@@ -288,3 +288,34 @@ def test_mutual_tls_takes_a_client_certificate_from_the_ca_and_refuses_others(tm
         ):
             with GrpcTransport(server.address, who) as t, pytest.raises(VerifierUnavailableError):
                 _open(t)
+
+
+def test_a_generate_stream_nobody_reads_ends_at_its_deadline_and_holds_nothing(tmp_path):
+    """A client asks for a long target-only stream and never reads it: gRPC's flow control holds
+    the server's sends, the call ends at its deadline, and meanwhile others are served."""
+    with _server(tmp_path, max_context=4096, max_generate_tokens=4000) as server:
+        channel = grpc.insecure_channel(server.address)
+        auth = (("authorization", f"Bearer {TOKENS['bob']}"),)
+        request = pb.GenerateRequest(prompt_tokens=[1, 2, 3], max_tokens=4000,
+                                     sampling=pb.SamplingParams(mode=pb.ACCEPTANCE_MODE_GREEDY))
+        unread = channel.unary_stream("/edgekit.verifier.v1.Verifier/Generate")(
+            request.SerializeToString(), timeout=2.0, metadata=auth
+        )  # never iterated
+        with _client(server, "alice") as alice:  # served beside it
+            sid = _open(alice).session_id
+            target = ToyLanguageModel(seed=1).greedy([1, 2, 3], 3)
+            assert alice.verify(BlockRequest(sid, 3, target[:2])).accepted == 2
+        deadline = time.monotonic() + 10
+        while server.service.quiet_for() == 0.0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.service.quiet_for() > 0.0  # the unread stream's handler is gone
+        # What it left is in the client's buffers, bounded by max_generate_tokens: all of it (the toy is
+        # fast and the messages small), or what came before the deadline.
+        got = 0
+        try:
+            for _ in unread:
+                got += 1
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert got <= 4000
+        channel.close()
