@@ -122,12 +122,7 @@ def main() -> None:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = C.subplots(2, width=5.5)
     ax = axes[0]
     t = [s[0] for s in result["memory_samples"]]
     mb = [s[1] for s in result["memory_samples"]]
@@ -156,9 +151,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("round latency (ms)")
     ax.set_title("Round latency per 30 s (verify call, device side)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"figure: {path}")
+    print(f"figure: {C.save_figure(fig, path)}")
 
 
 if __name__ == "__main__":

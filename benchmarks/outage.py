@@ -169,13 +169,8 @@ def main() -> None:
 
 
 def plot(summary: list[dict], runs: list[dict], path) -> None:  # type: ignore[no-untyped-def]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     kinds = sorted({r["kind"] for r in summary})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = C.subplots(2, width=5.5)
     ax = axes[0]
     width = 0.2
     labels = [f"{r['kind']}\n{r['outage_s']:g} s" for r in summary]
@@ -199,9 +194,7 @@ def plot(summary: list[dict], runs: list[dict], path) -> None:  # type: ignore[n
     ax.set_ylabel("provisional tokens (all prompts)")
     ax.set_title("Drafted through the outage, and kept")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"figure: {path}")
+    print(f"figure: {C.save_figure(fig, path)}")
 
 
 if __name__ == "__main__":
