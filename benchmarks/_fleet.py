@@ -29,7 +29,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +86,16 @@ def record_trace(draft: DraftModel, prompt: list[int], target: list[int], window
         features.append(feats)
     draft.truncate(0)
     return Trace(prompt, target, drafts, features, statistics.median(steps) if steps else 0.0)
+
+
+def weakened(trace: Trace, p: float, n_vocab: int, seed: int = 0) -> Trace:
+    """The trace as a weaker draft model would have drafted it: each drafted token is, with
+    probability p, replaced by another (the next id), so the target accepts less of every
+    block. A stand-in for a device with a smaller or coarser draft (GOODSPEED's clients
+    draft with different models); the target's output, and so the verdicts, are unchanged."""
+    rng = random.Random(seed)
+    drafts = [[(t + 1) % n_vocab if rng.random() < p else t for t in cont] for cont in trace.drafts]
+    return replace(trace, drafts=drafts)
 
 
 def save_traces(path: Path, traces: Sequence[Trace], meta: dict) -> None:
@@ -275,7 +285,7 @@ class Fleet:
         link_ms = self._link_ms(spec, 4 * base, 64)
         if self.mode == "speculative":
             opened = transport.open_session(trace.prompt, mode="greedy", temperature=1.0, seed=0, slo=slo,
-                                            draft=self.draft_fingerprint)
+                                            draft=self.draft_fingerprint, client_id=f"device-{i}")
             sid, budget = opened.session_id, opened.next_budget
         try:
             while pos < len(trace.target):
@@ -291,7 +301,7 @@ class Fleet:
                 time.sleep(net_ms / 2e3)
                 if self.mode == "reprefill":  # SLED without a prefix cache: the whole context, every round
                     opened = transport.open_session(context, mode="greedy", temperature=1.0, seed=0, slo=slo,
-                                                    draft=self.draft_fingerprint)
+                                                    draft=self.draft_fingerprint, client_id=f"device-{i}")
                     sid = opened.session_id
                 assert sid is not None
                 t_call = time.perf_counter()

@@ -42,6 +42,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,7 +166,7 @@ def serve_process(serve_args: list[str], log: Path | None):
 
 @contextmanager
 def verifier(pair: str, policy: str, max_sessions: int, threads: int | None, numerics: str, log: Path | None,
-             token_budget: int = 0):
+             token_budget: int = 0, extra: Sequence[str] = ()):
     """The pair's verifier under `policy` ("fcfs", "wisp", "wisp/response", and "+goodspeed",
     "+fixed" or "+random" for draft budgets it assigns, C = `token_budget` or auto); its address."""
     policy, _, budgets = policy.partition("+")
@@ -174,7 +175,7 @@ def verifier(pair: str, policy: str, max_sessions: int, threads: int | None, num
             "--slo-budget", budget or "round", "--budgets", budgets or "none", "--token-budget", str(token_budget)]
     if threads:
         args += ["--threads", str(threads)]
-    with serve_process(args, log) as served:
+    with serve_process([*args, *extra], log) as served:
         yield served.address
 
 

@@ -22,6 +22,10 @@ Systems, as in WISP Table 2:
     centralized  FCFS, target-only decoding: one token per device per step, steps batched continuously
     wisp         WISP's Algorithm 1 and the predictor's windows, with the prefix cache
 
+and, for server-assigned draft budgets (GOODSPEED, benchmarks/goodspeed.py --sim), FCFS with
+the verifier's budget policy (the verifier's own `Budgets` code, in virtual time) and devices
+that draft what they are given: goodspeed, fixed-s, random-s.
+
 For each system the number of devices N is swept; per SLO class (8/6/4/2 tok/s,
 devices draw one at random) Cap(tau) is the largest N whose responses fall short
 of their speed at most --epsilon of the time (eq. 20). Set beside WISP Table 2
@@ -49,20 +53,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C
-from _fleet import Trace, draft_block, load_traces
+from _fleet import RoundLog, Trace, draft_block, load_traces
 from fleet import controller_factory, plot_sweep, traces_path
 
 from edgekit import ServerConfig
 from edgekit.config import DEFAULT_SLO_CLASSES
 from edgekit.verifier import (
+    BUDGET_POLICIES,
+    Budgets,
+    BudgetState,
     Coefficients,
     FcfsScheduler,
     Feed,
     Objective,
+    RandomShare,
     SpeedClasses,
     VerifyTimeEstimator,
     WispScheduler,
     Work,
+    capacity_within,
 )
 
 # WISP sec. 4.4 (a, b_compute, b_read) and appendix C Table 12 (c), in milliseconds per unit.
@@ -77,7 +86,14 @@ SYSTEMS = {"sled": ("fcfs", "reprefill", "fixed"), "centralized": ("fcfs", "cent
            # for telling the parts apart: prefix reuse alone, and each drafting under each policy
            "fcfs": ("fcfs", "speculative", "fixed"), "fcfs-predictor": ("fcfs", "speculative", "predictor"),
            "wisp-fixed": ("wisp", "speculative", "fixed"),
-           "wisp-response": ("wisp/response", "speculative", "predictor")}
+           "wisp-response": ("wisp/response", "speculative", "predictor"),
+           # server-assigned draft budgets (GOODSPEED): devices draft all of what they are given
+           "goodspeed": ("fcfs+goodspeed", "speculative", "budget"),
+           "fixed-s": ("fcfs+fixed", "speculative", "budget"),
+           "random-s": ("fcfs+random", "speculative", "budget")}
+
+
+Pools = tuple[tuple[int, ...], tuple[int, ...] | None]  # a device's traces, and those after the switch
 
 
 @dataclass
@@ -98,12 +114,18 @@ class Device:
     acceptance: float = 0.5
     link_ms: float = 0.0
     pending: dict = field(default_factory=dict)
+    pool: tuple[int, ...] | None = None  # which traces its prompts come from (None: all)
+    pool_after: tuple[int, ...] | None = None  # and after the simulation's switch time
+    budget: int = 0  # the draft budget the verifier last told it (0: none assigned)
+    responses: int = 0
 
 
 class Simulation:
     def __init__(self, system: str, n: int, traces: list[Trace], args: argparse.Namespace,
-                 controller: Callable[[], object]) -> None:
+                 controller: Callable[[], object], pools: list[Pools] | None = None, switch_s: float | None = None,
+                 log_rounds: bool = False) -> None:
         policy, self.mode, _ = SYSTEMS[system]
+        policy, _, budget_policy = policy.partition("+")
         policy, _, budget = policy.partition("/")
         self.now = 0.0
         self.estimator = VerifyTimeEstimator(WISP_A100_QWEN3_32B)
@@ -119,6 +141,10 @@ class Simulation:
         self.horizon = args.horizon
         self.warmup = args.warmup
         self.max_window = args.window
+        self.switch_s = switch_s
+        self.budget_eta, self.budget_beta = args.budget_eta, args.budget_beta
+        self.budgets = self._budgets(budget_policy, getattr(args, "token_budget", 0), args.seed, clock)
+        self.log: list[RoundLog] | None = [] if log_rounds else None
         names = list(DEFAULT_SLO_CLASSES)
         self.devices = []
         for i in range(n):
@@ -126,6 +152,8 @@ class Simulation:
             self.devices.append(Device(i, name, DEFAULT_SLO_CLASSES[name], self.rng.uniform(1.0, 2.0),
                                        self.rng.uniform(10, 60), self.rng.uniform(5, 50), self.rng.uniform(10, 100),
                                        controller=controller()))
+            if pools:
+                self.devices[-1].pool, self.devices[-1].pool_after = pools[i % len(pools)]
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._busy = False
@@ -133,6 +161,20 @@ class Simulation:
         self.rounds = 0
         self.committed = 0
         self.batches = 0
+
+    def _budgets(self, policy: str, token_budget: int, seed: int, clock: Callable[[], float]) -> Budgets | None:
+        """The verifier's budgets as `edgekit serve --budgets POLICY --token-budget C` sets them up (C:
+        from the estimator and the SLOs when 0), on the simulation's clock."""
+        if not policy:
+            return None
+        lo, hi = 1, self.max_window
+
+        def capacity(states: list[BudgetState]) -> int:
+            return token_budget or capacity_within(self.estimator.predict_features, states, lo, hi)
+
+        chosen = RandomShare(seed) if policy == "random" else BUDGET_POLICIES[policy]()
+        return Budgets(chosen, capacity=capacity, lo=lo, hi=hi, eta=self.budget_eta, beta=self.budget_beta,
+                       clock=clock)
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self._events, (t, next(self._seq), fn))
@@ -154,12 +196,18 @@ class Simulation:
         return d.rtt_ms + up_bytes * 8 / (d.up_mbps * 1e3) + down_bytes * 8 / (d.down_mbps * 1e3)
 
     def start_response(self, d: Device) -> None:
-        d.trace = self.rng.choice(self.traces)
+        pool = d.pool_after if self.switch_s is not None and self.now >= self.switch_s and d.pool_after else d.pool
+        d.trace = self.traces[self.rng.choice(pool)] if pool else self.rng.choice(self.traces)
         d.pos = 0
         d.prompt_len = max(self.context, len(d.trace.prompt))
         d.started = self.now
         d.link_ms = self._net_ms(d, 4 * d.prompt_len, 64)
         d.began = self.now
+        d.responses += 1
+        if self.budgets is not None:  # a session per response, as a device opens one
+            self.budgets.forget(self._session(d, d.responses - 1))
+            d.budget = self.budgets.opened(self._session(d), context=d.prompt_len, epoch=self.batches,
+                                           client=str(d.idx))
         if self.mode == "speculative":  # the prompt's prefill (as the verifier gives it an objective), then rounds
             feed = Feed(d.idx, 0, (0,) * (d.prompt_len - 1), 0)
             self.submit(d, feed, self.slo.prefill(d.speed, self.now), lambda: self.start_round(d))
@@ -173,7 +221,7 @@ class Simulation:
             obj = self.slo.token(d.speed, self.now)
             self.submit(d, Feed(d.idx, ctx - 1, (0,), 1), obj, lambda: self.end_round(d, 0, 0))
             return
-        limit = min(self.max_window, len(d.trace.target) - d.pos)
+        limit = min(self.max_window, len(d.trace.target) - d.pos, d.budget or self.max_window)
         block, steps = draft_block(d.controller, d.trace, d.pos, d.controller.window(limit))  # type: ignore[attr-defined]
         draft_ms = steps * d.trace.step_ms * d.speed_factor
         up = 4 * len(block) + 32 + (4 * ctx if self.mode == "reprefill" else 0)
@@ -187,16 +235,31 @@ class Simulation:
 
         def arrive() -> None:
             obj = self.slo.objective(d.speed, d.acceptance, k, draft_ms, d.link_ms, self.now, (d.pos, d.began))
-            self.submit(d, feed, obj, lambda: self.end_round(d, k, accepted), net_ms=net_ms)
+            arrived = self.now
+            self.submit(d, feed, obj, lambda: self.end_round(d, k, accepted, obj, (arrived, draft_ms, net_ms)),
+                        net_ms=net_ms)
 
         self.at(self.now + (draft_ms + net_ms / 2) / 1e3, arrive)
 
-    def end_round(self, d: Device, drafted: int, accepted: int) -> None:
+    def end_round(self, d: Device, drafted: int, accepted: int, obj: Objective | None = None,
+                  times: tuple[float, float, float] | None = None) -> None:
         assert d.trace is not None
         if self.mode != "centralized":
             d.controller.observe(drafted, accepted)  # type: ignore[attr-defined]
             d.acceptance = self.slo.smoothed(d.acceptance, drafted, accepted)
         committed = accepted + 1
+        if self.budgets is not None:
+            # Eq. 3's terms are known here up to the first rejection (the traces follow the target's
+            # path, not the draft's past it): the accepted tokens' 1s and the rejected one's 0.
+            d.budget = self.budgets.after_round(
+                self._session(d), drafted=min(drafted, accepted + 1), ratios=float(accepted), committed=committed,
+                epoch=self.batches, context=d.prompt_len + d.pos + committed,
+                slo_budget_ms=obj.budget_ms if obj is not None else None)
+        if self.log is not None and times is not None:
+            arrived, draft_ms, net_ms = times
+            self.log.append(RoundLog(d.idx, self.now, 0.0, 0.0, obj.budget_ms if obj else None, None, drafted,
+                                     committed, round_trip_ms=(self.now - arrived) * 1e3 - net_ms / 2,
+                                     draft_ms=draft_ms, link_ms=net_ms))
         d.pos += committed
         if self.now >= self.warmup:
             self.rounds += 1
@@ -209,6 +272,10 @@ class Simulation:
             self.start_response(d)
         else:
             self.start_round(d)
+
+    @staticmethod
+    def _session(d: Device, response: int | None = None) -> str:
+        return f"{d.idx}/{d.responses if response is None else response}"
 
     # -- the verifier ----------------------------------------------------------------------
 
@@ -265,7 +332,7 @@ def capacity(points: list[dict], cls: str, epsilon: float) -> int:
     return cap
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", default="gemma-270m", help="whose recorded traces the devices replay")
     ap.add_argument("--tokens", type=int, default=128, help="which recording: responses of this many tokens")
@@ -284,7 +351,16 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--epsilon", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--token-budget", type=int, default=0,
+                    help="C for the budget systems (0: from the estimator and the SLOs, as the verifier's default)")
+    ap.add_argument("--budget-eta", type=float, default=ServerConfig().budget_eta)
+    ap.add_argument("--budget-beta", type=float, default=ServerConfig().budget_beta)
     ap.add_argument("--out", default="gpu_sim")
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
     traces, meta = load_traces(traces_path(args.pair, args.tokens))
     args.window = meta["window"]

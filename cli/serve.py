@@ -116,6 +116,16 @@ def serve(
         help="With --budgets: draft tokens per target pass over all sessions (0: the most whose predicted verify "
         "time meets the active SLOs; 4 per session without SLOs).",
     ),
+    budget_eta: float | None = typer.Option(
+        None, "--budget-eta", min=0.001, max=1.0,
+        help="With --budgets: smoothing of each client's acceptance estimate (GOODSPEED eq. 3; default: measured, "
+        "see the README).",
+    ),
+    budget_beta: float | None = typer.Option(
+        None, "--budget-beta", min=0.001, max=1.0,
+        help="With --budgets: smoothing of each client's goodput estimate (GOODSPEED eq. 4; default: measured, "
+        "see the README).",
+    ),
     calibrate: bool = typer.Option(
         False, "--calibrate",
         help="Measure the verification-time estimator again on this machine (else: the cached calibration, measured "
@@ -163,6 +173,7 @@ def serve(
         min_efficiency=min_efficiency,
         budgets=cast(BudgetPolicyName, budgets),
         token_budget=token_budget,
+        **{k: v for k, v in (("budget_eta", budget_eta), ("budget_beta", budget_beta)) if v is not None},
         calibrate="force" if calibrate else "auto",
         slo_classes=",".join(slo_class) if slo_class else dict(DEFAULT_SLO_CLASSES),
         metrics_port=metrics_port,

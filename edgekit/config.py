@@ -138,6 +138,10 @@ class ClientConfig:
     on_disconnect: OnDisconnect = "wait"
     draft_ahead_after: float = 1.0
     max_provisional: int = 64
+    # Sent with each session opened, so a verifier that assigns draft budgets carries this
+    # client's acceptance and goodput estimates from one session to the next. "": a random
+    # id per EdgeClient (nothing stable leaves the device unless this is set).
+    client_id: str = ""
 
     def __post_init__(self) -> None:
         if not (self.timeout > 0 and self.connect_timeout > 0):
@@ -150,6 +154,8 @@ class ClientConfig:
             raise ConfigError(f"on_disconnect must be draft, wait or fail, got {self.on_disconnect!r}")
         if not (self.draft_ahead_after > 0 and 0 <= self.max_provisional <= 4096):
             raise ConfigError("draft_ahead_after must be positive and max_provisional between 0 and 4096")
+        if len(self.client_id) > 256:
+            raise ConfigError(f"client_id must be at most 256 characters, got {len(self.client_id)}")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ClientConfig:
@@ -209,10 +215,15 @@ class ServerConfig:
     # "none" (devices choose). A block longer than its budget is cut to it.
     budgets: BudgetPolicyName = "none"
     token_budget: int = 0  # C, draft tokens per target pass over all sessions; 0: from the estimator and SLOs
-    # Smoothing of each session's acceptance estimate (eq. 3): 0.05 tracked a change of prompt kind as
-    # well as 0.1 and with less noise in benchmarks/budget_smoothing.py (gemma traces, blocks of 4).
+    # Smoothing of each client's acceptance estimate (eq. 3): 0.05 tracked a change of prompt kind as
+    # well as 0.1 and with less noise in benchmarks/budget_smoothing.py (gemma traces, blocks of 4),
+    # and gave a higher utility than 0.2 in every configuration of `goodspeed.py sweep`.
     budget_eta: float = 0.05
-    budget_beta: float = 0.5  # smoothing of each session's goodput estimate (eq. 4; GOODSPEED's 0.5)
+    # Smoothing of each client's goodput estimate (eq. 4). GOODSPEED ran 0.5; in `goodspeed.py sweep`
+    # (8 seeds, 4 and 8 devices, kinds switching, with and without weaker drafts) 0.5 gave the lowest
+    # utility of 0.5/0.2/0.1/0.05 everywhere: the budgets chase each round's luck and, x_hat being
+    # concave in S, swinging budgets commit less than steady ones. 0.1 was best or within 0.02 of it.
+    budget_beta: float = 0.1
     # The verification-time estimator's calibration: "auto" uses the cached one for this
     # model and machine, measuring it first when the policy needs it; "force" measures
     # again; "off" never measures (the estimator learns from the live batches only).

@@ -198,3 +198,58 @@ def test_evicted_and_idle_sessions_take_no_share():
     budgets._states["b"].seen -= 60  # b falls silent
     assert budgets.after_round("a", drafted=4, ratios=float("nan"), committed=5, epoch=3) == 8
     assert budgets.states()["b"].budget == 1 and budgets.states()["a"].alpha <= 1.0  # NaN ignored
+
+
+def test_a_clients_next_session_starts_from_the_estimates_its_last_one_ended_with():
+    from edgekit.verifier._budgets import Budgets
+
+    now = [0.0]
+    budgets = Budgets(GoodSpeed(), capacity=lambda states: 8, lo=1, hi=8, eta=0.5, beta=0.5, clock=lambda: now[0])
+    budgets.opened("s1", context=10, client="device-a")
+    for epoch in range(1, 6):
+        budgets.after_round("s1", drafted=4, ratios=0.0, committed=1, epoch=epoch)  # nothing accepted
+    ended = budgets.states()["s1"]
+    assert ended.alpha < 0.05 and ended.goodput < 1.1
+    budgets.forget("s1")
+    budgets.opened("s2", context=10, client="device-a")
+    budgets.opened("s3", context=10, client="device-b")  # another client starts from the prior
+    budgets.opened("s4", context=10)  # and so does a session without one
+    states = budgets.states()
+    assert (states["s2"].alpha, states["s2"].goodput) == (ended.alpha, ended.goodput)
+    assert states["s3"].alpha == states["s4"].alpha == BudgetState().alpha
+    budgets.forget("s4")  # a session without a client leaves nothing behind
+    assert set(budgets._clients) == {"device-a"}
+
+
+def test_the_verifier_carries_a_clients_estimates_across_its_sessions_and_refuses_an_oversize_id():
+    from edgekit.errors import ProtocolError
+
+    v = _budgeted(budget_eta=0.5)
+    fp = FakeDraftModel(TARGET).fingerprint()
+    opened = v.open_session([1, 2, 3], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev")
+    tokens, budget = [1, 2, 3], opened.next_budget
+    for _ in range(6):
+        tokens, budget = _play(v, opened.session_id, tokens, budget, good=False)
+    low = v.service.budgets.states()[opened.session_id].alpha
+    v.close_session(opened.session_id)
+    again = v.open_session([4, 5, 6], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev")
+    other = v.open_session([4, 5, 6], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev2")
+    states = v.service.budgets.states()
+    assert low < 0.1 and states[again.session_id].alpha == low
+    assert states[other.session_id].alpha == BudgetState().alpha
+    with pytest.raises(ProtocolError, match="client_id"):
+        v.open_session([1, 2], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="x" * 300)
+
+
+def test_an_edge_client_sends_one_id_for_all_its_sessions():
+    v = _budgeted()
+    sent = []
+    opener = v.open_session
+    v.open_session = lambda *a, **k: sent.append(k["client_id"]) or opener(*a, **k)  # type: ignore[method-assign]
+    with EdgeClient(v, draft_model=FakeDraftModel(TARGET)) as client:
+        for prompt in ([1, 2, 3], [4, 5, 6]):
+            list(client.generate(prompt, max_tokens=4))
+    assert len(sent) == 2 and sent[0] == sent[1] and len(sent[0]) == 32
+    with EdgeClient(v, draft_model=FakeDraftModel(TARGET)) as other:
+        list(other.generate([1, 2, 3], max_tokens=2))
+    assert sent[2] != sent[0]  # another client, another id

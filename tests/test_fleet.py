@@ -128,3 +128,23 @@ def test_devices_draft_within_the_budgets_the_verifier_assigns(traces):
     assert 0 < figures["jain"] <= 1 and figures["goodput_tokens_per_s"] > 0
     assert len(figures["utility"]) == figures["horizon"] == min(figures["rounds_per_device"].values())
     assert figures["time_split_ms"]["receiving"] > figures["time_split_ms"]["sending"] > 0
+
+
+def test_the_gpu_simulation_holds_devices_to_the_budgets_its_verifier_assigns():
+    import gpu_sim
+    from fleet import controller_factory, traces_path
+
+    traces, meta = load_traces(traces_path("gemma-270m", 128))
+    args = gpu_sim.parser().parse_args(["--horizon", "20", "--warmup", "0", "--token-budget", "10"])
+    args.window = meta["window"]
+    code, other = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9, 10, 11)
+    factory = controller_factory("budget", "gemma-270m", args.window, 4)
+    sim = gpu_sim.Simulation("goodspeed", 4, traces, args, factory, pools=[(code, other), (other, code)],
+                             switch_s=10.0, log_rounds=True).run()
+    assert sim.budgets is not None and sim.budgets.last_capacity == 10
+    assert sum(st.budget for st in sim.budgets.states().values()) <= 10
+    assert sim.log and all(1 <= r.drafted <= args.window for r in sim.log)
+    assert sum(r.drafted for r in sim.log) / len(sim.log) <= 10 / 4 + 0.5  # four share C = 10
+    assert {d.trace is not None and traces.index(d.trace) in other for d in sim.devices[::2]} == {True}  # switched
+    free = gpu_sim.Simulation("fcfs", 4, traces, args, lambda: FixedWindow(args.window), log_rounds=True).run()
+    assert free.budgets is None and max(r.drafted for r in free.log or []) == args.window

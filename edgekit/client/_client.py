@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -48,6 +49,8 @@ class EdgeClient:
         local_server: ServerConfig | None = None,
     ) -> None:
         self.config = config or ClientConfig()
+        if not self.config.client_id:  # one id for this client's sessions (the verifier's budgets follow it)
+            self.config = replace(self.config, client_id=uuid.uuid4().hex)
         self.generation = generation or GenerationConfig()
         self.pair = pair
         self._local: VerifierServer | None = None

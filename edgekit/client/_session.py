@@ -203,6 +203,7 @@ class SpeculativeSession:
             slo=SpeedObjective(self.config.slo_class, self.config.target_speed),
             draft=self.draft.fingerprint(),
             draft_hidden_size=self.draft.n_embd,
+            client_id=self.retry.client_id,
         )
         self.session_id = opened.session_id
         self._budget = opened.next_budget

@@ -47,6 +47,7 @@ class VerifierTransport(Protocol):
         slo: SpeedObjective = SpeedObjective(),
         draft: Fingerprint,
         draft_hidden_size: int = 0,
+        client_id: str = "",
     ) -> OpenedSession: ...
 
     def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int: ...

@@ -120,11 +120,12 @@ class FailoverTransport:
         slo: SpeedObjective = SpeedObjective(),
         draft: Fingerprint,
         draft_hidden_size: int = 0,
+        client_id: str = "",
     ) -> OpenedSession:
         return self._call(
             lambda t: t.open_session(
                 prompt_tokens, mode=mode, temperature=temperature, seed=seed, slo=slo, draft=draft,
-                draft_hidden_size=draft_hidden_size,
+                draft_hidden_size=draft_hidden_size, client_id=client_id,
             )
         )
 

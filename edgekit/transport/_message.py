@@ -101,6 +101,7 @@ class MessageTransport:
         slo: SpeedObjective = SpeedObjective(),
         draft: Fingerprint,
         draft_hidden_size: int = 0,
+        client_id: str = "",
     ) -> OpenedSession:
         self._check_slo(slo)
         r, _ = self._unary(
@@ -112,6 +113,7 @@ class MessageTransport:
                 draft_hidden_size=draft_hidden_size,
                 slo_name=slo.slo_class or "",
                 target_tokens_per_s=slo.tokens_per_s or 0.0,
+                client_id=client_id,
             ),
             during="opening a session",
         )

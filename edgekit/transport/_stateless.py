@@ -132,6 +132,7 @@ class StatelessTransport:
         slo: SpeedObjective = SpeedObjective(),
         draft: Fingerprint,
         draft_hidden_size: int = 0,
+        client_id: str = "",
     ) -> OpenedSession:
         if mode != "greedy":
             raise ConfigError(

@@ -9,6 +9,7 @@ Its parts, each in its own module:
 - `SessionTable` (`_sessions`): sessions, their KV sequences, limits and eviction.
 - `Rounds` (`_rounds`): open, extend, verify (FH, SH, replays), close.
 - `TargetOnly` (`_baseline`): target-only decoding, the centralized baseline.
+- `Budgets` (`_budgets`): the draft budgets it assigns (GOODSPEED eqs. 3-5; Fixed-S, Random-S).
 - `SpeedClasses` (`_slo`): token-speed SLOs, each round's budget and deadline (WISP eqs. 5, 6, 12).
 - `EngineCore` (`_core`): runs the scheduler's batches on the engine.
 - `ServingStats` (`_stats`): what was served (batches, rounds by SLO class, drafted and
@@ -19,6 +20,7 @@ Its parts, each in its own module:
   `engine/`: what runs it (`Engine`: `LlamaEngine` on llama.cpp, `ToyEngine` for tests).
 """
 
+from ._budgets import BUDGET_POLICIES, Budgets, BudgetState, FixedShare, GoodSpeed, RandomShare, capacity_within
 from ._calibration import calibrated_estimator, default_calibration_dir, profile_batches
 from ._core import EngineCore
 from ._estimator import Coefficients, FitReport, VerifyTimeEstimator, batch_features, fit_coefficients, fit_report
@@ -31,7 +33,10 @@ from .scheduler import Batch, FcfsScheduler, Objective, Scheduler, WispScheduler
 
 __all__ = [
     "BEST_EFFORT",
+    "BUDGET_POLICIES",
     "Batch",
+    "BudgetState",
+    "Budgets",
     "ClassStats",
     "Coefficients",
     "Engine",
@@ -39,8 +44,11 @@ __all__ = [
     "FcfsScheduler",
     "Feed",
     "FitReport",
+    "FixedShare",
+    "GoodSpeed",
     "LlamaEngine",
     "Objective",
+    "RandomShare",
     "Scheduler",
     "ServingStats",
     "SpeedClasses",
@@ -54,6 +62,7 @@ __all__ = [
     "WorkResult",
     "batch_features",
     "calibrated_estimator",
+    "capacity_within",
     "default_calibration_dir",
     "fit_coefficients",
     "fit_report",

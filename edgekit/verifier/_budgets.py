@@ -26,6 +26,12 @@ block longer than its budget is cut to it before verification: the tokens past t
 budget are not verified, and the verdict reads as a rejection there, which a device
 handles like any other (lossless; the cut tokens count as wasted).
 
+GOODSPEED's clients are devices, each a stream of prompts; edgekit's sessions are one
+conversation each, often shorter than eq. 3 takes to forget its prior. A session opened
+with a client id (OpenSession's `client_id`; the SDK sends one per `EdgeClient`) starts
+from the estimates its client's last session ended with, so a device's acceptance and
+goodput carry from one answer to the next, as the paper's per-client estimates do.
+
 `fixed` (S_i = C / N) and `random` (random S_i with sum <= C) are GOODSPEED's
 baselines, selectable in the same server.
 """
@@ -37,8 +43,9 @@ import math
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -46,6 +53,7 @@ import numpy as np
 __all__ = ["BUDGET_POLICIES", "BudgetState", "Budgets", "allocate", "capacity_within", "expected_goodput"]
 
 DEFAULT_WINDOW = 4  # tokens per session per pass when nothing else bounds C (the devices' default window)
+MAX_CLIENTS = 4096  # clients whose estimates are remembered between their sessions (least recently seen go first)
 
 
 def expected_goodput(alpha: float, s: int) -> float:
@@ -84,10 +92,11 @@ class BudgetState:
     budget: int = 1
     weight: float = 1.0
     told: int = 1  # the budget the session was last told: the one its blocks are held to
-    seen: float = field(default_factory=time.monotonic)
+    seen: float = 0.0  # when its last verdict (or its open) was, on the owner's clock
     rounds: int = 0
     context: int = 0  # committed tokens (for the verify-time estimate behind C)
     slo_budget_ms: float | None = None  # the last round's budget under its SLO (WISP eq. 6); None: best effort
+    client: str = ""  # whose estimates it carries on ("": its own only)
 
 
 class BudgetPolicy(Protocol):
@@ -161,6 +170,7 @@ class Budgets:
         beta: float = 0.5,
         active_s: float = 10.0,
         is_live: Callable[[str], bool] = lambda session_id: True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not (0 < eta <= 1 and 0 < beta <= 1):
             raise ValueError("eta and beta must be in (0, 1]")
@@ -170,15 +180,22 @@ class Budgets:
         self.eta, self.beta = eta, beta
         self.active_s = active_s
         self.is_live = is_live
+        self._clock = clock
         self._states: dict[str, BudgetState] = {}
+        self._clients: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client -> (alpha, goodput)
         self._lock = threading.Lock()
         self._epoch: int | None = None
         self.last_capacity = 0
 
-    def opened(self, session_id: str, *, context: int, weight: float = 1.0, epoch: int = 0) -> int:
-        """A new session: its state, and the budget of its first round."""
+    def opened(self, session_id: str, *, context: int, weight: float = 1.0, epoch: int = 0, client: str = "") -> int:
+        """A new session: its state (from its client's last estimates, if `client` names one seen
+        before), and the budget of its first round."""
         with self._lock:
-            state = self._states[session_id] = BudgetState(weight=weight, budget=self.lo, context=context)
+            state = self._states[session_id] = BudgetState(
+                weight=weight, budget=self.lo, context=context, seen=self._clock(), client=client
+            )
+            if client in self._clients:
+                state.alpha, state.goodput = self._clients[client]
             self._assign()
             self._epoch = epoch
             state.told = state.budget
@@ -209,7 +226,7 @@ class Budgets:
             if drafted and math.isfinite(ratios):
                 state.alpha = (1 - self.eta) * state.alpha + self.eta * min(max(ratios / drafted, 0.0), 1.0)
             state.goodput = (1 - self.beta) * state.goodput + self.beta * committed
-            state.seen = time.monotonic()
+            state.seen = self._clock()
             state.rounds += 1
             if epoch != self._epoch:
                 self._assign()
@@ -219,16 +236,25 @@ class Budgets:
 
     def forget(self, session_id: str) -> None:
         with self._lock:
-            self._states.pop(session_id, None)
+            self._remember(self._states.pop(session_id, None))
+
+    def _remember(self, state: BudgetState | None) -> None:
+        """Keeps a session's estimates for its client's next session."""
+        if state is None or not state.client or not state.rounds:
+            return
+        self._clients[state.client] = (state.alpha, state.goodput)
+        self._clients.move_to_end(state.client)
+        while len(self._clients) > MAX_CLIENTS:
+            self._clients.popitem(last=False)
 
     def states(self) -> dict[str, BudgetState]:
         with self._lock:
             return {k: BudgetState(**vars(v)) for k, v in self._states.items()}
 
     def _assign(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         for sid in [s for s, st in self._states.items() if now - st.seen > 10 * self.active_s or not self.is_live(s)]:
-            del self._states[sid]  # gone without a close (evicted, or its device vanished)
+            self._remember(self._states.pop(sid))  # gone without a close (evicted, or its device vanished)
         active = []
         for sid, st in self._states.items():
             if now - st.seen <= self.active_s:

@@ -132,6 +132,7 @@ class Rounds:
         draft_hidden_size: int,
         slo_name: str = "",
         target_speed: float = 0.0,
+        client_id: str = "",
         deadline: float | None = None,
         caller: Caller = Caller(),
     ) -> Opened:
@@ -139,6 +140,7 @@ class Rounds:
         self.checks.tokenizer(draft)
         self.checks.sampling(mode, temperature)
         slo_class, speed = self.slo.resolve(slo_name, target_speed)
+        self.checks.client_id(client_id)
         self.checks.prompt(prompt)  # its length before its ids, and before a copy
         tokens = list(prompt)
         sess = self.sessions.create(
@@ -154,7 +156,10 @@ class Rounds:
         except BaseException:
             self.sessions.close(sess.id, caller.tenant)
             raise
-        budget = self.budgets.opened(sess.id, context=len(tokens), epoch=self.core.epochs) if self.budgets else 0
+        budget = 0
+        if self.budgets is not None:  # a client's estimates are its tenant's: another cannot pose as it
+            client = f"{caller.tenant}\0{client_id}" if client_id else ""
+            budget = self.budgets.opened(sess.id, context=len(tokens), epoch=self.core.epochs, client=client)
         return Opened(sess.id, len(tokens), ran.run_ms, speed, budget)
 
     def extend(

@@ -299,6 +299,7 @@ class VerifierService:
             draft_hidden_size=req.draft_hidden_size,
             slo_name=req.slo_name,
             target_speed=req.target_tokens_per_s,
+            client_id=req.client_id,
             deadline=deadline,
             caller=caller,
         )

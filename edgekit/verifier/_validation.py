@@ -20,6 +20,7 @@ __all__ = ["RequestChecks", "clip"]
 
 _MODES = ("greedy", "sample")
 _UPLOADS = ("tokens", "fh", "sh")
+MAX_CLIENT_ID = 256  # characters of OpenSession's client_id
 
 
 class RequestChecks:
@@ -66,6 +67,10 @@ class RequestChecks:
             raise ProtocolError(
                 f"{what} holds token id {ids[bad[0]]} (at {bad[0]}), outside the vocabulary of {self.n_vocab}"
             )
+
+    def client_id(self, client_id: str) -> None:
+        if len(client_id) > MAX_CLIENT_ID:
+            raise ProtocolError(f"client_id of {len(client_id)} characters exceeds {MAX_CLIENT_ID}")
 
     def prompt(self, tokens: Sequence[int]) -> None:
         if not tokens:
