@@ -2,7 +2,8 @@
 
 `ToyLanguageModel` is a deterministic stand-in for an LM: the logits of a
 context are a pseudo-random function of its last tokens. `FakeDraftModel`
-drives one through the `DraftModel` protocol. `toy_verifier(target)` is the
+drives one through the `DraftModel` protocol, `ToyPoolBackend` through a
+`DraftPool` (several sequences, batched steps). `toy_verifier(target)` is the
 real verifier service over a toy target, reached through `InProcessTransport`:
 every request goes as the protobuf bytes gRPC would carry, through the same
 checks, rounds and acceptance as `edgekit serve`, so speculative output through
@@ -24,11 +25,18 @@ from .config import ClientConfig, ServerConfig
 from .errors import EdgekitError
 from .link import MIN_RTO_MS
 from .protocol import BlockRequest, Fingerprint, VerifyResult, error_from_status, status_of
-from .runtime import DraftOutput, ToyLanguageModel
+from .runtime import DraftOutput, Step, ToyLanguageModel
 from .transport import MessageTransport
 from .verifier import Coefficients, ToyEngine, VerifierService, VerifyTimeEstimator
 
-__all__ = ["FakeDraftModel", "InProcessTransport", "SimulatedLink", "ToyLanguageModel", "toy_verifier"]
+__all__ = [
+    "FakeDraftModel",
+    "InProcessTransport",
+    "SimulatedLink",
+    "ToyLanguageModel",
+    "ToyPoolBackend",
+    "toy_verifier",
+]
 
 
 class FakeDraftModel:
@@ -85,6 +93,43 @@ class FakeDraftModel:
 
     def close(self) -> None:
         pass  # nothing held (LlamaDraftModel frees its model)
+
+
+class ToyPoolBackend:
+    """A `DraftPool`'s backend over a toy LM: each sequence a list of tokens; each batch's size
+    is recorded in `batches`, and each takes `delay_s` (so that concurrent steps pile up)."""
+
+    def __init__(self, lm: ToyLanguageModel, *, slots: int, n_ctx_seq: int = 4096, max_rows: int = 64,
+                 delay_s: float = 0.0, n_embd: int = 8) -> None:
+        self.vocab = FakeDraftModel(lm, n_ctx=n_ctx_seq, n_embd=n_embd)
+        self.lm = lm
+        self.n_seq = slots
+        self.n_ctx_seq = n_ctx_seq
+        self.max_rows = max_rows
+        self.delay_s = delay_s
+        self.sequences: list[list[int]] = [[] for _ in range(slots)]
+        self.batches: list[int] = []
+
+    def run(self, steps: Sequence[Step]) -> list[DraftOutput | None]:
+        assert sum(len(s.tokens) for s in steps) <= self.max_rows and len({s.hidden for s in steps}) == 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        self.batches.append(len(steps))
+        out: list[DraftOutput | None] = []
+        for s in steps:
+            seq = self.sequences[s.seq]
+            assert s.start == len(seq), f"sequence {s.seq} holds {len(seq)} tokens, the step starts at {s.start}"
+            seq.extend(s.tokens)
+            logits = self.lm.logits(seq)
+            out.append(DraftOutput(logits, np.resize(logits, self.vocab.n_embd) if s.hidden else None)
+                       if s.output else None)
+        return out
+
+    def truncate(self, seq: int, length: int) -> None:
+        del self.sequences[seq][length:]
+
+    def close(self) -> None:
+        pass
 
 
 class SimulatedLink:

@@ -6,6 +6,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from ..drafting import Controller, ControllerFactory
 from ..errors import IncompatibleModelsError
 from ..link import LinkEstimator, LinkPolicy, ProbeResult, probe
 from ..protocol import ServerInfo, SpeedObjective
-from ..runtime import DraftModel, LlamaDraftModel
+from ..runtime import DraftModel, DraftPool, DraftSlot, LlamaDraftModel, LlamaPoolBackend
 from ..transport import VerifierTransport, connect
 from ._chat import ChatTemplate, Conversation
 from ._events import Event, FinalStats, TextDelta
@@ -36,6 +37,11 @@ class EdgeClient:
     verifier: "host:port" (or "grpc://host:port"), several of them (a list, or
     comma-separated) serving one target to fail over between, a transport object,
     or None to start the pair's target as a verifier on loopback in this process.
+
+    draft_slots: how many generations may draft at once, each on a KV sequence of its
+    own in one draft model, their steps batched (`edgekit.runtime.DraftPool`); with one
+    (the default) concurrent generations take turns on the draft, and each switch
+    re-prefills it. `draft_model` may also be a `DraftPool`.
     """
 
     def __init__(
@@ -47,7 +53,11 @@ class EdgeClient:
         config: ClientConfig | None = None,
         generation: GenerationConfig | None = None,
         local_server: ServerConfig | None = None,
+        draft_slots: int = 1,
+        draft_context: int = 4096,
     ) -> None:
+        if draft_slots < 1:
+            raise ValueError("draft_slots must be at least 1")
         self.config = config or ClientConfig()
         if not self.config.client_id:  # one id for this client's sessions (the verifier's budgets follow it)
             self.config = replace(self.config, client_id=uuid.uuid4().hex)
@@ -55,14 +65,15 @@ class EdgeClient:
         self.pair = pair
         self._local: VerifierServer | None = None
         self._draft: DraftModel | None = None
+        self._pool: DraftPool | None = None
         # Close only what this client made: a draft model or transport passed in
         # belongs to the caller.
-        self._owns_draft = not hasattr(draft_model, "eval")
+        self._owns_draft = not hasattr(draft_model, "eval") and not isinstance(draft_model, DraftPool)
         target = ",".join(verifier) if isinstance(verifier, (list, tuple)) else verifier
         assert not isinstance(target, Sequence) or isinstance(target, str)
         self._owns_transport = target is None or isinstance(target, str)
         try:
-            self._draft = self._load_draft(draft_model)
+            self._draft = self._load_draft(draft_model, draft_slots, draft_context)
             if target is None:
                 self._local = self._start_local(local_server)
                 target = self._local.address
@@ -77,14 +88,29 @@ class EdgeClient:
         self._factory: ControllerFactory | None = None  # made at the handshake: it needs the target's name
         self.link = LinkEstimator()  # this device's view of its link to the verifier
 
-    def _load_draft(self, draft_model: str | Path | DraftModel | None) -> DraftModel:
+    def _load_draft(
+        self, draft_model: str | Path | DraftModel | DraftPool | None, slots: int, n_ctx: int
+    ) -> DraftModel:
+        """The draft model; with several slots (or a pool given), the pool's first slot, which
+        sessions share when every other slot is taken."""
+        name = None
         if draft_model is None:
             from ..models import get_pair, model_path
 
             spec = get_pair(self.pair)
-            return LlamaDraftModel(model_path(spec.draft), name=spec.draft)
+            draft_model, name = model_path(spec.draft), spec.draft
         if isinstance(draft_model, (str, Path)):
-            return LlamaDraftModel(draft_model)
+            if slots == 1:
+                return LlamaDraftModel(draft_model, name=name, n_ctx=n_ctx)
+            draft_model = DraftPool(LlamaPoolBackend(draft_model, slots=slots, n_ctx_seq=n_ctx, name=name))
+        if isinstance(draft_model, DraftPool):
+            self._pool = draft_model
+            first = draft_model.acquire()
+            if first is None:
+                raise ValueError("the draft pool has no free slot")
+            return first
+        if slots > 1:
+            raise ValueError("draft_slots > 1 needs a model path (or a DraftPool), not a draft model object")
         return draft_model
 
     def _start_local(self, server_config: ServerConfig | None) -> VerifierServer:
@@ -150,17 +176,53 @@ class EdgeClient:
         `controller` replaces the drafting policy the config names."""
         gen = self._config(overrides)
         server = self.server_info()
-        return SpeculativeSession(
-            self.draft,
-            self.transport,
-            server,
-            gen,
-            controller=controller,
-            controller_factory=self._controller_factory(),
-            shared=self._shared,
-            link=self.link,
-            client=self.config,
-        )
+        slot = self._pool.acquire() if self._pool is not None else None
+        try:
+            return SpeculativeSession(
+                slot or self.draft,
+                self.transport,
+                server,
+                gen,
+                controller=controller,
+                controller_factory=self._controller_factory(),
+                shared=SharedDraft(slot) if slot is not None else self._shared,
+                link=self.link,
+                client=self.config,
+                on_close=slot.close if slot is not None else None,
+            )
+        except BaseException:
+            if slot is not None:
+                slot.close()
+            raise
+
+    def generate_many(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        *,
+        concurrency: int | None = None,
+        return_exceptions: bool = False,
+        **overrides: Any,
+    ) -> list[FinalStats | BaseException]:
+        """Generates for every prompt, `concurrency` at a time (by default as many as the draft
+        has slots): while one's block is being verified, the others draft, and drafting steps
+        that coincide run as one batch. Results in the prompts' order, each exactly what the
+        prompt would give alone. A generation that fails fails alone: its error stands in its
+        place with `return_exceptions`, else the first is raised once the others are done."""
+        workers = max(1, concurrency or (self._pool.slots if self._pool is not None else 1))
+
+        def one(prompt: str | Sequence[int]) -> FinalStats | BaseException:
+            try:
+                return self.generate(prompt, **overrides).until_done()
+            except Exception as exc:  # kept in its place; the others go on
+                return exc
+
+        with ThreadPoolExecutor(max_workers=min(workers, max(1, len(prompts))), thread_name_prefix="edgekit") as ex:
+            results = list(ex.map(one, prompts))
+        if not return_exceptions:
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        return results
 
     def _config(self, overrides: dict[str, Any]) -> GenerationConfig:
         return replace(self.generation, **overrides) if overrides else self.generation
@@ -236,9 +298,15 @@ class EdgeClient:
         if self._local is not None:
             self._local.stop()
             self._local = None
-        if self._draft is not None and self._owns_draft and hasattr(self._draft, "close"):
+        if self._pool is not None:
+            if self._owns_draft:
+                self._pool.close()
+            elif isinstance(self._draft, DraftSlot):
+                self._draft.close()  # the caller's pool: its slot given back
+        elif self._draft is not None and self._owns_draft and hasattr(self._draft, "close"):
             self._draft.close()
         self._draft = None
+        self._pool = None
 
     def __enter__(self) -> EdgeClient:
         return self

@@ -106,12 +106,14 @@ class SpeculativeSession:
         shared: SharedDraft | None = None,
         link: LinkEstimator | None = None,
         client: ClientConfig | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         """`controller` replaces the drafting policy the config names until a
         drafting setting is reconfigured; `controller_factory` builds it otherwise (one for
         the draft and target by name when not given). `shared`: the draft as the client's other
         sessions use it; `link`: the client's link estimate; `client`: how long to keep trying
-        through an outage (by default the transport's config)."""
+        through an outage (by default the transport's config); `on_close`: called once, when
+        the session closes (a draft slot given back)."""
         if config.mode not in server.modes:
             raise ConfigError(
                 f"the verifier at {transport.address} does not support {config.mode!r} acceptance "
@@ -152,6 +154,7 @@ class SpeculativeSession:
         self._chain = DraftChain()  # tokens drafted past the committed ones
         self.provisional_shown = 0  # tokens shown as provisional in this stream
         self.provisional_kept = 0  # of those, tokens now in the output
+        self._on_close = on_close
 
     # Settings the verifier knows about: changing one needs a new session.
     _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class", "target_speed")
@@ -258,6 +261,9 @@ class SpeculativeSession:
                 self.transport.close_session(sid)
             except EdgekitError:
                 pass  # the verifier may have evicted it or be gone; nothing is lost
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
     # -- rounds ------------------------------------------------------------------------
 

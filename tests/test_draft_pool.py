@@ -1,0 +1,164 @@
+"""The draft pool (issue 18, item 1): one draft model, a KV sequence per task, the steps of
+tasks drafting at the same time run as one decode. Over a toy backend: slots are
+independent, concurrent steps are batched and each task gets what it would alone, long
+prefills are chunked, a failing step fails alone, slots are given back. Over the gemma
+draft: a slot drafts what the plain draft model drafts."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from edgekit.errors import EdgekitError, LimitExceededError
+from edgekit.runtime import DraftPool, Step
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, ToyPoolBackend
+
+LM = ToyLanguageModel(seed=5)
+
+
+def _alone(prompt: list[int], steps: int) -> list[int]:
+    """Greedy drafting of `steps` tokens on a draft model of its own."""
+    draft = FakeDraftModel(LM)
+    out, feed = [], prompt
+    for _ in range(steps):
+        tok = int(np.argmax(draft.eval(feed).logits))
+        out.append(tok)
+        feed = [tok]
+    return out
+
+
+def _drafting(slot, prompt: list[int], steps: int, into: list) -> None:
+    feed = prompt
+    for _ in range(steps):
+        tok = int(np.argmax(slot.eval(feed).logits))
+        into.append(tok)
+        feed = [tok]
+
+
+def test_slots_keep_sequences_of_their_own():
+    pool = DraftPool(ToyPoolBackend(LM, slots=2))
+    a, b = pool.acquire(), pool.acquire()
+    assert a is not None and b is not None and pool.acquire() is None  # two slots, both taken
+    got_a, got_b = [], []
+    _drafting(a, [1, 2, 3], 6, got_a)
+    _drafting(b, [7, 8], 6, got_b)
+    assert got_a == _alone([1, 2, 3], 6) and got_b == _alone([7, 8], 6)
+    a.truncate(3)  # a rolls back; b is untouched
+    assert a.n_past == 3 and pool.backend.sequences[b.seq] == [7, 8, *got_b[:-1]]
+    assert a.eval([got_a[0]]).logits.tolist() == LM.logits([1, 2, 3, got_a[0]]).tolist()
+
+
+def test_steps_asked_for_together_run_as_one_decode_and_each_task_gets_its_own():
+    backend = ToyPoolBackend(LM, slots=4, delay_s=0.005)
+    pool = DraftPool(backend)
+    prompts = [[1, 2], [3, 4, 5], [6], [9, 9, 9, 9]]
+    slots = [pool.acquire() for _ in prompts]
+    results: list[list[int]] = [[] for _ in prompts]
+    threads = [threading.Thread(target=_drafting, args=(s, p, 12, r)) for s, p, r in zip(slots, prompts, results)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [_alone(p, 12) for p in prompts]
+    assert pool.steps == 4 * 12
+    assert pool.decodes < 4 * 12 * 0.75 and max(backend.batches) >= 3  # batched, not one at a time
+
+
+def test_a_task_drafting_alone_is_never_held_back():
+    backend = ToyPoolBackend(LM, slots=3)
+    pool = DraftPool(backend)
+    got: list[int] = []
+    _drafting(pool.acquire(), [1, 2, 3], 10, got)
+    assert backend.batches == [1] * 10
+
+
+def test_a_prefill_longer_than_a_decode_runs_in_chunks():
+    backend = ToyPoolBackend(LM, slots=1, max_rows=8)
+    slot = DraftPool(backend).acquire()
+    prompt = list(range(2, 22))
+    out = slot.eval(prompt)
+    assert slot.n_past == 20 and backend.sequences[0] == prompt
+    assert out.logits.tolist() == LM.logits(prompt).tolist()
+
+
+def test_a_step_that_fails_fails_alone_and_a_released_slot_is_emptied_and_given_again():
+    backend = ToyPoolBackend(LM, slots=2, n_ctx_seq=16)
+    pool = DraftPool(backend)
+    a, b = pool.acquire(), pool.acquire()
+    with pytest.raises(LimitExceededError):
+        a.eval(list(range(2, 30)))  # past its slot's context
+    assert b.eval([1, 2]).logits.shape == (LM.vocab_size,)
+    a.close()
+    with pytest.raises(EdgekitError, match="given back"):
+        a.eval([1])
+    again = pool.acquire()
+    assert again is not None and again.seq == a.seq and backend.sequences[a.seq] == [] and again.n_past == 0
+
+
+def test_a_backend_error_in_a_shared_decode_reaches_only_the_step_that_caused_it():
+    class Picky(ToyPoolBackend):
+        def run(self, steps):
+            if any(s.tokens == [13] for s in steps):
+                raise RuntimeError("token 13 is refused")
+            return super().run(steps)
+
+    pool = DraftPool(Picky(LM, slots=2, delay_s=0.01))
+    a, b = pool.acquire(), pool.acquire()
+    errors, fine = [], []
+
+    def bad():
+        try:
+            a.eval([13])
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=bad)
+    t.start()
+    fine.append(b.eval([5]))
+    t.join()
+    assert len(errors) == 1 and fine[0].logits.tolist() == LM.logits([5]).tolist()
+
+
+def test_steps_that_want_hidden_states_are_not_mixed_with_those_that_do_not():
+    backend = ToyPoolBackend(LM, slots=2)
+    pool = DraftPool(backend)
+    a = pool.acquire()
+    assert a.eval([1, 2, 3], hidden=True).hidden is not None  # the head prefilled, the last row with its state
+    assert backend.sequences[a.seq] == [1, 2, 3]
+    assert pool.step(Step(a.seq, 3, [4], output=False)) is None
+
+
+def test_a_slot_of_the_gemma_draft_drafts_what_the_plain_draft_model_drafts(gemma_paths):
+    from edgekit.runtime import LlamaDraftModel, LlamaPoolBackend
+
+    gemma_draft_path = gemma_paths[0]
+    prompts = ["def fibonacci(n):", "The capital of France is", "1, 2, 3, 4,"]
+    plain = LlamaDraftModel(gemma_draft_path, n_ctx=512)
+    alone = []
+    for text in prompts:
+        plain.truncate(0)
+        tokens, feed = [], plain.tokenize(text)
+        for _ in range(12):
+            tok = int(np.argmax(plain.eval(feed).logits))
+            tokens.append(tok)
+            feed = [tok]
+        alone.append(tokens)
+    plain.close()
+    pool = DraftPool(LlamaPoolBackend(gemma_draft_path, slots=3, n_ctx_seq=512))
+    try:
+        slots = [pool.acquire() for _ in prompts]
+        results: list[list[int]] = [[] for _ in prompts]
+        threads = [threading.Thread(target=_drafting, args=(s, s.tokenize(p), 12, r))
+                   for s, p, r in zip(slots, prompts, results)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == alone
+        assert pool.decodes < pool.steps  # some steps ran together
+        out = slots[0].eval([alone[0][-1]], hidden=True)
+        assert out.hidden is not None and out.hidden.shape == (slots[0].n_embd,)
+    finally:
+        pool.close()

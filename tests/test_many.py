@@ -1,0 +1,84 @@
+"""Several generations on one client (issue 18, item 2): each in a draft slot of its own,
+drafting while the others' blocks are verified, their steps batched. Every task's output is
+what it is alone (the target's own greedy output); a task that fails fails alone and gives
+its slot back; with more tasks than slots the rest share the first slot."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from edgekit import EdgeClient, GenerationConfig
+from edgekit.errors import EdgekitError
+from edgekit.runtime import DraftPool
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, ToyPoolBackend, toy_verifier
+
+TARGET = ToyLanguageModel(seed=21, eos_bias=-8.0)
+DRAFT_LM = ToyLanguageModel(seed=21, noise=1.0)  # a draft that mostly agrees with the target
+PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12], [13, 14, 15]]
+
+
+def _pool(slots: int, delay_s: float = 0.002) -> DraftPool:
+    return DraftPool(ToyPoolBackend(DRAFT_LM, slots=slots, delay_s=delay_s))
+
+
+def _client(pool_or_draft, **config) -> EdgeClient:
+    return EdgeClient(toy_verifier(TARGET, max_sessions=16, **config), draft_model=pool_or_draft,
+                      generation=GenerationConfig(max_tokens=24, draft_k=4))
+
+
+def test_every_task_of_a_pipelined_batch_writes_what_it_writes_alone():
+    with _client(FakeDraftModel(DRAFT_LM)) as alone:
+        expected = [alone.generate(p).until_done().token_ids for p in PROMPTS]
+    assert all(list(e) == TARGET.greedy(p, 24) for e, p in zip(expected, PROMPTS))
+    pool = _pool(4)
+    with _client(pool) as client:
+        results = client.generate_many(PROMPTS)
+        assert [r.token_ids for r in results] == expected
+        assert pool.free_slots() == 3  # every task gave its slot back; the client holds the first
+        assert pool.decodes < pool.steps  # steps of different tasks ran together
+
+
+def test_threads_on_one_client_each_get_a_slot_and_more_threads_than_slots_share_the_first():
+    pool = _pool(2)
+    out: dict[int, tuple[int, ...]] = {}
+    with _client(pool) as client:
+        def run(i: int) -> None:
+            out[i] = client.generate(PROMPTS[i]).until_done().token_ids
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert {i: list(v) for i, v in out.items()} == {i: TARGET.greedy(PROMPTS[i], 24) for i in range(5)}
+        assert pool.free_slots() == 1
+
+
+def test_a_task_that_fails_fails_alone_and_gives_its_slot_back():
+    pool = _pool(3)
+    with _client(pool, max_context=64) as client:
+        prompts = [PROMPTS[0], list(range(1, 80)), PROMPTS[1]]  # the second is past the verifier's context
+        results = client.generate_many(prompts, return_exceptions=True)
+        assert isinstance(results[1], EdgekitError)
+        assert [list(results[i].token_ids) for i in (0, 2)] == [TARGET.greedy(prompts[i], 24) for i in (0, 2)]
+        assert pool.free_slots() == 2
+        with pytest.raises(EdgekitError):
+            client.generate_many(prompts)  # without return_exceptions the failure is raised, after the others
+
+
+def test_draft_slots_need_a_model_file_or_a_pool():
+    with pytest.raises(ValueError, match="draft_slots"):
+        EdgeClient(toy_verifier(TARGET), draft_model=FakeDraftModel(DRAFT_LM), draft_slots=2)
+
+
+def test_the_gemma_pair_pipelined_writes_each_prompts_target_only_output(gemma_server, gemma_paths):
+    prompts = ["def add(a, b):", "The three primary colours are", "Once upon a time", "import numpy as np\n"]
+    gen = GenerationConfig(max_tokens=20, drafting="fixed", draft_k=4)
+    with EdgeClient(gemma_server.address, draft_model=gemma_paths[0], draft_slots=4, generation=gen,
+                    draft_context=512) as client:
+        baseline = [client.generate_target_only(p).until_done().token_ids for p in prompts]
+        results = client.generate_many(prompts)
+        assert [r.token_ids for r in results] == baseline
+        assert client._pool is not None and client._pool.decodes < client._pool.steps
