@@ -65,6 +65,11 @@ class GenerationConfig:
     hidden_encoding: HiddenEncoding = "fp16"
     rtt_rule_ms: float = 10.0
     stop_at_eos: bool = True
+    # Proactive drafting: while a block is being verified, draft the next one as if all of it
+    # will be accepted (starting from the draft's own guess of the verifier's token). A verdict
+    # that accepts the whole block with that token starts the next round at once; any other
+    # drops what was drafted ahead. Lossless either way; counted in the stats.
+    proactive: bool = False
     # A token-speed SLO for the verifier to schedule by (protocol 2): a class it
     # names (its handshake lists them; WISP's four by default: realtime 8,
     # interactive 6, standard 4, relaxed 2 tokens/s), or a speed, which wins.

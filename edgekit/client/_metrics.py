@@ -10,6 +10,9 @@
 - target_passes_per_token: verification rounds per committed token (each round
   is one target forward pass; the prompt prefill is not counted)
 - goodput / tokens_per_second: committed tokens per second of wall time
+- proactive_drafted / proactive_used / proactive_wasted: tokens drafted past a block
+  while it was being verified (proactive drafting), those that started the next round
+  (the verdict took the whole block and the guessed token), and those dropped
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class RoundStats:
     uplink_bytes: int = 0  # serialized requests
     downlink_bytes: int = 0  # serialized answers
     hidden_rows: int = 0  # hidden states the verifier took
+    proactive_drafted: int = 0  # tokens drafted past the block while it was being verified
+    proactive_used: int = 0  # of those, tokens that start the next round
     # With a token-speed SLO: the verifier's budget for the round (WISP eq. 6) and
     # whether its queue and verify time kept within it. None: best effort.
     server_budget_ms: float | None = None
@@ -75,6 +80,8 @@ class GenerationStats:
     reprefilled_tokens: int = 0  # committed tokens the verifier prefilled again on reopening
     provisional_tokens: int = 0  # tokens drafted ahead and shown while no verifier answered
     provisional_kept: int = 0  # of those, tokens a verifier accepted (or matched) into the output
+    proactive_drafted: int = 0  # tokens drafted past blocks while they were being verified
+    proactive_used: int = 0  # of those, tokens that started the next round
     target_speed: float | None = None  # tokens/s the verifier held the session to; None: best effort
     uploads: dict[str, int] = field(default_factory=dict)  # rounds per upload protocol
     prefill_ms: float = 0.0  # client-side time to open the session (both prefills)
@@ -104,6 +111,8 @@ class GenerationStats:
         self.uplink_bytes += r.uplink_bytes
         self.downlink_bytes += r.downlink_bytes
         self.hidden_rows += r.hidden_rows
+        self.proactive_drafted += r.proactive_drafted
+        self.proactive_used += r.proactive_used
         self.deadlines_missed += r.deadline_met is False
         self.uploads[r.upload] = self.uploads.get(r.upload, 0) + 1
         self.rounds_detail.append(r)
@@ -129,6 +138,10 @@ class GenerationStats:
         return self.completion_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
+    def proactive_wasted(self) -> int:
+        return self.proactive_drafted - self.proactive_used
+
+    @property
     def draft_ms_per_token(self) -> float:
         return self.draft_ms / self.drafted if self.drafted else 0.0
 
@@ -141,6 +154,7 @@ class GenerationStats:
             target_passes_per_token=self.target_passes_per_token,
             tokens_per_second=self.tokens_per_second,
             draft_ms_per_token=self.draft_ms_per_token,
+            proactive_wasted=self.proactive_wasted,
         )
         if rounds:
             d["rounds_detail"] = [r.to_dict() for r in self.rounds_detail]

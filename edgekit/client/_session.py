@@ -378,10 +378,11 @@ class SpeculativeSession:
             return self._apply(sent, *self._verify(sent.request))
 
     def _apply(
-        self, sent: _InFlight, verdict: VerifyResult, t1: float, t2: float
+        self, sent: _InFlight, verdict: VerifyResult, t1: float, t2: float, proactive: tuple[int, ...] = ()
     ) -> tuple[list[int], RoundStats, bool]:
         """Commits a verdict: the accepted prefix and the verifier's token; the chain and the
-        draft's KV keep what still follows them."""
+        draft's KV keep what still follows them. `proactive`: what was drafted past the block
+        while it was verified (the guess of the verifier's token first)."""
         request = sent.request
         base, block, upload = request.base_position, list(request.draft_tokens), request.upload
         exchanges = verdict.exchanges or (Exchange((t2 - t1) * 1e3, verdict.verify_ms + verdict.queue_ms, 0, 0),)
@@ -433,6 +434,8 @@ class SpeculativeSession:
             hidden_rows=verdict.hidden_rows,
             server_budget_ms=verdict.budget_ms,
             deadline_met=verdict.deadline_met,
+            proactive_drafted=len(proactive),
+            proactive_used=len(proactive) if _kept(proactive, a, block, verdict) else 0,
         )
         self._round_index += 1
         return new, stats, verdict.context_full
@@ -445,11 +448,13 @@ class SpeculativeSession:
         return _drain(self._round_through_outages(limit, ahead=0))
 
     def _round_through_outages(
-        self, limit: int, *, ahead: int
+        self, limit: int, *, ahead: int, room: int = 0
     ) -> Generator[Provisional, None, tuple[list[int], RoundStats, bool, Resumed | None]]:
         """A round, tried again through an outage; while the verifier is silent (it has not
         answered for `draft_ahead_after` seconds, or failed) and `on_disconnect` is "draft",
-        the device drafts up to `ahead` tokens past the output, yielding each `Provisional`."""
+        the device drafts up to `ahead` tokens past the output, yielding each `Provisional`.
+        With `proactive` drafting, while the block is verified the next one is drafted (within
+        `room` tokens past the output)."""
         if self.session_id is None:
             raise EdgekitError("the session is not open")
 
@@ -458,7 +463,13 @@ class SpeculativeSession:
                 with self._shared.lock:
                     self._hold_draft()
                     sent = self._request(limit)
-                    return self._apply(sent, *self._verify(sent.request))
+                    if not self.config.proactive:
+                        return self._apply(sent, *self._verify(sent.request))
+                    call = _Background(lambda: self._verify(sent.request))
+                    before = len(self._chain)
+                    self._extend_chain(limit, min(room, before + 1 + limit))  # the draft works meanwhile
+                    drafted = tuple(self._chain.tokens[before:])
+                    return self._apply(sent, *call.result(), proactive=drafted)
             # Drafting ahead yields events mid-round: the lock is taken around each use of the
             # draft, never held while the consumer has an event.
             with self._shared.lock:
@@ -543,17 +554,22 @@ class SpeculativeSession:
     def _draft_ahead(self, limit: int, ahead: int) -> Provisional | None:
         """Drafts one more block past the chain (under the shared lock), or None when the chain
         is as long as it may be: `ahead` tokens, the context, or an end of text."""
+        return self._provisional() if self._extend_chain(limit, ahead) else None
+
+    def _extend_chain(self, limit: int, ahead: int) -> bool:
+        """Drafts one more block past the chain (under the shared lock), unless the chain is as
+        long as it may be (`ahead` tokens, the context, an end of text); whether it did."""
         chain = self._chain
         free = min(ahead, self.max_context - 2 - len(self.tokens)) - len(chain)
         ended = len(chain) and self.config.stop_at_eos and self.draft.is_eog(chain.tokens[-1])
         if free < 2 or ended:
-            return None
+            return False
         guess = bool(chain.ends)  # after a block (even an empty one) comes the verifier's position
         block = self._draft_block(self.controller.window(min(limit, free - int(guess))), guess=guess)
         if not block.tokens:
-            return None  # the controller stops at once, and would again on the same logits
+            return False  # the controller stops at once, and would again on the same logits
         chain.add(block)
-        return self._provisional()
+        return True
 
     def _provisional(self) -> Provisional:
         """The chain as a `Provisional` event (all of it is shown from now on)."""
@@ -594,7 +610,9 @@ class SpeculativeSession:
                 limit = min(limit, self._budget)  # the verifier's assigned budget bounds every policy
             shown = self.provisional_shown
             ahead = min(self.retry.max_provisional, remaining)
-            new, rstats, context_full, resumed = yield from self._round_through_outages(limit, ahead=ahead)
+            new, rstats, context_full, resumed = yield from self._round_through_outages(
+                limit, ahead=ahead, room=remaining
+            )
             showing = showing or self.provisional_shown > shown
             if resumed is not None:
                 stats.add_outage(resumed)
@@ -671,6 +689,12 @@ class _Background:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def _kept(proactive: tuple[int, ...], accepted: int, block: list[int], verdict: VerifyResult) -> bool:
+    """Whether what was drafted past a block starts the next round: the verdict took the whole
+    block, and its token is the one the draft guessed."""
+    return bool(proactive) and accepted == len(block) and verdict.next_token == proactive[0]
 
 
 def _check_upload(config: GenerationConfig, server: ServerInfo, address: str) -> None:

@@ -20,7 +20,7 @@ from ..protocol import Fingerprint
 from ._llama import LlamaContext, LlamaModel
 from ._logits import LogitStats
 
-__all__ = ["DraftModel", "DraftOutput", "LlamaDraftModel"]
+__all__ = ["DraftModel", "DraftOutput", "LlamaDraftModel", "Vocabulary"]
 
 
 @dataclass(frozen=True)
@@ -37,14 +37,12 @@ class DraftOutput:
         object.__setattr__(self, "stats", LogitStats(self.logits))
 
 
-class DraftModel(Protocol):
+class Vocabulary(Protocol):
+    """A model's name, sizes and tokenizer."""
+
     name: str
     n_vocab: int
     n_embd: int
-    n_ctx: int
-
-    @property
-    def n_past(self) -> int: ...
 
     def fingerprint(self) -> Fingerprint: ...
 
@@ -57,6 +55,13 @@ class DraftModel(Protocol):
     def is_eog(self, token: int) -> bool: ...
 
     def chat_template(self) -> str | None: ...
+
+
+class DraftModel(Vocabulary, Protocol):
+    n_ctx: int
+
+    @property
+    def n_past(self) -> int: ...
 
     def eval(self, tokens: Sequence[int], *, hidden: bool = False) -> DraftOutput: ...
 

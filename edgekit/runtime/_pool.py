@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import EdgekitError, LimitExceededError
 from ..protocol import Fingerprint
-from ._draft import DraftOutput
+from ._draft import DraftOutput, Vocabulary
 from ._llama import LlamaContext, LlamaModel
 
 __all__ = ["DraftPool", "DraftSlot", "LlamaPoolBackend", "PoolBackend", "Step"]
@@ -44,24 +44,6 @@ class Step:
     tokens: Sequence[int]
     output: bool = True
     hidden: bool = False
-
-
-class Vocabulary(Protocol):
-    name: str
-    n_vocab: int
-    n_embd: int
-
-    def fingerprint(self) -> Fingerprint: ...
-
-    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]: ...
-
-    def detokenize(self, tokens: Sequence[int]) -> str: ...
-
-    def token_bytes(self, token: int, *, special: bool = False) -> bytes: ...
-
-    def is_eog(self, token: int) -> bool: ...
-
-    def chat_template(self) -> str | None: ...
 
 
 class PoolBackend(Protocol):
