@@ -65,6 +65,11 @@ _ON_DISCONNECT = typer.Option(
     "verifier answers again), 'wait' only tries again, 'fail' stops at once (default wait, or "
     "EDGEKIT_ON_DISCONNECT).",
 )
+_PROACTIVE = typer.Option(
+    False, "--proactive/--no-proactive",
+    help="Draft the next block while one is being verified (kept when the verdict takes the whole block and the "
+    "draft's guess of the next token; dropped otherwise). Lossless; pays where the round trip is long.",
+)
 _RETRY_FOR = typer.Option(
     None, "--retry-for", min=0.0,
     help="Seconds to keep trying through a verifier outage, reopening the session if the verifier lost it "

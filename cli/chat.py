@@ -18,6 +18,7 @@ from ._common import (
     _ON_DISCONNECT,
     _P_MIN,
     _PREDICTOR,
+    _PROACTIVE,
     _RETRY_FOR,
     _SLO_CLASS,
     _TARGET_SPEED,
@@ -150,6 +151,7 @@ def chat(
     timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, in seconds."),
     retry_for: float | None = _RETRY_FOR,
     on_disconnect: str | None = _ON_DISCONNECT,
+    proactive: bool = _PROACTIVE,
 ) -> None:
     """Chat with the pair's target model, drafted on this device (one session, KV reused across turns)."""
     from rich.console import Console
@@ -163,7 +165,7 @@ def chat(
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
         drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
-        slo_class=slo_class, target_speed=target_speed,
+        slo_class=slo_class, target_speed=target_speed, proactive=proactive,
         upload=cast(Upload, upload),
     )
     # With --json, stdout carries only JSON lines; everything for people goes to stderr.

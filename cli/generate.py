@@ -15,6 +15,7 @@ from ._common import (
     _ON_DISCONNECT,
     _P_MIN,
     _PREDICTOR,
+    _PROACTIVE,
     _RETRY_FOR,
     _SLO_CLASS,
     _TARGET_SPEED,
@@ -67,6 +68,7 @@ def generate(
     timeout: float = typer.Option(30.0, "--timeout", help="Deadline of each verifier call, in seconds."),
     retry_for: float | None = _RETRY_FOR,
     on_disconnect: str | None = _ON_DISCONNECT,
+    proactive: bool = _PROACTIVE,
 ) -> None:
     """Generate a completion by speculative decoding (or by the target alone with --baseline)."""
     from edgekit import GenerationConfig, Resumed, TextDelta
@@ -78,7 +80,7 @@ def generate(
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
         drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
-        slo_class=slo_class, target_speed=target_speed,
+        slo_class=slo_class, target_speed=target_speed, proactive=proactive,
         upload=cast(Upload, upload), hidden_encoding=cast(HiddenEncoding, hidden_encoding),
     )
     with _connect.build_client(

@@ -70,6 +70,10 @@ class GenerationConfig:
     # that accepts the whole block with that token starts the next round at once; any other
     # drops what was drafted ahead. Lossless either way; counted in the stats.
     proactive: bool = False
+    # With drafting "latency" or "auto": no draft (plain target decoding, one round trip and one
+    # target step per token) while the latency model expects that to be faster than any window,
+    # with a short block now and then to see whether drafting pays again. Lossless either way.
+    plain_when_faster: bool = True
     # A token-speed SLO for the verifier to schedule by (protocol 2): a class it
     # names (its handshake lists them; WISP's four by default: realtime 8,
     # interactive 6, standard 4, relaxed 2 tokens/s), or a speed, which wins.

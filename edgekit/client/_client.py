@@ -41,7 +41,8 @@ class EdgeClient:
     draft_slots: how many generations may draft at once, each on a KV sequence of its
     own in one draft model, their steps batched (`edgekit.runtime.DraftPool`); with one
     (the default) concurrent generations take turns on the draft, and each switch
-    re-prefills it. `draft_model` may also be a `DraftPool`.
+    re-prefills it. `draft_model` may also be a `DraftPool`. draft_context: tokens per
+    sequence; draft_threads: CPU threads of the draft (default: EDGEKIT_THREADS, or all).
     """
 
     def __init__(
@@ -55,6 +56,7 @@ class EdgeClient:
         local_server: ServerConfig | None = None,
         draft_slots: int = 1,
         draft_context: int = 4096,
+        draft_threads: int | None = None,
     ) -> None:
         if draft_slots < 1:
             raise ValueError("draft_slots must be at least 1")
@@ -73,7 +75,7 @@ class EdgeClient:
         assert not isinstance(target, Sequence) or isinstance(target, str)
         self._owns_transport = target is None or isinstance(target, str)
         try:
-            self._draft = self._load_draft(draft_model, draft_slots, draft_context)
+            self._draft = self._load_draft(draft_model, draft_slots, draft_context, draft_threads)
             if target is None:
                 self._local = self._start_local(local_server)
                 target = self._local.address
@@ -89,7 +91,7 @@ class EdgeClient:
         self.link = LinkEstimator()  # this device's view of its link to the verifier
 
     def _load_draft(
-        self, draft_model: str | Path | DraftModel | DraftPool | None, slots: int, n_ctx: int
+        self, draft_model: str | Path | DraftModel | DraftPool | None, slots: int, n_ctx: int, threads: int | None
     ) -> DraftModel:
         """The draft model; with several slots (or a pool given), the pool's first slot, which
         sessions share when every other slot is taken."""
@@ -101,8 +103,10 @@ class EdgeClient:
             draft_model, name = model_path(spec.draft), spec.draft
         if isinstance(draft_model, (str, Path)):
             if slots == 1:
-                return LlamaDraftModel(draft_model, name=name, n_ctx=n_ctx)
-            draft_model = DraftPool(LlamaPoolBackend(draft_model, slots=slots, n_ctx_seq=n_ctx, name=name))
+                return LlamaDraftModel(draft_model, name=name, n_ctx=n_ctx, n_threads=threads)
+            draft_model = DraftPool(
+                LlamaPoolBackend(draft_model, slots=slots, n_ctx_seq=n_ctx, name=name, n_threads=threads)
+            )
         if isinstance(draft_model, DraftPool):
             self._pool = draft_model
             first = draft_model.acquire()

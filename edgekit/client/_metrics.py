@@ -10,6 +10,8 @@
 - target_passes_per_token: verification rounds per committed token (each round
   is one target forward pass; the prompt prefill is not counted)
 - goodput / tokens_per_second: committed tokens per second of wall time
+- plain_rounds: rounds sent without a draft because plain target decoding was expected
+  to be faster (`plain_when_faster`)
 - proactive_drafted / proactive_used / proactive_wasted: tokens drafted past a block
   while it was being verified (proactive drafting), those that started the next round
   (the verdict took the whole block and the guessed token), and those dropped
@@ -82,6 +84,7 @@ class GenerationStats:
     provisional_kept: int = 0  # of those, tokens a verifier accepted (or matched) into the output
     proactive_drafted: int = 0  # tokens drafted past blocks while they were being verified
     proactive_used: int = 0  # of those, tokens that started the next round
+    plain_rounds: int = 0  # rounds without a draft: plain target decoding was expected to be faster
     target_speed: float | None = None  # tokens/s the verifier held the session to; None: best effort
     uploads: dict[str, int] = field(default_factory=dict)  # rounds per upload protocol
     prefill_ms: float = 0.0  # client-side time to open the session (both prefills)

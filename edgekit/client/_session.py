@@ -596,6 +596,7 @@ class SpeculativeSession:
         start = time.perf_counter()
         finish: str | None = None
         self.provisional_shown = self.provisional_kept = 0
+        plain_before = getattr(self.controller, "plain_rounds", 0)
         self._chain.shown = 0  # what an earlier stream showed is not this one's to count
         showing = False  # whether the consumer was last shown provisional tokens
         while finish is None:
@@ -649,6 +650,7 @@ class SpeculativeSession:
             yield TextDelta(tail, ())
         stats.completion_tokens = len(out)
         stats.provisional_tokens, stats.provisional_kept = self.provisional_shown, self.provisional_kept
+        stats.plain_rounds = getattr(self.controller, "plain_rounds", 0) - plain_before
         stats.elapsed_s = time.perf_counter() - start + prefill_ms / 1e3
         stats.finish_reason = finish
         yield FinalStats(stats, tuple(out), "".join(text_parts))

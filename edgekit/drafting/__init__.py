@@ -3,12 +3,15 @@
 The seam is `Controller` (window, per-step decision, verdict feedback). Policies:
 `FixedWindow` (SLED's baseline), `PredictorController` (WISP's stop at the first
 predicted rejection), `ConfidenceThreshold` (llama.cpp's draft p-min), and
-`LatencyWindow` (the window the latency model picks on the measured link).
-`ControllerFactory` builds the one a `GenerationConfig` names.
+`LatencyWindow` (the window the latency model picks on the measured link), and
+`PlainWhenFaster`, which turns any of them off (window 0: plain target decoding)
+while the latency model expects that to be faster. `ControllerFactory` builds the
+one a `GenerationConfig` names.
 """
 
 from ._controller import Controller, Decision, FixedWindow, StopRule
 from ._factory import ControllerFactory
+from ._gate import PlainWhenFaster
 from ._latency_window import LatencyWindow
 from ._stop_at_rejection import AcceptancePredictor, AcceptanceTracker, ConfidenceThreshold, PredictorController
 
@@ -21,6 +24,7 @@ __all__ = [
     "Decision",
     "FixedWindow",
     "LatencyWindow",
+    "PlainWhenFaster",
     "PredictorController",
     "StopRule",
 ]

@@ -6,6 +6,7 @@ from ..config import GenerationConfig
 from ..errors import ConfigError
 from ..link import LinkPolicy
 from ._controller import Controller, FixedWindow
+from ._gate import PlainWhenFaster
 from ._latency_window import LatencyWindow
 from ._stop_at_rejection import AcceptancePredictor, ConfidenceThreshold, PredictorController
 
@@ -22,6 +23,9 @@ class ControllerFactory:
     - "auto": "predictor" where one is shipped (or given) and onnxruntime is
       installed, else "fixed".
 
+    "latency" and "auto" are wrapped in `PlainWhenFaster` unless `config.plain_when_faster`
+    is off: speculation stops while plain target decoding is expected to be faster.
+
     ONNX predictors are loaded once per path and shared by the controllers built here.
     """
 
@@ -31,6 +35,12 @@ class ControllerFactory:
         self._predictors: dict[str, AcceptancePredictor] = {}
 
     def build(self, config: GenerationConfig, policy: LinkPolicy) -> Controller:
+        controller = self._build(config, policy)
+        if config.plain_when_faster and config.drafting in ("latency", "auto"):
+            return PlainWhenFaster(controller, policy)
+        return controller
+
+    def _build(self, config: GenerationConfig, policy: LinkPolicy) -> Controller:
         if config.drafting == "fixed":
             return FixedWindow(config.draft_k)
         if config.drafting == "p-min":

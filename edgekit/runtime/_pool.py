@@ -76,8 +76,11 @@ class _Ask:
 class DraftPool:
     """Slots on one draft model; their steps batched by group commit (see the module)."""
 
-    def __init__(self, backend: PoolBackend) -> None:
+    def __init__(self, backend: PoolBackend, *, coalesce: bool = True) -> None:
+        """coalesce=False runs every step in a decode of its own (the slots still keep their
+        sequences): for measuring what batching adds."""
         self.backend = backend
+        self.coalesce = coalesce
         self.vocab = backend.vocab
         self._cond = threading.Condition()
         self._queue: list[_Ask] = []
@@ -168,7 +171,7 @@ class DraftPool:
     def _take(self) -> list[_Ask]:
         """The next batch: an op alone, or steps of one kind (hidden or not) that fit a decode, in order."""
         first = self._queue[0]
-        if first.step is None:
+        if first.step is None or not self.coalesce:
             return [self._queue.pop(0)]
         batch, rows, rest = [], 0, []
         for a in self._queue:

@@ -1,0 +1,182 @@
+"""A device that never waits (issue 18): proactive drafting and pipelined tasks on emulated links.
+
+The verifier (`edgekit serve`, one thread) runs behind the link emulator (a network
+namespace, tbf rates, the delay proxy) at RTT 5, 25 and 50 ms; the device drafts with
+one thread, so the two sides share the machine's two cores as two machines would not
+contend. Every output is checked against target-only decoding of its prompt.
+
+- One task: time per committed token with and without proactive drafting (fixed
+  window and the shipped predictor; the order alternating per prompt), and how many
+  tokens drafted ahead were used.
+- N tasks (1, 2, 4, 8 prompts): total completion time and mean per-task latency run
+  one after another (one draft sequence), pipelined (`generate_many` with a draft slot
+  per task, every step in a decode of its own), and pipelined with batched drafting
+  (steps of tasks drafting together in one decode).
+
+    sudo python benchmarks/pipeline.py --max-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import _common as C
+import numpy as np
+
+from edgekit import EdgeClient, GenerationConfig
+from edgekit.linkemu import LinkProfile, Testbed
+from edgekit.models import get_pair, model_path
+from edgekit.runtime import DraftPool, LlamaDraftModel, LlamaPoolBackend
+from edgekit.transport import GrpcTransport
+
+WAYS = ("one after another", "pipelined", "pipelined, batched drafting")
+
+
+def one_task(address: str, draft: LlamaDraftModel, prompt: str, gen: GenerationConfig) -> dict:
+    with EdgeClient(GrpcTransport(address), draft_model=draft, generation=gen) as client:
+        t0 = time.perf_counter()
+        final = client.generate(prompt).until_done()
+        elapsed = time.perf_counter() - t0
+    s = final.stats
+    return {"tokens": list(final.token_ids), "elapsed_s": elapsed, "ms_per_token": elapsed * 1e3 / len(final.token_ids),
+            "proactive_drafted": s.proactive_drafted, "proactive_used": s.proactive_used, "rounds": s.rounds}
+
+
+def many(address: str, path: str, name: str, prompts: list[str], gen: GenerationConfig, way: str,
+         draft: LlamaDraftModel) -> dict:
+    n = len(prompts)
+    t0 = time.perf_counter()
+    ends: list[float] = []
+    if way == "one after another":
+        outs = []
+        with EdgeClient(GrpcTransport(address), draft_model=draft, generation=gen) as client:
+            for p in prompts:
+                outs.append(list(client.generate(p).until_done().token_ids))
+                ends.append(time.perf_counter() - t0)
+        return {"total_s": ends[-1], "mean_latency_s": float(np.mean(ends)), "tokens": outs}
+    pool = DraftPool(LlamaPoolBackend(path, slots=n + 1, n_ctx_seq=1024, name=name, n_threads=1),
+                     coalesce=way != "pipelined")
+    with EdgeClient(GrpcTransport(address), draft_model=pool, generation=gen) as client:
+        client.server_info()
+        t0 = time.perf_counter()
+
+        def timed(p: str):  # type: ignore[no-untyped-def]
+            final = client.generate(p).until_done()
+            ends.append(time.perf_counter() - t0)
+            return final
+
+        with ThreadPoolExecutor(max_workers=n) as ex:
+            finals = list(ex.map(timed, prompts))
+        total = time.perf_counter() - t0
+    batched = pool.steps / max(pool.decodes, 1)
+    pool.close()
+    return {"total_s": total, "mean_latency_s": float(np.mean(ends)), "tokens": [list(f.token_ids) for f in finals],
+            "steps_per_decode": batched}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default="gemma-270m")
+    ap.add_argument("--rtts", default="5,25,50")
+    ap.add_argument("--mbps", type=float, default=50.0)
+    ap.add_argument("--prompts", type=int, default=3, help="prompts for the one-task runs")
+    ap.add_argument("--tasks", default="1,2,4,8")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--draftings", default="fixed,predictor")
+    ap.add_argument("--out", default="pipeline")
+    args = ap.parse_args()
+    C.apply_threads(1)
+    C.print_machine()
+    spec = get_pair(args.pair)
+    path = str(model_path(spec.draft))
+    draft = LlamaDraftModel(path, name=spec.draft, n_ctx=2048, n_threads=1)
+    all_prompts = [p["prompt"] for p in C.load_prompts("eval")]
+    tasks = C.csv_list(args.tasks, int)
+    serve = ["--pair", args.pair, "--max-sessions", "16", "--threads", "1"]
+    single: list[dict] = []
+    multi: list[dict] = []
+    with Testbed(serve, log=str(C.RESULTS_DIR / f"{args.out}-verifier.log")) as bed:
+        refs: dict[str, list[int]] = {}
+        base = GenerationConfig(max_tokens=args.max_tokens, stop_at_eos=False)
+        with EdgeClient(GrpcTransport(bed.address), draft_model=draft, generation=base) as client:
+            for p in all_prompts[: max(args.prompts, max(tasks))]:
+                refs[p] = list(client.generate_target_only(p).until_done().token_ids)
+        for rtt in C.csv_list(args.rtts, float):
+            bed.shape(LinkProfile(rtt, args.mbps))
+            for drafting in C.csv_list(args.draftings):
+                for i, p in enumerate(all_prompts[: args.prompts]):
+                    order = (False, True) if i % 2 == 0 else (True, False)
+                    for proactive in order:
+                        gen = GenerationConfig(max_tokens=args.max_tokens, stop_at_eos=False, drafting=drafting,
+                                               draft_k=4, proactive=proactive)  # type: ignore[arg-type]
+                        r = one_task(bed.address, draft, p, gen)
+                        r.update(rtt_ms=rtt, drafting=drafting, proactive=proactive, prompt=i,
+                                 lossless=r.pop("tokens") == refs[p])
+                        single.append(r)
+                        C.progress(f"RTT {rtt:g} ms, {drafting}, prompt {i}, proactive {proactive}: "
+                                   f"{r['ms_per_token']:.1f} ms/token, ahead used {r['proactive_used']}/"
+                                   f"{r['proactive_drafted']}, lossless {r['lossless']}")
+            gen = GenerationConfig(max_tokens=args.max_tokens, stop_at_eos=False, drafting="fixed", draft_k=4)
+            for n in tasks:
+                prompts = all_prompts[:n]
+                for way in WAYS:
+                    r = many(bed.address, path, spec.draft, prompts, gen, way, draft)
+                    lossless = all(t == refs[p] for t, p in zip(r.pop("tokens"), prompts, strict=True))
+                    r.update(rtt_ms=rtt, tasks=n, way=way, lossless=lossless)
+                    multi.append(r)
+                    C.progress(f"RTT {rtt:g} ms, {n} tasks, {way}: total {r['total_s']:.2f} s, mean latency "
+                               f"{r['mean_latency_s']:.2f} s, lossless {lossless}")
+    draft.close()
+    summary = []
+    for rtt in C.csv_list(args.rtts, float):
+        for drafting in C.csv_list(args.draftings):
+            rows = [r for r in single if r["rtt_ms"] == rtt and r["drafting"] == drafting]
+            off = np.mean([r["ms_per_token"] for r in rows if not r["proactive"]])
+            on = np.mean([r["ms_per_token"] for r in rows if r["proactive"]])
+            summary.append({"rtt_ms": rtt, "drafting": drafting, "ms_per_token_off": off, "ms_per_token_on": on,
+                            "cut": 1 - on / off})
+    print(C.table(["RTT ms", "drafting", "ms/token", "ms/token proactive", "cut"],
+                  [[s["rtt_ms"], s["drafting"], s["ms_per_token_off"], s["ms_per_token_on"], f"{s['cut']:.1%}"]
+                   for s in summary]))
+    print()
+    print(C.table(["RTT ms", "tasks", *WAYS],
+                  [[rtt, n, *[next(r["total_s"] for r in multi if r["rtt_ms"] == rtt and r["tasks"] == n
+                                   and r["way"] == w) for w in WAYS]]
+                   for rtt in C.csv_list(args.rtts, float) for n in tasks]))
+    path_out = C.write_result(args.out, {"settings": vars(args), "single": single, "multi": multi,
+                                         "summary": summary})
+    plot(single, multi, summary, tasks, path_out.with_suffix(".png"))
+
+
+def plot(single: list[dict], multi: list[dict], summary: list[dict], tasks: list[int], path) -> None:  # type: ignore[no-untyped-def]
+    rtts = sorted({r["rtt_ms"] for r in multi})
+    fig, axes = C.subplots(1 + len(rtts), width=4.2)
+    for drafting in sorted({s["drafting"] for s in summary}):
+        rows = [s for s in summary if s["drafting"] == drafting]
+        axes[0].plot([s["rtt_ms"] for s in rows], [s["ms_per_token_off"] for s in rows], marker="o",
+                     label=f"{drafting}")
+        axes[0].plot([s["rtt_ms"] for s in rows], [s["ms_per_token_on"] for s in rows], marker="s", linestyle="--",
+                     label=f"{drafting}, proactive")
+    axes[0].set_xlabel("RTT (ms)")
+    axes[0].set_ylabel("ms per committed token (one task)")
+    axes[0].set_title("Proactive drafting")
+    axes[0].legend(fontsize=7)
+    axes[0].set_ylim(bottom=0)
+    for ax, rtt in zip(axes[1:], rtts, strict=True):
+        for way in WAYS:
+            rows = sorted((r["tasks"], r["total_s"]) for r in multi if r["rtt_ms"] == rtt and r["way"] == way)
+            ax.plot([x[0] for x in rows], [x[1] for x in rows], marker="o", label=way)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(tasks, [str(t) for t in tasks])
+        ax.set_xlabel("tasks")
+        ax.set_ylabel("total completion time (s)")
+        ax.set_title(f"RTT {rtt:g} ms")
+        ax.set_ylim(bottom=0)
+    axes[1].legend(fontsize=7)
+    print(f"figure: {C.save_figure(fig, path)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Speculation off when it does not pay (issue 18, item 5): with a draft that never agrees
+with the target, the latency model soon expects plain target decoding (an empty block: one
+round trip and one target step per token) to be faster and the session switches to it,
+probing with a short block now and then; with a draft that agrees it keeps drafting. The
+output is the target's own either way."""
+
+from __future__ import annotations
+
+import time
+
+from edgekit import EdgeClient, GenerationConfig
+from edgekit.drafting import FixedWindow, PlainWhenFaster
+from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, toy_verifier
+
+TARGET = ToyLanguageModel(seed=17, eos_bias=-8.0)
+NEVER = ToyLanguageModel(seed=1234, noise=50.0)  # a draft whose tokens the target (almost) never takes
+
+
+class _Draft(FakeDraftModel):
+    """A draft step costs 3 ms, as a small model's on a device; the link's RTT is 5 ms."""
+
+    def eval(self, tokens, *, hidden=False):
+        time.sleep(0.003)
+        return super().eval(tokens, hidden=hidden)
+
+
+def _final(draft_lm: ToyLanguageModel, **gen):
+    config = GenerationConfig(max_tokens=80, drafting="latency", **gen)
+    verifier = toy_verifier(TARGET, link=SimulatedLink(rtt_ms=5.0))
+    with EdgeClient(verifier, draft_model=_Draft(draft_lm), generation=config) as client:
+        stream = client.generate([1, 2, 3])
+        return stream.until_done()
+
+
+def test_a_draft_that_never_agrees_is_switched_off_and_probed_now_and_then():
+    final = _final(NEVER)
+    s = final.stats
+    assert list(final.token_ids) == TARGET.greedy([1, 2, 3], 80)
+    assert s.plain_rounds > 0.6 * s.rounds  # most rounds plain
+    drafted_rounds = [r for r in s.rounds_detail if r.drafted]
+    assert drafted_rounds and all(r.drafted <= 2 for r in drafted_rounds[-3:])  # the probes are short blocks
+    off = _final(NEVER, plain_when_faster=False).stats
+    assert off.plain_rounds == 0 and off.drafted > s.drafted
+
+
+def test_a_draft_that_agrees_keeps_drafting():
+    final = _final(TARGET)
+    assert list(final.token_ids) == TARGET.greedy([1, 2, 3], 80)
+    assert final.stats.plain_rounds == 0 and final.stats.drafted > 0.5 * final.stats.completion_tokens
+
+
+def test_the_gate_only_decides_on_the_sessions_own_measurements_and_probes_on_schedule():
+    from edgekit.config import GenerationConfig as G
+    from edgekit.link import LinkEstimator, LinkPolicy
+
+    policy = LinkPolicy(G(), LinkEstimator(), hidden_dim=8, n_vocab=64)
+    gate = PlainWhenFaster(FixedWindow(4), policy, probe_every=3, probe_window=2, warmup=2)
+    assert gate.window(8) == 4  # no verdicts yet: as the inner controller
+    for _ in range(12):  # nothing accepted, drafting slow
+        policy.costs.observe(drafted=4, accepted=0, draft_ms=80.0, draft_steps=4, verify_ms=10.0)
+        gate.observe(4, 0)
+    assert [gate.window(8) for _ in range(8)] == [0, 0, 0, 2, 0, 0, 0, 2]
+    assert gate.plain_rounds == 6
+    for _ in range(30):  # then the draft agrees again, and is fast
+        policy.costs.observe(drafted=4, accepted=4, draft_ms=2.0, draft_steps=4, verify_ms=10.0)
+        gate.observe(4, 4)
+    assert gate.window(8) == 4
