@@ -162,3 +162,71 @@ def test_a_slot_of_the_gemma_draft_drafts_what_the_plain_draft_model_drafts(gemm
         assert out.hidden is not None and out.hidden.shape == (slots[0].n_embd,)
     finally:
         pool.close()
+
+
+def test_closing_the_pool_fails_the_steps_still_waiting_and_hangs_no_one():
+    pool = DraftPool(ToyPoolBackend(LM, slots=3, delay_s=0.2))
+    a, b = pool.acquire(), pool.acquire()
+    results: dict[str, str] = {}
+
+    def run(name, slot):
+        try:
+            slot.eval([1, 2, 3])
+            results[name] = "ok"
+        except EdgekitError as exc:
+            results[name] = str(exc)
+
+    first = threading.Thread(target=run, args=("a", a))
+    first.start()
+    while not pool._busy:  # a's decode is running
+        pass
+    second = threading.Thread(target=run, args=("b", b))
+    second.start()
+    while not pool._queue:  # b waits behind it
+        pass
+    pool.close()
+    first.join(5)
+    second.join(5)
+    assert results == {"a": "ok", "b": "the draft pool is closed"}
+    with pytest.raises(EdgekitError, match="closed"):
+        pool.acquire()
+    a.close()  # giving a slot back to a closed pool does nothing
+
+
+def test_a_decode_that_fails_after_storing_its_rows_leaves_every_slot_consistent():
+    class StoresThenFails(ToyPoolBackend):
+        failed = False
+
+        def run(self, steps):
+            out = super().run(steps)
+            if len(steps) > 1 and not self.failed:
+                self.failed = True
+                raise RuntimeError("reading the outputs failed")
+            return out
+
+    backend = StoresThenFails(LM, slots=3, delay_s=0.02)
+    pool = DraftPool(backend)
+    slots = [pool.acquire() for _ in range(3)]
+    outs: dict[int, list[float]] = {}
+
+    def go(i):
+        outs[i] = slots[i].eval([1, 2]).logits.tolist()
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert backend.failed and backend.sequences == [[1, 2]] * 3 and [s.n_past for s in slots] == [2, 2, 2]
+    assert all(v == LM.logits([1, 2]).tolist() for v in outs.values())
+
+
+def test_a_slot_given_back_cannot_touch_the_sequence_its_successor_holds():
+    pool = DraftPool(ToyPoolBackend(LM, slots=1))
+    a = pool.acquire()
+    a.prefill([1, 2, 3])
+    a.close()
+    b = pool.acquire()
+    b.prefill([7, 8, 9, 10])
+    a.truncate(1)  # nothing: a holds nothing any more
+    assert pool.backend.sequences[b.seq] == [7, 8, 9, 10] and a.n_past == 0

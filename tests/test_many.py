@@ -82,3 +82,18 @@ def test_the_gemma_pair_pipelined_writes_each_prompts_target_only_output(gemma_s
         results = client.generate_many(prompts)
         assert [r.token_ids for r in results] == baseline
         assert client._pool is not None and client._pool.decodes < client._pool.steps
+
+
+def test_a_stream_dropped_unread_or_a_prompt_that_fails_to_tokenize_gives_its_slot_back():
+    import gc
+
+    pool = _pool(3)
+    with _client(pool) as client:
+        stream = client.generate(PROMPTS[0])
+        assert pool.free_slots() == 1
+        del stream
+        gc.collect()
+        assert pool.free_slots() == 2
+        with pytest.raises(TypeError):
+            client.generate(12345)  # type: ignore[arg-type]
+        assert pool.free_slots() == 2

@@ -59,9 +59,24 @@ def test_the_gate_only_decides_on_the_sessions_own_measurements_and_probes_on_sc
     for _ in range(12):  # nothing accepted, drafting slow
         policy.costs.observe(drafted=4, accepted=0, draft_ms=80.0, draft_steps=4, verify_ms=10.0)
         gate.observe(4, 0)
-    assert [gate.window(8) for _ in range(8)] == [0, 0, 0, 2, 0, 0, 0, 2]
+    windows = []
+    for _ in range(8):
+        w = gate.window(8)
+        assert gate.window(8) == w  # asked again within the round (a block drafted ahead): the same answer
+        windows.append(w)
+        gate.observe(w, 0)
+    assert windows == [0, 0, 0, 2, 0, 0, 0, 2]
     assert gate.plain_rounds == 6
     for _ in range(30):  # then the draft agrees again, and is fast
         policy.costs.observe(drafted=4, accepted=4, draft_ms=2.0, draft_steps=4, verify_ms=10.0)
         gate.observe(4, 4)
     assert gate.window(8) == 4
+
+
+def test_with_proactive_drafting_a_round_is_counted_once_and_nothing_is_drafted_ahead_of_a_plain_round():
+    final = _final(NEVER, proactive=True)
+    s = final.stats
+    assert list(final.token_ids) == TARGET.greedy([1, 2, 3], 80)
+    empty = sum(1 for r in s.rounds_detail if r.drafted == 0)
+    assert s.plain_rounds == empty > 0.6 * s.rounds
+    assert s.proactive_drafted <= 5 * (s.rounds - empty + 1)  # only past rounds that drafted

@@ -77,3 +77,14 @@ def test_the_draft_works_while_the_verify_call_is_out():
         out = kind == "sent" or (out and kind != "answered")
         inside += kind == "draft" and out
     assert inside >= 3  # draft steps ran while a block was out for verification
+
+
+def test_drafting_ahead_through_outages_drafts_proactively_too():
+    from edgekit import ClientConfig
+
+    config = GenerationConfig(max_tokens=40, drafting="fixed", draft_k=4, proactive=True)
+    with EdgeClient(toy_verifier(TARGET), draft_model=FakeDraftModel(TARGET), generation=config,
+                    config=ClientConfig(on_disconnect="draft")) as client:
+        final = client.generate(PROMPTS[0]).until_done()
+    assert list(final.token_ids) == TARGET.greedy(PROMPTS[0], 40)
+    assert final.stats.proactive_drafted > 20 and final.stats.proactive_used >= final.stats.proactive_drafted - 5

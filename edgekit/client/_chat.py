@@ -157,6 +157,7 @@ class Conversation:
             try:
                 return self._session, self._session.extend(self.client.tokenize(text, special=False))
             except SessionNotFoundError:
+                self._session.close()  # its draft slot back; the verifier has forgotten it already
                 self._session = None  # evicted while idle: start again from the rendered history
         self._session = self.client.session(**self.overrides)
         prompt = self._template.render([*self.messages, user], add_generation_prompt=True)

@@ -249,8 +249,8 @@ class EdgeClient:
         self, prompt: str | Sequence[int], *, controller: Controller | None = None, **overrides: Any
     ) -> GenerationStream:
         """Speculative generation; overrides are GenerationConfig fields."""
-        session = self.session(controller=controller, **overrides)
         tokens = self.tokenize(prompt)
+        session = self.session(controller=controller, **overrides)
 
         def events() -> Iterator[Event]:
             prefill_ms = session.open(tokens)

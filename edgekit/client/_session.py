@@ -399,6 +399,8 @@ class SpeculativeSession:
                 f"committed {verdict.committed_length} on base {base}"
             )
         self._inflight = None
+        chain = self._chain  # whether what follows the block survives the verdict (the chain's rule)
+        keeps = a == len(block) and len(chain) > len(block) and chain.tokens[len(block)] == verdict.next_token
         shown = self._chain.shown
         self.provisional_kept += min(shown, self._chain.advance(len(block), a, verdict.next_token))
         self.tokens.extend(new)
@@ -435,7 +437,7 @@ class SpeculativeSession:
             server_budget_ms=verdict.budget_ms,
             deadline_met=verdict.deadline_met,
             proactive_drafted=len(proactive),
-            proactive_used=len(proactive) if _kept(proactive, a, block, verdict) else 0,
+            proactive_used=len(proactive) if keeps else 0,
         )
         self._round_index += 1
         return new, stats, verdict.context_full
@@ -466,19 +468,18 @@ class SpeculativeSession:
                     if not self.config.proactive:
                         return self._apply(sent, *self._verify(sent.request))
                     call = _Background(lambda: self._verify(sent.request))
-                    before = len(self._chain)
-                    self._extend_chain(limit, min(room, before + 1 + limit))  # the draft works meanwhile
-                    drafted = tuple(self._chain.tokens[before:])
+                    drafted = self._draft_proactively(limit, room)  # the draft works meanwhile
                     return self._apply(sent, *call.result(), proactive=drafted)
             # Drafting ahead yields events mid-round: the lock is taken around each use of the
             # draft, never held while the consumer has an event.
             with self._shared.lock:
                 self._hold_draft()
                 sent = self._request(limit)
-            verdict, t1, t2 = yield from self._verify_drafting_ahead(sent.request, limit, ahead)
+            drafted: list[int] = []  # with proactive drafting: the block drafted at once
+            verdict, t1, t2 = yield from self._verify_drafting_ahead(sent.request, limit, ahead, room, drafted)
             with self._shared.lock:
                 self._hold_draft()
-                return self._apply(sent, verdict, t1, t2)
+                return self._apply(sent, verdict, t1, t2, proactive=tuple(drafted))
 
         (new, stats, full), resumed = yield from self._through_outages(attempt, limit=limit, ahead=ahead)
         return new, stats, full, resumed
@@ -521,13 +522,18 @@ class SpeculativeSession:
         return self.retry.on_disconnect == "draft" and ahead > 0
 
     def _verify_drafting_ahead(
-        self, request: BlockRequest, limit: int, ahead: int
+        self, request: BlockRequest, limit: int, ahead: int, room: int = 0, proactive: list[int] | None = None
     ) -> Generator[Provisional, None, tuple[VerifyResult, float, float]]:
         """The verify call; when drafting ahead, on a thread of its own, the device drafting
-        past the block once the call has been silent for `draft_ahead_after` seconds."""
+        past the block once the call has been silent for `draft_ahead_after` seconds (and,
+        with proactive drafting, one block at once, into `proactive`)."""
         if not self._drafts_ahead(ahead):
             return self._verify(request)
         call = _Background(lambda: self._verify(request))
+        if self.config.proactive and proactive is not None:
+            with self._shared.lock:
+                self._hold_draft()
+                proactive.extend(self._draft_proactively(limit, room))
         if not call.wait(self.retry.draft_ahead_after):
             while not call.wait(0):
                 with self._shared.lock:
@@ -556,6 +562,13 @@ class SpeculativeSession:
         is as long as it may be: `ahead` tokens, the context, or an end of text."""
         return self._provisional() if self._extend_chain(limit, ahead) else None
 
+    def _draft_proactively(self, limit: int, room: int) -> tuple[int, ...]:
+        """One block past the chain (under the shared lock) while the front one is verified:
+        the tokens added (the guess of the verifier's token first)."""
+        before = len(self._chain)
+        self._extend_chain(limit, min(room, before + 1 + limit))
+        return tuple(self._chain.tokens[before:])
+
     def _extend_chain(self, limit: int, ahead: int) -> bool:
         """Drafts one more block past the chain (under the shared lock), unless the chain is as
         long as it may be (`ahead` tokens, the context, an end of text); whether it did."""
@@ -565,7 +578,10 @@ class SpeculativeSession:
         if free < 2 or ended:
             return False
         guess = bool(chain.ends)  # after a block (even an empty one) comes the verifier's position
-        block = self._draft_block(self.controller.window(min(limit, free - int(guess))), guess=guess)
+        window = self.controller.window(min(limit, free - int(guess)))
+        if window < 1:
+            return False  # no drafting (plain decoding): nothing to draft ahead either
+        block = self._draft_block(window, guess=guess)
         if not block.tokens:
             return False  # the controller stops at once, and would again on the same logits
         chain.add(block)
@@ -691,12 +707,6 @@ class _Background:
         if self._error is not None:
             raise self._error
         return self._value
-
-
-def _kept(proactive: tuple[int, ...], accepted: int, block: list[int], verdict: VerifyResult) -> bool:
-    """Whether what was drafted past a block starts the next round: the verdict took the whole
-    block, and its token is the one the draft guessed."""
-    return bool(proactive) and accepted == len(block) and verdict.next_token == proactive[0]
 
 
 def _check_upload(config: GenerationConfig, server: ServerInfo, address: str) -> None:

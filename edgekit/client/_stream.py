@@ -59,6 +59,15 @@ class GenerationStream:
         if on_close is not None:
             on_close()
 
+    def __del__(self) -> None:
+        # A stream dropped without being read or closed still gives back what it holds
+        # (its verifier session, its draft slot).
+        if self._on_close is not None:
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown, a verifier gone: nothing more to do
+                pass
+
     def until_done(self) -> FinalStats:
         for _ in self:
             pass

@@ -45,6 +45,9 @@ class PlainWhenFaster:
         self.rounds = 0  # verdicts seen
         self.plain_rounds = 0  # rounds it turned speculation off for
         self._since_probe = 0
+        self._limit = 1  # the last round's room: the windows the next decision weighs
+        self._plain = False  # the decision for the coming round, made at the last verdict
+        self._probe = False
 
     def plain_is_faster(self, limit: int) -> bool:
         """Whether an empty round beats every window by `margin`, per committed token. The plain
@@ -64,14 +67,13 @@ class PlainWhenFaster:
         return True
 
     def window(self, limit: int) -> int:
-        if limit < 1 or not self.plain_is_faster(limit):
-            self._since_probe = 0
+        """The round's window: the same however often it is asked within a round (a block drafted
+        ahead asks too); the decision is made once per verdict, in `observe`."""
+        self._limit = max(limit, 1)
+        if not self._plain or limit < 1:
             return self.inner.window(limit)
-        self._since_probe += 1
-        if self._since_probe > self.probe_every:  # a short block now and then, to see whether drafting pays again
-            self._since_probe = 0
+        if self._probe:  # a short block now and then, to see whether drafting pays again
             return min(self.probe_window, self.inner.window(limit))
-        self.plain_rounds += 1
         return 0
 
     def draft_next(self, index: int, step: DraftOutput) -> Decision | bool:
@@ -80,3 +82,11 @@ class PlainWhenFaster:
     def observe(self, drafted: int, accepted: int) -> None:
         self.rounds += 1
         self.inner.observe(drafted, accepted)
+        if self._plain and drafted == 0:
+            self.plain_rounds += 1
+        self._plain = self.plain_is_faster(self._limit)
+        if not self._plain or drafted:
+            self._since_probe = 0  # drafting (or a probe) just ran
+        else:
+            self._since_probe += 1
+        self._probe = self._plain and self._since_probe >= self.probe_every

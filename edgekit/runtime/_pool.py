@@ -110,19 +110,31 @@ class DraftPool:
         return DraftSlot(self, seq)
 
     def release(self, slot: DraftSlot) -> None:
-        """Gives the slot back, its sequence emptied."""
+        """Gives the slot back, its sequence emptied (nothing to do once the pool is closed)."""
         if slot._released:
             return
         slot._released = True
+        slot._n_past = 0
+        with self._cond:
+            if self._closed:
+                return
         try:
             self.exclusive(lambda: self.backend.truncate(slot.seq, 0))
-        finally:
-            with self._cond:
-                self._free.append(slot.seq)
+        except EdgekitError:
+            return  # closed meanwhile: the sequence goes with the context
+        with self._cond:
+            self._free.append(slot.seq)
 
     def close(self) -> None:
+        """Frees the model; steps still waiting fail (EdgekitError), the one running finishes first."""
         with self._cond:
+            if self._closed:
+                return
             self._closed = True
+            for a in self._queue:
+                a.error, a.done = EdgekitError("the draft pool is closed"), True
+            self._queue.clear()
+            self._cond.notify_all()
             while self._busy:
                 self._cond.wait()
             self._busy = True
@@ -196,17 +208,32 @@ class DraftPool:
         steps = [a.step for a in batch if a.step is not None]
         try:
             outputs = self.backend.run(steps)
-        except BaseException as exc:
+        except Exception as exc:
+            for s in steps:  # a failed decode may have stored some rows (llama.cpp splits batches)
+                self._rollback(s)
             if len(batch) == 1:
                 batch[0].error = exc
                 return
-            for a in batch:  # whose step it was: each again on its own (a failed decode stores nothing)
+            for a in batch:  # whose step it was: each again on its own
                 self._run([a])
             return
+        except BaseException as exc:  # an interrupt: every step fails with it, and so does the runner
+            for s in steps:
+                self._rollback(s)
+            for a in batch:
+                a.error = exc
+            raise
         self.decodes += 1
         self.steps += len(steps)
         for a, out in zip(batch, outputs, strict=True):
             a.result = out
+
+    def _rollback(self, step: Step) -> None:
+        """Drops whatever a failed decode may have stored of the step (from its start on)."""
+        try:
+            self.backend.truncate(step.seq, step.start)
+        except Exception:  # nothing stored, or nothing more to undo
+            pass
 
 
 class DraftSlot:
@@ -259,20 +286,33 @@ class DraftSlot:
         if hidden and len(tokens) > 1:  # hidden states only for the one row that outputs (as LlamaDraftModel)
             self.prefill(tokens[:-1])
             tokens = tokens[-1:]
-        out = self.pool.step(Step(self.seq, self._n_past, list(tokens), output=True, hidden=hidden))
-        self._n_past += len(tokens)
-        self.decoded_tokens += len(tokens)
+        out = self._step(Step(self.seq, self._n_past, list(tokens), output=True, hidden=hidden))
         assert out is not None
         return out
 
     def prefill(self, tokens: Sequence[int]) -> None:
         if tokens:
             self._check(len(tokens))
-            self.pool.step(Step(self.seq, self._n_past, list(tokens), output=False))
-            self._n_past += len(tokens)
-            self.decoded_tokens += len(tokens)
+            self._step(Step(self.seq, self._n_past, list(tokens), output=False))
+
+    def _step(self, step: Step) -> DraftOutput | None:
+        try:
+            out = self.pool.step(step)
+        except BaseException:
+            # Part of a chunked prefill may have run: the sequence goes back to what this slot holds.
+            if not self._released:
+                try:
+                    self.pool.exclusive(lambda: self.pool._rollback(step))
+                except EdgekitError:
+                    pass  # the pool is closed
+            raise
+        self._n_past += len(step.tokens)
+        self.decoded_tokens += len(step.tokens)
+        return out
 
     def truncate(self, length: int) -> None:
+        if self._released:
+            return  # it holds nothing; its sequence may be another slot's by now
         if length < self._n_past:
             self.pool.exclusive(lambda: self.pool.backend.truncate(self.seq, length))
             self._n_past = length
@@ -298,8 +338,12 @@ class LlamaPoolBackend:
         if slots < 1:
             raise ValueError("a draft pool needs at least one slot")
         self.vocab = self._model = LlamaModel(path, name=name)
-        self._ctx = LlamaContext(self._model, n_ctx=n_ctx_seq * slots, n_batch=n_batch, n_seq=slots,
-                                 n_threads=n_threads)
+        try:
+            self._ctx = LlamaContext(self._model, n_ctx=n_ctx_seq * slots, n_batch=n_batch, n_seq=slots,
+                                     n_threads=n_threads)
+        except BaseException:
+            self._model.close()
+            raise
         self.n_seq = slots
         self.n_ctx_seq = self._ctx.n_ctx_seq
         self.max_rows = n_batch

@@ -191,6 +191,7 @@ class Budgets:
         """A new session: its state (from its client's last estimates, if `client` names one seen
         before), and the budget of its first round."""
         with self._lock:
+            self._prune()  # an evicted session of this client's leaves its estimates first
             state = self._states[session_id] = BudgetState(
                 weight=weight, budget=self.lo, context=context, seen=self._clock(), client=client
             )
@@ -251,10 +252,14 @@ class Budgets:
         with self._lock:
             return {k: BudgetState(**vars(v)) for k, v in self._states.items()}
 
-    def _assign(self) -> None:
+    def _prune(self) -> None:
         now = self._clock()
         for sid in [s for s, st in self._states.items() if now - st.seen > 10 * self.active_s or not self.is_live(s)]:
             self._remember(self._states.pop(sid))  # gone without a close (evicted, or its device vanished)
+
+    def _assign(self) -> None:
+        self._prune()
+        now = self._clock()
         active = []
         for sid, st in self._states.items():
             if now - st.seen <= self.active_s:
