@@ -1,0 +1,81 @@
+"""The serving-latency model and the plan (issue 18, item 4; paper 003 sec. II-C to III-B): the
+FLOPs of eqs. 11-14, the runtime fit of eq. 17, the pipeline recursion of eqs. 20-22, and the
+dynamic program of Algorithm 1 with the window by enumeration, within 5% of exhaustive search
+over every ordered partition on small cases, and respecting the memory bound."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from edgekit.plan import ModelShape, Runtime, ServingModel, batches_for_window, exhaustive, plan
+
+DRAFT = ModelShape(layers=2, hidden=64, ffn=256)
+TARGET = ModelShape(layers=8, hidden=256, ffn=1024)
+
+
+def _model(**kw) -> ServingModel:
+    base = dict(draft=DRAFT, verify=TARGET, draft_runtime=Runtime(2e-10, 1e-3), verify_runtime=Runtime(5e-11, 4e-3),
+                acceptance=0.7, max_output=32, link_s=0.01)
+    return ServingModel(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_flops_are_the_papers():
+    j, h, f = 2, 64, 256
+    assert DRAFT.prefill_flops(10) == 4 * j * h * 10 * (2 * h + 10 + f)  # eq. 13, n = i = 1
+    assert DRAFT.decode_flops(30) == 4 * j * h * (2 * h + 30 + 1 + f)  # eq. 13, else
+    assert DRAFT.verify_flops(5, 30) == 4 * j * h * 5 * (2 * h + 30 + 5 + f)  # eq. 14 with 1 + l = 5
+    assert DRAFT.param_bytes == j * (8 * h * h + 4 * h * f) and DRAFT.kv_bytes_per_token == 4 * j * h
+
+
+def test_the_runtime_fit_recovers_eq_17s_coefficients():
+    rng = random.Random(0)
+    truth = Runtime(3e-11, 2e-3)
+    samples = [(b, f, truth.seconds(b, f) * (1 + rng.gauss(0, 0.01))) for b in (1, 2, 4, 8) for f in (1e7, 5e7, 1e8)]
+    fit = Runtime.fit(samples)
+    assert fit.c1 == pytest.approx(truth.c1, rel=0.05) and fit.c2 == pytest.approx(truth.c2, rel=0.1)
+    assert fit.error(samples) < 0.03
+    assert Runtime.fit([(1, 1e6, 0.01)]).seconds(1, 1e6) == pytest.approx(0.01)
+
+
+def test_tokens_per_step_and_steps_are_eqs_7_and_8():
+    m = _model(acceptance=0.5, max_output=100)
+    assert m.tokens_per_step(3) == pytest.approx((1 - 0.5**4) / 0.5)
+    assert m.steps(3) == 54  # ceil(100 / 1.875)
+
+
+def test_one_batch_takes_the_sum_of_its_stages_and_two_batches_overlap():
+    m = _model()
+    d, v = m.stage_times(2, 20, 4)
+    assert m.latency([[0, 1]], [20, 20], 4) == pytest.approx(float((d + v).sum()))
+    one_by_one = sum(m.latency([[k]], [20, 20], 4) for k in (0, 1))
+    pipelined = m.latency([[0], [1]], [20, 20], 4)
+    assert pipelined < one_by_one  # the second batch drafts while the first is verified
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_the_plan_is_within_five_percent_of_exhaustive_search(seed):
+    rng = random.Random(seed)
+    m = _model(
+        draft_runtime=Runtime(rng.uniform(1e-11, 1e-9), rng.uniform(1e-4, 5e-3)),
+        verify_runtime=Runtime(rng.uniform(1e-12, 1e-10), rng.uniform(1e-3, 2e-2)),
+        acceptance=rng.uniform(0.3, 0.9),
+        max_output=rng.choice((16, 32, 64)),
+        link_s=rng.uniform(0.0, 0.05),
+    )
+    inputs = [rng.randint(8, 400) for _ in range(rng.randint(1, 5))]
+    ours, best = plan(m, inputs, 6), exhaustive(m, inputs, 6)
+    assert ours.predicted_s <= best.predicted_s * 1.05
+    assert sorted(k for b in ours.batches for k in b) == list(range(len(inputs)))
+
+
+def test_batches_that_do_not_fit_in_memory_are_never_planned():
+    m = _model()
+    per_task = DRAFT.kv_bytes_per_token * (100 + m.max_output)
+    tight = _model(memory_bytes=DRAFT.param_bytes + 2.5 * per_task)  # at most two tasks of 100 tokens at once
+    p = batches_for_window(tight, [100] * 5, 3)
+    assert p is not None and max(len(b) for b in p.batches) <= 2
+    assert batches_for_window(_model(memory_bytes=DRAFT.param_bytes), [100], 3) is None
+    with pytest.raises(ValueError, match="memory"):
+        plan(_model(memory_bytes=DRAFT.param_bytes), [100], 3)
