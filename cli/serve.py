@@ -7,7 +7,7 @@ import signal
 import threading
 from enum import Enum
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import typer
 
@@ -148,6 +148,7 @@ def serve(
     from edgekit.verifier import VerifierServer
 
     _log_to_stderr(log_level.value)
+    smoothing: dict[str, Any] = {k: v for k, v in (("budget_eta", budget_eta), ("budget_beta", budget_beta)) if v}
     config = ServerConfig(
         host=host,
         port=port,
@@ -173,7 +174,7 @@ def serve(
         min_efficiency=min_efficiency,
         budgets=cast(BudgetPolicyName, budgets),
         token_budget=token_budget,
-        **{k: v for k, v in (("budget_eta", budget_eta), ("budget_beta", budget_beta)) if v is not None},
+        **smoothing,
         calibrate="force" if calibrate else "auto",
         slo_classes=",".join(slo_class) if slo_class else dict(DEFAULT_SLO_CLASSES),
         metrics_port=metrics_port,

@@ -469,17 +469,18 @@ class SpeculativeSession:
                         return self._apply(sent, *self._verify(sent.request))
                     call = _Background(lambda: self._verify(sent.request))
                     drafted = self._draft_proactively(limit, room)  # the draft works meanwhile
-                    return self._apply(sent, *call.result(), proactive=drafted)
+                    verdict, t1, t2 = call.result()
+                    return self._apply(sent, verdict, t1, t2, proactive=drafted)
             # Drafting ahead yields events mid-round: the lock is taken around each use of the
             # draft, never held while the consumer has an event.
             with self._shared.lock:
                 self._hold_draft()
                 sent = self._request(limit)
-            drafted: list[int] = []  # with proactive drafting: the block drafted at once
-            verdict, t1, t2 = yield from self._verify_drafting_ahead(sent.request, limit, ahead, room, drafted)
+            at_once: list[int] = []  # with proactive drafting: the block drafted at once
+            verdict, t1, t2 = yield from self._verify_drafting_ahead(sent.request, limit, ahead, room, at_once)
             with self._shared.lock:
                 self._hold_draft()
-                return self._apply(sent, verdict, t1, t2, proactive=tuple(drafted))
+                return self._apply(sent, verdict, t1, t2, proactive=tuple(at_once))
 
         (new, stats, full), resumed = yield from self._through_outages(attempt, limit=limit, ahead=ahead)
         return new, stats, full, resumed

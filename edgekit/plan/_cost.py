@@ -4,7 +4,7 @@ and run time from FLOPs and batch size (eq. 17, T = c1 F b + c2, fitted per mach
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +21,7 @@ class ModelShape:
     ffn: int  # h2
 
     @classmethod
-    def from_gguf(cls, meta) -> ModelShape:  # type: ignore[no-untyped-def]
+    def from_gguf(cls, meta: Callable[[str], str | None]) -> ModelShape:
         """From a GGUF's metadata (`meta(key) -> str | None`, as `LlamaModel.meta`)."""
         arch = meta("general.architecture")
         if not arch:

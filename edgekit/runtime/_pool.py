@@ -49,7 +49,9 @@ class Step:
 class PoolBackend(Protocol):
     """What runs a pool's batches: `max_rows` rows per decode, `n_ctx_seq` positions per sequence."""
 
-    vocab: Vocabulary
+    @property
+    def vocab(self) -> Vocabulary: ...
+
     n_seq: int
     n_ctx_seq: int
     max_rows: int
