@@ -79,3 +79,48 @@ def test_batches_that_do_not_fit_in_memory_are_never_planned():
     assert batches_for_window(_model(memory_bytes=DRAFT.param_bytes), [100], 3) is None
     with pytest.raises(ValueError, match="memory"):
         plan(_model(memory_bytes=DRAFT.param_bytes), [100], 3)
+
+
+def test_a_phaser_lets_a_batch_go_when_all_arrive_or_the_rest_have_left():
+    import threading
+
+    from edgekit.plan import Phaser
+
+    phaser = Phaser(3)
+    passed: list[str] = []
+
+    def arrive(name):
+        phaser.arrive_and_wait(5)
+        passed.append(name)
+
+    threads = [threading.Thread(target=arrive, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    assert not passed  # two of three arrived
+    phaser.leave()  # the third finished: the others go on
+    for t in threads:
+        t.join(5)
+    assert sorted(passed) == ["a", "b"]
+    phaser.leave()  # one of the two left: the last arrives alone and goes at once
+    phaser.arrive_and_wait(5)
+
+
+def test_generate_many_runs_a_plan_and_each_task_writes_its_own_output():
+    from edgekit import EdgeClient, GenerationConfig
+    from edgekit.errors import ConfigError
+    from edgekit.plan import Plan
+    from edgekit.runtime import DraftPool
+    from edgekit.testing import ToyLanguageModel, ToyPoolBackend, toy_verifier
+
+    target = ToyLanguageModel(seed=3, eos_bias=-8.0)
+    prompts = [[1, 2], [3, 4, 5], [6], [7, 8, 9, 10]]
+    pool = DraftPool(ToyPoolBackend(ToyLanguageModel(seed=3, noise=0.8), slots=5, delay_s=0.002))
+    with EdgeClient(toy_verifier(target, max_sessions=8), draft_model=pool,
+                    generation=GenerationConfig(max_tokens=20)) as client:
+        results = client.generate_many(prompts, plan=Plan(((2, 0), (1, 3)), 3, 0.0))
+        assert [list(r.token_ids) for r in results] == [target.greedy(p, 20) for p in prompts]
+        assert all(r.stats.drafting == "fixed-3" for r in results)
+        with pytest.raises(ConfigError, match="covers"):
+            client.generate_many(prompts, plan=Plan(((0, 1),), 3, 0.0))
+        with pytest.raises(ConfigError, match="draft slot"):
+            client.generate_many(prompts * 2, plan=Plan((tuple(range(8)),), 3, 0.0))

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import ClientConfig, GenerationConfig, ServerConfig
-from ..drafting import Controller, ControllerFactory
-from ..errors import IncompatibleModelsError
+from ..drafting import Controller, ControllerFactory, FixedWindow
+from ..errors import ConfigError, IncompatibleModelsError
 from ..link import LinkEstimator, LinkPolicy, ProbeResult, probe
+from ..plan import Paced, Phaser, Plan
 from ..protocol import ServerInfo, SpeedObjective
 from ..runtime import DraftModel, DraftPool, DraftSlot, LlamaDraftModel, LlamaPoolBackend
 from ..transport import VerifierTransport, connect
@@ -205,23 +206,52 @@ class EdgeClient:
         *,
         concurrency: int | None = None,
         return_exceptions: bool = False,
+        plan: Plan | None = None,
         **overrides: Any,
     ) -> list[FinalStats | BaseException]:
         """Generates for every prompt, `concurrency` at a time (by default as many as the draft
         has slots): while one's block is being verified, the others draft, and drafting steps
         that coincide run as one batch. Results in the prompts' order, each exactly what the
         prompt would give alone. A generation that fails fails alone: its error stands in its
-        place with `return_exceptions`, else the first is raised once the others are done."""
-        workers = max(1, concurrency or (self._pool.slots if self._pool is not None else 1))
+        place with `return_exceptions`, else the first is raised once the others are done.
 
-        def one(prompt: str | Sequence[int]) -> FinalStats | BaseException:
+        With a `plan` (`edgekit.plan.plan`, `edgekit plan`): every task at once, drafting the
+        plan's window, the tasks of each batch starting every round together."""
+        workers = max(1, concurrency or (self._pool.slots if self._pool is not None else 1))
+        pacing: dict[int, Phaser] = {}
+        if plan is not None:
+            tasks = sorted(k for b in plan.batches for k in b)
+            if tasks != list(range(len(prompts))):
+                raise ConfigError(f"the plan covers tasks {tasks}, not the {len(prompts)} prompts given")
+            free = self._pool.free_slots() if self._pool is not None else 0
+            if free < len(prompts):
+                raise ConfigError(
+                    f"a plan runs all {len(prompts)} tasks at once: it needs a draft slot each "
+                    f"(EdgeClient(draft_slots={len(prompts) + 1})), {free} free"
+                )
+            overrides = {**overrides, "drafting": "fixed", "draft_k": plan.window}
+            for batch in plan.batches:
+                phaser = Phaser(len(batch))
+                pacing.update({k: phaser for k in batch})
+            workers = len(prompts)
+            order = [k for b in plan.batches for k in b]  # started in the pipeline's order
+        else:
+            order = list(range(len(prompts)))
+
+        def one(i: int) -> FinalStats | BaseException:
+            phaser = pacing.get(i)
             try:
-                return self.generate(prompt, **overrides).until_done()
+                controller = Paced(FixedWindow(plan.window), phaser) if plan and phaser else None
+                return self.generate(prompts[i], controller=controller, **overrides).until_done()
             except Exception as exc:  # kept in its place; the others go on
                 return exc
+            finally:
+                if phaser is not None:
+                    phaser.leave()  # its batch-mates no longer wait for it
 
         with ThreadPoolExecutor(max_workers=min(workers, max(1, len(prompts))), thread_name_prefix="edgekit") as ex:
-            results = list(ex.map(one, prompts))
+            done = dict(zip(order, ex.map(one, order), strict=True))
+        results = [done[i] for i in range(len(prompts))]
         if not return_exceptions:
             for r in results:
                 if isinstance(r, BaseException):

@@ -7,6 +7,8 @@
 - `plan`, `batches_for_window`, `exhaustive` (`_dp`): Algorithm 1's dynamic program over
   tasks sorted by input length, the window by enumeration (P3), and brute force to
   check it on small cases.
+- `Phaser`, `Paced` (`_pace`): running a plan, a batch's tasks starting each round together
+  (`EdgeClient.generate_many(prompts, plan=...)`).
 
 The paper's bandwidth allocation across users (sec. III-A) belongs to whoever runs the
 radio network, not to a device; the README says how an operator would use it.
@@ -15,5 +17,16 @@ radio network, not to a device; the README says how an operator would use it.
 from ._cost import ModelShape, Runtime
 from ._dp import Plan, batches_for_window, exhaustive, plan
 from ._latency import ServingModel
+from ._pace import Paced, Phaser
 
-__all__ = ["ModelShape", "Plan", "Runtime", "ServingModel", "batches_for_window", "exhaustive", "plan"]
+__all__ = [
+    "ModelShape",
+    "Paced",
+    "Phaser",
+    "Plan",
+    "Runtime",
+    "ServingModel",
+    "batches_for_window",
+    "exhaustive",
+    "plan",
+]
