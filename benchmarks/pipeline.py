@@ -10,8 +10,12 @@ contend. Every output is checked against target-only decoding of its prompt.
   tokens drafted ahead were used.
 - N tasks (1, 2, 4, 8 prompts): total completion time and mean per-task latency run
   one after another (one draft sequence), pipelined (`generate_many` with a draft slot
-  per task, every step in a decode of its own), and pipelined with batched drafting
-  (steps of tasks drafting together in one decode).
+  per task, every step in a decode of its own), pipelined with batched drafting
+  (steps of tasks drafting together in one decode), and as the plan says
+  (`edgekit.plan`: eq. 17 fitted for the draft here and from the verifier's reported
+  times, the acceptance measured, the DP's batches and window), with the plan's
+  predicted total beside the measured one, and the DP's prediction against exhaustive
+  search over every ordered partition (N <= 4) on the same fitted model.
 
     sudo python benchmarks/pipeline.py --max-tokens 64
 """
@@ -28,10 +32,11 @@ import numpy as np
 from edgekit import EdgeClient, GenerationConfig
 from edgekit.linkemu import LinkProfile, Testbed
 from edgekit.models import get_pair, model_path
+from edgekit.plan import Plan, ServingModel, calibrate_draft, calibrate_verify, exhaustive, plan, verifier_shape
 from edgekit.runtime import DraftPool, LlamaDraftModel, LlamaPoolBackend
 from edgekit.transport import GrpcTransport
 
-WAYS = ("one after another", "pipelined", "pipelined, batched drafting")
+WAYS = ("one after another", "pipelined", "pipelined, batched drafting", "planned")
 
 
 def one_task(address: str, draft: LlamaDraftModel, prompt: str, gen: GenerationConfig) -> dict:
@@ -45,7 +50,7 @@ def one_task(address: str, draft: LlamaDraftModel, prompt: str, gen: GenerationC
 
 
 def many(address: str, path: str, name: str, prompts: list[str], gen: GenerationConfig, way: str,
-         draft: LlamaDraftModel) -> dict:
+         draft: LlamaDraftModel, the_plan: Plan | None = None) -> dict:
     n = len(prompts)
     t0 = time.perf_counter()
     ends: list[float] = []
@@ -60,6 +65,16 @@ def many(address: str, path: str, name: str, prompts: list[str], gen: Generation
                      coalesce=way != "pipelined")
     with EdgeClient(GrpcTransport(address), draft_model=pool, generation=gen) as client:
         client.server_info()
+        if way == "planned":
+            assert the_plan is not None
+            t0 = time.perf_counter()
+            finals = client.generate_many(prompts, plan=the_plan)
+            total = time.perf_counter() - t0
+            pool_steps = pool.steps / max(pool.decodes, 1)
+            pool.close()
+            return {"total_s": total, "mean_latency_s": float("nan"), "steps_per_decode": pool_steps,
+                    "tokens": [list(f.token_ids) for f in finals], "predicted_s": the_plan.predicted_s,
+                    "window": the_plan.window, "batches": [list(b) for b in the_plan.batches]}
         t0 = time.perf_counter()
 
         def timed(p: str):  # type: ignore[no-untyped-def]
@@ -74,6 +89,32 @@ def many(address: str, path: str, name: str, prompts: list[str], gen: Generation
     pool.close()
     return {"total_s": total, "mean_latency_s": float(np.mean(ends)), "tokens": [list(f.token_ids) for f in finals],
             "steps_per_decode": batched}
+
+
+def measured_acceptance(client: EdgeClient, prompts: list[str], max_tokens: int) -> float:
+    """Per-token acceptance of fixed-window-4 drafting over the prompts (a geometric MLE)."""
+    accepted = rejections = 0
+    for p in prompts:
+        stats = client.generate(p, drafting="fixed", draft_k=4, max_tokens=max_tokens, stop_at_eos=False,
+                                plain_when_faster=False).until_done().stats
+        accepted += stats.accepted
+        rejections += sum(r.accepted < r.drafted for r in stats.rounds_detail)
+    return accepted / max(accepted + rejections, 1)
+
+
+def serving_model(address: str, draft: LlamaDraftModel, draft_rt, draft_shape, prompt: str,  # type: ignore[no-untyped-def]
+                  max_tokens: int, acceptance: float, rtt_ms: float) -> ServingModel:
+    """The latency model on this link: the verifier's runtime fitted from its reported times."""
+    transport = GrpcTransport(address)
+    try:
+        info = transport.handshake(draft.fingerprint(), draft_model=draft.name, draft_hidden_size=draft.n_embd)
+        vshape = verifier_shape(info.target_hidden_size)
+        verify_rt, samples = calibrate_verify(transport, draft.fingerprint(), draft.tokenize(prompt), vshape)
+    finally:
+        transport.close()
+    C.progress(f"verify runtime fit: c1 {verify_rt.c1:.3g}, c2 {verify_rt.c2 * 1e3:.2f} ms, "
+               f"MAPE {verify_rt.error(samples):.1%}")
+    return ServingModel(draft_shape, vshape, draft_rt, verify_rt, acceptance, max_tokens, link_s=rtt_ms / 1e3)
 
 
 def main() -> None:
@@ -97,12 +138,18 @@ def main() -> None:
     serve = ["--pair", args.pair, "--max-sessions", "16", "--threads", "1"]
     single: list[dict] = []
     multi: list[dict] = []
+    planning: list[dict] = []
+    draft_shape, draft_rt, draft_samples = calibrate_draft(path, threads=1)
+    C.progress(f"draft runtime fit: c1 {draft_rt.c1:.3g} s/FLOP, c2 {draft_rt.c2 * 1e3:.2f} ms, "
+               f"MAPE {draft_rt.error(draft_samples):.1%}")
     with Testbed(serve, log=str(C.RESULTS_DIR / f"{args.out}-verifier.log")) as bed:
         refs: dict[str, list[int]] = {}
         base = GenerationConfig(max_tokens=args.max_tokens, stop_at_eos=False)
         with EdgeClient(GrpcTransport(bed.address), draft_model=draft, generation=base) as client:
             for p in all_prompts[: max(args.prompts, max(tasks))]:
                 refs[p] = list(client.generate_target_only(p).until_done().token_ids)
+            acceptance = measured_acceptance(client, all_prompts[: max(tasks)], args.max_tokens)
+            C.progress(f"acceptance (fixed window 4): {acceptance:.3f}")
         for rtt in C.csv_list(args.rtts, float):
             bed.shape(LinkProfile(rtt, args.mbps))
             for drafting in C.csv_list(args.draftings):
@@ -119,10 +166,18 @@ def main() -> None:
                                    f"{r['ms_per_token']:.1f} ms/token, ahead used {r['proactive_used']}/"
                                    f"{r['proactive_drafted']}, lossless {r['lossless']}")
             gen = GenerationConfig(max_tokens=args.max_tokens, stop_at_eos=False, drafting="fixed", draft_k=4)
+            model = serving_model(bed.address, draft, draft_rt, draft_shape, all_prompts[0], args.max_tokens,
+                                  acceptance, rtt)
             for n in tasks:
                 prompts = all_prompts[:n]
+                inputs = [len(draft.tokenize(p)) for p in prompts]
+                the_plan = plan(model, inputs, 8)
+                if n <= 4:
+                    brute = exhaustive(model, inputs, 8)
+                    planning.append({"rtt_ms": rtt, "tasks": n, "dp_s": the_plan.predicted_s,
+                                     "exhaustive_s": brute.predicted_s})
                 for way in WAYS:
-                    r = many(bed.address, path, spec.draft, prompts, gen, way, draft)
+                    r = many(bed.address, path, spec.draft, prompts, gen, way, draft, the_plan)
                     lossless = all(t == refs[p] for t, p in zip(r.pop("tokens"), prompts, strict=True))
                     r.update(rtt_ms=rtt, tasks=n, way=way, lossless=lossless)
                     multi.append(r)
@@ -145,8 +200,20 @@ def main() -> None:
                   [[rtt, n, *[next(r["total_s"] for r in multi if r["rtt_ms"] == rtt and r["tasks"] == n
                                    and r["way"] == w) for w in WAYS]]
                    for rtt in C.csv_list(args.rtts, float) for n in tasks]))
+    if planning:
+        print()
+        print(C.table(["RTT ms", "tasks", "DP predicted s", "exhaustive s", "DP / exhaustive"],
+                      [[p["rtt_ms"], p["tasks"], p["dp_s"], p["exhaustive_s"], p["dp_s"] / p["exhaustive_s"]]
+                       for p in planning], digits=3))
+    planned = [r for r in multi if r["way"] == "planned"]
+    if planned:
+        print()
+        print(C.table(["RTT ms", "tasks", "window", "batches", "predicted s", "measured s", "error"],
+                      [[r["rtt_ms"], r["tasks"], r["window"], r["batches"], r["predicted_s"], r["total_s"],
+                        f"{r['predicted_s'] / r['total_s'] - 1:+.1%}"] for r in planned]))
     path_out = C.write_result(args.out, {"settings": vars(args), "single": single, "multi": multi,
-                                         "summary": summary})
+                                         "summary": summary, "planning": planning,
+                                         "draft_runtime": vars(draft_rt), "acceptance": acceptance})
     plot(single, multi, summary, tasks, path_out.with_suffix(".png"))
 
 

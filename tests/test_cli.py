@@ -31,7 +31,7 @@ def edgekit(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
 @pytest.mark.parametrize(
     "command",
     [[], ["generate"], ["serve"], ["models"], ["models", "pull"], ["predictor"], ["predictor", "collect"],
-     ["predictor", "train"], ["profile"], ["chat"], ["probe"]],
+     ["predictor", "train"], ["profile"], ["chat"], ["probe"], ["plan"]],
 )
 def test_every_command_explains_its_options(command):
     result = runner.invoke(app, [*command, "--help"])
@@ -133,3 +133,19 @@ def test_serve_announces_its_address_serves_and_stops_on_sigterm(gemma_draft):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_plan_prints_batches_a_window_and_a_predicted_total_for_a_prompt_file(gemma_server, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text('def add(a, b):\nThe capital of France is\n\n{"prompt": "Once upon a time"}\n')
+    result = runner.invoke(app, ["plan", str(prompts), "--verifier", gemma_server.address, "--max-tokens", "16",
+                                 "--acceptance", "0.7", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["prompts"] == 3 and sorted(k for b in out["batches"] for k in b) == [0, 1, 2]
+    assert 1 <= out["window"] <= 8 and 0 < out["predicted_s"] <= out["one_after_another_s"] * 1.0001
+    assert out["draft_runtime"]["c1"] > 0
+    bad = tmp_path / "bad.txt"
+    bad.write_text('{"text": "no prompt field"}\n')
+    result = runner.invoke(app, ["plan", str(bad), "--verifier", gemma_server.address])
+    assert result.exit_code != 0 and "prompt" in result.output

@@ -7,6 +7,8 @@
 - `plan`, `batches_for_window`, `exhaustive` (`_dp`): Algorithm 1's dynamic program over
   tasks sorted by input length, the window by enumeration (P3), and brute force to
   check it on small cases.
+- `calibrate_draft`, `calibrate_verify` (`_calibrate`): eq. 17 fitted on this device and from
+  the verifier's reported times.
 - `Phaser`, `Paced` (`_pace`): running a plan, a batch's tasks starting each round together
   (`EdgeClient.generate_many(prompts, plan=...)`).
 
@@ -14,6 +16,7 @@ The paper's bandwidth allocation across users (sec. III-A) belongs to whoever ru
 radio network, not to a device; the README says how an operator would use it.
 """
 
+from ._calibrate import calibrate_draft, calibrate_verify, verifier_shape
 from ._cost import ModelShape, Runtime
 from ._dp import Plan, batches_for_window, exhaustive, plan
 from ._latency import ServingModel
@@ -27,6 +30,9 @@ __all__ = [
     "Runtime",
     "ServingModel",
     "batches_for_window",
+    "calibrate_draft",
+    "calibrate_verify",
     "exhaustive",
     "plan",
+    "verifier_shape",
 ]
