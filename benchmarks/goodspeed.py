@@ -249,7 +249,7 @@ def sweep(argv: list[str]) -> None:
         ax.set_xticks(betas, [f"{b:g}" for b in betas])
         ax.set_xlabel("beta (eq. 4)")
         ax.set_ylabel(f"utility after {a.rounds} rounds")
-        ax.set_title(f"SIM n={n}, kinds switch{f', weak drafts {w:g}' if w else ''}")
+        ax.set_title(f"SIM n={n}, kinds switch{f', weak {w:g}' if w else ''}")
     axes[0].legend(fontsize=7)
     print(f"figure: {C.save_figure(fig, C.RESULTS_DIR / 'goodspeed_sweep.png')}")
 
@@ -264,13 +264,17 @@ def summary(paths: list[str]) -> None:
     runs = [r for r in runs if "results" in r and "goodspeed" in r["results"]]
     if not runs:
         raise SystemExit("no goodspeed results among those files")
-    runs.sort(key=lambda r: (r.get("simulation", False), r["settings"]["devices"], r["settings"]["switch"]))
+    runs.sort(key=lambda r: (r.get("simulation", False), r["settings"]["devices"], r["settings"]["switch"],
+                             r["settings"].get("weak", 0.0)))
     rows, verdicts = [], []
-    fig, axes = C.subplots(len(runs), width=3.6)
-    for ax, run in zip(axes, runs, strict=True):
+    cols = min(len(runs), 4)
+    fig, axes = C.subplots(cols, nrows=-(-len(runs) // cols), width=3.6, height=3.2)
+    for ax in axes[len(runs):]:
+        ax.set_visible(False)
+    for ax, run in zip(axes, runs, strict=False):
         st = run["settings"]
         label = (f"{'SIM ' if run.get('simulation') else 'CPU '}n={st['devices']}"
-                 f"{' switch' if st['switch'] else ''}")
+                 f"{' switch' if st['switch'] else ''}{' weak' if st.get('weak') else ''}")
         for name, r in run["results"].items():
             ax.plot(range(1, len(r["utility"]) + 1), r["utility"], label=name)
         ax.set_title(label)
