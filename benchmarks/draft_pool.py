@@ -4,7 +4,7 @@ drafting them one at a time (issue 18, item 1).
 For each pair's draft and N tasks (1, 2, 4, 8), every task drafts --steps greedy tokens
 from its own prompt (an evaluation prompt, prefilled first and not timed). Three ways:
 
-- one at a time: one `LlamaDraftModel`, the tasks one after another (a device today);
+- one at a time: the tasks one after another, each step a decode of its own (a device today);
 - pool, threads: a `DraftPool` with a slot per task, each task on a thread of its own
   drafting as fast as it can; steps that coincide run as one decode (group commit), as
   concurrent generations on an `EdgeClient(draft_slots=N)` do;
@@ -13,6 +13,10 @@ from its own prompt (an evaluation prompt, prefilled first and not timed). Three
 
 Aggregate draft tokens per second are N x steps over the wall time, the median of
 --repeats runs, the three ways interleaved so that the shared CPU's noise falls on all.
+Every decode of all three runs on the pool's own thread: llama.cpp's CPU backend here is
+built with OpenMP, and decodes from several OS threads in one process slowed each other
+down (about 2x on this 2-core machine), so mixing a plain draft model on the main thread
+with the pool's thread would measure that instead.
 
     python benchmarks/draft_pool.py                    # both pairs
     python benchmarks/draft_pool.py --pairs gemma-270m --steps 32 --repeats 3
@@ -33,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C
 
 from edgekit.models import get_pair, model_path
-from edgekit.runtime import DraftPool, LlamaDraftModel, LlamaPoolBackend, Step
+from edgekit.runtime import DraftPool, LlamaPoolBackend, Step
 
 TASKS = (1, 2, 4, 8)
 
@@ -43,11 +47,10 @@ def _prompts(tokenize, n: int) -> list[list[int]]:  # type: ignore[no-untyped-de
     return [tokenize(texts[i % len(texts)]) for i in range(n)]
 
 
-def one_at_a_time(draft: LlamaDraftModel, prompts: list[list[int]], steps: int) -> tuple[float, list[list[int]]]:
+def one_at_a_time(pool: DraftPool, prompts: list[list[int]], steps: int) -> tuple[float, list[list[int]]]:
     elapsed, outs = 0.0, []
     for p in prompts:
-        draft.truncate(0)
-        draft.prefill(p[:-1])
+        (draft,) = _fresh_slots(pool, [p])
         feed, out = p[-1:], []
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -55,6 +58,7 @@ def one_at_a_time(draft: LlamaDraftModel, prompts: list[list[int]], steps: int) 
             out.append(tok)
             feed = [tok]
         elapsed += time.perf_counter() - t0
+        draft.close()
         outs.append(out)
     return elapsed, outs
 
@@ -99,7 +103,7 @@ def pooled_lockstep(pool: DraftPool, prompts: list[list[int]], steps: int) -> tu
     t0 = time.perf_counter()
     for j in range(steps):
         batch = [Step(s.seq, s.n_past + j, [f]) for s, f in zip(slots, feeds, strict=True)]
-        results = pool.backend.run(batch)
+        results = pool.exclusive(lambda batch=batch: pool.backend.run(batch))  # on the pool's thread
         for i, r in enumerate(results):
             assert r is not None
             feeds[i] = int(np.argmax(r.logits))
@@ -114,16 +118,15 @@ def measure(pair: str, steps: int, repeats: int, threads: int | None) -> dict:
     spec = get_pair(pair)
     path = model_path(spec.draft)
     ctx = 512
-    single = LlamaDraftModel(path, name=spec.draft, n_ctx=ctx, n_threads=threads)
     pool = DraftPool(LlamaPoolBackend(path, slots=max(TASKS), n_ctx_seq=ctx, n_threads=threads, name=spec.draft))
     rows = []
     try:
         for n in TASKS:
-            prompts = _prompts(single.tokenize, n)
+            prompts = _prompts(pool.vocab.tokenize, n)
             times: dict[str, list[float]] = {"one at a time": [], "pool, threads": [], "pool, lockstep": []}
             agree = 0
             for _ in range(repeats):
-                e1, o1 = one_at_a_time(single, prompts, steps)
+                e1, o1 = one_at_a_time(pool, prompts, steps)
                 e2, o2 = pooled_threads(pool, prompts, steps)
                 e3, o3 = pooled_lockstep(pool, prompts, steps)
                 times["one at a time"].append(e1)
@@ -136,7 +139,6 @@ def measure(pair: str, steps: int, repeats: int, threads: int | None) -> dict:
             C.progress(f"{pair} N={n}: " + ", ".join(f"{k} {row[f'{k} tok/s']:.1f} tok/s" for k in times)
                        + f"; tasks drafting the same tokens all three ways: {row['same_tokens_share']:.0%}")
     finally:
-        single.close()
         pool.close()
     return {"pair": pair, "draft": spec.draft, "steps": steps, "rows": rows}
 

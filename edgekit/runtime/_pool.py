@@ -6,10 +6,13 @@ when tasks take turns). Steps that several slots ask for at about the same time 
 one decode with a row per task: llama.cpp batches across sequence ids, and a decode of
 four one-token rows costs little more than one on a CPU (the weights are read once).
 
-Coalescing is a group commit: the first thread to ask runs a decode of everything asked
-for so far; whoever asks while it runs waits, and the next decode takes all of those at
-once. Nothing waits on a timer, so a task drafting alone pays nothing for the pool.
-Everything that touches the context (decodes, rollbacks) runs one at a time.
+Every decode runs on one thread of the pool's own, which takes everything asked for so
+far; whoever asks while it runs waits, and the next decode takes all of those at once.
+Nothing waits on a timer, so a task drafting alone pays only the hand-over. One thread:
+llama.cpp's CPU backend here is built with OpenMP, which keeps a team of threads per
+calling thread, and decodes called from several threads ran at about half the speed of
+the same decodes from one (measured: benchmarks/draft_pool.py). Everything that touches
+the context (decodes, rollbacks) runs there, one at a time.
 
 The backend seam (`PoolBackend`) runs one batch: `LlamaPoolBackend` on llama.cpp here,
 a toy one in `edgekit.testing` for tests.
@@ -89,6 +92,7 @@ class DraftPool:
         self._busy = False
         self._free = list(range(backend.n_seq))
         self._closed = False
+        self._runner: threading.Thread | None = None
         # What batching did: decodes run, and rows (steps) in them, for the stats and benchmarks.
         self.decodes = 0
         self.steps = 0
@@ -140,6 +144,9 @@ class DraftPool:
             while self._busy:
                 self._cond.wait()
             self._busy = True
+            runner = self._runner
+        if runner is not None and runner is not threading.current_thread():
+            runner.join()
         self.backend.close()
 
     # -- running -------------------------------------------------------------------------
@@ -162,25 +169,38 @@ class DraftPool:
         with self._cond:
             if self._closed:
                 raise EdgekitError("the draft pool is closed")
+            if self._runner is None:
+                self._runner = threading.Thread(target=self._loop, name="edgekit-draft-pool", daemon=True)
+                self._runner.start()
             self._queue.append(ask)
+            self._cond.notify_all()
             while not ask.done:
-                if self._busy:
+                self._cond.wait()
+        if ask.error is not None:
+            raise ask.error
+        return ask.result
+
+    def _loop(self) -> None:
+        """The pool's thread: batches, one at a time, until the pool closes."""
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
                     self._cond.wait()
-                    continue
+                if self._closed:
+                    return
                 batch = self._take()
                 self._busy = True
-                self._cond.release()
-                try:
-                    self._run(batch)
-                finally:
-                    self._cond.acquire()
+            try:
+                self._run(batch)
+            except BaseException as exc:  # nothing may end this thread but close()
+                for a in batch:
+                    a.error = a.error or exc
+            finally:
+                with self._cond:
                     self._busy = False
                     for a in batch:
                         a.done = True
                     self._cond.notify_all()
-        if ask.error is not None:
-            raise ask.error
-        return ask.result
 
     def _take(self) -> list[_Ask]:
         """The next batch: an op alone, or steps of one kind (hidden or not) that fit a decode, in order."""
@@ -219,12 +239,11 @@ class DraftPool:
             for a in batch:  # whose step it was: each again on its own
                 self._run([a])
             return
-        except BaseException as exc:  # an interrupt: every step fails with it, and so does the runner
+        except BaseException as exc:  # anything else: every step fails with it
             for s in steps:
                 self._rollback(s)
             for a in batch:
                 a.error = exc
-            raise
         self.decodes += 1
         self.steps += len(steps)
         for a, out in zip(batch, outputs, strict=True):
