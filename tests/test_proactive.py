@@ -88,3 +88,18 @@ def test_drafting_ahead_through_outages_drafts_proactively_too():
         final = client.generate(PROMPTS[0]).until_done()
     assert list(final.token_ids) == TARGET.greedy(PROMPTS[0], 40)
     assert final.stats.proactive_drafted > 20 and final.stats.proactive_used >= final.stats.proactive_drafted - 5
+
+
+def test_drafting_ahead_stops_once_the_verdict_is_in():
+    class SlowDraft(FakeDraftModel):  # 20 ms a step, against a verifier that answers at once
+        def eval(self, tokens, *, hidden=False):
+            time.sleep(0.02)
+            return super().eval(tokens, hidden=hidden)
+
+    config = GenerationConfig(max_tokens=24, drafting="fixed", draft_k=4, proactive=True)
+    with EdgeClient(toy_verifier(TARGET), draft_model=SlowDraft(TARGET), generation=config) as client:
+        final = client.generate(PROMPTS[0]).until_done()
+    assert list(final.token_ids) == TARGET.greedy(PROMPTS[0], 24)
+    # Each round's verdict comes before the draft's first step ahead is done: at most the guess and
+    # the step under way, never the whole next block (1 + 4 tokens).
+    assert final.stats.proactive_drafted <= 2 * final.stats.rounds

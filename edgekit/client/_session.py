@@ -300,10 +300,11 @@ class SpeculativeSession:
             block.rows.append(np.array(out.hidden, dtype=np.float32))  # the draft's buffer is reused next step
         return tok
 
-    def _draft_block(self, k: int, *, guess: bool = False) -> DraftedBlock:
+    def _draft_block(self, k: int, *, guess: bool = False, until: Callable[[], bool] | None = None) -> DraftedBlock:
         """A block of at most `k` tokens on top of the sequence, the controller deciding where
         it ends. `guess`: first the token the verifier adds after a whole block (the draft's
-        own; no decision), as a block drafted ahead starts with."""
+        own; no decision), as a block drafted ahead starts with. `until`: stop early once it
+        says so (the block so far is kept)."""
         t0 = time.perf_counter()
         seq = self._sequence()
         if self.draft.n_past >= len(seq):
@@ -319,6 +320,8 @@ class SpeculativeSession:
             if self.config.stop_at_eos and self.draft.is_eog(tok):
                 k = 0
         for index in range(1, k + 1):
+            if until is not None and until():
+                break
             out = self.draft.eval(feed, hidden=hidden)
             steps += 1
             decision = self.controller.draft_next(index, out)
@@ -468,7 +471,7 @@ class SpeculativeSession:
                     if not self.config.proactive:
                         return self._apply(sent, *self._verify(sent.request))
                     call = _Background(lambda: self._verify(sent.request))
-                    drafted = self._draft_proactively(limit, room)  # the draft works meanwhile
+                    drafted = self._draft_proactively(limit, room, until=lambda: call.wait(0))
                     verdict, t1, t2 = call.result()
                     return self._apply(sent, verdict, t1, t2, proactive=drafted)
             # Drafting ahead yields events mid-round: the lock is taken around each use of the
@@ -534,7 +537,7 @@ class SpeculativeSession:
         if self.config.proactive and proactive is not None:
             with self._shared.lock:
                 self._hold_draft()
-                proactive.extend(self._draft_proactively(limit, room))
+                proactive.extend(self._draft_proactively(limit, room, until=lambda: call.wait(0)))
         if not call.wait(self.retry.draft_ahead_after):
             while not call.wait(0):
                 with self._shared.lock:
@@ -563,14 +566,15 @@ class SpeculativeSession:
         is as long as it may be: `ahead` tokens, the context, or an end of text."""
         return self._provisional() if self._extend_chain(limit, ahead) else None
 
-    def _draft_proactively(self, limit: int, room: int) -> tuple[int, ...]:
-        """One block past the chain (under the shared lock) while the front one is verified:
-        the tokens added (the guess of the verifier's token first)."""
+    def _draft_proactively(self, limit: int, room: int, until: Callable[[], bool] | None = None) -> tuple[int, ...]:
+        """One block past the chain (under the shared lock) while the front one is verified, cut
+        short once `until()` says the verdict is in (the round's time is not the draft's to
+        stretch): the tokens added (the guess of the verifier's token first)."""
         before = len(self._chain)
-        self._extend_chain(limit, min(room, before + 1 + limit))
+        self._extend_chain(limit, min(room, before + 1 + limit), until=until)
         return tuple(self._chain.tokens[before:])
 
-    def _extend_chain(self, limit: int, ahead: int) -> bool:
+    def _extend_chain(self, limit: int, ahead: int, until: Callable[[], bool] | None = None) -> bool:
         """Drafts one more block past the chain (under the shared lock), unless the chain is as
         long as it may be (`ahead` tokens, the context, an end of text); whether it did."""
         chain = self._chain
@@ -580,9 +584,9 @@ class SpeculativeSession:
             return False
         guess = bool(chain.ends)  # after a block (even an empty one) comes the verifier's position
         window = self.controller.window(min(limit, free - int(guess)))
-        if window < 1:
-            return False  # no drafting (plain decoding): nothing to draft ahead either
-        block = self._draft_block(window, guess=guess)
+        if window < 1 or (until is not None and until()):
+            return False  # no drafting (plain decoding), or the verdict is already in
+        block = self._draft_block(window, guess=guess, until=until)
         if not block.tokens:
             return False  # the controller stops at once, and would again on the same logits
         chain.add(block)
