@@ -68,20 +68,20 @@ def plan(
         vshape = verifier_shape(info.target_hidden_size)
         verify_rt, verify_samples = calibrate_verify(client.transport, client.draft.fingerprint(),
                                                      client.tokenize(texts[0]), vshape)
-        link = client.probe_link(pings=5)
+        probed = client.probe_link(pings=5).link
         if acceptance is None:
             stats = client.generate(texts[0], drafting="fixed", draft_k=4, max_tokens=48,
                                     plain_when_faster=False).until_done().stats
             rejections = sum(r.accepted < r.drafted for r in stats.rounds_detail)
             acceptance = stats.accepted / max(stats.accepted + rejections, 1)
         model = ServingModel(draft_shape, vshape, draft_rt, verify_rt, acceptance, max_tokens,
-                             link_s=link.rtt_ms / 1e3, memory_bytes=memory_mb * 2**20 if memory_mb else math.inf)
+                             link_s=probed.rtt_ms / 1e3, memory_bytes=memory_mb * 2**20 if memory_mb else math.inf)
         best = make_plan(model, inputs, max_window)
         alone = sum(model.latency([[k]], inputs, best.window) for k in range(len(inputs)))
         together = model.latency([list(range(len(inputs)))], inputs, best.window)
     result = {
         "prompts": len(texts), "input_tokens": inputs, "max_tokens": max_tokens, "acceptance": acceptance,
-        "rtt_ms": link.rtt_ms, "window": best.window, "batches": [list(b) for b in best.batches],
+        "rtt_ms": probed.rtt_ms, "window": best.window, "batches": [list(b) for b in best.batches],
         "predicted_s": best.predicted_s, "one_after_another_s": alone, "one_batch_s": together,
         "draft_runtime": {"c1": draft_rt.c1, "c2": draft_rt.c2, "mape": draft_rt.error(draft_samples)},
         "verify_runtime": {"c1": verify_rt.c1, "c2": verify_rt.c2, "mape": verify_rt.error(verify_samples)},
@@ -90,7 +90,7 @@ def plan(
         print_json(result)
         return
     print(f"{len(texts)} prompts ({min(inputs)}-{max(inputs)} tokens), {max_tokens} tokens each; "
-          f"acceptance {acceptance:.2f}, RTT {link.rtt_ms:.1f} ms")
+          f"acceptance {acceptance:.2f}, RTT {probed.rtt_ms:.1f} ms")
     print(f"window {best.window}, {len(best.batches)} batches (in pipeline order):")
     for i, b in enumerate(best.batches, 1):
         print(f"  {i}. prompts {', '.join(str(k + 1) for k in b)}  (inputs up to {max(inputs[k] for k in b)} tokens)")
