@@ -97,3 +97,18 @@ def test_a_stream_dropped_unread_or_a_prompt_that_fails_to_tokenize_gives_its_sl
         with pytest.raises(TypeError):
             client.generate(12345)  # type: ignore[arg-type]
         assert pool.free_slots() == 2
+
+
+def test_the_gemma_pair_with_proactive_drafting_and_a_plan_writes_target_only_output(gemma_server, gemma_paths):
+    from edgekit.plan import Plan
+
+    prompts = ["def add(a, b):", "The three primary colours are", "Once upon a time"]
+    gen = GenerationConfig(max_tokens=16, drafting="fixed", draft_k=3, proactive=True)
+    with EdgeClient(gemma_server.address, draft_model=gemma_paths[0], draft_slots=4, generation=gen,
+                    draft_context=512) as client:
+        baseline = [client.generate_target_only(p).until_done().token_ids for p in prompts]
+        alone = [client.generate(p).until_done() for p in prompts]
+        assert [r.token_ids for r in alone] == baseline
+        assert sum(r.stats.proactive_drafted for r in alone) > 0
+        planned = client.generate_many(prompts, plan=Plan(((0, 2), (1,)), 2, 0.0), proactive=False)
+        assert [r.token_ids for r in planned] == baseline
