@@ -17,9 +17,21 @@ TARGET = ToyLanguageModel(seed=41, eos_bias=-8.0)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7], [9]]
 
 
+def _slow(transport, seconds: float = 0.005):
+    """The verifier answering after `seconds` (a round trip), so that drafting ahead has time to run."""
+    verify = transport.verify
+
+    def slow_verify(block):
+        time.sleep(seconds)
+        return verify(block)
+
+    transport.verify = slow_verify
+    return transport
+
+
 def _run(draft_lm: ToyLanguageModel, proactive: bool, prompt: list[int], **gen):
     config = GenerationConfig(max_tokens=40, drafting="fixed", draft_k=4, proactive=proactive, **gen)
-    with EdgeClient(toy_verifier(TARGET), draft_model=FakeDraftModel(draft_lm), generation=config) as client:
+    with EdgeClient(_slow(toy_verifier(TARGET)), draft_model=FakeDraftModel(draft_lm), generation=config) as client:
         return client.generate(prompt).until_done()
 
 
@@ -83,7 +95,7 @@ def test_drafting_ahead_through_outages_drafts_proactively_too():
     from edgekit import ClientConfig
 
     config = GenerationConfig(max_tokens=40, drafting="fixed", draft_k=4, proactive=True)
-    with EdgeClient(toy_verifier(TARGET), draft_model=FakeDraftModel(TARGET), generation=config,
+    with EdgeClient(_slow(toy_verifier(TARGET)), draft_model=FakeDraftModel(TARGET), generation=config,
                     config=ClientConfig(on_disconnect="draft")) as client:
         final = client.generate(PROMPTS[0]).until_done()
     assert list(final.token_ids) == TARGET.greedy(PROMPTS[0], 40)
