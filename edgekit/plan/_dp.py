@@ -27,10 +27,6 @@ class Plan:
     window: int  # speculation length l
     predicted_s: float  # the model's total inference time
 
-    def describe(self, inputs: Sequence[int]) -> str:
-        parts = [f"[{', '.join(str(k) for k in b)}] (inputs <= {max(inputs[k] for k in b)})" for b in self.batches]
-        return f"window {self.window}; {len(self.batches)} batches: " + "; ".join(parts)
-
 
 def batches_for_window(model: ServingModel, inputs: Sequence[int], window: int) -> Plan | None:
     """Algorithm 1 for one window: the batching with the least modelled latency (None: nothing fits)."""
