@@ -5,11 +5,12 @@ its slot back; with more tasks than slots the rest share the first slot."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
 
-from edgekit import EdgeClient, GenerationConfig
+from edgekit import AsyncEdgeClient, EdgeClient, GenerationConfig
 from edgekit.errors import EdgekitError
 from edgekit.runtime import DraftPool
 from edgekit.testing import FakeDraftModel, ToyLanguageModel, ToyPoolBackend, toy_verifier
@@ -66,6 +67,30 @@ def test_a_task_that_fails_fails_alone_and_gives_its_slot_back():
         assert pool.free_slots() == 2
         with pytest.raises(EdgekitError):
             client.generate_many(prompts)  # without return_exceptions the failure is raised, after the others
+
+
+def test_the_async_client_runs_a_pipelined_batch_without_blocking_its_event_loop():
+    async def main():
+        pool = _pool(4, delay_s=0.004)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.001)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        async with AsyncEdgeClient(toy_verifier(TARGET, max_sessions=16), draft_model=pool,
+                                   generation=GenerationConfig(max_tokens=24, draft_k=4)) as client:
+            results = await client.generate_many(PROMPTS[:4])
+        ticker.cancel()
+        return results, ticks, pool
+
+    results, ticks, pool = asyncio.run(main())
+    assert [list(r.token_ids) for r in results] == [TARGET.greedy(p, 24) for p in PROMPTS[:4]]
+    assert ticks > 5  # the loop kept running while the tasks drafted
+    assert pool.decodes < pool.steps
 
 
 def test_draft_slots_need_a_model_file_or_a_pool():

@@ -11,9 +11,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..link import ProbeResult
+from ..plan import Plan
 from ..protocol import ServerInfo
 from ._chat import Conversation
 from ._client import EdgeClient
+from ._events import FinalStats
 from ._stream import AsyncGenerationStream, GenerationStream
 
 __all__ = ["AsyncConversation", "AsyncEdgeClient"]
@@ -90,6 +92,28 @@ class AsyncEdgeClient:
 
     def chat(self, messages: Sequence[dict] | str, **overrides: Any) -> AsyncGenerationStream:
         return self._stream(lambda c: c.chat(messages, **overrides))
+
+    async def generate_many(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        *,
+        concurrency: int | None = None,
+        return_exceptions: bool = False,
+        plan: Plan | None = None,
+        **overrides: Any,
+    ) -> list[FinalStats | BaseException]:
+        """`EdgeClient.generate_many` on worker threads: the tasks pipeline through the draft
+        model's slots while the event loop goes on. Cancelling the await does not stop the
+        tasks already running; they finish (or fail) and their slots are freed."""
+        client = await self._sync()
+        return await asyncio.to_thread(
+            client.generate_many,
+            prompts,
+            concurrency=concurrency,
+            return_exceptions=return_exceptions,
+            plan=plan,
+            **overrides,
+        )
 
     async def conversation(self, *, system: str | None = None, **overrides: Any) -> AsyncConversation:
         client = await self._sync()
