@@ -17,7 +17,7 @@ setup(
         Extension(
             "edgekit.runtime._logitstats",
             ["edgekit/runtime/_logitstats.c"],
-            depends=["edgekit/runtime/_logitstats_kernel.h"],
+            depends=["edgekit/runtime/_logitstats_kernel.h", "edgekit/runtime/_logitstats_kernels.h"],
             extra_compile_args=args,
             optional=True,
         )

@@ -5,19 +5,24 @@ predictor's features (WISP sec. 3.3) need the softmax sums over the same
 vector. Right after a llama.cpp decode the vocabulary is cold in every cache,
 and each separate numpy or Python call over it pays for that again, so both come
 from one `LogitStats` per step, filled by one call of the compiled kernel
-`edgekit.runtime._logitstats` (a C extension built at install; AVX-512, AVX2 or
-baseline SIMD) in one pass over the vocabulary: the max, the second largest
+`edgekit.runtime._logitstats` (a C extension built at install; AVX-512, AVX2,
+NEON or baseline SIMD) in one pass over the vocabulary: the max, the second largest
 and the argmax, and, only when features are wanted, the sums below.
 
 Without the kernel (installed without a C compiler) numpy computes the same
 figures, several times slower: its softmax sums take only the logits within
 `TAIL_NATS` of the maximum (each one further down weighs under e^-20 = 2e-9 of
 the top one, so at most V x 2e-9 relative for V entries).
+
+`EDGEKIT_KERNEL` picks another implementation than the best this CPU runs: one of
+the kernel's `KERNELS`, or `numpy` (to profile what a device without AVX-512, or
+without the compiled kernel, would pay).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -29,6 +34,16 @@ try:
 except ImportError:  # built without a C compiler: the numpy path below
     _kernel = None
 
+_wanted = os.environ.get("EDGEKIT_KERNEL", "").strip()
+if _wanted == "numpy":
+    _kernel = None
+elif _wanted and _kernel is not None:
+    if _wanted not in _kernel.KERNELS:
+        raise ImportError(f"EDGEKIT_KERNEL={_wanted}: this CPU runs {', '.join(_kernel.KERNELS)} or numpy")
+    _kernel.use(_wanted)
+elif _wanted:
+    raise ImportError(f"EDGEKIT_KERNEL={_wanted}: edgekit was installed without its compiled kernel (numpy only)")
+
 __all__ = ["ALL_COLUMNS", "FEATURE_NAMES", "KERNEL", "TAIL_NATS", "LogitStats", "NumpyLogitStats"]
 
 FEATURE_NAMES = ("confidence", "entropy", "margin", "logit_std", "position", "recent_acceptance")
@@ -38,7 +53,7 @@ ALL_COLUMNS = bytes(range(len(FEATURE_NAMES)))
 """`LogitStats.features_into` columns for every feature, in FEATURE_NAMES order."""
 
 KERNEL = _kernel.ISA if _kernel is not None else "numpy"
-"""Which implementation computes the statistics: avx512f, avx2, baseline (the C kernel) or numpy."""
+"""Which implementation computes the statistics: avx512f, avx2, neon, baseline (the C kernel) or numpy."""
 
 TAIL_NATS = 20.0
 

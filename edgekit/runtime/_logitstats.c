@@ -17,9 +17,10 @@
  * It runs inside the drafting loop, right after a llama.cpp decode has evicted
  * every cache, so it is one call that reads the vocabulary once, computing the
  * exponentials while the logits stream in from memory, and takes no
- * allocation. The kernel is chosen once, at import, for the CPU:
- * AVX-512, AVX2 or the baseline (SSE2 on x86-64, NEON on arm64). ISA names it;
- * use(name) switches to another this CPU has (the tests run every kernel).
+ * allocation. The kernel is chosen once, at import, for the CPU: the best of
+ * _logitstats_kernels.h's (avx512f, avx2 or baseline on x86-64; neon or baseline on
+ * aarch64). ISA names it; KERNELS lists those this CPU runs; use(name) switches to
+ * another of them (the tests run every kernel).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,44 +30,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#define LS_CAT_(a, b) a##b
-#define LS_CAT(a, b) LS_CAT_(a, b)
+#include "_logitstats_kernels.h"
 
-/* What a kernel computes past the first pass: bits of its `mode`. */
-#define LS_SOFTMAX 1 /* s and t: the top probability, entropy and margin */
-#define LS_MOMENTS 2 /* mean and variance: the logit standard deviation (with LS_SOFTMAX) */
-
-typedef void (*kernel_fn)(const float *, Py_ssize_t, int, double *);
-
-#define LS_W 4
-#define LS_NAME kernel_base
-#define LS_TARGET
-#include "_logitstats_kernel.h"
-#undef LS_W
-#undef LS_NAME
-#undef LS_TARGET
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define LS_X86 1
-#define LS_W 8
-#define LS_NAME kernel_avx2
-#define LS_TARGET __attribute__((target("avx2,fma")))
-#include "_logitstats_kernel.h"
-#undef LS_W
-#undef LS_NAME
-#undef LS_TARGET
-
-#define LS_W 16
-#define LS_NAME kernel_avx512
-#define LS_TARGET __attribute__((target("avx512f")))
-#include "_logitstats_kernel.h"
-#undef LS_W
-#undef LS_NAME
-#undef LS_TARGET
-#endif
-
-static kernel_fn kernel = kernel_base;
-static const char *isa = "baseline";
+static const ls_kernel *kernel; /* the one in use: ls_best() at import, or as use() says */
 
 /* A native-order format code: "f", "=f", "@f", or "<f" on a little-endian machine. */
 static int
@@ -109,7 +75,7 @@ ensure(StatsObject *self, int level)
     }
     int mode = MODE_FOR(level);
     Py_BEGIN_ALLOW_THREADS
-    kernel((const float *)z.buf, z.len / 4, mode, self->out);
+    kernel->fn((const float *)z.buf, z.len / 4, mode, self->out);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&z);
     self->level = LEVEL_OF(mode);
@@ -254,45 +220,23 @@ static PyTypeObject StatsType = {
     .tp_new = Stats_new,
 };
 
-static int
-supported(const char *name, kernel_fn *fn)
-{
-    if (strcmp(name, "baseline") == 0) {
-        *fn = kernel_base;
-        return 1;
-    }
-#ifdef LS_X86
-    __builtin_cpu_init();
-    if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        *fn = kernel_avx2;
-        return 1;
-    }
-    if (strcmp(name, "avx512f") == 0 && __builtin_cpu_supports("avx512f")) {
-        *fn = kernel_avx512;
-        return 1;
-    }
-#endif
-    return 0;
-}
-
 static PyObject *
 use(PyObject *module, PyObject *arg)
 {
     const char *name = PyUnicode_AsUTF8(arg);
-    kernel_fn fn;
     if (name == NULL) return NULL;
-    if (!supported(name, &fn)) {
-        PyErr_Format(PyExc_ValueError, "no %s kernel on this CPU (baseline, avx2, avx512f)", name);
+    const ls_kernel *k = ls_find(name);
+    if (k == NULL) {
+        PyErr_Format(PyExc_ValueError, "no %s kernel on this CPU", name);
         return NULL;
     }
-    kernel = fn;
-    isa = strcmp(name, "baseline") == 0 ? "baseline" : strcmp(name, "avx2") == 0 ? "avx2" : "avx512f";
-    if (PyModule_AddStringConstant(module, "ISA", isa) < 0) return NULL;
+    kernel = k;
+    if (PyModule_AddStringConstant(module, "ISA", k->name) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
-    {"use", use, METH_O, "use(name): run the baseline, avx2 or avx512f kernel (ValueError if this CPU lacks it)."},
+    {"use", use, METH_O, "use(name): run the kernel of that name, one of KERNELS (ValueError if this CPU lacks it)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -301,16 +245,26 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_logitstats", NUL
 PyMODINIT_FUNC
 PyInit__logitstats(void)
 {
-    if (supported("avx512f", &kernel))
-        isa = "avx512f";
-    else if (supported("avx2", &kernel))
-        isa = "avx2";
+    kernel = ls_best();
     if (PyType_Ready(&StatsType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
-    if (PyModule_AddStringConstant(m, "ISA", isa) < 0 || PyModule_AddObjectRef(m, "Stats", (PyObject *)&StatsType) < 0) {
+    PyObject *runs = PyList_New(0), *names = NULL;
+    for (int i = 0; runs != NULL && i < LS_NKERNELS; i++) {
+        if (!ls_runs(&ls_kernels[i])) continue;
+        PyObject *name = PyUnicode_FromString(ls_kernels[i].name);
+        if (name == NULL || PyList_Append(runs, name) < 0) Py_CLEAR(runs);
+        Py_XDECREF(name);
+    }
+    if (runs != NULL) names = PyList_AsTuple(runs);
+    Py_XDECREF(runs);
+    if (names == NULL || PyModule_AddObjectRef(m, "KERNELS", names) < 0 ||
+        PyModule_AddStringConstant(m, "ISA", kernel->name) < 0 ||
+        PyModule_AddObjectRef(m, "Stats", (PyObject *)&StatsType) < 0) {
+        Py_XDECREF(names);
         Py_DECREF(m);
         return NULL;
     }
+    Py_DECREF(names);
     return m;
 }

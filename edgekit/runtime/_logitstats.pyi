@@ -2,6 +2,7 @@
 import numpy as np
 
 ISA: str
+KERNELS: tuple[str, ...]  # those this CPU runs, best first
 
 class Stats:
     logits: np.ndarray

@@ -1,7 +1,11 @@
-/* One SIMD width of the logit-statistics kernel, included by _logitstats.c once
- * per instruction set with LS_W (lanes), LS_NAME (function name) and LS_TARGET
+/* One SIMD width of the logit-statistics kernel, included by _logitstats_kernels.h
+ * once per instruction set with LS_W (lanes), LS_NAME (function name) and LS_TARGET
  * (a target attribute, or nothing) defined. GCC/Clang vector extensions, so the
- * same source becomes AVX-512, AVX2 or SSE/NEON code. */
+ * same source becomes AVX-512, AVX2, SSE or NEON code. An instruction set whose
+ * maximum and minimum are one instruction defines LS_VMAX(a, b) and LS_VMIN(a, b)
+ * (a > b ? a : b and a < b ? a : b, as vectors); otherwise they are a compare and a
+ * select. LS_FUSED_SETS (default 2) is how many accumulator sets the fused pass
+ * interleaves: as many as the registers hold. NaN logits are not statistics: what a kernel makes of them is unspecified. */
 
 #define LS_CHUNK 2048 /* float sums go into double lanes every LS_CHUNK entries (a multiple of LS_W * 4) */
 #define LS_HEADROOM 64.0f /* a lane's sums run at most e^64 above its reference: no float overflow */
@@ -17,16 +21,30 @@ typedef double LS_CAT(vd, LS_W) __attribute__((vector_size(LS_W * 8)));
 
 /* One vector x (its first index `at`) into each lane's largest value (first index on
  * ties) and second largest. */
+#ifndef LS_VMAX
+LS_INLINE VF
+LS_FN(_max)(VF a, VF b)
+{
+    VI gt = a > b;
+    return (VF)((gt & (VI)a) | (~gt & (VI)b));
+}
+LS_INLINE VF
+LS_FN(_min)(VF a, VF b)
+{
+    VI lt = a < b;
+    return (VF)((lt & (VI)a) | (~lt & (VI)b));
+}
+#define LS_VMAX(a, b) LS_FN(_max)(a, b)
+#define LS_VMIN(a, b) LS_FN(_min)(a, b)
+#endif
+
 LS_INLINE void
 LS_FN(_top2)(VF x, int32_t at, VI lane, VF *top, VF *sec, VI *idx)
 {
     VI gt = x > *top;
     *idx = (gt & (lane + at)) | (~gt & *idx);
-    VI lt = x < *top;
-    VF lo = (VF)((lt & (VI)x) | (~lt & (VI)*top)); /* min(top, x) */
-    VI ge = lo > *sec;
-    *sec = (VF)((ge & (VI)lo) | (~ge & (VI)*sec));
-    *top = (VF)((gt & (VI)x) | (~gt & (VI)*top));
+    *sec = LS_VMAX(LS_VMIN(x, *top), *sec);
+    *top = LS_VMAX(x, *top);
 }
 
 /* exp(x - c) into s and exp(x - c) (x - c) into t, lane by lane, and with moments x - h into
@@ -45,9 +63,7 @@ LS_FN(_add)(VF x, VF c, VF h, const int moments, VF *s, VF *t, VF *a, VF *q)
         *q += y * y;
     }
     const VF floor = (VF){0} - 87.0f;
-    VF d = x - c;
-    VI low = d < floor;
-    d = (VF)((low & (VI)floor) | (~low & (VI)d));
+    VF d = LS_VMAX(x - c, floor);
     VF k = d * 1.44269504088896341f + 12583039.0f;
     VF r = d - (k - 12583039.0f) * 0.693147180559945309f;
     VF p = (VF){0} + 0.0082903066650033f;
@@ -64,15 +80,15 @@ LS_FN(_add)(VF x, VF c, VF h, const int moments, VF *s, VF *t, VF *a, VF *q)
 /* Max, second largest and argmax over the lanes of nu accumulator sets and the scalar
  * tail z[nv:n], into out[0..2]. */
 LS_INLINE void
-LS_FN(_finish)(const VF *top, const VF *sec, const VI *idx, int nu, const float *z, Py_ssize_t nv,
-               Py_ssize_t n, double *out)
+LS_FN(_finish)(const VF *top, const VF *sec, const VI *idx, int nu, const float *z, ptrdiff_t nv,
+               ptrdiff_t n, double *out)
 {
     float m = -INFINITY, second = -INFINITY;
-    Py_ssize_t im = 0;
+    ptrdiff_t im = 0;
     for (int u = 0; u < nu; u++) {
         for (int k = 0; k < LS_W; k++) {
             float v = top[u][k];
-            Py_ssize_t j = idx[u][k];
+            ptrdiff_t j = idx[u][k];
             if (v > m || (v == m && j < im)) {
                 if (m > second) second = m;
                 m = v;
@@ -83,7 +99,7 @@ LS_FN(_finish)(const VF *top, const VF *sec, const VI *idx, int nu, const float 
             if (sec[u][k] > second) second = sec[u][k];
         }
     }
-    for (Py_ssize_t i = nv; i < n; i++) {
+    for (ptrdiff_t i = nv; i < n; i++) {
         float v = z[i];
         if (v > m) {
             second = m;
@@ -101,10 +117,10 @@ LS_FN(_finish)(const VF *top, const VF *sec, const VI *idx, int nu, const float 
 /* The first pass alone (the argmax of a step that makes no decision): the vocabulary
  * comes cold from memory, so 4 independent accumulator sets keep the compare chains busy. */
 LS_INLINE void
-LS_FN(_top)(const float *z, Py_ssize_t n, double *out)
+LS_FN(_top)(const float *z, ptrdiff_t n, double *out)
 {
     enum { U = 4 };
-    const Py_ssize_t step = LS_W * U, nv = n / step * step;
+    const ptrdiff_t step = LS_W * U, nv = n / step * step;
     VF top[U], sec[U];
     VI idx[U], lane;
     for (int k = 0; k < LS_W; k++) lane[k] = k;
@@ -112,7 +128,7 @@ LS_FN(_top)(const float *z, Py_ssize_t n, double *out)
         top[u] = sec[u] = (VF){0} - INFINITY;
         idx[u] = (VI){0};
     }
-    for (Py_ssize_t i = 0; i < nv; i += step) {
+    for (ptrdiff_t i = 0; i < nv; i += step) {
         for (int u = 0; u < U; u++) {
             VF x;
             memcpy(&x, z + i + u * LS_W, sizeof x);
@@ -132,25 +148,33 @@ LS_FN(_top)(const float *z, Py_ssize_t n, double *out)
  * lanes are brought to the global maximum m: exp(z - m) = exp(z - c) exp(c - m), and
  * sum exp(z - m) (z - m) = exp(c - m) (t + (c - m) s). */
 LS_INLINE void
-LS_FN(_fused)(const float *z, Py_ssize_t n, const int moments, double *out)
+LS_FN(_fused)(const float *z, ptrdiff_t n, const int moments, double *out)
 {
+#ifdef LS_FUSED_SETS
+    enum { U = LS_FUSED_SETS };
+#else
     enum { U = 2 }; /* the exponentials give each vector enough work to hide the compare chains */
-    const Py_ssize_t step = LS_W * U, nv = n / step * step;
+#endif
+    const ptrdiff_t step = LS_W * U, nv = n / step * step;
     VF top[U], sec[U], s[U], t[U], a[U], q[U];
     VI idx[U], lane;
     VF c = (VF){0} - 3.0e38f; /* finite, so that -inf logits give -inf differences, not NaN */
     VD S2 = (VD){0}, T2 = (VD){0}, A2 = (VD){0}, Q2 = (VD){0};
-    const float h = isfinite(z[0]) ? z[0] : 0.0f; /* the moments' shift */
+    double hs = 0.0; /* the moments' shift: the mean of the first finite values (one outlier, such as */
+    int hn = 0;      /* a padding token's logit first in the vocabulary, would cost the variance digits) */
+    for (ptrdiff_t i = 0; i < n && i < 64; i++)
+        if (isfinite(z[i])) hs += z[i], hn++;
+    const float h = hn ? (float)(hs / hn) : 0.0f;
     const VF vh = (VF){0} + h;
     for (int k = 0; k < LS_W; k++) lane[k] = k;
     for (int u = 0; u < U; u++) {
         top[u] = sec[u] = (VF){0} - INFINITY;
         idx[u] = (VI){0};
     }
-    for (Py_ssize_t ch = 0; ch < nv; ch += LS_CHUNK) {
-        Py_ssize_t end = ch + LS_CHUNK < nv ? ch + LS_CHUNK : nv;
+    for (ptrdiff_t ch = 0; ch < nv; ch += LS_CHUNK) {
+        ptrdiff_t end = ch + LS_CHUNK < nv ? ch + LS_CHUNK : nv;
         for (int u = 0; u < U; u++) s[u] = t[u] = a[u] = q[u] = (VF){0};
-        for (Py_ssize_t i = ch; i < end; i += step) {
+        for (ptrdiff_t i = ch; i < end; i += step) {
             for (int u = 0; u < U; u++) {
                 VF x;
                 memcpy(&x, z + i + u * LS_W, sizeof x);
@@ -159,10 +183,7 @@ LS_FN(_fused)(const float *z, Py_ssize_t n, const int moments, double *out)
             }
         }
         VF hi = top[0]; /* each lane's maximum so far */
-        for (int u = 1; u < U; u++) {
-            VI gt = top[u] > hi;
-            hi = (VF)((gt & (VI)top[u]) | (~gt & (VI)hi));
-        }
+        for (int u = 1; u < U; u++) hi = LS_VMAX(top[u], hi);
         VI over = hi > c + LS_HEADROOM;
         int32_t any = 0;
         for (int k = 0; k < LS_W; k++) any |= over[k];
@@ -175,7 +196,7 @@ LS_FN(_fused)(const float *z, Py_ssize_t n, const int moments, double *out)
                 c[k] = hi[k];
             }
             for (int u = 0; u < U; u++) s[u] = t[u] = (VF){0};
-            for (Py_ssize_t i = ch; i < end; i += step) {
+            for (ptrdiff_t i = ch; i < end; i += step) {
                 for (int u = 0; u < U; u++) {
                     VF x;
                     memcpy(&x, z + i + u * LS_W, sizeof x);
@@ -203,7 +224,7 @@ LS_FN(_fused)(const float *z, Py_ssize_t n, const int moments, double *out)
         A += A2[k];
         Q += Q2[k];
     }
-    for (Py_ssize_t i = nv; i < n; i++) {
+    for (ptrdiff_t i = nv; i < n; i++) {
         double y = (double)z[i] - h;
         A += y;
         Q += y * y;
@@ -222,7 +243,7 @@ LS_FN(_fused)(const float *z, Py_ssize_t n, const int moments, double *out)
 
 /* mode 0: the first pass alone; LS_SOFTMAX (| LS_MOMENTS): the fused pass. */
 LS_TARGET static void
-LS_NAME(const float *z, Py_ssize_t n, int mode, double *out)
+LS_NAME(const float *z, ptrdiff_t n, int mode, double *out)
 {
     if (!(mode & LS_SOFTMAX))
         LS_FN(_top)(z, n, out);
@@ -235,6 +256,8 @@ LS_NAME(const float *z, Py_ssize_t n, int mode, double *out)
 #undef VF
 #undef VI
 #undef VD
+#undef LS_VMAX
+#undef LS_VMIN
 #undef LS_CHUNK
 #undef LS_HEADROOM
 #undef LS_INLINE
