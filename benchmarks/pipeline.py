@@ -128,7 +128,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--draftings", default="fixed,predictor")
     ap.add_argument("--out", default="pipeline")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the figure from the JSON of an earlier run")
     args = ap.parse_args()
+    if args.plot_only:
+        import json
+
+        done = json.loads((C.RESULTS_DIR / f"{args.out}.json").read_text())
+        plot(done["single"], done["multi"], done["summary"], C.csv_list(args.tasks, int),
+             C.RESULTS_DIR / f"{args.out}.png")
+        return
     C.apply_threads(1)
     C.print_machine()
     spec = get_pair(args.pair)
@@ -220,7 +228,7 @@ def main() -> None:
 
 def plot(single: list[dict], multi: list[dict], summary: list[dict], tasks: list[int], path) -> None:  # type: ignore[no-untyped-def]
     rtts = sorted({r["rtt_ms"] for r in multi})
-    fig, axes = C.subplots(1 + len(rtts), width=4.2)
+    fig, axes = C.subplots(2 + len(rtts), width=4.2)
     for drafting in sorted({s["drafting"] for s in summary}):
         rows = [s for s in summary if s["drafting"] == drafting]
         axes[0].plot([s["rtt_ms"] for s in rows], [s["ms_per_token_off"] for s in rows], marker="o",
@@ -232,7 +240,7 @@ def plot(single: list[dict], multi: list[dict], summary: list[dict], tasks: list
     axes[0].set_title("Proactive drafting")
     axes[0].legend(fontsize=7)
     axes[0].set_ylim(bottom=0)
-    for ax, rtt in zip(axes[1:], rtts, strict=True):
+    for ax, rtt in zip(axes[1:-1], rtts, strict=True):
         for way in WAYS:
             rows = sorted((r["tasks"], r["total_s"]) for r in multi if r["rtt_ms"] == rtt and r["way"] == way)
             ax.plot([x[0] for x in rows], [x[1] for x in rows], marker="o", label=way)
@@ -243,6 +251,18 @@ def plot(single: list[dict], multi: list[dict], summary: list[dict], tasks: list
         ax.set_title(f"RTT {rtt:g} ms")
         ax.set_ylim(bottom=0)
     axes[1].legend(fontsize=7)
+    planned = [r for r in multi if r["way"] == "planned" and r.get("predicted_s")]
+    ax = axes[-1]
+    for rtt in rtts:
+        rows = [r for r in planned if r["rtt_ms"] == rtt]
+        ax.scatter([r["total_s"] for r in rows], [r["predicted_s"] for r in rows], label=f"RTT {rtt:g} ms")
+    top = max([r["total_s"] for r in planned] + [1.0]) * 1.05
+    ax.plot([0, top], [0, top], color="k", linewidth=0.8)
+    ax.fill_between([0, top], [0, 0.85 * top], [0, 1.15 * top], color="k", alpha=0.08, label="within 15%")
+    ax.set_xlabel("measured total (s)")
+    ax.set_ylabel("predicted total (s)")
+    ax.set_title("The plan's prediction")
+    ax.legend(fontsize=7)
     print(f"figure: {C.save_figure(fig, path)}")
 
 
