@@ -5,6 +5,10 @@ for every pair, into benchmarks/results/profile_drafting.json. WISP's budget
 for features plus predictor is 2% of a draft step (issue 4).
 
     python benchmarks/profile_drafting.py [--pairs gemma-270m,qwen-coder] [--steps 400] [--threads 1,0] [--repeats 3]
+        [--kernels avx2,avx512f]
+
+`--kernels` profiles each named logit kernel this CPU runs (`edgekit.runtime._logitstats.KERNELS`),
+so that an AVX-512 machine also says what a CPU with AVX2 only would pay.
 
 Each (pair, threads) is profiled `--repeats` times in one process; the summary
 gives every repeat's added share and their median, since the draft step itself
@@ -31,12 +35,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--threads", default="1,0", help="llama.cpp thread counts (0: all cores, edgekit's default)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kernels", default="", help="logit kernels to profile (default: the best this CPU runs)")
+    parser.add_argument("--out", default="profile_drafting")
     args = parser.parse_args()
     from edgekit import LlamaDraftModel
     from edgekit.models import get_pair, model_path
     from edgekit.predictors.profile import profile_drafting
     from edgekit.predictors.runtime import OnnxPredictor
     from edgekit.predictors.shipped import shipped_predictor
+    from edgekit.runtime import _logitstats, current_kernel
+
+    kernels = C.csv_list(args.kernels) if args.kernels else [current_kernel()]
 
     rows = []
     for pair in C.csv_list(args.pairs):
@@ -50,24 +59,45 @@ def main() -> None:
             draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=1024)
             try:
                 for r in range(args.repeats):
-                    rows.append({"pair": pair, "repeat": r, **profile_drafting(draft, predictor, steps=args.steps)})
-                    print(_line(rows[-1]), flush=True)
+                    for kernel in kernels:  # interleaved, so that a drift in the machine's load falls on each
+                        _logitstats.use(kernel)
+                        rows.append({"pair": pair, "repeat": r, **profile_drafting(draft, predictor,
+                                                                                   steps=args.steps)})
+                        print(_line(rows[-1]), flush=True)
             finally:
                 draft.close()
     summary = {}
     for r in rows:
-        summary.setdefault(f"{r['pair']} threads={r['threads']}", []).append(r["added_share"])
+        summary.setdefault(f"{r['pair']} {r['kernel']} threads={r['threads']}", []).append(r["added_share"])
     summary = {k: {"added_share": v, "median": float(np.median(v))} for k, v in summary.items()}
-    path = C.write_result("profile_drafting", {"settings": vars(args), "summary": summary, "results": rows})
+    path = C.write_result(args.out, {"settings": vars(args), "summary": summary, "results": rows})
     for k, v in summary.items():
-        print(f"{k:<32} added share per repeat {' '.join(f'{100 * x:.2f}%' for x in v['added_share'])}  "
+        print(f"{k:<40} added share per repeat {' '.join(f'{100 * x:.2f}%' for x in v['added_share'])}  "
               f"median {100 * v['median']:.2f}%")
+    plot(summary, path.with_suffix(".png"))
     print(path)
+
+
+def plot(summary: dict, path: Path) -> None:
+    fig, (ax,) = C.subplots(1, width=max(5.0, 1.6 * len(summary)))
+    names = list(summary)
+    for i, name in enumerate(names):
+        shares = [100 * x for x in summary[name]["added_share"]]
+        ax.scatter([i] * len(shares), shares, color="#47a", alpha=0.6, s=18)
+        ax.hlines(100 * summary[name]["median"], i - 0.3, i + 0.3, color="k")
+    ax.axhline(2.0, color="r", linestyle="--", label="WISP's budget: 2% of a draft step")
+    ax.set_xticks(range(len(names)), [n.replace(" ", "\n", 2).replace("threads=", "threads: ") for n in names],
+                  fontsize=7)
+    ax.set_ylabel("decision's added share of a draft step (%)")
+    ax.set_title("Decision cost (features + predictor)\ndots: repeats, bars: medians", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.set_ylim(bottom=0)
+    print(f"figure: {C.save_figure(fig, path)}")
 
 
 def _line(r: dict) -> str:
     return (
-        f"{r['pair']:<11} threads {r['threads']:<16} step {r['draft_step_us']['median']:>7.0f} us  "
+        f"{r['pair']:<11} {r['kernel']:<8} threads {r['threads']:<16} step {r['draft_step_us']['median']:>7.0f} us  "
         f"added {r['added_us']['median']:>5.0f} us ({100 * r['added_share']:.2f}%)  "
         f"timed: features {r['features_us']['median']:>4.0f} us, predictor {r['predictor_us']['median']:>4.0f} us"
     )

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from edgekit.runtime import ALL_COLUMNS, FEATURE_NAMES, KERNEL, LlamaDraftModel
+from edgekit.runtime import ALL_COLUMNS, FEATURE_NAMES, LlamaDraftModel, current_kernel
 
 from .runtime import OnnxPredictor
 
@@ -93,7 +93,7 @@ def profile_drafting(
         "steps": steps,
         "threads": os.environ.get("EDGEKIT_THREADS") or f"all cores ({os.cpu_count()})",
         "cpu": platform.processor() or platform.machine(),
-        "kernel": KERNEL,
+        "kernel": current_kernel(),
         "draft_step_us": _summary(plain),
         "deciding_step_us": _summary(deciding_steps),
         "added_us": _summary(added),

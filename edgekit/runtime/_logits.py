@@ -44,7 +44,7 @@ elif _wanted and _kernel is not None:
 elif _wanted:
     raise ImportError(f"EDGEKIT_KERNEL={_wanted}: edgekit was installed without its compiled kernel (numpy only)")
 
-__all__ = ["ALL_COLUMNS", "FEATURE_NAMES", "KERNEL", "TAIL_NATS", "LogitStats", "NumpyLogitStats"]
+__all__ = ["ALL_COLUMNS", "FEATURE_NAMES", "KERNEL", "TAIL_NATS", "LogitStats", "NumpyLogitStats", "current_kernel"]
 
 FEATURE_NAMES = ("confidence", "entropy", "margin", "logit_std", "position", "recent_acceptance")
 """The rejection predictor's per-token features, in the order the kernel numbers them."""
@@ -56,6 +56,12 @@ KERNEL = _kernel.ISA if _kernel is not None else "numpy"
 """Which implementation computes the statistics: avx512f, avx2, neon, baseline (the C kernel) or numpy."""
 
 TAIL_NATS = 20.0
+
+
+def current_kernel() -> str:
+    """The implementation computing the statistics now (`KERNEL`, unless `_logitstats.use`
+    switched the compiled kernel since)."""
+    return _kernel.ISA if _kernel is not None else "numpy"
 
 _STD = FEATURE_NAMES.index("logit_std")  # the one feature that needs the mean and variance
 

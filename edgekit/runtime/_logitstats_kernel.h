@@ -4,8 +4,7 @@
  * same source becomes AVX-512, AVX2, SSE or NEON code. An instruction set whose
  * maximum and minimum are one instruction defines LS_VMAX(a, b) and LS_VMIN(a, b)
  * (a > b ? a : b and a < b ? a : b, as vectors); otherwise they are a compare and a
- * select. LS_FUSED_SETS (default 2) is how many accumulator sets the fused pass
- * interleaves: as many as the registers hold. NaN logits are not statistics: what a kernel makes of them is unspecified. */
+ * select. NaN logits are not statistics: what a kernel makes of them is unspecified. */
 
 #define LS_CHUNK 2048 /* float sums go into double lanes every LS_CHUNK entries (a multiple of LS_W * 4) */
 #define LS_HEADROOM 64.0f /* a lane's sums run at most e^64 above its reference: no float overflow */
@@ -150,11 +149,7 @@ LS_FN(_top)(const float *z, ptrdiff_t n, double *out)
 LS_INLINE void
 LS_FN(_fused)(const float *z, ptrdiff_t n, const int moments, double *out)
 {
-#ifdef LS_FUSED_SETS
-    enum { U = LS_FUSED_SETS };
-#else
     enum { U = 2 }; /* the exponentials give each vector enough work to hide the compare chains */
-#endif
     const ptrdiff_t step = LS_W * U, nv = n / step * step;
     VF top[U], sec[U], s[U], t[U], a[U], q[U];
     VI idx[U], lane;
