@@ -6,7 +6,7 @@ import typer
 
 from edgekit.errors import EdgekitError
 
-from . import chat, generate, models, plan, predictor, probe, profile, serve
+from . import chat, device, generate, models, plan, predictor, probe, profile, serve
 
 app = typer.Typer(
     name="edgekit",
@@ -21,6 +21,7 @@ app.command("serve")(serve.serve)
 app.command("profile")(profile.profile)
 app.command("probe")(probe.probe)
 app.command("plan")(plan.plan)
+app.command("device")(device.device)
 app.add_typer(models.app, name="models")
 app.add_typer(predictor.app, name="predictor")
 

@@ -364,6 +364,15 @@ class _ChatSession:
             ttft = last.time_to_first_token_ms
             table.add_row("time to first token", f"{ttft:.0f} ms" if ttft is not None else "-", "")
             table.add_row("drafting per token", f"{last.draft_ms_per_token:.1f} ms", "")
+            if last.device:
+                d = last.device
+                busy = f"{d['cpu_percent']:.0f}% CPU" if d.get("cpu_percent") is not None else "CPU not reported"
+                heat = f" · {d['temperature_c']:.0f} C" if d.get("temperature_c") is not None else ""
+                held = " · THROTTLED" if d.get("throttled") else ""
+                table.add_row(
+                    "device", f"{busy} · {d['process_rss_mb']:.0f} MB resident · "
+                    f"{d['memory_available_mb']:.0f} MB free{heat}{held}", ""
+                )
             self.out.print(table)
         try:
             measured = self.client.probe_link(pings=5, tries=1, payload_bytes=64 * 1024).link

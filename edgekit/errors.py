@@ -13,6 +13,7 @@ where they happen, and the message says what to do about it::
     │   ├── ModelIntegrityError      a sha256 or size does not match
     │   ├── ModelFetchError          a package could not be downloaded
     │   └── ModelLoadError           llama.cpp refused the file
+    │       └── InsufficientMemoryError  it would not fit in the memory available: says what would
     ├── IncompatibleModelsError      draft and target tokenizers differ
     ├── InferenceError               llama.cpp failed a decode or a tokenization
     │   └── KVCacheFullError         no free KV cells for a batch
@@ -43,6 +44,7 @@ __all__ = [
     "HiddenStateError",
     "IncompatibleModelsError",
     "InferenceError",
+    "InsufficientMemoryError",
     "InternalError",
     "KVCacheFullError",
     "LimitExceededError",
@@ -104,6 +106,11 @@ class ModelFetchError(ModelError):
 
 class ModelLoadError(ModelError):
     """llama.cpp could not load the model file."""
+
+
+class InsufficientMemoryError(ModelLoadError):
+    """A model and its context need more memory than the device has available; checked
+    before loading, and the message says how much is needed, how much is free and what fits."""
 
 
 class IncompatibleModelsError(EdgekitError):

@@ -63,7 +63,9 @@ def test_steps_asked_for_together_run_as_one_decode_and_each_task_gets_its_own()
         t.join()
     assert results == [_alone(p, 12) for p in prompts]
     assert pool.steps == 4 * 12
-    assert pool.decodes < 4 * 12 * 0.75 and max(backend.batches) >= 3  # batched, not one at a time
+    # batched, not one at a time (the threads may settle
+    # into two pairs that alternate, each decode taking the pair that queued during the other's)
+    assert pool.decodes < 4 * 12 * 0.75 and max(backend.batches) >= 2
 
 
 def test_a_task_drafting_alone_is_never_held_back():

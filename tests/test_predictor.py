@@ -206,6 +206,18 @@ def test_generation_config_picks_the_policy():
         client.controller_for(GenerationConfig(drafting="predictor"))
 
 
+def test_auto_without_a_loadable_onnxruntime_says_it_falls_back_to_the_fixed_window(monkeypatch, tmp_path):
+    import sys
+
+    import edgekit.predictors.shipped as shipped
+
+    client, _, _ = fake_client(max_tokens=20)
+    monkeypatch.setattr(shipped, "shipped_predictor", lambda *a, **k: tmp_path / "shipped.onnx")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # importing it raises ImportError
+    with pytest.warns(RuntimeWarning, match="onnxruntime cannot be loaded.*fixed 5 tokens"):
+        assert client.controller_for(GenerationConfig(drafting="auto", draft_k=5)).name == "fixed-5"
+
+
 # -- training and the ONNX round trip ----------------------------------------------------
 
 

@@ -17,7 +17,15 @@ from ..errors import ConfigError, IncompatibleModelsError
 from ..link import LinkEstimator, LinkPolicy, ProbeResult, probe
 from ..plan import Paced, Phaser, Plan
 from ..protocol import ServerInfo, SpeedObjective
-from ..runtime import DraftModel, DraftPool, DraftSlot, LlamaDraftModel, LlamaPoolBackend
+from ..runtime import (
+    DraftModel,
+    DraftPool,
+    DraftSlot,
+    LlamaDraftModel,
+    LlamaPoolBackend,
+    device_load,
+    process_cpu_seconds,
+)
 from ..transport import VerifierTransport, connect
 from ._chat import ChatTemplate, Conversation
 from ._events import Event, FinalStats, TextDelta
@@ -300,7 +308,7 @@ class EdgeClient:
             decoder = TextDecoder(self.draft)
             out: list[int] = []
             parts: list[str] = []
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), process_cpu_seconds()
             for t in self.transport.generate(
                 tokens,
                 mode=gen.mode,
@@ -321,6 +329,7 @@ class EdgeClient:
             parts.append(decoder.flush())
             stats.completion_tokens = len(out)
             stats.elapsed_s = time.perf_counter() - start
+            stats.device = device_load(cpu_start, stats.elapsed_s).as_dict()
             yield FinalStats(stats, tuple(out), "".join(parts))
 
         return GenerationStream(events())

@@ -91,6 +91,7 @@ class GenerationStats:
     time_to_first_token_ms: float | None = None
     elapsed_s: float = 0.0
     finish_reason: str | None = None
+    device: dict | None = None  # the device's load over the generation (edgekit.runtime.DeviceLoad)
     rounds_detail: list[RoundStats] = field(default_factory=list, repr=False)
 
     def add_outage(self, r: Any) -> None:

@@ -49,7 +49,7 @@ from ..errors import (
 )
 from ..link import LinkEstimator, LinkPolicy, probe
 from ..protocol import BlockRequest, Exchange, ServerInfo, SpeedObjective, VerifyResult, draft_distribution
-from ..runtime import DraftModel, DraftOutput
+from ..runtime import DraftModel, DraftOutput, device_load, process_cpu_seconds
 from ..transport import VerifierTransport
 from ._ahead import DraftChain, DraftedBlock
 from ._events import Event, FinalStats, Provisional, Resumed, RoundEvent, TextDelta
@@ -614,7 +614,7 @@ class SpeculativeSession:
         decoder = TextDecoder(self.draft)
         out: list[int] = []
         text_parts: list[str] = []
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), process_cpu_seconds()
         finish: str | None = None
         self.provisional_shown = self.provisional_kept = 0
         plain_before = getattr(self.controller, "plain_rounds", 0)
@@ -674,6 +674,7 @@ class SpeculativeSession:
         stats.plain_rounds = getattr(self.controller, "plain_rounds", 0) - plain_before
         stats.elapsed_s = time.perf_counter() - start + prefill_ms / 1e3
         stats.finish_reason = finish
+        stats.device = device_load(cpu_start, time.perf_counter() - start).as_dict()
         yield FinalStats(stats, tuple(out), "".join(text_parts))
 
 

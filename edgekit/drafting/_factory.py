@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from ..config import GenerationConfig
 from ..errors import ConfigError
 from ..link import LinkPolicy
@@ -55,7 +57,13 @@ class ControllerFactory:
                 return FixedWindow(config.draft_k)
             try:
                 import onnxruntime  # noqa: F401  # importing it is the check: installed and loadable
-            except ImportError:
+            except ImportError as exc:
+                warnings.warn(
+                    f"drafting='auto': onnxruntime cannot be loaded ({exc}), so the shipped predictor is not "
+                    f"used and blocks are a fixed {config.draft_k} tokens",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 return FixedWindow(config.draft_k)
         elif path is None:
             raise ConfigError(

@@ -1,11 +1,33 @@
 """What edgekit runs models on: llama.cpp through its ctypes API (this package
 is the only place that touches ctypes), the draft model seam, the compiled
 logit-statistics kernel, the draft pool (several tasks on one draft, their steps
-batched), the requantizer, and a toy language model for tests."""
+batched), the requantizer, the device's resources (psutil), and a toy language
+model for tests."""
 
+from ._device import (
+    DeviceLoad,
+    DeviceState,
+    MemoryNeed,
+    check_memory,
+    device_load,
+    device_state,
+    model_memory_need,
+    physical_cores,
+    process_cpu_seconds,
+)
 from ._draft import DraftModel, DraftOutput, LlamaDraftModel
 from ._llama import LlamaContext, LlamaModel, default_threads
-from ._logits import ALL_COLUMNS, FEATURE_NAMES, KERNEL, TAIL_NATS, LogitStats, NumpyLogitStats
+from ._logits import (
+    ALL_COLUMNS,
+    FEATURE_NAMES,
+    KERNEL,
+    TAIL_NATS,
+    LogitStats,
+    NumpyLogitStats,
+    available_kernels,
+    current_kernel,
+    use_kernel,
+)
 from ._pool import DraftPool, DraftSlot, LlamaPoolBackend, PoolBackend, Step
 from ._quantize import quantizer_command
 from ._toy import ToyLanguageModel
@@ -15,6 +37,8 @@ __all__ = [
     "FEATURE_NAMES",
     "KERNEL",
     "TAIL_NATS",
+    "DeviceLoad",
+    "DeviceState",
     "DraftModel",
     "DraftOutput",
     "DraftPool",
@@ -24,10 +48,20 @@ __all__ = [
     "LlamaModel",
     "LlamaPoolBackend",
     "LogitStats",
+    "MemoryNeed",
     "NumpyLogitStats",
     "PoolBackend",
     "Step",
     "ToyLanguageModel",
+    "available_kernels",
+    "check_memory",
+    "current_kernel",
     "default_threads",
+    "device_load",
+    "device_state",
+    "model_memory_need",
+    "physical_cores",
+    "process_cpu_seconds",
     "quantizer_command",
+    "use_kernel",
 ]

@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from ..errors import LimitExceededError
 from ..protocol import Fingerprint
+from ._device import ensure_fits
 from ._llama import LlamaContext, LlamaModel
 from ._logits import LogitStats
 
@@ -86,11 +88,16 @@ class LlamaDraftModel:
         n_batch: int = 512,
         n_threads: int | None = None,
     ) -> None:
+        ensure_fits(path, n_ctx, name or Path(path).stem)
         self._model = LlamaModel(path, name=name)
         self.name = self._model.name
         self.n_vocab = self._model.n_vocab
         self.n_embd = self._model.n_embd
-        self._ctx = LlamaContext(self._model, n_ctx=n_ctx, n_batch=n_batch, n_seq=1, n_threads=n_threads)
+        try:
+            self._ctx = LlamaContext(self._model, n_ctx=n_ctx, n_batch=n_batch, n_seq=1, n_threads=n_threads)
+        except BaseException:
+            self._model.close()
+            raise
         self.n_ctx = self._ctx.n_ctx
         self._n_past = 0
         self.decoded_tokens = 0  # every token ever run through the model: prefill cost shows here

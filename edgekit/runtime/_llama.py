@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import DependencyMissingError, InferenceError, KVCacheFullError, ModelLoadError
 from ..protocol import Fingerprint
+from ._device import physical_cores
 
 try:
     import llama_cpp as _lc
@@ -65,10 +66,12 @@ def _extra_buffers_ok() -> bool:
 
 
 def default_threads() -> int:
+    """EDGEKIT_THREADS, or the physical cores this process may use (a core's second hyperthread
+    adds little to a memory-bound decode and slows the barrier every op ends with)."""
     env = os.environ.get("EDGEKIT_THREADS")
     if env:
         return max(1, int(env))
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return physical_cores()
 
 
 class LlamaModel:

@@ -44,7 +44,17 @@ elif _wanted and _kernel is not None:
 elif _wanted:
     raise ImportError(f"EDGEKIT_KERNEL={_wanted}: edgekit was installed without its compiled kernel (numpy only)")
 
-__all__ = ["ALL_COLUMNS", "FEATURE_NAMES", "KERNEL", "TAIL_NATS", "LogitStats", "NumpyLogitStats", "current_kernel"]
+__all__ = [
+    "ALL_COLUMNS",
+    "FEATURE_NAMES",
+    "KERNEL",
+    "TAIL_NATS",
+    "LogitStats",
+    "NumpyLogitStats",
+    "available_kernels",
+    "current_kernel",
+    "use_kernel",
+]
 
 FEATURE_NAMES = ("confidence", "entropy", "margin", "logit_std", "position", "recent_acceptance")
 """The rejection predictor's per-token features, in the order the kernel numbers them."""
@@ -59,9 +69,23 @@ TAIL_NATS = 20.0
 
 
 def current_kernel() -> str:
-    """The implementation computing the statistics now (`KERNEL`, unless `_logitstats.use`
-    switched the compiled kernel since)."""
+    """The implementation computing the statistics now (`KERNEL`, unless `use_kernel` switched
+    the compiled kernel since)."""
     return _kernel.ISA if _kernel is not None else "numpy"
+
+
+def available_kernels() -> tuple[str, ...]:
+    """The compiled kernels this CPU runs, best first (none without the compiled kernel)."""
+    return tuple(_kernel.KERNELS) if _kernel is not None else ()
+
+
+def use_kernel(name: str) -> None:
+    """Switches the compiled kernel (one of `available_kernels()`) for every statistics computed
+    from now on; ValueError if this CPU or build has no such kernel. (`EDGEKIT_KERNEL=numpy`
+    before the import is the way to the numpy path.)"""
+    if _kernel is None or name not in _kernel.KERNELS:
+        raise ValueError(f"no {name} kernel here; available: {', '.join(available_kernels()) or 'none (numpy)'}")
+    _kernel.use(name)
 
 _STD = FEATURE_NAMES.index("logit_std")  # the one feature that needs the mean and variance
 

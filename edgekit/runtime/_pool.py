@@ -24,12 +24,14 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 import numpy as np
 
 from ..errors import EdgekitError, LimitExceededError
 from ..protocol import Fingerprint
+from ._device import ensure_fits
 from ._draft import DraftOutput, Vocabulary
 from ._llama import LlamaContext, LlamaModel
 
@@ -358,6 +360,7 @@ class LlamaPoolBackend:
     ) -> None:
         if slots < 1:
             raise ValueError("a draft pool needs at least one slot")
+        ensure_fits(path, n_ctx_seq * slots, name or Path(path).stem)
         self.vocab = self._model = LlamaModel(path, name=name)
         try:
             self._ctx = LlamaContext(self._model, n_ctx=n_ctx_seq * slots, n_batch=n_batch, n_seq=slots,

@@ -1,0 +1,283 @@
+"""What the device has and how it is doing: cores, memory, clock, heat, power, footprint.
+
+Read with psutil where it reports a figure, and from the kernel where psutil does not:
+the memory limit of the process's cgroup (a container or a systemd slice may allow far
+less than the machine has), and a Raspberry Pi's firmware throttling flags. A figure the
+OS does not report is None, never a guess.
+
+`physical_cores()` is what llama.cpp should run on (a second hyperthread of a core adds
+little to a memory-bound decode); `check_memory()` refuses a model that would not fit
+before llama.cpp tries, naming what would.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+
+from ..errors import InsufficientMemoryError, ModelLoadError
+from ._gguf import read_metadata
+
+__all__ = [
+    "DeviceLoad",
+    "DeviceState",
+    "MemoryNeed",
+    "check_memory",
+    "device_load",
+    "device_state",
+    "ensure_fits",
+    "model_memory_need",
+    "physical_cores",
+    "process_cpu_seconds",
+]
+
+T = TypeVar("T")
+_MB = 1 << 20
+# llama.cpp's compute and output buffers beside weights and KV cache: 40-43 MB measured for
+# both drafts (gemma-3-270m q4_0, qwen2.5-coder-0.5b) at the batch sizes edgekit uses
+_BUFFERS = 64 * _MB
+_RPI_THROTTLED = Path("/sys/devices/platform/soc/soc:firmware/get_throttled")
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """A snapshot of the device (`edgekit device`)."""
+
+    cores_physical: int
+    cores_logical: int
+    cores_usable: int  # this process's CPU affinity
+    memory_total_mb: float
+    memory_available_mb: float  # the least of the system's and the cgroup's headroom
+    memory_limit_mb: float | None  # the cgroup's limit, where one is set
+    cpu_freq_mhz: float | None
+    cpu_freq_max_mhz: float | None
+    load_1m: float | None  # runnable processes, averaged over a minute
+    temperature_c: float | None  # the hottest sensor
+    throttled: bool | None  # the OS says the CPU is held back now (Raspberry Pi firmware)
+    battery_percent: float | None
+    on_battery: bool | None
+    process_rss_mb: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    """How busy the device was over a generation (in `GenerationStats.device`)."""
+
+    cpu_percent: float | None  # this process's CPU time over the wall time, 100 = one core busy
+    process_rss_mb: float
+    memory_available_mb: float
+    temperature_c: float | None
+    throttled: bool | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (the logical count where psutil cannot tell)."""
+    usable = _usable_cores()
+    physical = psutil.cpu_count(logical=False) or psutil.cpu_count() or usable
+    logical = psutil.cpu_count() or usable
+    # with an affinity narrower than the machine, assume it holds whole cores
+    share = usable / logical if logical else 1.0
+    return max(1, min(usable, math.ceil(physical * share)))
+
+
+def device_state() -> DeviceState:
+    mem = psutil.virtual_memory()
+    available, limit = _available(mem.available)
+    freq = _safe(psutil.cpu_freq)
+    battery = _safe(psutil.sensors_battery)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return DeviceState(
+        cores_physical=psutil.cpu_count(logical=False) or psutil.cpu_count() or 1,
+        cores_logical=psutil.cpu_count() or 1,
+        cores_usable=_usable_cores(),
+        memory_total_mb=mem.total / _MB,
+        memory_available_mb=available / _MB,
+        memory_limit_mb=limit / _MB if limit is not None else None,
+        cpu_freq_mhz=freq.current if freq and freq.current else None,
+        cpu_freq_max_mhz=freq.max if freq and freq.max else None,
+        load_1m=load,
+        temperature_c=_temperature(),
+        throttled=_throttled(),
+        battery_percent=battery.percent if battery else None,
+        on_battery=(not battery.power_plugged) if battery and battery.power_plugged is not None else None,
+        process_rss_mb=psutil.Process().memory_info().rss / _MB,
+    )
+
+
+def device_load(cpu_at_start: float | None, wall_seconds: float) -> DeviceLoad:
+    """The load over the last `wall_seconds`, which began when `process_cpu_seconds()` read
+    `cpu_at_start`."""
+    busy = None
+    now = process_cpu_seconds()
+    if cpu_at_start is not None and now is not None and wall_seconds > 0:
+        busy = 100.0 * (now - cpu_at_start) / wall_seconds
+    available, _ = _available(psutil.virtual_memory().available)
+    rss = psutil.Process().memory_info().rss
+    return DeviceLoad(busy, rss / _MB, available / _MB, _temperature(), _throttled())
+
+
+def process_cpu_seconds() -> float | None:
+    times = _safe(psutil.Process().cpu_times)
+    return times.user + times.system if times else None
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """What loading a draft model needs: weights, and KV cache of `context` tokens at
+    `kv_bytes_per_token`, plus llama.cpp's working buffers."""
+
+    what: str
+    weights: int
+    context: int
+    kv_bytes_per_token: float
+    buffers: int
+
+    @property
+    def total(self) -> int:
+        return int(self.weights + self.context * self.kv_bytes_per_token + self.buffers)
+
+    def context_that_fits(self, available: float) -> int:
+        room = available - self.weights - self.buffers
+        return max(0, int(room / self.kv_bytes_per_token)) if self.kv_bytes_per_token > 0 else 0
+
+
+def model_memory_need(path: str | os.PathLike[str], context: int, what: str) -> MemoryNeed | None:
+    """What loading the GGUF at `path` with `context` tokens of fp16 KV cache needs (every layer
+    holding the whole context, as edgekit's contexts do); None if the file cannot be sized
+    (llama.cpp then says what is wrong with it)."""
+    try:
+        meta = read_metadata(path, until="tokenizer.")
+        arch = str(meta["general.architecture"])
+
+        def num(key: str, default: int | None = None) -> int:
+            value = meta.get(f"{arch}.{key}", default)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise KeyError(key)
+            return int(value)
+
+        layers, width, heads = num("block_count"), num("embedding_length"), num("attention.head_count")
+        kv_heads = num("attention.head_count_kv", heads)
+        key = num("attention.key_length", width // heads)
+        value = num("attention.value_length", width // heads)
+        weights = os.path.getsize(path)
+    except (OSError, ModelLoadError, KeyError, ZeroDivisionError):
+        return None
+    return MemoryNeed(what, weights, context, 2.0 * layers * kv_heads * (key + value), _BUFFERS)
+
+
+def check_memory(need: MemoryNeed, *, available_mb: float | None = None) -> None:
+    """Raises InsufficientMemoryError if `need` does not fit in the memory available now
+    (`available_mb` in place of the device's reading, for tests)."""
+    free = (available_mb if available_mb is not None else device_state().memory_available_mb) * _MB
+    if need.total <= free:
+        return
+    fits = need.context_that_fits(free)
+    hint = (
+        f"a context of up to {fits} tokens would fit (draft_context=, --draft-context)"
+        if fits >= 256
+        else "free memory, or use a smaller draft model"
+    )
+    raise InsufficientMemoryError(
+        f"{need.what} needs about {need.total / _MB:.0f} MB (weights {need.weights / _MB:.0f} MB, KV cache "
+        f"{need.context * need.kv_bytes_per_token / _MB:.0f} MB for {need.context} tokens, buffers "
+        f"{need.buffers / _MB:.0f} MB) but {free / _MB:.0f} MB is available; {hint}"
+    )
+
+
+def ensure_fits(path: str | os.PathLike[str], context: int, what: str) -> None:
+    """`check_memory` for a GGUF about to be loaded with `context` tokens of KV cache
+    (EDGEKIT_MEMORY_CHECK=0 skips it: the estimate is an upper bound, a swap file is not counted)."""
+    if os.environ.get("EDGEKIT_MEMORY_CHECK", "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    need = model_memory_need(path, context, what)
+    if need is not None:
+        check_memory(need)
+
+
+# -- readings psutil does not make -------------------------------------------------
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return psutil.cpu_count() or 1
+
+
+def _available(system_available: float) -> tuple[float, float | None]:
+    """Bytes available to this process (the system's, within the cgroup's limit), and that limit."""
+    limit, used = _cgroup_memory()
+    if limit is None:
+        return float(system_available), None
+    return min(float(system_available), max(0.0, limit - (used or 0))), limit
+
+
+def _cgroup_memory() -> tuple[float | None, float | None]:
+    """The memory limit and usage of this process's cgroup (v1's memory controller, else v2's);
+    None where there is no limit (or no cgroup to read)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None, None
+    places: list[tuple[Path, str, str, str]] = []
+    for line in lines:
+        hierarchy, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):  # v1: the memory controller's own hierarchy
+            places.insert(0, (Path("/sys/fs/cgroup/memory"), path, "memory.limit_in_bytes", "memory.usage_in_bytes"))
+        elif hierarchy == "0" and controllers == "":  # v2: one hierarchy for every controller
+            places.append((Path("/sys/fs/cgroup"), path, "memory.max", "memory.current"))
+    for root, path, limit_file, usage_file in places:
+        base = root / path.lstrip("/")
+        if not (base / limit_file).is_file():  # a container sees its own cgroup at the root
+            base = root
+        if (base / limit_file).is_file():
+            return _read_limit(base / limit_file), _read_number(base / usage_file)
+    return None, None
+
+
+def _read_limit(path: Path) -> float | None:
+    value = _read_number(path)
+    return value if value is not None and value < (1 << 60) else None  # "max", or v1's huge "unlimited"
+
+
+def _read_number(path: Path) -> float | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return float(text) if text.isdigit() else None
+
+
+def _temperature() -> float | None:
+    read = getattr(psutil, "sensors_temperatures", None)
+    sensors = _safe(read) if read else None
+    temps = [t.current for entries in (sensors or {}).values() for t in entries if t.current and t.current > 0]
+    return max(temps) if temps else None
+
+
+def _throttled() -> bool | None:
+    """A Raspberry Pi's firmware flags: under-voltage, frequency capped or throttled, now."""
+    try:
+        flags = int(_RPI_THROTTLED.read_text().strip(), 16)
+    except (OSError, ValueError):
+        return None
+    return bool(flags & 0x7)
+
+
+def _safe(call: Callable[[], T]) -> T | None:
+    try:
+        return call()
+    except (OSError, RuntimeError, NotImplementedError, AttributeError):
+        return None

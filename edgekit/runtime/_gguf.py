@@ -1,0 +1,97 @@
+"""A GGUF file's metadata, read without llama.cpp (to size a model before loading it).
+
+GGUF (llama.cpp's gguf.md): "GGUF", a version, the tensor and key counts, then the
+key-value pairs, each a string key, a type and a value. Reading stops once the keys
+asked for are found, or at the first key that starts with `until` (keys come grouped:
+general.*, then the architecture's, then the tokenizer's hundreds of thousands of
+strings); an array's value is its length (its items are skipped).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Collection
+
+from ..errors import ModelLoadError
+
+__all__ = ["read_metadata"]
+
+# value types: struct format of the scalars; 8 string, 9 array
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def read_metadata(
+    path: str | os.PathLike[str], keys: Collection[str] | None = None, *, until: str | None = None
+) -> dict[str, object]:
+    """The metadata of `path` (only `keys`, if given), up to the first key starting with `until`;
+    ModelLoadError if it is not a GGUF file or is cut short."""
+    wanted = set(keys) if keys is not None else None
+    with open(path, "rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError as exc:  # an empty file
+            raise ModelLoadError(f"{path}: not a GGUF file (empty)") from exc
+    with data:
+        return _read(data, wanted, until, str(path))
+
+
+def _read(data: mmap.mmap, wanted: set[str] | None, until: str | None, name: str) -> dict[str, object]:
+    if data[:4] != b"GGUF":
+        raise ModelLoadError(f"{name}: not a GGUF file")
+    pos = 4
+    try:
+        (version,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        if version == 1:
+            raise ModelLoadError(f"{name}: GGUF version 1 is not supported")
+        _tensors, count = struct.unpack_from("<QQ", data, pos)
+        pos += 16
+        out: dict[str, object] = {}
+        for _ in range(count):
+            key, pos = _string(data, pos)
+            if until is not None and key.startswith(until):
+                break
+            (kind,) = struct.unpack_from("<I", data, pos)
+            pos += 4
+            value, pos = _value(data, pos, kind)
+            if wanted is None or key in wanted:
+                out[key] = value
+                if wanted is not None and wanted <= out.keys():
+                    break
+        return out
+    except (struct.error, UnicodeDecodeError, IndexError) as exc:
+        raise ModelLoadError(f"{name}: damaged GGUF metadata ({exc})") from exc
+
+
+def _string(data: mmap.mmap, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", data, pos)
+    pos += 8
+    if pos + n > len(data):
+        raise ModelLoadError("a string runs past the end of the file")
+    return data[pos : pos + n].decode("utf-8"), pos + n
+
+
+def _value(data: mmap.mmap, pos: int, kind: int) -> tuple[object, int]:
+    if kind in _SCALARS:
+        fmt = _SCALARS[kind]
+        return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
+    if kind == _STRING:
+        return _string(data, pos)
+    if kind == _ARRAY:
+        item, n = struct.unpack_from("<IQ", data, pos)
+        pos += 12
+        if item in _SCALARS:
+            return n, pos + n * struct.calcsize(_SCALARS[item])
+        for _ in range(n):
+            if item == _STRING:
+                (size,) = struct.unpack_from("<Q", data, pos)
+                pos += 8 + size
+            else:
+                _, pos = _value(data, pos, item)
+        if pos > len(data):
+            raise ModelLoadError("an array runs past the end of the file")
+        return n, pos
+    raise ModelLoadError(f"unknown GGUF value type {kind}")

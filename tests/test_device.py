@@ -1,0 +1,152 @@
+"""Device awareness: psutil readings, the GGUF sizing, the memory check before a load
+(with fake memory readings), threads from physical cores, and the load in the stats."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import namedtuple
+
+import psutil
+import pytest
+from typer.testing import CliRunner
+
+import edgekit.runtime._device as device_mod
+from edgekit import EdgeClient, GenerationConfig
+from edgekit.cli.app import app
+from edgekit.errors import InsufficientMemoryError, ModelLoadError
+from edgekit.runtime import LlamaDraftModel, LlamaPoolBackend, default_threads, device_state, model_memory_need
+from edgekit.runtime._gguf import read_metadata
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
+
+_Mem = namedtuple("_Mem", "total available percent used free")
+
+
+def _fake_memory(monkeypatch, available_mb: float) -> None:
+    real = psutil.virtual_memory()
+    fake = _Mem(real.total, int(available_mb * (1 << 20)), 0.0, 0, 0)
+    monkeypatch.setattr(device_mod.psutil, "virtual_memory", lambda: fake)
+
+
+def _gguf(kvs: list[tuple[str, int, bytes]]) -> bytes:
+    """A GGUF header: version 3, no tensors, the given (key, type, encoded value) pairs."""
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs))
+    for key, kind, value in kvs:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", kind) + value
+    return out
+
+
+def _str(s: str) -> bytes:
+    return struct.pack("<Q", len(s)) + s.encode()
+
+
+def test_the_device_state_reads_real_figures():
+    state = device_state()
+    assert 1 <= state.cores_physical <= state.cores_logical
+    assert 1 <= state.cores_usable <= state.cores_logical
+    assert 0 < state.memory_available_mb <= state.memory_total_mb
+    assert state.process_rss_mb > 10  # this interpreter with numpy loaded
+    assert set(state.as_dict()) >= {"temperature_c", "throttled", "battery_percent", "memory_limit_mb"}
+
+
+def test_drafting_threads_follow_physical_cores_unless_overridden(monkeypatch):
+    monkeypatch.delenv("EDGEKIT_THREADS", raising=False)
+    monkeypatch.setattr(device_mod.psutil, "cpu_count", lambda logical=True: 8 if logical else 4)
+    monkeypatch.setattr(device_mod, "_usable_cores", lambda: 8)
+    assert default_threads() == 4  # hyperthreads not counted
+    monkeypatch.setattr(device_mod, "_usable_cores", lambda: 2)
+    assert default_threads() == 1  # an affinity of 2 logical CPUs is one core's two threads
+    monkeypatch.setenv("EDGEKIT_THREADS", "3")
+    assert default_threads() == 3
+
+
+def test_a_cgroup_limit_caps_the_memory_available(monkeypatch):
+    monkeypatch.setattr(device_mod, "_cgroup_memory", lambda: (1024.0 * (1 << 20), 900.0 * (1 << 20)))
+    state = device_state()
+    assert state.memory_limit_mb == pytest.approx(1024)
+    assert state.memory_available_mb == pytest.approx(124)
+
+
+def test_the_gguf_reader_reads_scalars_strings_and_array_lengths_and_stops_where_told(tmp_path):
+    kvs = [
+        ("general.architecture", 8, _str("toy")),
+        ("toy.block_count", 4, struct.pack("<I", 6)),
+        ("toy.rope.freq_base", 6, struct.pack("<f", 0.5)),
+        ("toy.flag", 7, b"\x01"),
+        ("toy.sizes", 9, struct.pack("<IQ", 5, 3) + struct.pack("<3i", 1, 2, 3)),
+        ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + _str("a") + _str("bc")),
+        ("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", 2)),
+    ]
+    path = tmp_path / "toy.gguf"
+    path.write_bytes(_gguf(kvs))
+    meta = read_metadata(path)
+    assert meta == {"general.architecture": "toy", "toy.block_count": 6, "toy.rope.freq_base": 0.5, "toy.flag": True,
+                    "toy.sizes": 3, "tokenizer.ggml.tokens": 2, "tokenizer.ggml.bos_token_id": 2}
+    assert list(read_metadata(path, until="tokenizer.")) == list(meta)[:5]
+    assert read_metadata(path, {"toy.block_count"}) == {"toy.block_count": 6}
+    path.write_bytes(_gguf(kvs)[:-3])  # cut short
+    with pytest.raises(ModelLoadError, match="damaged"):
+        read_metadata(path)
+    path.write_bytes(b"not a model")
+    with pytest.raises(ModelLoadError, match="not a GGUF"):
+        read_metadata(path)
+
+
+def test_a_draft_is_sized_from_its_file(gemma_paths, tmp_path):
+    need = model_memory_need(gemma_paths[0], 4096, "gemma")
+    assert need is not None
+    # gemma-3-270m: 18 layers, 1 KV head of 256 for keys and values, fp16
+    assert need.kv_bytes_per_token == 18 * 2 * 256 * 2
+    assert need.weights == gemma_paths[0].stat().st_size
+    (tmp_path / "junk.gguf").write_bytes(b"junk")
+    assert model_memory_need(tmp_path / "junk.gguf", 4096, "junk") is None  # llama.cpp says what is wrong
+
+
+def test_a_draft_that_does_not_fit_is_refused_before_loading(gemma_paths, monkeypatch):
+    loads = []
+
+    class Loaded(Exception):
+        pass
+
+    def load(*args, **kwargs):
+        loads.append(args)
+        raise Loaded
+
+    monkeypatch.setattr("edgekit.runtime._draft.LlamaModel", load)
+    monkeypatch.setattr("edgekit.runtime._pool.LlamaModel", load)
+    _fake_memory(monkeypatch, 100)
+    with pytest.raises(InsufficientMemoryError, match=r"needs about \d+ MB .* but 100 MB is available; free memory"):
+        LlamaDraftModel(gemma_paths[0], name="gemma", n_ctx=4096)
+    with pytest.raises(InsufficientMemoryError):
+        LlamaPoolBackend(gemma_paths[0], slots=4, n_ctx_seq=1024)
+    _fake_memory(monkeypatch, 250)  # the weights and buffers fit, and about 2,000 tokens of KV cache
+    with pytest.raises(InsufficientMemoryError, match=r"a context of up to (\d+) tokens would fit") as info:
+        LlamaDraftModel(gemma_paths[0], name="gemma", n_ctx=8192)
+    fits = int(info.value.args[0].split("up to ")[1].split(" tokens")[0])
+    assert 1500 < fits < 2500
+    assert loads == []  # llama.cpp was never asked
+    monkeypatch.setenv("EDGEKIT_MEMORY_CHECK", "0")
+    with pytest.raises(Loaded):
+        LlamaDraftModel(gemma_paths[0], name="gemma", n_ctx=8192)  # the check skipped: the (stubbed) load runs
+    assert len(loads) == 1
+
+
+def test_the_stats_carry_the_device_load():
+    target = ToyLanguageModel(seed=3, eos_bias=-8.0)
+    with EdgeClient(toy_verifier(target), draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.0)),
+                    generation=GenerationConfig(max_tokens=16)) as client:
+        for stream in (client.generate([1, 2, 3]), client.generate_target_only([1, 2, 3])):
+            device = stream.until_done().stats.to_dict()["device"]
+            assert device["process_rss_mb"] > 10 and device["memory_available_mb"] > 0
+            assert device["cpu_percent"] is not None and device["cpu_percent"] >= 0
+
+
+def test_edgekit_device_prints_what_the_device_has():
+    result = CliRunner().invoke(app, ["device", "--json", "--context", "2048"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["cores_physical"] >= 1 and out["draft_threads"] >= 1 and out["context"] == 2048
+    gemma = next(d for d in out["drafts"] if d["pair"] == "gemma-270m")
+    assert gemma["in_cache"] and gemma["fits"] and 150 < gemma["needs_mb"] < 400
+    text = CliRunner().invoke(app, ["device"])
+    assert text.exit_code == 0 and "logit kernel" in text.output and "gemma-270m" in text.output
