@@ -283,7 +283,8 @@ def save_figure(fig: Any, path: Path) -> Path:
 
     for ax in fig.axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend() is None and ax.get_legend_handles_labels()[0]:  # labelled lines, no legend yet
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -43,7 +43,7 @@ def main() -> None:
     from edgekit.predictors.profile import profile_drafting
     from edgekit.predictors.runtime import OnnxPredictor
     from edgekit.predictors.shipped import shipped_predictor
-    from edgekit.runtime import _logitstats, current_kernel
+    from edgekit.runtime import current_kernel, use_kernel
 
     kernels = C.csv_list(args.kernels) if args.kernels else [current_kernel()]
 
@@ -60,7 +60,7 @@ def main() -> None:
             try:
                 for r in range(args.repeats):
                     for kernel in kernels:  # interleaved, so that a drift in the machine's load falls on each
-                        _logitstats.use(kernel)
+                        use_kernel(kernel)
                         rows.append({"pair": pair, "repeat": r, **profile_drafting(draft, predictor,
                                                                                    steps=args.steps)})
                         print(_line(rows[-1]), flush=True)

@@ -47,7 +47,8 @@ def inner_loops(code: list[tuple[int, str, str]]) -> list[list[tuple[int, str, s
 
 
 def main() -> None:
-    code = functions(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as f:
+        code = functions(f.read())
     for name in sys.argv[2:]:
         print(name)
         for body in inner_loops(code[name]):
