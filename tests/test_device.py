@@ -16,7 +16,7 @@ from edgekit import EdgeClient, GenerationConfig
 from edgekit.cli.app import app
 from edgekit.errors import InsufficientMemoryError, ModelLoadError
 from edgekit.runtime import LlamaDraftModel, LlamaPoolBackend, default_threads, device_state, model_memory_need
-from edgekit.runtime._gguf import read_metadata
+from edgekit.runtime._gguf import GGUFArray, read_metadata
 from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 
 _Mem = namedtuple("_Mem", "total available percent used free")
@@ -49,22 +49,52 @@ def test_the_device_state_reads_real_figures():
     assert set(state.as_dict()) >= {"temperature_c", "throttled", "battery_percent", "memory_limit_mb"}
 
 
-def test_drafting_threads_follow_physical_cores_unless_overridden(monkeypatch):
+def _topology(root, cpus: dict[int, tuple[int, int]]) -> None:
+    for cpu, (package, core) in cpus.items():
+        topo = root / f"cpu{cpu}" / "topology"
+        topo.mkdir(parents=True)
+        (topo / "physical_package_id").write_text(f"{package}\n")
+        (topo / "core_id").write_text(f"{core}\n")
+
+
+def test_drafting_threads_follow_the_physical_cores_of_the_affinity(monkeypatch, tmp_path):
     monkeypatch.delenv("EDGEKIT_THREADS", raising=False)
-    monkeypatch.setattr(device_mod.psutil, "cpu_count", lambda logical=True: 8 if logical else 4)
-    monkeypatch.setattr(device_mod, "_usable_cores", lambda: 8)
+    # 4 cores, 8 CPUs: CPU i and i + 4 are one core's two hyperthreads (as Linux numbers them)
+    _topology(tmp_path, {i: (0, i % 4) for i in range(8)})
+    monkeypatch.setattr(device_mod, "_CPU_SYS", tmp_path)
+    monkeypatch.setattr(device_mod, "_affinity", lambda: list(range(8)))
     assert default_threads() == 4  # hyperthreads not counted
-    monkeypatch.setattr(device_mod, "_usable_cores", lambda: 2)
-    assert default_threads() == 1  # an affinity of 2 logical CPUs is one core's two threads
+    monkeypatch.setattr(device_mod, "_affinity", lambda: [0, 1])
+    assert default_threads() == 2  # two CPUs of two cores
+    monkeypatch.setattr(device_mod, "_affinity", lambda: [0, 4])
+    assert default_threads() == 1  # one core's two hyperthreads
+    monkeypatch.setattr(device_mod, "_CPU_SYS", tmp_path / "nothing")  # no topology: psutil's counts
+    monkeypatch.setattr(device_mod.psutil, "cpu_count", lambda logical=True: 8 if logical else 4)
+    monkeypatch.setattr(device_mod, "_affinity", lambda: list(range(8)))
+    assert default_threads() == 4
     monkeypatch.setenv("EDGEKIT_THREADS", "3")
     assert default_threads() == 3
 
 
 def test_a_cgroup_limit_caps_the_memory_available(monkeypatch):
-    monkeypatch.setattr(device_mod, "_cgroup_memory", lambda: (1024.0 * (1 << 20), 900.0 * (1 << 20)))
+    monkeypatch.setattr(device_mod, "_cgroup_headroom", lambda: (124.0 * (1 << 20), 1024.0 * (1 << 20)))
     state = device_state()
     assert state.memory_limit_mb == pytest.approx(1024)
     assert state.memory_available_mb == pytest.approx(124)
+
+
+def test_cgroup_headroom_counts_parents_and_not_the_page_cache(tmp_path):
+    mb = 1 << 20
+    parent, leaf = tmp_path / "slice", tmp_path / "slice" / "app"
+    leaf.mkdir(parents=True)
+    (tmp_path / "memory.max").write_text("max\n")
+    (parent / "memory.max").write_text(f"{1024 * mb}\n")
+    (parent / "memory.current").write_text(f"{900 * mb}\n")
+    (parent / "memory.stat").write_text(f"anon 1\ninactive_file {300 * mb}\n")
+    (leaf / "memory.max").write_text("max\n")
+    (leaf / "memory.current").write_text(f"{500 * mb}\n")
+    room, limit = device_mod._headroom(tmp_path, "/slice/app", "memory.max", "memory.current", "inactive_file")
+    assert limit == 1024 * mb and room == (1024 - (900 - 300)) * mb  # the slice's limit, its droppable cache freed
 
 
 def test_the_gguf_reader_reads_scalars_strings_and_array_lengths_and_stops_where_told(tmp_path):
@@ -81,7 +111,8 @@ def test_the_gguf_reader_reads_scalars_strings_and_array_lengths_and_stops_where
     path.write_bytes(_gguf(kvs))
     meta = read_metadata(path)
     assert meta == {"general.architecture": "toy", "toy.block_count": 6, "toy.rope.freq_base": 0.5, "toy.flag": True,
-                    "toy.sizes": 3, "tokenizer.ggml.tokens": 2, "tokenizer.ggml.bos_token_id": 2}
+                    "toy.sizes": GGUFArray(5, 3), "tokenizer.ggml.tokens": GGUFArray(8, 2),
+                    "tokenizer.ggml.bos_token_id": 2}
     assert list(read_metadata(path, until="tokenizer.")) == list(meta)[:5]
     assert read_metadata(path, {"toy.block_count"}) == {"toy.block_count": 6}
     path.write_bytes(_gguf(kvs)[:-3])  # cut short
@@ -123,7 +154,11 @@ def test_a_draft_that_does_not_fit_is_refused_before_loading(gemma_paths, monkey
     with pytest.raises(InsufficientMemoryError, match=r"a context of up to (\d+) tokens would fit") as info:
         LlamaDraftModel(gemma_paths[0], name="gemma", n_ctx=8192)
     fits = int(info.value.args[0].split("up to ")[1].split(" tokens")[0])
-    assert 1500 < fits < 2500
+    assert 1500 < fits < 2500 and fits % 256 == 0
+    with pytest.raises(InsufficientMemoryError, match=r"up to (\d+) tokens per sequence") as info:
+        LlamaPoolBackend(gemma_paths[0], slots=4, n_ctx_seq=4096)
+    per_slot = int(info.value.args[0].split("up to ")[1].split(" tokens")[0])
+    assert per_slot == fits // 4 // 256 * 256 or abs(per_slot - fits / 4) <= 256  # the room shared by 4 slots
     assert loads == []  # llama.cpp was never asked
     monkeypatch.setenv("EDGEKIT_MEMORY_CHECK", "0")
     with pytest.raises(Loaded):
@@ -141,12 +176,12 @@ def test_the_stats_carry_the_device_load():
             assert device["cpu_percent"] is not None and device["cpu_percent"] >= 0
 
 
-def test_edgekit_device_prints_what_the_device_has():
+def test_edgekit_device_prints_what_the_device_has(gemma_paths):
     result = CliRunner().invoke(app, ["device", "--json", "--context", "2048"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["cores_physical"] >= 1 and out["draft_threads"] >= 1 and out["context"] == 2048
     gemma = next(d for d in out["drafts"] if d["pair"] == "gemma-270m")
-    assert gemma["in_cache"] and gemma["fits"] and 150 < gemma["needs_mb"] < 400
+    assert gemma["in_cache"] and isinstance(gemma["fits"], bool) and 150 < gemma["needs_mb"] < 400
     text = CliRunner().invoke(app, ["device"])
     assert text.exit_code == 0 and "logit kernel" in text.output and "gemma-270m" in text.output

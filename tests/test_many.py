@@ -80,11 +80,11 @@ def test_the_async_client_runs_a_pipelined_batch_without_blocking_its_event_loop
                 await asyncio.sleep(0.001)
                 ticks += 1
 
-        ticker = asyncio.create_task(tick())
         async with AsyncEdgeClient(toy_verifier(TARGET, max_sessions=16), draft_model=pool,
                                    generation=GenerationConfig(max_tokens=24, draft_k=4)) as client:
+            ticker = asyncio.create_task(tick())  # counts only while the batch runs
             results = await client.generate_many(PROMPTS[:4])
-        ticker.cancel()
+            ticker.cancel()
         return results, ticks, pool
 
     results, ticks, pool = asyncio.run(main())

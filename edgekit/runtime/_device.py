@@ -42,6 +42,7 @@ _MB = 1 << 20
 # llama.cpp's compute and output buffers beside weights and KV cache: 40-43 MB measured for
 # both drafts (gemma-3-270m q4_0, qwen2.5-coder-0.5b) at the batch sizes edgekit uses
 _BUFFERS = 64 * _MB
+_CPU_SYS = Path("/sys/devices/system/cpu")
 _RPI_THROTTLED = Path("/sys/devices/platform/soc/soc:firmware/get_throttled")
 
 
@@ -83,13 +84,23 @@ class DeviceLoad:
 
 
 def physical_cores() -> int:
-    """Physical cores this process may run on (the logical count where psutil cannot tell)."""
-    usable = _usable_cores()
+    """Physical cores among the CPUs this process may run on: distinct (package, core) pairs of
+    its affinity in /sys's topology; elsewhere psutil's count, scaled to the affinity."""
+    cpus = _affinity()
+    cores: set[tuple[float, float]] = set()
+    for cpu in cpus:
+        topo = _CPU_SYS / f"cpu{cpu}" / "topology"
+        package, core = _read_number(topo / "physical_package_id"), _read_number(topo / "core_id")
+        if package is None or core is None:
+            cores.clear()
+            break
+        cores.add((package, core))
+    if cores:
+        return len(cores)
+    usable = len(cpus)
     physical = psutil.cpu_count(logical=False) or psutil.cpu_count() or usable
     logical = psutil.cpu_count() or usable
-    # with an affinity narrower than the machine, assume it holds whole cores
-    share = usable / logical if logical else 1.0
-    return max(1, min(usable, math.ceil(physical * share)))
+    return max(1, min(usable, math.ceil(physical * usable / logical)))
 
 
 def device_state() -> DeviceState:
@@ -140,20 +151,26 @@ class MemoryNeed:
 
     what: str
     weights: int
-    context: int
+    context: int  # tokens of KV cache in all
     kv_bytes_per_token: float
     buffers: int
+    sequences: int = 1  # a pool's slots share `context` equally
 
     @property
     def total(self) -> int:
         return int(self.weights + self.context * self.kv_bytes_per_token + self.buffers)
 
     def context_that_fits(self, available: float) -> int:
+        """The most tokens per sequence that would fit in `available` bytes, in llama.cpp's steps of 256."""
         room = available - self.weights - self.buffers
-        return max(0, int(room / self.kv_bytes_per_token)) if self.kv_bytes_per_token > 0 else 0
+        if self.kv_bytes_per_token <= 0 or room <= 0:
+            return 0
+        return int(room / self.kv_bytes_per_token / self.sequences) // 256 * 256
 
 
-def model_memory_need(path: str | os.PathLike[str], context: int, what: str) -> MemoryNeed | None:
+def model_memory_need(
+    path: str | os.PathLike[str], context: int, what: str, *, sequences: int = 1
+) -> MemoryNeed | None:
     """What loading the GGUF at `path` with `context` tokens of fp16 KV cache needs (every layer
     holding the whole context, as edgekit's contexts do); None if the file cannot be sized
     (llama.cpp then says what is wrong with it)."""
@@ -163,7 +180,7 @@ def model_memory_need(path: str | os.PathLike[str], context: int, what: str) -> 
 
         def num(key: str, default: int | None = None) -> int:
             value = meta.get(f"{arch}.{key}", default)
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):  # absent, or an array
                 raise KeyError(key)
             return int(value)
 
@@ -174,18 +191,19 @@ def model_memory_need(path: str | os.PathLike[str], context: int, what: str) -> 
         weights = os.path.getsize(path)
     except (OSError, ModelLoadError, KeyError, ZeroDivisionError):
         return None
-    return MemoryNeed(what, weights, context, 2.0 * layers * kv_heads * (key + value), _BUFFERS)
+    return MemoryNeed(what, weights, context, 2.0 * layers * kv_heads * (key + value), _BUFFERS, sequences)
 
 
 def check_memory(need: MemoryNeed, *, available_mb: float | None = None) -> None:
     """Raises InsufficientMemoryError if `need` does not fit in the memory available now
     (`available_mb` in place of the device's reading, for tests)."""
-    free = (available_mb if available_mb is not None else device_state().memory_available_mb) * _MB
+    free = available_mb * _MB if available_mb is not None else _available(psutil.virtual_memory().available)[0]
     if need.total <= free:
         return
     fits = need.context_that_fits(free)
+    per = " per sequence" if need.sequences > 1 else ""
     hint = (
-        f"a context of up to {fits} tokens would fit (draft_context=, --draft-context)"
+        f"a context of up to {fits} tokens{per} would fit (EdgeClient(draft_context={fits}))"
         if fits >= 256
         else "free memory, or use a smaller draft model"
     )
@@ -196,12 +214,12 @@ def check_memory(need: MemoryNeed, *, available_mb: float | None = None) -> None
     )
 
 
-def ensure_fits(path: str | os.PathLike[str], context: int, what: str) -> None:
+def ensure_fits(path: str | os.PathLike[str], context: int, what: str, *, sequences: int = 1) -> None:
     """`check_memory` for a GGUF about to be loaded with `context` tokens of KV cache
     (EDGEKIT_MEMORY_CHECK=0 skips it: the estimate is an upper bound, a swap file is not counted)."""
     if os.environ.get("EDGEKIT_MEMORY_CHECK", "1").strip().lower() in ("0", "false", "no", "off"):
         return
-    need = model_memory_need(path, context, what)
+    need = model_memory_need(path, context, what, sequences=sequences)
     if need is not None:
         check_memory(need)
 
@@ -209,42 +227,81 @@ def ensure_fits(path: str | os.PathLike[str], context: int, what: str) -> None:
 # -- readings psutil does not make -------------------------------------------------
 
 
-def _usable_cores() -> int:
+def _affinity() -> list[int]:
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return psutil.cpu_count() or 1
+        return list(range(psutil.cpu_count() or 1))
+
+
+def _usable_cores() -> int:
+    return len(_affinity())
 
 
 def _available(system_available: float) -> tuple[float, float | None]:
-    """Bytes available to this process (the system's, within the cgroup's limit), and that limit."""
-    limit, used = _cgroup_memory()
-    if limit is None:
+    """Bytes available to this process (the system's, within its cgroups' headroom), and the
+    tightest cgroup limit."""
+    headroom, limit = _cgroup_headroom()
+    if headroom is None:
         return float(system_available), None
-    return min(float(system_available), max(0.0, limit - (used or 0))), limit
+    return min(float(system_available), headroom), limit
 
 
-def _cgroup_memory() -> tuple[float | None, float | None]:
-    """The memory limit and usage of this process's cgroup (v1's memory controller, else v2's);
-    None where there is no limit (or no cgroup to read)."""
+def _cgroup_headroom() -> tuple[float | None, float | None]:
+    """The least headroom (limit less usage, page cache that can be dropped not counted as used)
+    over this process's memory cgroup and its parents, v1's controller or v2's; and the tightest
+    limit. (None, None) where no limit is set."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None, None
-    places: list[tuple[Path, str, str, str]] = []
+    v1 = v2 = None
     for line in lines:
-        hierarchy, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):  # v1: the memory controller's own hierarchy
-            places.insert(0, (Path("/sys/fs/cgroup/memory"), path, "memory.limit_in_bytes", "memory.usage_in_bytes"))
-        elif hierarchy == "0" and controllers == "":  # v2: one hierarchy for every controller
-            places.append((Path("/sys/fs/cgroup"), path, "memory.max", "memory.current"))
-    for root, path, limit_file, usage_file in places:
-        base = root / path.lstrip("/")
-        if not (base / limit_file).is_file():  # a container sees its own cgroup at the root
-            base = root
-        if (base / limit_file).is_file():
-            return _read_limit(base / limit_file), _read_number(base / usage_file)
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "memory" in parts[1].split(","):
+            v1 = parts[2]
+        elif parts[0] == "0" and parts[1] == "":
+            v2 = parts[2]
+    if v1 is not None:
+        return _headroom(Path("/sys/fs/cgroup/memory"), v1, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                         "total_inactive_file")
+    if v2 is not None:
+        return _headroom(Path("/sys/fs/cgroup"), v2, "memory.max", "memory.current", "inactive_file")
     return None, None
+
+
+def _headroom(
+    root: Path, path: str, limit_file: str, usage_file: str, cache_key: str
+) -> tuple[float | None, float | None]:
+    leaf = root / path.lstrip("/")
+    if not (leaf / limit_file).is_file():  # a container sees its own cgroup at the root
+        leaf = root
+    headroom = limit = None
+    node = leaf
+    while True:
+        cap = _read_limit(node / limit_file)
+        if cap is not None:
+            used = (_read_number(node / usage_file) or 0.0) - _stat(node / "memory.stat", cache_key)
+            room = max(0.0, cap - max(0.0, used))
+            headroom = room if headroom is None else min(headroom, room)
+            limit = cap if limit is None else min(limit, cap)
+        if node == root or root not in node.parents:
+            break
+        node = node.parent
+    return headroom, limit
+
+
+def _stat(path: Path, key: str) -> float:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return float(value)
+    except OSError:
+        pass
+    return 0.0
 
 
 def _read_limit(path: Path) -> float | None:

@@ -4,7 +4,7 @@ GGUF (llama.cpp's gguf.md): "GGUF", a version, the tensor and key counts, then t
 key-value pairs, each a string key, a type and a value. Reading stops once the keys
 asked for are found, or at the first key that starts with `until` (keys come grouped:
 general.*, then the architecture's, then the tokenizer's hundreds of thousands of
-strings); an array's value is its length (its items are skipped).
+strings); an array's value is a `GGUFArray` (its item type and length; the items are skipped).
 """
 
 from __future__ import annotations
@@ -13,10 +13,19 @@ import mmap
 import os
 import struct
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from ..errors import ModelLoadError
 
-__all__ = ["read_metadata"]
+__all__ = ["GGUFArray", "read_metadata"]
+
+@dataclass(frozen=True)
+class GGUFArray:
+    """An array's item type (GGUF's code) and length; its items are not read."""
+
+    item_type: int
+    length: int
+
 
 # value types: struct format of the scalars; 8 string, 9 array
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -62,7 +71,7 @@ def _read(data: mmap.mmap, wanted: set[str] | None, until: str | None, name: str
                 if wanted is not None and wanted <= out.keys():
                     break
         return out
-    except (struct.error, UnicodeDecodeError, IndexError) as exc:
+    except (struct.error, ValueError, IndexError) as exc:  # ValueError: what _string and _value find wrong
         raise ModelLoadError(f"{name}: damaged GGUF metadata ({exc})") from exc
 
 
@@ -70,7 +79,7 @@ def _string(data: mmap.mmap, pos: int) -> tuple[str, int]:
     (n,) = struct.unpack_from("<Q", data, pos)
     pos += 8
     if pos + n > len(data):
-        raise ModelLoadError("a string runs past the end of the file")
+        raise ValueError("a string runs past the end of the file")
     return data[pos : pos + n].decode("utf-8"), pos + n
 
 
@@ -84,14 +93,17 @@ def _value(data: mmap.mmap, pos: int, kind: int) -> tuple[object, int]:
         item, n = struct.unpack_from("<IQ", data, pos)
         pos += 12
         if item in _SCALARS:
-            return n, pos + n * struct.calcsize(_SCALARS[item])
-        for _ in range(n):
-            if item == _STRING:
-                (size,) = struct.unpack_from("<Q", data, pos)
-                pos += 8 + size
-            else:
-                _, pos = _value(data, pos, item)
+            pos += n * struct.calcsize(_SCALARS[item])
+        else:
+            for _ in range(n):
+                if item == _STRING:
+                    (size,) = struct.unpack_from("<Q", data, pos)
+                    pos += 8 + size
+                else:
+                    _, pos = _value(data, pos, item)
+                if pos > len(data):
+                    break
         if pos > len(data):
-            raise ModelLoadError("an array runs past the end of the file")
-        return n, pos
-    raise ModelLoadError(f"unknown GGUF value type {kind}")
+            raise ValueError("an array runs past the end of the file")
+        return GGUFArray(item, n), pos
+    raise ValueError(f"unknown GGUF value type {kind}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -37,12 +38,16 @@ except ImportError:  # built without a C compiler: the numpy path below
 _wanted = os.environ.get("EDGEKIT_KERNEL", "").strip()
 if _wanted == "numpy":
     _kernel = None
-elif _wanted and _kernel is not None:
-    if _wanted not in _kernel.KERNELS:
-        raise ImportError(f"EDGEKIT_KERNEL={_wanted}: this CPU runs {', '.join(_kernel.KERNELS)} or numpy")
+elif _wanted and _kernel is not None and _wanted in _kernel.KERNELS:
     _kernel.use(_wanted)
-elif _wanted:
-    raise ImportError(f"EDGEKIT_KERNEL={_wanted}: edgekit was installed without its compiled kernel (numpy only)")
+elif _wanted:  # a typo, or a kernel this CPU or build lacks: say so, and keep the best there is
+    warnings.warn(
+        f"EDGEKIT_KERNEL={_wanted}: no such kernel here (this CPU runs "
+        f"{', '.join([*(_kernel.KERNELS if _kernel is not None else ()), 'numpy'])}); using "
+        f"{_kernel.ISA if _kernel is not None else 'numpy'}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 __all__ = [
     "ALL_COLUMNS",
@@ -176,8 +181,11 @@ def _numpy_stats(z: np.ndarray, level: int) -> list[float]:
     second = float(near.max()) + m if near.size > 1 else -math.inf
     if level == 2:
         return [m, second, i, s, t, math.nan, math.nan]
-    # the moments about the first logit, near the others, so the variance does not cancel
-    h = float(z[0]) if math.isfinite(z[0]) else 0.0
+    # the moments about the mean of the first finite logits (as the kernel takes them), near the
+    # others, so the variance does not cancel
+    head = z[:64].astype(np.float64)
+    head = head[np.isfinite(head)]
+    h = float(head.mean()) if head.size else 0.0
     y = z - np.float32(h)
     mean = float(np.dot(y, _ones(z.shape[0]))) / z.shape[0]
     return [m, second, i, s, t, h + mean, float(np.dot(y, y)) / z.shape[0] - mean * mean]

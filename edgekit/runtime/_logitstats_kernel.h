@@ -3,8 +3,10 @@
  * (a target attribute, or nothing) defined. GCC/Clang vector extensions, so the
  * same source becomes AVX-512, AVX2, SSE or NEON code. An instruction set whose
  * maximum and minimum are one instruction defines LS_VMAX(a, b) and LS_VMIN(a, b)
- * (a > b ? a : b and a < b ? a : b, as vectors); otherwise they are a compare and a
- * select. NaN logits are not statistics: what a kernel makes of them is unspecified. */
+ * (a > b ? a : b and a < b ? a : b, as vectors: b wherever either is NaN) and may define
+ * LS_VFLOOR(d, f) (d below f raised to f, NaN kept); otherwise they are a compare and a
+ * select. So a NaN logit never becomes the maximum, and it makes the sums NaN, in every
+ * kernel alike (tests/kernels/check.c has the case). */
 
 #define LS_CHUNK 2048 /* float sums go into double lanes every LS_CHUNK entries (a multiple of LS_W * 4) */
 #define LS_HEADROOM 64.0f /* a lane's sums run at most e^64 above its reference: no float overflow */
@@ -36,6 +38,9 @@ LS_FN(_min)(VF a, VF b)
 #define LS_VMAX(a, b) LS_FN(_max)(a, b)
 #define LS_VMIN(a, b) LS_FN(_min)(a, b)
 #endif
+#ifndef LS_VFLOOR
+#define LS_VFLOOR(d, f) LS_VMAX(f, d) /* f > d ? f : d: a NaN d stays NaN */
+#endif
 
 LS_INLINE void
 LS_FN(_top2)(VF x, int32_t at, VI lane, VF *top, VF *sec, VI *idx)
@@ -62,7 +67,7 @@ LS_FN(_add)(VF x, VF c, VF h, const int moments, VF *s, VF *t, VF *a, VF *q)
         *q += y * y;
     }
     const VF floor = (VF){0} - 87.0f;
-    VF d = LS_VMAX(x - c, floor);
+    VF d = LS_VFLOOR(x - c, floor);
     VF k = d * 1.44269504088896341f + 12583039.0f;
     VF r = d - (k - 12583039.0f) * 0.693147180559945309f;
     VF p = (VF){0} + 0.0082903066650033f;
@@ -253,6 +258,7 @@ LS_NAME(const float *z, ptrdiff_t n, int mode, double *out)
 #undef VD
 #undef LS_VMAX
 #undef LS_VMIN
+#undef LS_VFLOOR
 #undef LS_CHUNK
 #undef LS_HEADROOM
 #undef LS_INLINE

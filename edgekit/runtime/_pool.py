@@ -360,7 +360,7 @@ class LlamaPoolBackend:
     ) -> None:
         if slots < 1:
             raise ValueError("a draft pool needs at least one slot")
-        ensure_fits(path, n_ctx_seq * slots, name or Path(path).stem)
+        ensure_fits(path, n_ctx_seq * slots, name or Path(path).stem, sequences=slots)
         self.vocab = self._model = LlamaModel(path, name=name)
         try:
             self._ctx = LlamaContext(self._model, n_ctx=n_ctx_seq * slots, n_batch=n_batch, n_seq=slots,

@@ -55,11 +55,11 @@ def main() -> None:
             ops: dict[str, int] = {}
             for _, op, _ in body:
                 ops[op] = ops.get(op, 0) + 1
-            if any(k in ops for k in ("fmla", "fmax", "fcmgt")) and "fcvtl" not in ops and len(body) > 10:
+            if any(k in ops for k in ("fmla", "fmax", "fmaxnm", "fcmgt")) and "fcvtl" not in ops and len(body) > 10:
                 kind = "fused" if "fmla" in ops else "first pass"
                 spills = ops.get("ldr", 0) + ops.get("str", 0) + ops.get("ldp", 0) + ops.get("stp", 0)
                 print(f"  {kind:<10} at {body[0][0]:x}: {len(body)} instructions, {ops.get('fmla', 0)} fmla, "
-                      f"{ops.get('fmax', 0) + ops.get('fmin', 0)} fmax/fmin, {ops.get('fcmgt', 0)} fcmgt, "
+                      f"{sum(ops.get(k, 0) for k in ('fmax', 'fmin', 'fmaxnm', 'fminnm'))} fmax/fmin(nm), {ops.get('fcmgt', 0)} fcmgt, "
                       f"{ops.get('bsl', 0) + ops.get('bit', 0) + ops.get('bif', 0)} bsl/bit/bif, {spills} loads/stores")
 
 
