@@ -58,8 +58,9 @@ def main() -> None:
             if any(k in ops for k in ("fmla", "fmax", "fmaxnm", "fcmgt")) and "fcvtl" not in ops and len(body) > 10:
                 kind = "fused" if "fmla" in ops else "first pass"
                 spills = ops.get("ldr", 0) + ops.get("str", 0) + ops.get("ldp", 0) + ops.get("stp", 0)
+                minmax = sum(ops.get(k, 0) for k in ("fmax", "fmin", "fmaxnm", "fminnm"))
                 print(f"  {kind:<10} at {body[0][0]:x}: {len(body)} instructions, {ops.get('fmla', 0)} fmla, "
-                      f"{sum(ops.get(k, 0) for k in ('fmax', 'fmin', 'fmaxnm', 'fminnm'))} fmax/fmin(nm), {ops.get('fcmgt', 0)} fcmgt, "
+                      f"{minmax} fmax/fmin(nm), {ops.get('fcmgt', 0)} fcmgt, "
                       f"{ops.get('bsl', 0) + ops.get('bit', 0) + ops.get('bif', 0)} bsl/bit/bif, {spills} loads/stores")
 
 
