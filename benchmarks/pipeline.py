@@ -126,7 +126,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3, help="prompts for the one-task runs")
     ap.add_argument("--tasks", default="1,2,4,8")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--draftings", default="fixed,predictor")
+    ap.add_argument("--draftings", default="fixed,predictor", help="for the one-task runs; empty: none")
+    ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated, of: " + ", ".join(WAYS))
     ap.add_argument("--out", default="pipeline")
     ap.add_argument("--plot-only", action="store_true", help="redraw the figure from the JSON of an earlier run")
     args = ap.parse_args()
@@ -137,6 +138,7 @@ def main() -> None:
         plot(done["single"], done["multi"], done["summary"], C.csv_list(args.tasks, int),
              C.RESULTS_DIR / f"{args.out}.png")
         return
+    ways = [w for w in WAYS if w in C.csv_list(args.ways)]
     C.apply_threads(1)
     C.print_machine()
     spec = get_pair(args.pair)
@@ -185,7 +187,7 @@ def main() -> None:
                     brute = exhaustive(model, inputs, 8)
                     planning.append({"rtt_ms": rtt, "tasks": n, "dp_s": the_plan.predicted_s,
                                      "exhaustive_s": brute.predicted_s})
-                for way in WAYS:
+                for way in ways:
                     r = many(bed.address, path, spec.draft, prompts, gen, way, draft, the_plan)
                     lossless = all(t == refs[p] for t, p in zip(r.pop("tokens"), prompts, strict=True))
                     r.update(rtt_ms=rtt, tasks=n, way=way, lossless=lossless)
@@ -195,7 +197,7 @@ def main() -> None:
     draft.close()
     summary = []
     for rtt in C.csv_list(args.rtts, float):
-        for drafting in C.csv_list(args.draftings):
+        for drafting in C.csv_list(args.draftings) if single else []:
             rows = [r for r in single if r["rtt_ms"] == rtt and r["drafting"] == drafting]
             off = np.mean([r["ms_per_token"] for r in rows if not r["proactive"]])
             on = np.mean([r["ms_per_token"] for r in rows if r["proactive"]])
@@ -205,9 +207,9 @@ def main() -> None:
                   [[s["rtt_ms"], s["drafting"], s["ms_per_token_off"], s["ms_per_token_on"], f"{s['cut']:.1%}"]
                    for s in summary]))
     print()
-    print(C.table(["RTT ms", "tasks", *WAYS],
+    print(C.table(["RTT ms", "tasks", *ways],
                   [[rtt, n, *[next(r["total_s"] for r in multi if r["rtt_ms"] == rtt and r["tasks"] == n
-                                   and r["way"] == w) for w in WAYS]]
+                                   and r["way"] == w) for w in ways]]
                    for rtt in C.csv_list(args.rtts, float) for n in tasks]))
     if planning:
         print()

@@ -124,3 +124,22 @@ def test_generate_many_runs_a_plan_and_each_task_writes_its_own_output():
             client.generate_many(prompts, plan=Plan(((0, 1),), 3, 0.0))
         with pytest.raises(ConfigError, match="draft slot"):
             client.generate_many(prompts * 2, plan=Plan((tuple(range(8)),), 3, 0.0))
+
+
+def test_the_verifier_is_calibrated_over_the_batches_it_reports():
+    """Blocks sent several at a time share target passes; each verdict's batch size and time is
+    a sample of eq. 17, so the fit sees b > 1 (the toy engine's passes take eq. 19's time)."""
+    from edgekit.plan import calibrate_verify
+    from edgekit.testing import ToyLanguageModel, toy_verifier
+    from edgekit.verifier import Coefficients
+
+    target = ToyLanguageModel(seed=5)
+    transport = toy_verifier(target, max_sessions=8, cost=Coefficients(a=0.5, c=3.0))  # ms per token, per pass
+    prompt = list(range(1, 40))
+    shape = ModelShape(1, 64, 256)
+    fp = target.fingerprint()
+    runtime, samples = calibrate_verify(transport, fp, prompt, shape, windows=(1, 4), concurrency=(1, 4), repeats=3)
+    sizes = {b for b, _, _ in samples}
+    assert 1 in sizes and max(sizes) > 1  # concurrent blocks were verified together
+    assert len(samples) == 2 * (1 + 4) * 3 and all(s > 0 for *_, s in samples)
+    assert runtime.c1 >= 0 and runtime.c2 >= 0 and runtime.error(samples) < 0.5

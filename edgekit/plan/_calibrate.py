@@ -5,7 +5,8 @@
   left out of the fit: one line through both missed decodes by 96% (MAPE) on this CPU, and
   the draft stage is l decode passes a step, a prefill once per task.
 - `calibrate_verify`: the verifier's, from the verify times it reports for blocks of a few
-  lengths on one session (batch size 1: eq. 17 carries it to larger batches). The target's
+  lengths sent 1, 2 and 4 at a time on sessions of their own, with the batch size it reports
+  for each (how many blocks shared the target pass): eq. 17 fitted over b too. The target's
   shape is the verifier's business: its hidden size comes in the handshake, and its FFN is
   taken as 4x that and one block (the constant factor is in c1, fitted).
 - `measured_acceptance`: the per-token acceptance of a short speculative generation.
@@ -16,10 +17,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..protocol import BlockRequest, Fingerprint
+from ..errors import LimitExceededError
+from ..protocol import BlockRequest, Fingerprint, VerifyResult
 from ..runtime import LlamaPoolBackend, Step
 from ..transport import VerifierTransport
 from ._cost import ModelShape, Runtime
@@ -73,18 +76,41 @@ def calibrate_verify(
     shape: ModelShape,
     *,
     windows: Sequence[int] = (1, 4, 8),
+    concurrency: Sequence[int] = (1, 2, 4),
     repeats: int = 3,
 ) -> tuple[Runtime, Samples]:
-    opened = transport.open_session(prompt, mode="greedy", temperature=1.0, seed=0, draft=draft)
+    """Blocks of each window sent `c` at a time (c in `concurrency`, one session each), so that
+    the verifier batches them; every verdict says how many blocks shared its target pass and how
+    long that pass took, and each is one sample (b, FLOPs, seconds) of eq. 17."""
+    sessions = []
     samples: Samples = []
-    base, index = opened.committed_length, 0
     try:
-        for window in windows:
-            for _ in range(repeats):
-                block = [prompt[(base + j) % len(prompt)] for j in range(window)]
-                v = transport.verify(BlockRequest(opened.session_id, base, block, round_index=index))
-                samples.append((1, shape.verify_flops(window + 1, base - 1), v.verify_ms / 1e3))
-                base, index = v.committed_length, index + 1
+        for _ in range(max(concurrency)):
+            try:
+                opened = transport.open_session(prompt, mode="greedy", temperature=1.0, seed=0, draft=draft)
+            except LimitExceededError:  # a verifier with fewer free sessions: calibrate on those
+                if not sessions:
+                    raise
+                break
+            sessions.append([opened.session_id, opened.committed_length, 0])
+        levels = sorted({min(c, len(sessions)) for c in concurrency})
+
+        def one(session: list, window: int) -> VerifyResult:
+            sid, base, index = session
+            block = [prompt[(base + j) % len(prompt)] for j in range(window)]
+            v = transport.verify(BlockRequest(sid, base, block, round_index=index))
+            session[1], session[2] = v.committed_length, index + 1
+            return v
+
+        with ThreadPoolExecutor(max_workers=max(concurrency), thread_name_prefix="edgekit-calibrate") as pool:
+            for window in windows:
+                for c in levels:
+                    for _ in range(repeats):
+                        bases = [s[1] for s in sessions[:c]]
+                        done = list(pool.map(lambda s: one(s, window), sessions[:c]))
+                        for v, base in zip(done, bases, strict=True):
+                            samples.append((v.batch_size, shape.verify_flops(window + 1, base - 1), v.verify_ms / 1e3))
     finally:
-        transport.close_session(opened.session_id)
+        for sid, _, _ in sessions:
+            transport.close_session(sid)
     return Runtime.fit(samples), samples

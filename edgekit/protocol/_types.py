@@ -156,6 +156,7 @@ class VerifyResult:
     # whether queue and verify time kept within it. None: best effort.
     budget_ms: float | None = None
     deadline_met: bool | None = None
+    batch_size: int = field(default=1, compare=False)  # blocks verified in the same target pass (a measurement)
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,7 @@ class MessageTransport:
             hidden_requested=requested,
             budget_ms=r.timings.budget_ms if r.timings.has_deadline else None,
             deadline_met=r.timings.deadline_met if r.timings.has_deadline else None,
+            batch_size=max(1, r.timings.batch_size),
         )
 
     def _exchange(
