@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,6 +70,15 @@ def verifier_shape(hidden_size: int) -> ModelShape:
     return ModelShape(1, hidden_size, 4 * hidden_size)
 
 
+@dataclass
+class _Open:
+    """A calibration session: where its next block starts, and its round count."""
+
+    session_id: str
+    base: int
+    index: int = 0
+
+
 def calibrate_verify(
     transport: VerifierTransport,
     draft: Fingerprint,
@@ -82,7 +92,7 @@ def calibrate_verify(
     """Blocks of each window sent `c` at a time (c in `concurrency`, one session each), so that
     the verifier batches them; every verdict says how many blocks shared its target pass and how
     long that pass took, and each is one sample (b, FLOPs, seconds) of eq. 17."""
-    sessions = []
+    sessions: list[_Open] = []
     samples: Samples = []
     try:
         for _ in range(max(concurrency)):
@@ -92,25 +102,24 @@ def calibrate_verify(
                 if not sessions:
                     raise
                 break
-            sessions.append([opened.session_id, opened.committed_length, 0])
+            sessions.append(_Open(opened.session_id, opened.committed_length))
         levels = sorted({min(c, len(sessions)) for c in concurrency})
 
-        def one(session: list, window: int) -> VerifyResult:
-            sid, base, index = session
-            block = [prompt[(base + j) % len(prompt)] for j in range(window)]
-            v = transport.verify(BlockRequest(sid, base, block, round_index=index))
-            session[1], session[2] = v.committed_length, index + 1
+        def one(s: _Open, window: int) -> VerifyResult:
+            block = [prompt[(s.base + j) % len(prompt)] for j in range(window)]
+            v = transport.verify(BlockRequest(s.session_id, s.base, block, round_index=s.index))
+            s.base, s.index = v.committed_length, s.index + 1
             return v
 
         with ThreadPoolExecutor(max_workers=max(concurrency), thread_name_prefix="edgekit-calibrate") as pool:
             for window in windows:
                 for c in levels:
                     for _ in range(repeats):
-                        bases = [s[1] for s in sessions[:c]]
+                        bases = [s.base for s in sessions[:c]]
                         done = list(pool.map(lambda s: one(s, window), sessions[:c]))
                         for v, base in zip(done, bases, strict=True):
                             samples.append((v.batch_size, shape.verify_flops(window + 1, base - 1), v.verify_ms / 1e3))
     finally:
-        for sid, _, _ in sessions:
-            transport.close_session(sid)
+        for s in sessions:
+            transport.close_session(s.session_id)
     return Runtime.fit(samples), samples
