@@ -116,7 +116,7 @@ def calibrate_verify(
                 for c in levels:
                     for _ in range(repeats):
                         bases = [s.base for s in sessions[:c]]
-                        done = list(pool.map(lambda s: one(s, window), sessions[:c]))
+                        done = list(pool.map(one, sessions[:c], [window] * c))
                         for v, base in zip(done, bases, strict=True):
                             samples.append((v.batch_size, shape.verify_flops(window + 1, base - 1), v.verify_ms / 1e3))
     finally:
