@@ -230,29 +230,33 @@ def main() -> None:
 
 def plot(single: list[dict], multi: list[dict], summary: list[dict], tasks: list[int], path) -> None:  # type: ignore[no-untyped-def]
     rtts = sorted({r["rtt_ms"] for r in multi})
-    fig, axes = C.subplots(2 + len(rtts), width=4.2)
-    for drafting in sorted({s["drafting"] for s in summary}):
-        rows = [s for s in summary if s["drafting"] == drafting]
-        axes[0].plot([s["rtt_ms"] for s in rows], [s["ms_per_token_off"] for s in rows], marker="o",
-                     label=f"{drafting}")
-        axes[0].plot([s["rtt_ms"] for s in rows], [s["ms_per_token_on"] for s in rows], marker="s", linestyle="--",
-                     label=f"{drafting}, proactive")
-    axes[0].set_xlabel("RTT (ms)")
-    axes[0].set_ylabel("ms per committed token (one task)")
-    axes[0].set_title("Proactive drafting")
-    axes[0].legend(fontsize=7)
-    axes[0].set_ylim(bottom=0)
-    for ax, rtt in zip(axes[1:-1], rtts, strict=True):
-        for way in WAYS:
+    ways = [w for w in WAYS if any(r["way"] == w for r in multi)]
+    first = 1 if summary else 0  # the proactive panel, when there were one-task runs
+    fig, axes = C.subplots(first + 1 + len(rtts), width=4.2)
+    if summary:
+        for drafting in sorted({s["drafting"] for s in summary}):
+            rows = [s for s in summary if s["drafting"] == drafting]
+            axes[0].plot([s["rtt_ms"] for s in rows], [s["ms_per_token_off"] for s in rows], marker="o",
+                         label=f"{drafting}")
+            axes[0].plot([s["rtt_ms"] for s in rows], [s["ms_per_token_on"] for s in rows], marker="s",
+                         linestyle="--", label=f"{drafting}, proactive")
+        axes[0].set_xlabel("RTT (ms)")
+        axes[0].set_ylabel("ms per committed token (one task)")
+        axes[0].set_title("Proactive drafting")
+        axes[0].legend(fontsize=7)
+        axes[0].set_ylim(bottom=0)
+    for ax, rtt in zip(axes[first:-1], rtts, strict=True):
+        for way in ways:
             rows = sorted((r["tasks"], r["total_s"]) for r in multi if r["rtt_ms"] == rtt and r["way"] == way)
-            ax.plot([x[0] for x in rows], [x[1] for x in rows], marker="o", label=way)
+            ax.plot([x[0] for x in rows], [x[1] for x in rows], marker="o", label=way,
+                    color=f"C{WAYS.index(way)}")
         ax.set_xscale("log", base=2)
         ax.set_xticks(tasks, [str(t) for t in tasks])
         ax.set_xlabel("tasks")
         ax.set_ylabel("total completion time (s)")
         ax.set_title(f"RTT {rtt:g} ms")
         ax.set_ylim(bottom=0)
-    axes[1].legend(fontsize=7)
+    axes[first].legend(fontsize=7)
     planned = [r for r in multi if r["way"] == "planned" and r.get("predicted_s")]
     ax = axes[-1]
     for rtt in rtts:
