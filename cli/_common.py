@@ -8,7 +8,10 @@ from typing import Any
 
 import typer
 
-PAIR_HELP = "Draft/target pair from the model registry (see `edgekit models list`)."
+PAIR_HELP = (
+    "Draft/target pair from the model registry (see `edgekit models list`). Default with --verifier: the pair "
+    "whose target the verifier serves (it is asked); without one, the pair whose target is started locally."
+)
 VERIFIER_HELP = (
     "Verifier: HOST:PORT or grpc://HOST:PORT (edgekit serve; grpcs:// for TLS), "
     "openai+http://HOST:PORT/v1 (an OpenAI-compatible completions server with prompt logprobs), "

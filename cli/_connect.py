@@ -7,7 +7,7 @@ from ._common import note
 
 def build_client(
     *,
-    pair: str,
+    pair: str | None,
     verifier: str | None,
     timeout: float,
     token: str | None,
@@ -23,10 +23,13 @@ def build_client(
     if on_disconnect is not None:
         retry["on_disconnect"] = on_disconnect
     config = ClientConfig.from_env(timeout=timeout, connect_timeout=min(10.0, timeout), token=token, **retry)
+    # pair None with a verifier: the pair whose target it serves (EdgeClient asks it)
     client = EdgeClient(verifier, pair=pair, config=config, generation=generation, local_server=local_server)
     if client.local_verifier_address and announce:
         info = client.server_info()
         numerics = "exact numerics" if info.exact_numerics else "fast numerics"
-        note(f"started a local verifier for {pair} on {client.local_verifier_address} "
+        note(f"started a local verifier for {client.pair} on {client.local_verifier_address} "
              f"({info.target_model}, {numerics})")
+    elif pair is None and announce:
+        note(f"the verifier serves {client.server_info().target_model}: drafting with {client.pair}")
     return client

@@ -124,7 +124,7 @@ class _Interrupt:
 
 
 def chat(
-    pair: str = typer.Option("qwen-coder", "--pair", help=PAIR_HELP),
+    pair: str | None = typer.Option(None, "--pair", help=PAIR_HELP),
     verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
     system: str | None = typer.Option(None, "--system", "-s", help="System prompt."),
     prompt: str | None = typer.Option(None, "--prompt", "-p", help="Answer this one message and exit."),
@@ -170,11 +170,12 @@ def chat(
     )
     # With --json, stdout carries only JSON lines; everything for people goes to stderr.
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
-    log = History(history, pair)
     with _connect.build_client(
-        pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, retry_for=retry_for,
-        on_disconnect=on_disconnect,
+        pair=pair if verifier else pair or "qwen-coder", verifier=verifier, timeout=timeout, token=token,
+        generation=gen, retry_for=retry_for, on_disconnect=on_disconnect,
     ) as client:
+        pair = client.pair
+        log = History(history, pair)
         conv = client.conversation(system=system)
         session = _ChatSession(client, conv, out, log, json_out)
         try:

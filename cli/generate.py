@@ -38,7 +38,7 @@ class Baseline(str, Enum):
 
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="Prompt text (a raw completion prompt, no chat template)."),
-    pair: str = typer.Option("gemma-270m", "--pair", help=PAIR_HELP),
+    pair: str | None = typer.Option(None, "--pair", help=PAIR_HELP),
     verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
     mode: Mode = typer.Option(
@@ -84,7 +84,8 @@ def generate(
         upload=cast(Upload, upload), hidden_encoding=cast(HiddenEncoding, hidden_encoding),
     )
     with _connect.build_client(
-        pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, announce=not json_out,
+        pair=pair if verifier else pair or "gemma-270m", verifier=verifier, timeout=timeout, token=token,
+        generation=gen, announce=not json_out,
         retry_for=retry_for, on_disconnect=on_disconnect,
     ) as client:
         info = client.server_info()
@@ -109,7 +110,7 @@ def generate(
             if json_out:
                 print_json(
                     {
-                        "pair": pair,
+                        "pair": client.pair,
                         "verifier": verifier or client.local_verifier_address,
                         "prompt": prompt,
                         "token_ids": ids,
@@ -127,7 +128,7 @@ def generate(
         if json_out:
             print_json(
                 {
-                    "pair": pair,
+                    "pair": client.pair,
                     "verifier": verifier or client.local_verifier_address,
                     "target_model": info.target_model,
                     "draft_model": client.draft.name,

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from ._common import PAIR_HELP, note, print_json
+from ._common import note, print_json
 
 if TYPE_CHECKING:
     from edgekit import ClientConfig, DraftModel, GenerationConfig
@@ -19,7 +19,10 @@ CALIBRATION_PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is a prime nu
 
 def probe(
     address: str = typer.Argument(..., help="Verifier: HOST:PORT, grpc://, grpcs://, openai+http://, sglang+http://."),
-    pair: str = typer.Option("qwen-coder", "--pair", help=PAIR_HELP),
+    pair: str | None = typer.Option(
+        None, "--pair", help="Draft/target pair from the model registry; default: the one whose target the verifier "
+        "serves (it is asked; stock servers need --pair)."
+    ),
     pings: int = typer.Option(10, "--pings", min=1, help="Empty pings for the RTT."),
     tries: int = typer.Option(3, "--tries", min=1, help="Payload pings each way for the rates (the fastest counts)."),
     payload_kib: int = typer.Option(64, "--payload-kib", min=1, help="Payload of a rate ping, KiB."),
@@ -39,24 +42,29 @@ def probe(
 
     from edgekit import ClientConfig, GenerationConfig
     from edgekit.config import HiddenEncoding
+    from edgekit.errors import ConfigError
     from edgekit.link import LinkEstimator, LinkPolicy
     from edgekit.link import probe as probe_link
     from edgekit.models import get_model, get_pair
     from edgekit.transport import connect
 
-    spec = get_pair(pair)
-    draft_spec = get_model(spec.draft)
+    stock = "+http" in address.partition("://")[0]
+    if pair is None and stock:
+        raise ConfigError("a stock server (openai+http://, sglang+http://) cannot say which target it serves "
+                          "before a draft is loaded: name the pair with --pair")
     gen = GenerationConfig(
         max_tokens=calibration_tokens, drafting="latency", max_window=max_window, upload="auto",
         hidden_encoding=cast(HiddenEncoding, hidden_encoding), stop_at_eos=False,
     )
     config = ClientConfig(timeout=timeout, connect_timeout=timeout, token=token)
     link = LinkEstimator()
-    if "+http" in address.partition("://")[0]:
+    if stock:
         # a stock server: its transport needs the draft's tokenizer even to ping
         from edgekit import LlamaDraftModel
         from edgekit.models import model_path
 
+        assert pair is not None
+        spec = get_pair(pair)
         # calibration drafts on it too: room for its prompt, its tokens and a window
         tokenizer = LlamaDraftModel(
             model_path(spec.draft), name=spec.draft, n_ctx=256 + calibration_tokens + max_window
@@ -68,6 +76,13 @@ def probe(
         gen = replace(gen, upload="tokens")  # stock servers take no hidden states
     try:
         measured = probe_link(transport, link, pings=pings, tries=tries, payload_bytes=payload_kib * 1024)
+        if pair is None:  # the draft follows the verifier: ask which target it serves
+            from edgekit.client import discover_pair
+
+            pair, info = discover_pair(transport)
+            note(f"the verifier serves {info.target_model}: probing with {pair}")
+        spec = get_pair(pair)
+        draft_spec = get_model(spec.draft)
         calibration = None
         if link_only:
             policy = LinkPolicy(gen, link, hidden_dim=draft_spec.hidden_size, n_vocab=draft_spec.vocab_size)

@@ -16,6 +16,7 @@ from .registry import (
     get_pair,
     list_models,
     list_pairs,
+    pair_for_target,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "list_models",
     "list_pairs",
     "model_path",
+    "pair_for_target",
     "pair_paths",
     "pull_model",
     "pull_pair",

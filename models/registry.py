@@ -8,7 +8,7 @@ checked against the sha256 recorded here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edgekit.errors import ConfigError
@@ -237,6 +237,24 @@ def get_pair(name: str) -> PairSpec:
     except KeyError:
         hint = f" ('{name}' is a model, not a pair)" if name in _MODELS_BY_NAME else ""
         raise ConfigError(f"unknown pair '{name}'{hint}; known pairs: {', '.join(_PAIRS_BY_NAME)}") from None
+
+
+def pair_for_target(target_model: str, *, drafts_sharing_tokenizer: Sequence[str] = ()) -> PairSpec:
+    """The registered pair for a verifier that serves `target_model`: the one whose target it is;
+    else the first whose draft is among `drafts_sharing_tokenizer` (drafts found to share the
+    target's tokenizer). ConfigError naming the registered pairs and their targets if none fits."""
+    for pair in _PAIRS:
+        if pair.target == target_model:
+            return pair
+    for pair in _PAIRS:
+        if pair.draft in drafts_sharing_tokenizer:
+            return pair
+    known = "; ".join(f"{p.name} (target {p.target}: edgekit models pull {p.name})" for p in _PAIRS)
+    raise ConfigError(
+        f"the verifier serves {target_model!r}, which is not the target of any registered pair, and no cached "
+        f"draft shares its tokenizer; registered pairs: {known}. Run a verifier for one of these targets, or give "
+        "a draft model of its family (EdgeClient(draft_model=PATH))"
+    )
 
 
 def list_models() -> tuple[ModelSpec, ...]:

@@ -46,3 +46,45 @@ def test_probing_a_silent_verifier_fails_at_its_deadline(silent_address):
     assert r.returncode == 1, r.stdout
     assert "did not answer a ping within 2 s" in r.stderr
     assert elapsed < 15  # the process start and one 2 s deadline, not a hang
+
+
+@pytest.fixture
+def toy_target_server(request):
+    """A real gRPC verifier over a toy engine that names itself as `request.param`."""
+    from edgekit import ServerConfig
+    from edgekit.testing import ToyLanguageModel
+    from edgekit.verifier import ToyEngine, VerifierServer
+
+    lm = ToyLanguageModel(seed=3, name=request.param)
+    with VerifierServer(ToyEngine(lm, n_seq=4, max_context=256), ServerConfig(port=0, max_sessions=4)) as server:
+        yield server
+
+
+def test_probe_without_a_pair_drafts_with_the_gemma_pair_for_a_gemma_verifier(gemma_server):
+    r = edgekit("probe", gemma_server.address, "--json", "--calibration-tokens", "16")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["pair"] == "gemma-270m" and out["costs"]["measured"] and out["calibration"]["rounds"] > 0
+    assert "the verifier serves gemma-3-270m: probing with gemma-270m" in r.stderr
+
+
+@pytest.mark.parametrize("toy_target_server", ["qwen2.5-coder-1.5b-instruct"], indirect=True)
+def test_probe_without_a_pair_picks_the_qwen_pair_for_a_verifier_of_its_target(toy_target_server):
+    r = edgekit("probe", toy_target_server.address, "--link-only", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["pair"] == "qwen-coder" and out["costs"]["hidden_size"] == 896  # the qwen draft's width
+
+
+@pytest.mark.parametrize("toy_target_server", ["mystery-7b"], indirect=True)
+def test_probe_of_a_verifier_no_pair_fits_names_the_pairs_that_would(toy_target_server):
+    r = edgekit("probe", toy_target_server.address, "--link-only")
+    assert r.returncode == 1
+    assert "the verifier serves 'mystery-7b', which is not the target of any registered pair" in r.stderr
+    for pair, target in (("gemma-270m", "gemma-3-270m"), ("qwen-coder", "qwen2.5-coder-1.5b-instruct")):
+        assert f"{pair} (target {target}: edgekit models pull {pair})" in r.stderr
+
+
+def test_a_stock_server_needs_the_pair_named():
+    r = edgekit("probe", "openai+http://127.0.0.1:9/v1", "--link-only")
+    assert r.returncode == 1 and "name the pair with --pair" in r.stderr

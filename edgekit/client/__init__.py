@@ -3,7 +3,8 @@ event streams, chat, and the sync and async clients that put them together."""
 
 from ._async_client import AsyncConversation, AsyncEdgeClient
 from ._chat import ChatTemplate, Conversation
-from ._client import EdgeClient
+from ._client import DEFAULT_PAIR, EdgeClient
+from ._discover import discover_pair
 from ._events import Event, FinalStats, Provisional, Resumed, RoundEvent, TextDelta
 from ._metrics import GenerationStats, RoundStats
 from ._session import SharedDraft, SpeculativeSession
@@ -11,6 +12,7 @@ from ._stream import AsyncGenerationStream, GenerationStream
 from ._text import TextDecoder
 
 __all__ = [
+    "DEFAULT_PAIR",
     "AsyncConversation",
     "AsyncEdgeClient",
     "AsyncGenerationStream",
@@ -29,4 +31,5 @@ __all__ = [
     "SpeculativeSession",
     "TextDecoder",
     "TextDelta",
+    "discover_pair",
 ]

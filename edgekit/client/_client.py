@@ -28,6 +28,7 @@ from ..runtime import (
 )
 from ..transport import VerifierTransport, connect
 from ._chat import ChatTemplate, Conversation
+from ._discover import discover_pair
 from ._events import Event, FinalStats, TextDelta
 from ._metrics import GenerationStats
 from ._session import SharedDraft, SpeculativeSession
@@ -37,7 +38,10 @@ from ._text import TextDecoder
 if TYPE_CHECKING:
     from ..verifier import VerifierServer
 
-__all__ = ["EdgeClient"]
+__all__ = ["DEFAULT_PAIR", "EdgeClient"]
+
+DEFAULT_PAIR = "gemma-270m"
+"""The pair of a client given no verifier (its target is started locally) and no pair."""
 
 
 class EdgeClient:
@@ -46,6 +50,10 @@ class EdgeClient:
     verifier: "host:port" (or "grpc://host:port"), several of them (a list, or
     comma-separated) serving one target to fail over between, a transport object,
     or None to start the pair's target as a verifier on loopback in this process.
+
+    pair: a registered draft/target pair. None (the default): with a verifier and no
+    draft_model, the pair whose target the verifier serves (asked in a handshake before
+    the draft loads; `edgekit.client.discover_pair`); otherwise DEFAULT_PAIR (gemma-270m).
 
     draft_slots: how many generations may draft at once, each on a KV sequence of its
     own in one draft model, their steps batched (`edgekit.runtime.DraftPool`); with one
@@ -58,7 +66,7 @@ class EdgeClient:
         self,
         verifier: str | Sequence[str] | VerifierTransport | None = None,
         *,
-        pair: str = "gemma-270m",
+        pair: str | None = None,
         draft_model: str | Path | DraftModel | None = None,
         config: ClientConfig | None = None,
         generation: GenerationConfig | None = None,
@@ -73,7 +81,7 @@ class EdgeClient:
         if not self.config.client_id:  # one id for this client's sessions (the verifier's budgets follow it)
             self.config = replace(self.config, client_id=uuid.uuid4().hex)
         self.generation = generation or GenerationConfig()
-        self.pair = pair
+        self.pair = pair or DEFAULT_PAIR
         self._local: VerifierServer | None = None
         self._draft: DraftModel | None = None
         self._pool: DraftPool | None = None
@@ -83,21 +91,38 @@ class EdgeClient:
         target = ",".join(verifier) if isinstance(verifier, (list, tuple)) else verifier
         assert not isinstance(target, Sequence) or isinstance(target, str)
         self._owns_transport = target is None or isinstance(target, str)
+        transport: VerifierTransport | None = None
         try:
+            if pair is None and draft_model is None and target is not None:  # the draft follows the verifier
+                transport = target if not isinstance(target, str) else self._discovery_transport(target)
+                self.pair, _ = discover_pair(transport)
             self._draft = self._load_draft(draft_model, draft_slots, draft_context, draft_threads)
             if target is None:
                 self._local = self._start_local(local_server)
                 target = self._local.address
-            self.transport: VerifierTransport = (
-                connect(target, self.config, self._draft) if isinstance(target, str) else target
-            )
+            if transport is None:
+                transport = connect(target, self.config, self._draft) if isinstance(target, str) else target
+            self.transport: VerifierTransport = transport
         except BaseException:
+            if transport is not None and self._owns_transport and not hasattr(self, "transport"):
+                transport.close()
             self.close()
             raise
         self._server: ServerInfo | None = None
         self._shared = SharedDraft(self.draft)  # the draft model serves one round at a time
         self._factory: ControllerFactory | None = None  # made at the handshake: it needs the target's name
         self.link = LinkEstimator()  # this device's view of its link to the verifier
+
+    def _discovery_transport(self, url: str) -> VerifierTransport:
+        """A transport to ask the verifier which target it serves, before a draft is loaded: ours
+        (gRPC) answer that; a stock server's transport needs the draft's tokenizer first."""
+        scheme = url.strip().partition("://")[0] if "://" in url else "grpc"
+        if "+http" in scheme:
+            raise ConfigError(
+                f"a stock verifier ({scheme}) cannot say which target it serves before a draft is loaded; "
+                "name the pair (pair=..., --pair)"
+            )
+        return connect(url, self.config, None)
 
     def _load_draft(
         self, draft_model: str | Path | DraftModel | DraftPool | None, slots: int, n_ctx: int, threads: int | None

@@ -52,6 +52,11 @@ class Fingerprint:
     eos_token: int
     model_name: str
 
+    @classmethod
+    def unknown(cls) -> Fingerprint:
+        """No tokenizer: a handshake with it only asks which target the verifier serves."""
+        return cls(0, b"", -1, -1, "")
+
     def same_tokenizer(self, other: Fingerprint) -> bool:
         return (self.vocab_size, self.token_hash, self.bos_token, self.eos_token) == (
             other.vocab_size,

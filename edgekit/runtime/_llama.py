@@ -77,9 +77,12 @@ def default_threads() -> int:
 class LlamaModel:
     """Weights and vocabulary of one GGUF file."""
 
-    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None, repack: bool = True) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, name: str | None = None, repack: bool = True, vocab_only: bool = False
+    ) -> None:
         """repack=False keeps weights in their file layout: slower, but the matmul
-        kernels then give the same result per row whatever the batch size."""
+        kernels then give the same result per row whatever the batch size.
+        vocab_only loads the vocabulary and metadata, no weights (for a fingerprint)."""
         _init_backend()
         self.path = Path(path)
         if not self.path.is_file():
@@ -88,6 +91,7 @@ class LlamaModel:
         params = _lc.llama_model_default_params()
         params.use_mmap = True
         params.use_extra_bufts = repack and _extra_buffers_ok()
+        params.vocab_only = vocab_only
         model = _lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
             # A NULL here must never reach llama.cpp again: it would segfault later.

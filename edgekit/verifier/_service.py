@@ -247,7 +247,9 @@ class VerifierService:
     def handshake(self, req: Message, deadline: float | None = None, caller: Caller = Caller()) -> pb.HandshakeResponse:
         assert isinstance(req, pb.HandshakeRequest)
         version = self.checks.protocol_version(req.protocol_version)
-        self.checks.tokenizer(fingerprint_from_pb(req.draft_tokenizer))
+        draft = fingerprint_from_pb(req.draft_tokenizer)
+        if draft.vocab_size:  # an empty fingerprint only asks which target this is (nothing is opened)
+            self.checks.tokenizer(draft)
         c = self.config
         return pb.HandshakeResponse(
             protocol_version=version,
