@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
 
-.PHONY: chat test test-all lint typecheck install models-test models-chat predictors traces clean
+.PHONY: chat test test-all lint typecheck install models-test models-chat predictors traces figures clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ typecheck: install
 	for f in edgekit/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/edgekit/; done
 	for d in models predictors cli; do ln -s "$(CURDIR)/$$d" $(TYPECHECK_TREE)/edgekit/$$d; done
 	MYPYPATH=$(TYPECHECK_TREE) $(BIN)/mypy --cache-dir build/mypy-cache -p edgekit
+
+# Every figure the README shows, redrawn from benchmarks/results/*.json (no model runs).
+figures: install
+	$(BIN)/python benchmarks/figures.py
 
 # The shipped rejection predictors, from the traces in predictors/traces/ (seconds, deterministic).
 predictors: install

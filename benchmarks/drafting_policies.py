@@ -215,7 +215,30 @@ def main() -> None:
         print(f"held-out classification: AUC {h['auc']:.3f}, recall accepted {h['recall_accepted']:.3f}, "
               f"specificity {h['specificity']:.3f}, balanced accuracy {h['balanced_accuracy']:.3f} "
               f"({h['samples']} positions)")
+    for r, path in zip(results, paths, strict=True):
+        plot(r, path.with_suffix(".png"))
     print(*paths, sep="\n")
+
+
+def plot(r: dict, path: Path) -> None:
+    """Goodput under the cost model and acceptance per policy, for one pair."""
+    rows = r["policies"]
+    names = [row["policy"] for row in rows]
+    fig, (good, acc) = C.subplots(2, width=max(5.0, 0.75 * len(rows)))
+    bars = good.bar(names, [row["goodput_model_tok_s"] for row in rows],
+                    color=["#888" if n.startswith("fixed") else "#47a" if n.startswith("p-min") else "#a47"
+                           for n in names])
+    good.bar_label(bars, fmt="%.1f", fontsize=7)
+    good.set_ylabel(f"goodput (tok/s), cost model: {r['cost_model']['round_ms']:g} ms a round")
+    good.set_title(f"{r['pair']}: drafting policies")
+    acc.plot(names, [row["acceptance_rate"] for row in rows], marker="o", label="acceptance rate")
+    acc.plot(names, [row["target_passes_per_token"] for row in rows], marker="s", label="target passes per token")
+    acc.set_ylim(0, 1)
+    acc.set_title("acceptance, and target passes per token")
+    acc.legend(fontsize=7)
+    for ax in (good, acc):
+        ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+    print(f"figure: {C.save_figure(fig, path)}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import argparse
 import itertools
 import statistics
 import time
+from pathlib import Path
 
 import _common as C
 
@@ -267,6 +268,23 @@ def main() -> None:
         **results,
     })
     print(f"wrote {path}")
+    plot({"conditions": results.get("conditions", [])}, path.with_suffix(".png"))
+
+
+def plot(data: dict, path: Path) -> None:
+    """Time per committed token per upload policy, across the emulated links."""
+    conditions = data["conditions"]
+    names = [c["condition"]["name"] for c in conditions]
+    policies = list(conditions[0]["policies"]) if conditions else []
+    fig, (ax,) = C.subplots(1, width=max(6.0, 0.55 * len(names)))
+    for policy in policies:
+        ax.plot(names, [c["policies"][policy]["ms_per_token"] for c in conditions], marker="o", label=policy)
+    ax.set_ylabel("ms per committed token")
+    ax.set_title("Hidden-state uploads across links (fh, sh, the latency model's auto, WISV's RTT rule)")
+    ax.tick_params(axis="x", labelrotation=60, labelsize=7)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    print(f"figure: {C.save_figure(fig, path)}")
 
 
 if __name__ == "__main__":

@@ -377,6 +377,25 @@ def main() -> None:
         },
     )
     print(f"wrote {path}")
+    plot(results, path.with_suffix(".png"))
+
+
+def plot(results: list[dict], path: Path) -> None:
+    """Verify time per round against the context, reusing the session's KV or prefilling again."""
+    fig, axes = C.subplots(len({r["pair"] for r in results}), width=4.6)
+    for ax, pair in zip(axes, sorted({r["pair"] for r in results}), strict=True):
+        for r in (r for r in results if r["pair"] == pair):
+            for method, style in (("prefix reuse", "-"), ("re-prefill", "--")):
+                rows = sorted((x["L"], x["median_ms"]) for x in r["rows"] if x["method"] == method)
+                ax.plot([x[0] for x in rows], [x[1] for x in rows], marker="o", linestyle=style,
+                        label=f"{method}, {r['numerics']} numerics")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("verify time per round, median (ms)")
+        ax.set_title(f"{pair}: a round's cost against the context")
+        ax.legend(fontsize=7)
+    print(f"figure: {C.save_figure(fig, path)}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,78 @@
+"""Every figure the README shows, redrawn from the stored results (no model is run).
+
+    python benchmarks/figures.py              # needs the bench extra (matplotlib)
+    python benchmarks/figures.py --out DIR    # the PNGs into DIR instead, beside nothing
+
+Each benchmark draws its own figure when it runs; this redraws them from
+`benchmarks/results/*.json` with the benchmarks' own plot functions, after a
+change to a plot or to make sure the PNGs match the JSON beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C
+
+
+def _load(name: str) -> dict:
+    return json.loads((C.RESULTS_DIR / f"{name}.json").read_text())
+
+
+def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
+    import drafting_policies
+    import footprint
+    import install_size
+    import link_sweep
+    import pipeline
+    import profile_drafting
+    import verifier_context
+
+    def png(name: str) -> Path:
+        return out / f"{name}.png"
+
+    def pipeline_figure(name: str) -> None:
+        d = _load(name)
+        pipeline.plot(d["single"], d["multi"], d["summary"], sorted({r["tasks"] for r in d["multi"]}), png(name))
+
+    def footprint_figure() -> None:
+        d = _load("footprint_gemma-270m")
+        footprint.plot([r for r in d["runs"] if r["ok"]], d["limited"], png("footprint_gemma-270m"))
+
+    return [
+        *[(f"drafting_policies-{p}", lambda p=p: drafting_policies.plot(_load(f"drafting_policies-{p}")["result"],
+                                                                       png(f"drafting_policies-{p}")))
+          for p in ("gemma-270m", "qwen-coder")],
+        *[(n, lambda n=n: link_sweep.plot(_load(n), png(n))) for n in ("link_sweep", "link_sweep-impaired")],
+        ("verifier_context", lambda: verifier_context.plot(_load("verifier_context")["results"],
+                                                           png("verifier_context"))),
+        ("pipeline", lambda: pipeline_figure("pipeline")),
+        ("pipeline_planned", lambda: pipeline_figure("pipeline_planned")),
+        ("footprint_gemma-270m", footprint_figure),
+        ("install_size", lambda: install_size.plot(_load("install_size")["rows"], png("install_size"))),
+        ("profile_kernels_gemma-270m", lambda: profile_drafting.plot(_load("profile_kernels_gemma-270m")["summary"],
+                                                                     png("profile_kernels_gemma-270m"))),
+    ]
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=C.RESULTS_DIR, help="where the PNGs go (default: beside the JSON)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, draw in _figures(args.out):
+        if not (C.RESULTS_DIR / f"{name}.json").is_file():
+            print(f"{name}: no stored result, skipped")
+            continue
+        draw()
+
+
+if __name__ == "__main__":
+    main()
