@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import typer
@@ -35,6 +36,8 @@ def probe(
     token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
     timeout: float = typer.Option(5.0, "--timeout", help="Deadline of each call, in seconds."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw the time per token of each window and upload "
+                                     "into this PNG (needs the bench extra: matplotlib)."),
 ) -> None:
     """Measure the link to a verifier (RTT, jitter, rates, loss) and show the upload (FH or SH) and the
     draft window the latency model would choose, next to WISV's fixed rule (FH when RTT > 10 ms)."""
@@ -133,6 +136,8 @@ def probe(
     }
     if calibration is not None:
         result["calibration"] = calibration
+    if plot is not None:
+        note(f"figure: {_plot_windows(result, plot)}")
     if json_out:
         print_json(result)
         return
@@ -170,6 +175,27 @@ def _calibrate(
         "uplink_bytes": s.uplink_bytes,
         "downlink_bytes": s.downlink_bytes,
     }
+
+
+def _plot_windows(r: dict, path: Path) -> Path:
+    """Time per committed token against the window, for FH and SH, with the choice marked."""
+    from ._plot import figure, save
+
+    fig, (ax,) = figure()
+    ks = [w["window"] for w in r["windows"]]
+    ax.plot(ks, [w["fh_ms_per_token"] for w in r["windows"]], marker="o", label="FH: hidden states with the block")
+    ax.plot(ks, [w["sh_ms_per_token"] for w in r["windows"]], marker="s", label="SH: only those asked for")
+    choice = r["choice"]
+    ax.scatter([choice["window"]], [choice["ms_per_token"]], s=160, facecolors="none", edgecolors="r", linewidths=2,
+               label=f"the policy's choice: {choice['upload'].upper()}, window {choice['window']}", zorder=3)
+    link = r["link"]
+    ax.set_title(f"{r['verifier']} ({r['pair']}): RTT {link['rtt_ms']:.1f} ms, up {link['uplink_mbps']:.0f} / "
+                 f"down {link['downlink_mbps']:.0f} Mbit/s", fontsize=9)
+    ax.set_xlabel("draft window (tokens per block)")
+    ax.set_ylabel("expected ms per committed token")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    return save(fig, path)
 
 
 def _print(r: dict) -> None:

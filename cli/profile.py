@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import typer
 
-from ._common import PAIR_HELP, print_json
+from ._common import PAIR_HELP, note, print_json
 
 
 def profile(
@@ -17,6 +18,8 @@ def profile(
     steps: int = typer.Option(400, "--steps", min=20, help="Draft steps to time (half plain, half deciding)."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also draw the step times into this PNG (needs the bench "
+                                     "extra: matplotlib)."),
 ) -> None:
     """Time a draft step and what the predictor's decision adds to it (median and p99, microseconds)."""
     if threads:
@@ -38,10 +41,13 @@ def profile(
         pred = OnnxPredictor(path)
     draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=1024)
     try:
-        result = profile_drafting(draft, pred, steps=steps)
+        result = profile_drafting(draft, pred, steps=steps, samples=plot is not None)
     finally:
         draft.close()
     result["pair"] = pair
+    if plot is not None:
+        note(f"figure: {_plot_steps(result, plot)}")
+        result.pop("samples_us")
     if json_out:
         print_json(result)
         return
@@ -61,3 +67,34 @@ def profile(
         "  (added: the median difference between neighbouring steps with and without the decision;\n"
         "   the timed parts also carry the cache refill after each decode that a plain step pays elsewhere)"
     )
+
+
+def _plot_steps(r: dict, path: Path) -> Path:
+    """The distribution of plain and deciding draft steps, and what a decision's parts cost."""
+    import numpy as np
+
+    from ._plot import figure, save
+
+    fig, (steps, parts) = figure(2)
+    t = r["samples_us"]
+    both = t["plain"] + t["deciding"]
+    bins = np.linspace(float(np.percentile(both, 0.5)) * 0.95, float(np.percentile(both, 99.5)) * 1.05, 60)
+    steps.hist([x / 1e3 for x in t["plain"]], bins=bins / 1e3, alpha=0.6, label="plain step (decode, argmax)")
+    steps.hist([x / 1e3 for x in t["deciding"]], bins=bins / 1e3, alpha=0.6,
+               label="deciding step (+ features, predictor)")
+    steps.set_xlabel("ms per draft step")
+    steps.set_ylabel("steps")
+    steps.set_title(f"{r['draft']}, threads {r['threads']}, kernel {r['kernel']}", fontsize=9)
+    steps.legend(fontsize=8)
+    names = ["features", "predictor"] if t["predictor"] else ["features"]
+    data = [t["features"], t["predictor"]] if t["predictor"] else [t["features"]]
+    parts.boxplot(data, showfliers=False)
+    parts.set_xticks(range(1, len(names) + 1), names)
+    parts.set_ylabel("us per decision (in-loop timers)")
+    budget = 0.02 * r["draft_step_us"]["median"]
+    parts.axhline(budget, color="r", linestyle="--", label=f"2% of a median step: {budget:.0f} us")
+    parts.set_title(f"added per step, median: {r['added_us']['median']:.0f} us ({100 * r['added_share']:.2f}%)",
+                    fontsize=9)
+    parts.legend(fontsize=8)
+    parts.set_ylim(bottom=0)
+    return save(fig, path)

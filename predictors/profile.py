@@ -40,11 +40,17 @@ def _summary(us: np.ndarray) -> dict:
 
 
 def profile_drafting(
-    draft: LlamaDraftModel, predictor: OnnxPredictor | None = None, *, steps: int = 400, warmup: int = 10
+    draft: LlamaDraftModel,
+    predictor: OnnxPredictor | None = None,
+    *,
+    steps: int = 400,
+    warmup: int = 10,
+    samples: bool = False,
 ) -> dict:
     """Times `steps` greedy draft steps on `draft` (a LlamaDraftModel), half of
     them plain and half deciding with `predictor` (an OnnxPredictor; without
-    one, the features alone). Times are microseconds."""
+    one, the features alone). Times are microseconds; `samples` adds every one
+    (`samples_us`: plain steps, deciding steps, features, predictor)."""
     x: np.ndarray
     if predictor is not None:  # what PredictorController.draft_next does, in its two parts
         x, columns = predictor._x, predictor._column_bytes
@@ -101,6 +107,9 @@ def profile_drafting(
         "features_us": _summary(f_),
         "features_share": float(np.median(f_)) / step_med,
     }
+    if samples:
+        result["samples_us"] = {"plain": plain.tolist(), "deciding": deciding_steps.tolist(), "features": feat_us,
+                                "predictor": pred_us if predictor is not None else []}
     if predictor is not None:
         p = np.array(pred_us)
         both = f_ + p

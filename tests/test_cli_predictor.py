@@ -90,10 +90,12 @@ def test_predictor_that_does_not_exist_is_one_clear_error(fake_client, capsys):
 
 
 @pytest.mark.models
-def test_profile_reports_the_shares_of_a_draft_step(gemma_paths):
-    r = runner.invoke(app, ["profile", "--pair", "gemma-270m", "--steps", "40", "--threads", "1", "--json"])
+def test_profile_reports_the_shares_of_a_draft_step(gemma_paths, tmp_path):
+    r = runner.invoke(app, ["profile", "--pair", "gemma-270m", "--steps", "40", "--threads", "1", "--json",
+                            "--plot", str(tmp_path / "steps.png")])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert (tmp_path / "steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "samples_us" not in out
     for key in ("draft_step_us", "deciding_step_us", "features_us", "predictor_us", "features_and_predictor_us"):
         assert out[key]["median"] > 0 and out[key]["p99"] >= out[key]["median"]
     assert 0 < out["features_and_predictor_share"] < 1

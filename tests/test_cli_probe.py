@@ -69,11 +69,12 @@ def test_probe_without_a_pair_drafts_with_the_gemma_pair_for_a_gemma_verifier(ge
 
 
 @pytest.mark.parametrize("toy_target_server", ["qwen2.5-coder-1.5b-instruct"], indirect=True)
-def test_probe_without_a_pair_picks_the_qwen_pair_for_a_verifier_of_its_target(toy_target_server):
-    r = edgekit("probe", toy_target_server.address, "--link-only", "--json")
+def test_probe_without_a_pair_picks_the_qwen_pair_for_a_verifier_of_its_target(toy_target_server, tmp_path):
+    r = edgekit("probe", toy_target_server.address, "--link-only", "--json", "--plot", str(tmp_path / "probe.png"))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["pair"] == "qwen-coder" and out["costs"]["hidden_size"] == 896  # the qwen draft's width
+    assert (tmp_path / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # --plot: the windows drawn
 
 
 @pytest.mark.parametrize("toy_target_server", ["mystery-7b"], indirect=True)
