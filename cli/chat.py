@@ -29,9 +29,9 @@ from ._common import (
 from .generate import Mode
 
 if TYPE_CHECKING:  # the command imports them when it runs: `edgekit --help` stays fast
-    from rich.console import Console
+    from rich.console import Console, Group
 
-    from edgekit import Conversation, EdgeClient
+    from edgekit import Conversation, EdgeClient, GenerationStream
 
     from ._history import History
 
@@ -48,6 +48,48 @@ Type a message and press Enter. Commands:
 _SET_KEYS = {"k": "draft_k", "draft_k": "draft_k", "temperature": "temperature", "t": "temperature", "mode": "mode",
              "max_tokens": "max_tokens", "seed": "seed", "drafting": "drafting", "max_window": "max_window",
              "p_min": "p_min", "upload": "upload"}
+
+
+class _MarkdownAnswer:
+    """The answer rendered as Markdown while it streams (code blocks highlighted), redrawn in
+    place by rich's Live display; provisional tokens (drafted while no verifier answers) are
+    shown dimmed after it and dropped when output replaces them. On a terminal only."""
+
+    def __init__(self, out: Console) -> None:
+        from rich.live import Live
+
+        self.out = out
+        self.text = ""
+        self.ahead = ""
+        self._live = Live(console=out, refresh_per_second=8, vertical_overflow="visible", transient=False)
+
+    def __enter__(self) -> _MarkdownAnswer:
+        self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ahead = ""
+        self._live.update(self._renderable(), refresh=True)
+        self._live.stop()
+
+    def add(self, text: str) -> None:
+        self.text += text
+        self.ahead = ""
+        self._live.update(self._renderable())
+
+    def provisional(self, text: str) -> None:
+        self.ahead = text
+        self._live.update(self._renderable())
+
+    def _renderable(self) -> Group:
+        from rich.console import Group
+        from rich.markdown import Markdown
+        from rich.text import Text
+
+        parts: list = [Markdown(self.text, code_theme="monokai")]
+        if self.ahead:
+            parts.append(Text(self.ahead, style="dim"))
+        return Group(*parts)
 
 
 class _ProvisionalText:
@@ -152,6 +194,10 @@ def chat(
     retry_for: float | None = _RETRY_FOR,
     on_disconnect: str | None = _ON_DISCONNECT,
     proactive: bool = _PROACTIVE,
+    plain: bool = typer.Option(
+        False, "--plain", help="Print answers as raw text; by default a terminal shows them rendered as Markdown "
+        "(code blocks highlighted) while they stream."
+    ),
 ) -> None:
     """Chat with the pair's target model, drafted on this device (one session, KV reused across turns)."""
     from rich.console import Console
@@ -177,7 +223,7 @@ def chat(
         pair = client.pair
         log = History(history, pair)
         conv = client.conversation(system=system)
-        session = _ChatSession(client, conv, out, log, json_out)
+        session = _ChatSession(client, conv, out, log, json_out, markdown=not plain)
         try:
             if prompt is not None:
                 session.answer(prompt)
@@ -188,12 +234,16 @@ def chat(
 
 
 class _ChatSession:
-    def __init__(self, client: EdgeClient, conv: Conversation, out: Console, log: History, json_out: bool) -> None:
+    def __init__(
+        self, client: EdgeClient, conv: Conversation, out: Console, log: History, json_out: bool, *,
+        markdown: bool = False,
+    ) -> None:
         self.client = client
         self.conv = conv
         self.out = out
         self.log = log
         self.json_out = json_out
+        self.markdown = markdown and out.is_terminal  # rendered only where a terminal shows it
         self.interrupt = _Interrupt()
 
     # -- one answer ---------------------------------------------------------------------
@@ -206,6 +256,20 @@ class _ChatSession:
         self.log.add("user", text)
         stream = self.conv.send(text)
         stopped = False
+        if self.markdown and not self.json_out:
+            with self.interrupt.armed() as interrupt, stream, _MarkdownAnswer(self.out) as shown:
+                for event in stream:
+                    if isinstance(event, Provisional):
+                        shown.provisional(event.text)
+                    elif isinstance(event, TextDelta):
+                        shown.add(event.text)
+                    elif isinstance(event, Resumed):
+                        shown.add(f" *[verifier lost for {event.outage_ms / 1e3:.1f} s; resumed]* ")
+                    if interrupt.requested:
+                        stopped = True
+                        break
+            self._finish(stream, stopped)
+            return
         ahead = _ProvisionalText(self.out)
         with self.interrupt.armed() as interrupt, stream:
             for event in stream:
@@ -226,6 +290,10 @@ class _ChatSession:
                     stopped = True
                     break
             ahead.clear()
+        self._finish(stream, stopped)
+
+    def _finish(self, stream: GenerationStream, stopped: bool) -> None:
+        """The answer into the history, then its JSON line or its stats line."""
         reply = self.conv.messages[-1]["content"]
         self.log.add("assistant", reply)
         stats = stream.final.stats if stream.final else None

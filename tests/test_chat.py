@@ -155,3 +155,21 @@ def test_a_reply_stopped_early_still_counts_in_the_figures():
     assert conv.messages[-1]["role"] == "assistant" and conv.messages[-1]["content"]
     follow = conv.send("go on").until_done()  # the session is still consistent
     assert follow.stats.completion_tokens == 200 and len(conv.totals) == 2
+
+
+def test_on_a_terminal_an_answer_streams_as_rendered_markdown():
+    from io import StringIO
+
+    from rich.console import Console
+
+    from edgekit.cli.chat import _MarkdownAnswer
+
+    out = Console(file=StringIO(), force_terminal=True, width=60, record=True)
+    with _MarkdownAnswer(out) as shown:
+        for piece in ["Here:\n\n```py", "thon\ndef add(a, b):\n", "    return a + b\n```\n", "Done **now**."]:
+            shown.add(piece)
+        shown.provisional(" and drafted ahead")  # shown dimmed, then taken back: never confirmed
+    text = out.export_text()
+    assert "def add(a, b):" in text and "return a + b" in text and "Done now." in text
+    assert "```" not in text and "**" not in text  # rendered, not raw
+    assert text.rstrip().endswith("Done now.")  # the provisional text is gone from the final frame
