@@ -25,11 +25,15 @@ def build_client(
     config = ClientConfig.from_env(timeout=timeout, connect_timeout=min(10.0, timeout), token=token, **retry)
     # pair None with a verifier: the pair whose target it serves (EdgeClient asks it)
     client = EdgeClient(verifier, pair=pair, config=config, generation=generation, local_server=local_server)
-    if client.local_verifier_address and announce:
-        info = client.server_info()
-        numerics = "exact numerics" if info.exact_numerics else "fast numerics"
-        note(f"started a local verifier for {client.pair} on {client.local_verifier_address} "
-             f"({info.target_model}, {numerics})")
-    elif pair is None and announce:
-        note(f"the verifier serves {client.server_info().target_model}: drafting with {client.pair}")
+    try:
+        if client.local_verifier_address and announce:
+            info = client.server_info()
+            numerics = "exact numerics" if info.exact_numerics else "fast numerics"
+            note(f"started a local verifier for {client.pair} on {client.local_verifier_address} "
+                 f"({info.target_model}, {numerics})")
+        elif pair is None and announce:
+            note(f"the verifier serves {client.server_info().target_model}: drafting with {client.pair}")
+    except BaseException:
+        client.close()  # the caller's `with` has not begun: nothing else would stop its verifier or free its draft
+        raise
     return client

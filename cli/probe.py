@@ -51,6 +51,8 @@ def probe(
     from edgekit.models import get_model, get_pair
     from edgekit.transport import connect
 
+    if pair is not None:
+        get_pair(pair)  # an unknown pair is said before anything is sent
     stock = "+http" in address.partition("://")[0]
     if pair is None and stock:
         raise ConfigError("a stock server (openai+http://, sglang+http://) cannot say which target it serves "

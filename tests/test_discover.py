@@ -37,3 +37,19 @@ def test_the_sdk_and_generate_draft_with_the_pair_of_the_verifier(gemma_server):
     r = edgekit("generate", "--verifier", gemma_server.address, "--prompt", "Hello", "--max-tokens", "4", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["pair"] == "gemma-270m"
+
+
+def test_a_verifier_that_predates_discovery_asks_for_the_pair_to_be_named():
+    class OldVerifier:  # checks every fingerprint, the empty one too
+        address = "old:1"
+
+        def handshake(self, draft, **_):
+            raise IncompatibleModelsError("draft model (unnamed) does not share a tokenizer with target model 'x'")
+
+    with pytest.raises(ConfigError, match="predates this edgekit\\); name the pair"):
+        discover_pair(OldVerifier())  # type: ignore[arg-type]
+
+
+def test_discovery_fails_over_to_the_next_verifier(gemma_server):
+    with EdgeClient(f"127.0.0.1:9,{gemma_server.address}") as client:  # nothing listens on port 9
+        assert client.pair == "gemma-270m"

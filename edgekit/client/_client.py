@@ -53,7 +53,8 @@ class EdgeClient:
 
     pair: a registered draft/target pair. None (the default): with a verifier and no
     draft_model, the pair whose target the verifier serves (asked in a handshake before
-    the draft loads; `edgekit.client.discover_pair`); otherwise DEFAULT_PAIR (gemma-270m).
+    the draft loads, so the verifier must answer now; `edgekit.client.discover_pair`);
+    otherwise DEFAULT_PAIR (gemma-270m).
 
     draft_slots: how many generations may draft at once, each on a KV sequence of its
     own in one draft model, their steps batched (`edgekit.runtime.DraftPool`); with one
@@ -81,6 +82,7 @@ class EdgeClient:
         if not self.config.client_id:  # one id for this client's sessions (the verifier's budgets follow it)
             self.config = replace(self.config, client_id=uuid.uuid4().hex)
         self.generation = generation or GenerationConfig()
+        pair = pair or None  # "" is no pair named, as None
         self.pair = pair or DEFAULT_PAIR
         self._local: VerifierServer | None = None
         self._draft: DraftModel | None = None

@@ -7,7 +7,7 @@ the cache) shares the target's tokenizer, read from the draft's vocabulary alone
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..errors import ConfigError, IncompatibleModelsError, ModelError, VerifierUnavailableError
 from ..protocol import Fingerprint, ServerInfo
 from ..transport import VerifierTransport
 
@@ -18,20 +18,46 @@ def discover_pair(transport: VerifierTransport) -> tuple[str, ServerInfo]:
     """The name of the registered pair for the verifier behind `transport`, and what it said."""
     from ..models import is_present, list_pairs, model_path, pair_for_target
 
-    info = transport.handshake(Fingerprint.unknown(), draft_model="", draft_hidden_size=0)
+    info = _ask(transport)
     try:
         return pair_for_target(info.target_model).name, info
     except ConfigError:
         pass
+    if info.target_fingerprint.vocab_size == 0:  # a stock server's transport: it publishes no tokenizer
+        raise ConfigError(
+            f"the verifier at {transport.address} serves {info.target_model!r}, which no registered pair has as "
+            "its target, and publishes no tokenizer to compare drafts with; name the pair (pair=..., --pair)"
+        )
     from ..runtime import LlamaModel
 
     sharing = []
     for pair in list_pairs():
-        if is_present(pair.draft):
+        if not is_present(pair.draft):
+            continue
+        try:
             vocab = LlamaModel(model_path(pair.draft), name=pair.draft, vocab_only=True)
-            try:
-                if vocab.fingerprint().same_tokenizer(info.target_fingerprint):
-                    sharing.append(pair.draft)
-            finally:
-                vocab.close()
+        except ModelError:  # a damaged file in the cache is not this verifier's match
+            continue
+        try:
+            if vocab.fingerprint().same_tokenizer(info.target_fingerprint):
+                sharing.append(pair.draft)
+        finally:
+            vocab.close()
     return pair_for_target(info.target_model, drafts_sharing_tokenizer=sharing).name, info
+
+
+def _ask(transport: VerifierTransport) -> ServerInfo:
+    """The handshake without a tokenizer, on each verifier of a failover set in turn."""
+    attempts = max(1, len(getattr(transport, "transports", ())))
+    for attempt in range(attempts):
+        try:
+            return transport.handshake(Fingerprint.unknown(), draft_model="", draft_hidden_size=0)
+        except VerifierUnavailableError:
+            if attempt == attempts - 1:
+                raise
+        except IncompatibleModelsError:  # it checked the empty fingerprint: it predates target discovery
+            raise ConfigError(
+                f"the verifier at {transport.address} does not say which target it serves (it predates this "
+                "edgekit); name the pair (pair=..., --pair)"
+            ) from None
+    raise AssertionError("unreachable")

@@ -82,7 +82,7 @@ class LlamaModel:
     ) -> None:
         """repack=False keeps weights in their file layout: slower, but the matmul
         kernels then give the same result per row whatever the batch size.
-        vocab_only loads the vocabulary and metadata, no weights (for a fingerprint)."""
+        vocab_only loads the vocabulary and metadata, no weights (for a fingerprint; n_embd is then 0)."""
         _init_backend()
         self.path = Path(path)
         if not self.path.is_file():
