@@ -18,7 +18,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml setup.py edgekit/runtime/_logitstats.c edgekit/runtime/_logitstats_kernel.h edgekit/runtime/_logitstats_kernels.h | $(BIN)/python
 	@echo "installing edgekit and its dependencies (llama.cpp compiles on first install: ~8 min on 2 cores)"
-	$(BIN)/python -m pip install --quiet -e '.[train,bench,server,test]'
+	$(BIN)/python -m pip install --quiet -e '.[api,train,bench,server,test]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -6,7 +6,7 @@ import typer
 
 from edgekit.errors import EdgekitError
 
-from . import chat, device, generate, models, plan, predictor, probe, profile, serve
+from . import api, chat, device, generate, models, plan, predictor, probe, profile, serve
 
 app = typer.Typer(
     name="edgekit",
@@ -22,6 +22,7 @@ app.command("profile")(profile.profile)
 app.command("probe")(probe.probe)
 app.command("plan")(plan.plan)
 app.command("device")(device.device)
+app.command("api")(api.api)
 app.add_typer(models.app, name="models")
 app.add_typer(predictor.app, name="predictor")
 

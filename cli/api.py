@@ -1,0 +1,45 @@
+"""`edgekit api`: an OpenAI-compatible endpoint on this device (drafts here, verifies there)."""
+
+from __future__ import annotations
+
+import typer
+
+from ._common import PAIR_HELP, VERIFIER_HELP, note
+
+
+def api(
+    verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
+    pair: str | None = typer.Option(None, "--pair", help=PAIR_HELP),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to listen on."),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="EDGEKIT_API_KEY", help="Require `Authorization: Bearer KEY` of every request."
+    ),
+    slots: int = typer.Option(
+        2, "--slots", min=1, max=32, help="Requests generating at once, each on a draft sequence of its own."
+    ),
+    queue: int = typer.Option(16, "--queue", min=0, help="Requests waiting beyond those; more are answered 429."),
+    max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="Most tokens a request may ask for."),
+    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, in seconds."),
+) -> None:
+    """Serve the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions, streaming or not) on this
+    device: point any OpenAI client at http://HOST:PORT/v1. Speculation figures come with the usage."""
+    from edgekit import ClientConfig, EdgeClient
+    from edgekit.api import create_app
+
+    try:
+        import uvicorn
+    except ImportError as exc:
+        from edgekit.errors import DependencyMissingError
+
+        raise DependencyMissingError("uvicorn", "api") from exc
+    config = ClientConfig.from_env(timeout=timeout, connect_timeout=min(10.0, timeout), token=token)
+    with EdgeClient(verifier, pair=pair if verifier else pair or "qwen-coder", config=config,
+                    draft_slots=slots + 1) as client:
+        app = create_app(client, api_key=api_key, concurrency=slots, queue=queue, max_tokens=max_tokens)
+        info = client.server_info()
+        where = client.local_verifier_address or client.transport.address
+        note(f"edgekit api: {info.target_model} (pair {client.pair}) verified at {where}; "
+             f"OpenAI API on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
+        uvicorn.run(app, host=host, port=port, log_level="warning")

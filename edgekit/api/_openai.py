@@ -1,0 +1,193 @@
+"""The OpenAI API's shapes: requests read into a generation, and responses, chunks and errors.
+
+What a request may ask (https://platform.openai.com/docs/api-reference): `model`, `prompt`
+(completions) or `messages` (chat), `max_tokens` / `max_completion_tokens`, `temperature` (0:
+greedy, the target's exact argmax; above 0: lossless speculative sampling at that
+temperature), `top_p` (1 only: the acceptance modes verify the full distribution), `seed`,
+`stop` (strings, up to 4), `n` (1), `stream`, `stream_options.include_usage`, `user`.
+Anything else is refused with a 400 that names it, rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from ..client import GenerationStats
+
+__all__ = ["ApiError", "Request", "chunk", "completion", "error_body", "parse", "usage"]
+
+_COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
+           "stream_options", "user", "logprobs", "echo", "frequency_penalty", "presence_penalty"}
+_FIELDS = {"completion": _COMMON | {"prompt", "suffix", "best_of"}, "chat": _COMMON | {"messages"}}
+
+
+class ApiError(Exception):
+    """An error the API answers with: its HTTP status and OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.param, self.code, self.retry_after = status, kind, param, code, retry_after
+
+
+def error_body(e: ApiError) -> dict:
+    return {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": e.code}}
+
+
+@dataclass(frozen=True)
+class Request:
+    kind: str  # "completion" or "chat"
+    model: str
+    prompt: str | list[int] | list[dict]  # text or token ids (completion), messages (chat)
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    user: str | None
+
+    def overrides(self) -> dict[str, Any]:
+        """GenerationConfig fields for this request."""
+        mode = "greedy" if self.temperature == 0 else "sample"
+        gen: dict[str, Any] = {"max_tokens": self.max_tokens, "mode": mode, "seed": self.seed}
+        if mode == "sample":
+            gen["temperature"] = self.temperature
+        return gen
+
+
+def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: int) -> Request:
+    """A request body, checked; ApiError (400, or 404 for an unknown model) otherwise."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - _FIELDS[kind])
+    if unknown:
+        raise ApiError(400, f"unsupported parameter(s): {', '.join(unknown)}", param=unknown[0])
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required", param="model")
+    if model not in models:
+        raise ApiError(404, f"the model '{model}' does not exist here; available: {', '.join(models)}",
+                       param="model", code="model_not_found")
+    for name, allowed in (("logprobs", (None, False, 0)), ("echo", (None, False)), ("suffix", (None, "")),
+                          ("frequency_penalty", (None, 0, 0.0)), ("presence_penalty", (None, 0, 0.0)),
+                          ("best_of", (None, 1))):
+        if body.get(name) not in allowed:
+            raise ApiError(400, f"'{name}' is not supported by speculative verification here", param=name)
+    n = body.get("n", 1)
+    if n != 1:
+        raise ApiError(400, "only n=1 is supported", param="n")
+    prompt: Any
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            raise ApiError(400, "'messages' must be a non-empty list of {role, content} with text content",
+                           param="messages")
+        prompt = [{"role": m["role"], "content": m["content"]} for m in messages]
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not (isinstance(prompt, str) and prompt) and not (
+            isinstance(prompt, list) and prompt and all(isinstance(t, int) and t >= 0 for t in prompt)
+        ):
+            raise ApiError(400, "'prompt' must be a non-empty string or a list of token ids (one prompt)",
+                           param="prompt")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = 16 if max_tokens is None and kind == "completion" else max_tokens or max_tokens_limit
+    if not isinstance(max_tokens, int) or not 1 <= max_tokens <= max_tokens_limit:
+        raise ApiError(400, f"'max_tokens' must be an integer from 1 to {max_tokens_limit}", param="max_tokens")
+    temperature = body.get("temperature", 1.0)
+    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
+        raise ApiError(400, "'temperature' must be a number from 0 to 2", param="temperature")
+    top_p = body.get("top_p", 1)
+    if top_p != 1:
+        raise ApiError(400, "'top_p' must be 1: lossless verification keeps the target's whole distribution",
+                       param="top_p")
+    seed = body.get("seed")
+    if seed is not None and not isinstance(seed, int):
+        raise ApiError(400, "'seed' must be an integer", param="seed")
+    stop = body.get("stop")
+    stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else ()
+    if stop is not None and (not stops or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops)):
+        raise ApiError(400, "'stop' must be a string or a list of up to 4 non-empty strings", param="stop")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", param="stream_options")
+    user = body.get("user")
+    return Request(kind, model, prompt, max_tokens, float(temperature), seed, stops, bool(body.get("stream")),
+                   bool(options.get("include_usage")), user if isinstance(user, str) else None)
+
+
+def usage(stats: GenerationStats) -> dict:
+    """OpenAI's usage, with vLLM's per-request speculative-decoding figures and edgekit's own."""
+    histogram = Counter(r.accepted for r in stats.rounds_detail if r.drafted > 0)
+    top = max(histogram, default=0)
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "mean_acceptance_length": stats.committed_per_round,
+        "draft_acceptance_rate": stats.acceptance_rate,
+        "num_draft_tokens": stats.drafted,
+        "num_accepted_draft_tokens": stats.accepted,
+        "acceptance_histogram": [histogram.get(k, 0) for k in range(top + 1)],
+        "rounds": stats.rounds,
+        "target_passes_per_token": stats.target_passes_per_token,
+        "wasted_draft_tokens": stats.wasted_draft_tokens,
+        "tokens_per_second": stats.tokens_per_second,
+    }
+
+
+def _finish(reason: str | None) -> str:
+    return "stop" if reason in ("eos", "stop", "end", None) else "length" if reason in ("length", "max_tokens",
+                                                                                       "context") else "stop"
+
+
+def completion(req: Request, rid: str, text: str, finish: str | None, stats: GenerationStats | None) -> dict:
+    choice: dict = {"index": 0, "finish_reason": _finish(finish), "logprobs": None}
+    if req.kind == "chat":
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    out: dict[str, Any] = {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion",
+           "created": int(time.time()), "model": req.model, "choices": [choice]}
+    if stats is not None:
+        out["usage"] = usage(stats)
+    return out
+
+
+def chunk(req: Request, rid: str, *, text: str | None = None, first: bool = False, finish: str | None = None,
+          done: bool = False, stats: GenerationStats | None = None) -> dict:
+    """One server-sent event's data: a piece of text, the finish, or (choices empty) the usage."""
+    out: dict = {"id": rid, "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
+                 "created": int(time.time()), "model": req.model}
+    if stats is not None:
+        out["choices"] = []
+        out["usage"] = usage(stats)
+        return out
+    choice: dict = {"index": 0, "finish_reason": _finish(finish) if done else None, "logprobs": None}
+    if req.kind == "chat":
+        delta: dict = {}
+        if first:
+            delta["role"] = "assistant"
+        if text:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+    out["choices"] = [choice]
+    if req.include_usage:
+        out["usage"] = None
+    return out
+
+
+def new_id(kind: str) -> str:
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"

@@ -1,0 +1,185 @@
+"""`edgekit api`: the device's OpenAI-compatible endpoint, driven by the real `openai` package
+(and curl), over the gemma pair and over a toy verifier for the error paths."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import openai
+import pytest
+import uvicorn
+
+from edgekit import ClientConfig, EdgeClient, ServerConfig
+from edgekit.api import create_app
+from edgekit.testing import FakeDraftModel, ToyLanguageModel
+from edgekit.verifier import ToyEngine, VerifierServer
+
+
+class _Served:
+    """An app on a free loopback port, served by uvicorn on a thread."""
+
+    def __init__(self, app) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the API did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def gemma_api(gemma_server):
+    client = EdgeClient(gemma_server.address, draft_slots=3)
+    served = _Served(create_app(client, api_key="sekret", concurrency=2))
+    yield served, client
+    served.stop()
+    client.close()
+
+
+def _openai(url: str, key: str = "sekret") -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=120)
+
+
+PROMPT = "def fibonacci(n):"
+
+
+def test_an_unchanged_openai_client_lists_the_model_and_completes_greedily_as_edgekit_generate(gemma_api):
+    served, client = gemma_api
+    api = _openai(served.url)
+    assert [m.id for m in api.models.list().data] == ["gemma-3-270m", "gemma-270m"]
+    out = api.completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=24, temperature=0)
+    expected = client.generate_target_only(PROMPT, max_tokens=24, mode="greedy").until_done()
+    assert out.choices[0].text == expected.text and out.choices[0].finish_reason == "length"
+    u = out.usage.model_dump()
+    assert u["completion_tokens"] == 24 and u["prompt_tokens"] == len(client.tokenize(PROMPT))
+    assert u["num_draft_tokens"] >= u["num_accepted_draft_tokens"] > 0 and 0 < u["draft_acceptance_rate"] <= 1
+    assert u["mean_acceptance_length"] >= 1 and sum(u["acceptance_histogram"]) == u["rounds"] > 0
+
+
+def test_chat_streams_deltas_and_ends_with_the_usage(gemma_api):
+    served, _client = gemma_api
+    api = _openai(served.url)
+    messages = [{"role": "user", "content": "Name a color."}]
+    chunks = list(api.chat.completions.create(model="gemma-3-270m", messages=messages, max_tokens=12,
+                                              temperature=0, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    whole = api.chat.completions.create(model="gemma-3-270m", messages=messages, max_tokens=12, temperature=0)
+    assert text == whole.choices[0].message.content and text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_a_stop_string_ends_the_answer_before_it(gemma_api):
+    served, _client = gemma_api
+    full = _openai(served.url).completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=24, temperature=0)
+    stop = full.choices[0].text.strip()[3:6]  # a piece from inside the greedy answer
+    cut = _openai(served.url).completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=24, temperature=0,
+                                                 stop=[stop])
+    assert cut.choices[0].text == full.choices[0].text[: full.choices[0].text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_errors_are_openai_shaped_with_the_right_status(gemma_api):
+    served, _ = gemma_api
+    api = _openai(served.url)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        api.completions.create(model="gpt-4", prompt="hi", max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        api.completions.create(model="gemma-3-270m", prompt="hi", max_tokens=4, top_p=0.5)
+    with pytest.raises(openai.BadRequestError, match="only n=1"):
+        api.chat.completions.create(model="gemma-3-270m", messages=[{"role": "user", "content": "x"}], n=2)
+    with pytest.raises(openai.AuthenticationError):
+        _openai(served.url, key="wrong").models.list()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
+def test_curl_gets_server_sent_events(gemma_api):
+    served, _ = gemma_api
+    body = json.dumps({"model": "gemma-3-270m", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "stream": True})
+    done = subprocess.run(["curl", "-sS", "-N", f"{served.url}/completions", "-H", "Authorization: Bearer sekret",
+                           "-H", "Content-Type: application/json", "-d", body], capture_output=True, text=True,
+                          timeout=120)
+    events = [line[6:] for line in done.stdout.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) >= 3
+    assert all(json.loads(e)["object"] == "text_completion" for e in events[:-1])
+
+
+def test_an_unreachable_verifier_is_a_503_with_retry_after():
+    lm = ToyLanguageModel(seed=2)
+    server = VerifierServer(ToyEngine(lm, n_seq=4, max_context=256), ServerConfig(port=0, max_sessions=4)).start()
+    client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=2, noise=0.5)),
+                        config=ClientConfig(timeout=2, connect_timeout=2, retry_for=0))
+    served = _Served(create_app(client))
+    try:
+        server.stop()
+        api = _openai(served.url, key="none")
+        with pytest.raises(openai.APIStatusError) as info:
+            api.completions.create(model=lm.name, prompt=[1, 2, 3], max_tokens=4)
+        assert info.value.status_code == 503 and info.value.response.headers["retry-after"]
+    finally:
+        served.stop()
+        client.close()
+
+
+def test_concurrent_requests_each_get_their_own_answer(gemma_api):
+    served, client = gemma_api
+    prompts = ["def add(a, b):", "The capital of France is", "import numpy as np\n", "Once upon a time"]
+    expected = [client.generate_target_only(p, max_tokens=12, mode="greedy").until_done().text for p in prompts]
+    results: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        results[i] = _openai(served.url).completions.create(
+            model="gemma-3-270m", prompt=prompts[i], max_tokens=12, temperature=0).choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]  # 2 at a time, 2 queued
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert [results[i] for i in range(len(prompts))] == expected
+
+
+def test_requests_beyond_the_queue_are_answered_429():
+    from edgekit.verifier import Coefficients, VerifyTimeEstimator
+
+    lm = ToyLanguageModel(seed=4, eos_bias=-9.0)
+    slow = ToyEngine(lm, n_seq=4, max_context=512, cost=VerifyTimeEstimator(Coefficients(c=150.0)).predict)
+    server = VerifierServer(slow, ServerConfig(port=0, max_sessions=4)).start()  # 150 ms a target pass
+    client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=4, noise=0.5)))
+    served = _Served(create_app(client, concurrency=1, queue=0))
+    try:
+        api = _openai(served.url, key="none")
+        statuses: list[int] = []
+
+        def ask() -> None:
+            try:
+                api.completions.create(model=lm.name, prompt=[1, 2, 3], max_tokens=8, temperature=0)
+                statuses.append(200)
+            except openai.RateLimitError as e:
+                statuses.append(e.status_code)
+
+        first = threading.Thread(target=ask)
+        first.start()
+        time.sleep(0.5)  # the first holds the only slot for over a second
+        ask()
+        first.join(60)
+        assert sorted(statuses) == [200, 429]
+    finally:
+        served.stop()
+        client.close()
+        server.stop()
