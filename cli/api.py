@@ -18,14 +18,16 @@ def api(
     slots: int = typer.Option(
         2, "--slots", min=1, max=32, help="Requests generating at once, each on a draft sequence of its own."
     ),
-    queue: int = typer.Option(16, "--queue", min=0, help="Requests waiting beyond those; more are answered 429."),
+    queue: int = typer.Option(
+        16, "--queue", min=0, max=30, help="Requests waiting beyond those; more are answered 429 (at most 32 in all)."
+    ),
     max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="Most tokens a request may ask for."),
     token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
     timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, in seconds."),
 ) -> None:
     """Serve the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions, streaming or not) on this
     device: point any OpenAI client at http://HOST:PORT/v1. Speculation figures come with the usage."""
-    from edgekit import ClientConfig, EdgeClient
+    from edgekit import ClientConfig, EdgeClient, ServerConfig
     from edgekit.api import create_app
 
     try:
@@ -35,8 +37,9 @@ def api(
 
         raise DependencyMissingError("uvicorn", "api") from exc
     config = ClientConfig.from_env(timeout=timeout, connect_timeout=min(10.0, timeout), token=token)
+    local = ServerConfig(port=0, max_sessions=slots + 2)  # when no --verifier: room for every slot's session
     with EdgeClient(verifier, pair=pair if verifier else pair or "qwen-coder", config=config,
-                    draft_slots=slots + 1) as client:
+                    draft_slots=slots + 1, local_server=local) as client:
         app = create_app(client, api_key=api_key, concurrency=slots, queue=queue, max_tokens=max_tokens)
         info = client.server_info()
         where = client.local_verifier_address or client.transport.address

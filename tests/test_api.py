@@ -183,3 +183,42 @@ def test_requests_beyond_the_queue_are_answered_429():
         served.stop()
         client.close()
         server.stop()
+
+
+def test_a_stop_string_in_a_stream_cuts_it_as_without(gemma_api):
+    served, _ = gemma_api
+    api = _openai(served.url)
+    full = api.completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
+    stop = full.strip()[4:7]
+    chunks = list(api.completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=24, temperature=0,
+                                         stop=stop, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full[: full.index(stop)]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert 0 < chunks[-1].usage.completion_tokens < 24
+
+
+def test_nulls_negative_seeds_and_content_parts_are_taken_as_openai_means_them(gemma_api):
+    served, _ = gemma_api
+    out = _openai(served.url).chat.completions.create(
+        model="gemma-3-270m", max_tokens=4, temperature=0.7, seed=-5, n=None, top_p=None,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}]}],
+    )
+    assert out.choices[0].message.role == "assistant" and out.usage.completion_tokens <= 4
+
+
+def test_a_client_that_leaves_mid_stream_gives_its_draft_slot_back(gemma_api):
+    import http.client
+
+    served, client = gemma_api
+    free = client._pool.free_slots()
+    body = {"model": "gemma-3-270m", "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps(body),
+                 {"Authorization": "Bearer sekret", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.readline().startswith(b"data: ")
+    conn.close()  # one event, then the client is gone
+    deadline = time.monotonic() + 30
+    while client._pool.free_slots() != free:
+        assert time.monotonic() < deadline, "the left stream still holds its draft slot"
+        time.sleep(0.1)

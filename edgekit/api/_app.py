@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
+import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.requests import Request as HttpRequest
@@ -23,7 +26,10 @@ from ..client import EdgeClient, FinalStats, GenerationStats, GenerationStream, 
 from ..errors import ConfigError, EdgekitError, LimitExceededError, VerifierUnavailableError
 from ._openai import ApiError, Request, chunk, completion, error_body, new_id, parse
 
-__all__ = ["create_app"]
+__all__ = ["MAX_IN_FLIGHT", "create_app"]
+
+MAX_IN_FLIGHT = 32
+"""Most requests generating and waiting at once (each holds one of anyio's 40 worker threads)."""
 
 _Piece = tuple[str, "GenerationStats | None"]  # text to send, and the stats once the answer is done
 
@@ -65,7 +71,9 @@ def create_app(
     """The app; `client` stays the caller's (close it after the server stops)."""
     info = client.server_info()
     models = tuple(dict.fromkeys([info.target_model, client.pair]))  # the target's name first
-    gate = _Gate(max(1, concurrency), max(0, queue))
+    # every request in flight holds a worker thread (anyio's pool has 40): keep them fewer
+    concurrency = max(1, min(concurrency, MAX_IN_FLIGHT))
+    gate = _Gate(concurrency, max(0, min(queue, MAX_IN_FLIGHT - concurrency)))
 
     def check_key(request: HttpRequest) -> None:
         if api_key is None:
@@ -92,7 +100,7 @@ def create_app(
                     body = await request.json()
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     raise ApiError(400, "the request body is not valid JSON") from None
-                req = parse(kind, body, models=models, max_tokens_limit=max_tokens)
+                req = parse(kind, body, models=models, max_tokens_limit=max_tokens, vocab_size=client.draft.n_vocab)
                 gate.admit()
             except ApiError as e:
                 return _error(e)
@@ -103,12 +111,16 @@ def create_app(
                     head = await run_in_threadpool(next, pieces)
                 except ApiError as e:
                     return _error(e)
+                except Exception as e:
+                    return _error(ApiError(500, f"internal error: {e!r}", kind="server_error"))
                 return StreamingResponse(_events(req, rid, pieces, head), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache"})
             try:
                 text, stats = await run_in_threadpool(_run_whole, req)
             except ApiError as e:
                 return _error(e)
+            except Exception as e:  # a bug of ours: OpenAI's shape still, and the server goes on
+                return _error(ApiError(500, f"internal error: {e!r}", kind="server_error"))
             return JSONResponse(completion(req, rid, text, stats.finish_reason if stats else "stop", stats))
 
         return handle
@@ -135,6 +147,7 @@ def create_app(
         try:
             gate.acquire()
             held = True
+            started = time.perf_counter()
             with _mapped():
                 stream = _start(req)
                 with stream:
@@ -148,8 +161,14 @@ def create_app(
                             cut = _stop_at(text, req.stop, sent)
                             if cut is not None:  # a stop string: the text before it, and the generation ends
                                 yield text[sent:cut], None
+                                for rest in stream:  # this round's figures come after its text
+                                    if isinstance(rest, RoundEvent):
+                                        rounds.add_round(rest.stats)
+                                        break
                                 stream.close()
-                                rounds.prompt_tokens, rounds.completion_tokens = _prompt_tokens(req), tokens
+                                rounds.prompt_tokens = _prompt_tokens(req)
+                                rounds.completion_tokens = len(client.tokenize(text[:cut], special=False))
+                                rounds.elapsed_s = time.perf_counter() - started
                                 rounds.finish_reason = "stop"
                                 yield "", rounds
                                 return
@@ -174,7 +193,7 @@ def create_app(
         first = True
         try:
             async for piece, stats in _chain(head, pieces):
-                if piece or (first and stats is None):
+                if piece or first:  # the first chunk carries the role, even of an empty answer
                     yield _sse(chunk(req, rid, text=piece, first=first))
                     first = False
                 if stats is not None:
@@ -183,8 +202,11 @@ def create_app(
                         yield _sse(chunk(req, rid, stats=stats))
         except ApiError as e:  # the status is sent already: the error goes in the stream, as OpenAI's does
             yield _sse(error_body(e))
-        finally:  # a client gone mid-answer: its generation stops and gives back its session and slot
-            await run_in_threadpool(pieces.close)  # type: ignore[attr-defined]
+        except Exception as e:
+            yield _sse(error_body(ApiError(500, f"internal error: {e!r}", kind="server_error")))
+        finally:  # a client gone mid-answer: its generation stops and gives back its session and slot,
+            with anyio.CancelScope(shield=True):  # even while the response's task is being cancelled
+                await run_in_threadpool(pieces.close)  # type: ignore[attr-defined]
         yield b"data: [DONE]\n\n"
 
     routes = [
@@ -204,9 +226,13 @@ class _mapped:
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
         if exc is None or isinstance(exc, (ApiError, GeneratorExit)):
             return
+        retry = getattr(exc, "retry_after", None)
         if isinstance(exc, VerifierUnavailableError):
             raise ApiError(503, f"the verifier is unreachable: {exc}", kind="service_unavailable",
-                           code="verifier_unavailable", retry_after=5.0) from exc
+                           code="verifier_unavailable", retry_after=retry or 5.0) from exc
+        if isinstance(exc, LimitExceededError) and retry is not None:  # the verifier is full for now
+            raise ApiError(429, f"the verifier is busy: {exc}", kind="rate_limit_error", code="verifier_busy",
+                           retry_after=retry) from exc
         if isinstance(exc, (LimitExceededError, ConfigError)):
             raise ApiError(400, str(exc)) from exc
         if isinstance(exc, EdgekitError):
@@ -242,5 +268,5 @@ def _sse(data: dict) -> bytes:
 
 
 def _error(e: ApiError) -> JSONResponse:
-    headers = {"Retry-After": str(int(e.retry_after))} if e.retry_after else None
+    headers = {"Retry-After": str(math.ceil(e.retry_after))} if e.retry_after else None
     return JSONResponse(error_body(e), status_code=e.status, headers=headers)

@@ -60,10 +60,11 @@ class Request:
         return gen
 
 
-def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: int) -> Request:
+def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: int, vocab_size: int) -> Request:
     """A request body, checked; ApiError (400, or 404 for an unknown model) otherwise."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    body = {k: v for k, v in body.items() if v is not None}  # OpenAI's nulls mean "the default"
     unknown = sorted(set(body) - _FIELDS[kind])
     if unknown:
         raise ApiError(400, f"unsupported parameter(s): {', '.join(unknown)}", param=unknown[0])
@@ -85,35 +86,38 @@ def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: in
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            isinstance(m, dict) and isinstance(m.get("role"), str) and _text(m.get("content")) is not None
             for m in messages
         ):
             raise ApiError(400, "'messages' must be a non-empty list of {role, content} with text content",
                            param="messages")
-        prompt = [{"role": m["role"], "content": m["content"]} for m in messages]
+        prompt = [{"role": m["role"], "content": _text(m.get("content"))} for m in messages]
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if not (isinstance(prompt, str) and prompt) and not (
-            isinstance(prompt, list) and prompt and all(isinstance(t, int) and t >= 0 for t in prompt)
+            isinstance(prompt, list) and prompt and all(_int(t) and 0 <= t < vocab_size for t in prompt)
         ):
-            raise ApiError(400, "'prompt' must be a non-empty string or a list of token ids (one prompt)",
-                           param="prompt")
+            raise ApiError(400, f"'prompt' must be a non-empty string or a list of token ids below {vocab_size} "
+                           "(one prompt)", param="prompt")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = 16 if max_tokens is None and kind == "completion" else max_tokens or max_tokens_limit
-    if not isinstance(max_tokens, int) or not 1 <= max_tokens <= max_tokens_limit:
+    if max_tokens is None:  # OpenAI's defaults: 16 for a completion, up to the context for a chat
+        max_tokens = 16 if kind == "completion" else max_tokens_limit
+    if not _int(max_tokens) or not 1 <= max_tokens <= max_tokens_limit:
         raise ApiError(400, f"'max_tokens' must be an integer from 1 to {max_tokens_limit}", param="max_tokens")
     temperature = body.get("temperature", 1.0)
-    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
         raise ApiError(400, "'temperature' must be a number from 0 to 2", param="temperature")
     top_p = body.get("top_p", 1)
     if top_p != 1:
         raise ApiError(400, "'top_p' must be 1: lossless verification keeps the target's whole distribution",
                        param="top_p")
     seed = body.get("seed")
-    if seed is not None and not isinstance(seed, int):
+    if seed is not None and not _int(seed):
         raise ApiError(400, "'seed' must be an integer", param="seed")
+    if seed is not None:
+        seed &= (1 << 63) - 1  # OpenAI allows negative seeds; the sampler's streams want one in range
     stop = body.get("stop")
     stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else ()
     if stop is not None and (not stops or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops)):
@@ -126,20 +130,35 @@ def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: in
                    bool(options.get("include_usage")), user if isinstance(user, str) else None)
 
 
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _text(content: object) -> str | None:
+    """A message's text: a string, or the text of a list of content parts (images are refused)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    return None
+
+
 def usage(stats: GenerationStats) -> dict:
     """OpenAI's usage, with vLLM's per-request speculative-decoding figures and edgekit's own."""
     histogram = Counter(r.accepted for r in stats.rounds_detail if r.drafted > 0)
     top = max(histogram, default=0)
+    drafting_rounds = sum(histogram.values())
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
-        "mean_acceptance_length": stats.committed_per_round,
+        "mean_acceptance_length": 1 + stats.accepted / drafting_rounds if drafting_rounds else 1.0,  # vLLM's
         "draft_acceptance_rate": stats.acceptance_rate,
         "num_draft_tokens": stats.drafted,
         "num_accepted_draft_tokens": stats.accepted,
         "acceptance_histogram": [histogram.get(k, 0) for k in range(top + 1)],
-        "rounds": stats.rounds,
+        "rounds": stats.rounds,  # with those that drafted nothing (plain target steps)
         "target_passes_per_token": stats.target_passes_per_token,
         "wasted_draft_tokens": stats.wasted_draft_tokens,
         "tokens_per_second": stats.tokens_per_second,
