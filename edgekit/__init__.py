@@ -31,6 +31,7 @@ from .client import (
 from .config import ClientConfig, GenerationConfig, ServerConfig
 from .drafting import ConfidenceThreshold, Controller, Decision, FixedWindow, PredictorController
 from .errors import (
+    ApiError,
     AuthenticationError,
     ConfigError,
     DependencyMissingError,
@@ -59,6 +60,7 @@ from .protocol import LinkState
 from .runtime import DraftModel, DraftOutput, LlamaDraftModel, LogitStats
 
 __all__ = [
+    "ApiError",
     "AsyncConversation",
     "AsyncEdgeClient",
     "AsyncGenerationStream",

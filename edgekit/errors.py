@@ -18,6 +18,7 @@ where they happen, and the message says what to do about it::
     ├── InferenceError               llama.cpp failed a decode or a tokenization
     │   └── KVCacheFullError         no free KV cells for a batch
     ├── HiddenStateError             hidden states that do not fit the round
+    ├── ApiError                     edgekit api's answer to a request: an HTTP status, OpenAI's error shape
     └── VerifierError                anything the verifier (or the way to it) said
         ├── VerifierUnavailableError cannot reach it, or it missed the deadline
         ├── AuthenticationError      the token was refused
@@ -37,6 +38,7 @@ those status codes (see `edgekit.protocol`).
 from __future__ import annotations
 
 __all__ = [
+    "ApiError",
     "AuthenticationError",
     "ConfigError",
     "DependencyMissingError",
@@ -111,6 +113,16 @@ class ModelLoadError(ModelError):
 class InsufficientMemoryError(ModelLoadError):
     """A model and its context need more memory than the device has available; checked
     before loading, and the message says how much is needed, how much is free and what fits."""
+
+
+class ApiError(EdgekitError):
+    """An error `edgekit api` answers a request with: its HTTP status and the fields of OpenAI's
+    error object (type, param, code), and a Retry-After where waiting helps."""
+
+    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.param, self.code, self.retry_after = status, kind, param, code, retry_after
 
 
 class IncompatibleModelsError(EdgekitError):

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"edgekit": "edgekit", "models": "edgekit.models", "predictors": "edgekit.predictors", "cli": "edgekit.cli"}
 
 EXPORTED = [
+    "ApiError",
     "AsyncConversation", "AsyncEdgeClient", "AsyncGenerationStream", "AuthenticationError", "ChatTemplate",
     "ClientConfig", "ConfidenceThreshold", "ConfigError", "Controller", "Conversation", "Decision",
     "DependencyMissingError", "DraftModel", "DraftOutput", "EdgeClient", "EdgekitError", "Event", "FinalStats",

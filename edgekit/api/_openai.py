@@ -17,21 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client import GenerationStats
+from ..errors import ApiError
 
 __all__ = ["ApiError", "Request", "chunk", "completion", "error_body", "parse", "usage"]
 
 _COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
            "stream_options", "user", "logprobs", "echo", "frequency_penalty", "presence_penalty"}
 _FIELDS = {"completion": _COMMON | {"prompt", "suffix", "best_of"}, "chat": _COMMON | {"messages"}}
-
-
-class ApiError(Exception):
-    """An error the API answers with: its HTTP status and OpenAI's error object."""
-
-    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status, self.kind, self.param, self.code, self.retry_after = status, kind, param, code, retry_after
 
 
 def error_body(e: ApiError) -> dict:

@@ -1,7 +1,8 @@
 """Measuring what the plan needs on this device and against this verifier.
 
 - `calibrate_draft`: eq. 17's coefficients for the draft model here, from timed decodes of
-  b = 1, 2, 4, 8 sequences at two cache lengths (FLOPs from the model's shape). Prefills are
+  b = 1, 2, 4, 8 sequences at two cache lengths (FLOPs from the model's shape), the fastest
+  of 7 each. Prefills are
   left out of the fit: one line through both missed decodes by 96% (MAPE) on this CPU, and
   the draft stage is l decode passes a step, a prefill once per task.
 - `calibrate_verify`: the verifier's, from the verify times it reports for blocks of a few
@@ -39,7 +40,7 @@ def calibrate_draft(
     threads: int | None = None,
     batches: Sequence[int] = (1, 2, 4, 8),
     contexts: Sequence[int] = (32, 256),
-    repeats: int = 5,
+    repeats: int = 7,
 ) -> tuple[ModelShape, Runtime, Samples]:
     backend = LlamaPoolBackend(path, slots=max(batches), n_ctx_seq=max(contexts) + repeats + 9, n_threads=threads)
     try:
@@ -49,13 +50,13 @@ def calibrate_draft(
         for ctx in contexts:
             for s in range(max(batches)):  # prefilled, not fitted: decode passes make up the draft stage
                 backend.run([Step(s, 0, filler[:ctx])])
-            for b in batches:  # the median of `repeats` timed decodes, after one untimed
-                times = []
+            for b in batches:  # the fastest of `repeats` timed decodes, after one untimed: other work on
+                times = []  # the machine only ever adds time, and a busy moment would tilt the fit
                 for r in range(repeats + 1):
                     t0 = time.perf_counter()
                     backend.run([Step(s, ctx + r, [filler[r]]) for s in range(b)])
                     times.append(time.perf_counter() - t0)
-                samples.append((b, shape.decode_flops(ctx), float(np.median(times[1:]))))
+                samples.append((b, shape.decode_flops(ctx), float(np.min(times[1:]))))
                 for s in range(b):
                     backend.truncate(s, ctx)
             for s in range(max(batches)):
