@@ -280,7 +280,7 @@ def plot(data: dict, path: Path) -> None:
     for policy in policies:
         ax.plot(names, [c["policies"][policy]["ms_per_token"] for c in conditions], marker="o", label=policy)
     ax.set_ylabel("ms per committed token")
-    ax.set_title("Hidden-state uploads across links (fh, sh, the latency model's auto, WISV's RTT rule)")
+    ax.set_title("Hidden-state uploads across links\n(fh, sh, the latency model's auto, WISV's RTT rule)", fontsize=9)
     ax.tick_params(axis="x", labelrotation=60, labelsize=7)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7)

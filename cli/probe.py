@@ -49,11 +49,11 @@ def probe(
     from edgekit.link import LinkEstimator, LinkPolicy
     from edgekit.link import probe as probe_link
     from edgekit.models import get_model, get_pair
-    from edgekit.transport import connect
+    from edgekit.transport import connect, needs_tokenizer
 
     if pair is not None:
         get_pair(pair)  # an unknown pair is said before anything is sent
-    stock = "+http" in address.partition("://")[0]
+    stock = needs_tokenizer(address)
     if pair is None and stock:
         raise ConfigError("a stock server (openai+http://, sglang+http://) cannot say which target it serves "
                           "before a draft is loaded: name the pair with --pair")

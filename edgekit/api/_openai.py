@@ -158,8 +158,8 @@ def usage(stats: GenerationStats) -> dict:
 
 
 def _finish(reason: str | None) -> str:
-    return "stop" if reason in ("eos", "stop", "end", None) else "length" if reason in ("length", "max_tokens",
-                                                                                       "context") else "stop"
+    """OpenAI's finish reason for edgekit's (eos, length, context, stopped, or a stop string's "stop")."""
+    return "length" if reason in ("length", "context") else "stop"
 
 
 def completion(req: Request, rid: str, text: str, finish: str | None, stats: GenerationStats | None) -> dict:

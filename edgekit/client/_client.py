@@ -26,7 +26,7 @@ from ..runtime import (
     device_load,
     process_cpu_seconds,
 )
-from ..transport import VerifierTransport, connect
+from ..transport import VerifierTransport, connect, needs_tokenizer
 from ._chat import ChatTemplate, Conversation
 from ._discover import discover_pair
 from ._events import Event, FinalStats, TextDelta
@@ -118,10 +118,9 @@ class EdgeClient:
     def _discovery_transport(self, url: str) -> VerifierTransport:
         """A transport to ask the verifier which target it serves, before a draft is loaded: ours
         (gRPC) answer that; a stock server's transport needs the draft's tokenizer first."""
-        scheme = url.strip().partition("://")[0] if "://" in url else "grpc"
-        if "+http" in scheme:
+        if needs_tokenizer(url):
             raise ConfigError(
-                f"a stock verifier ({scheme}) cannot say which target it serves before a draft is loaded; "
+                f"a stock verifier ({url}) cannot say which target it serves before a draft is loaded; "
                 "name the pair (pair=..., --pair)"
             )
         return connect(url, self.config, None)

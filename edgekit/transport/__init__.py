@@ -7,7 +7,7 @@ of edgekit's protocol over any carrier (gRPC here; in process for tests).
 """
 
 from ._base import VerifierTransport
-from ._connect import SCHEMES, connect
+from ._connect import SCHEMES, connect, needs_tokenizer
 from ._failover import FailoverTransport
 from ._grpc import GrpcTransport, map_rpc_error
 from ._message import MessageTransport
@@ -27,4 +27,5 @@ __all__ = [
     "VerifierTransport",
     "connect",
     "map_rpc_error",
+    "needs_tokenizer",
 ]

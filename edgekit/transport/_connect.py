@@ -9,7 +9,7 @@ from ..errors import ConfigError
 from ..runtime import DraftModel
 from ._base import VerifierTransport
 
-__all__ = ["SCHEMES", "connect"]
+__all__ = ["SCHEMES", "connect", "needs_tokenizer"]
 
 SCHEMES = {
     "grpc": "an edgekit verifier (edgekit serve), plain gRPC; also a bare HOST:PORT",
@@ -19,6 +19,12 @@ SCHEMES = {
     "sglang+http": "SGLang's native /generate",
     "sglang+https": "the same over TLS",
 }
+
+
+def needs_tokenizer(url: str) -> bool:
+    """Whether a verifier URL (or any of a comma-separated set) is a stock server, whose transport is
+    driven through the draft's tokenizer: it cannot be reached before a draft is loaded."""
+    return any("+" in u.strip().partition("://")[0] for u in url.split(",") if "://" in u)
 
 
 def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None) -> VerifierTransport:
