@@ -47,7 +47,7 @@ TYPECHECK_TREE := build/typecheck
 typecheck: install
 	rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/edgekit
 	for f in edgekit/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/edgekit/; done
-	for d in models predictors cli; do ln -s "$(CURDIR)/$$d" $(TYPECHECK_TREE)/edgekit/$$d; done
+	for d in models predictors semantic cli; do ln -s "$(CURDIR)/$$d" $(TYPECHECK_TREE)/edgekit/$$d; done
 	MYPYPATH=$(TYPECHECK_TREE) $(BIN)/mypy --cache-dir build/mypy-cache -p edgekit
 
 # Every figure the README shows, redrawn from benchmarks/results/*.json (no model runs).

@@ -16,7 +16,7 @@ from .errors import ConfigError
 
 __all__ = ["DEFAULT_SLO_CLASSES", "ClientConfig", "GenerationConfig", "ServerConfig"]
 
-Mode = Literal["greedy", "sample"]
+Mode = Literal["greedy", "sample", "semantic"]
 Drafting = Literal["auto", "fixed", "predictor", "p-min", "latency"]
 Upload = Literal["tokens", "fh", "sh", "auto", "rtt"]
 HiddenEncoding = Literal["fp16", "int8"]
@@ -35,7 +35,14 @@ class GenerationConfig:
     """How one generation decodes."""
 
     max_tokens: int = 256
+    # "greedy" and "sample" are lossless. "semantic" (WISV, lossy, opt-in) drafts greedily and
+    # lets the verifier's decision head accept mismatches it judges harmless, more readily on a
+    # poor link; it needs hidden-state uploads (upload fh, sh, auto or rtt) and a verifier
+    # with a head (`edgekit serve --semantic-head`).
     mode: Mode = "greedy"
+    # Semantic mode: a mismatch is rejected when the head's P(reject) exceeds this (0: every
+    # mismatch rejected, as greedy; 1: none). None: the head's own operating threshold.
+    semantic_threshold: float | None = None
     temperature: float = 0.8
     # The draft may sample at its own temperature: speculative sampling stays
     # lossless for any draft distribution, only acceptance changes. None: same.
@@ -84,8 +91,17 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.mode not in ("greedy", "sample"):
-            raise ConfigError(f"mode must be 'greedy' or 'sample', got {self.mode!r}")
+        if self.mode not in ("greedy", "sample", "semantic"):
+            raise ConfigError(f"mode must be 'greedy', 'sample' or 'semantic', got {self.mode!r}")
+        if self.semantic_threshold is not None and not (
+            math.isfinite(self.semantic_threshold) and 0.0 <= self.semantic_threshold <= 1.0
+        ):
+            raise ConfigError(f"semantic_threshold must be between 0 and 1, got {self.semantic_threshold}")
+        if self.mode == "semantic" and self.upload == "tokens":
+            raise ConfigError(
+                "semantic mode reads the draft's hidden states at mismatches: set upload to fh, sh, auto or rtt "
+                "(upload='tokens' sends none)"
+            )
         if self.mode == "sample" and not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0 when sampling, got {self.temperature}")
         if self.draft_temperature is not None and not self.draft_temperature > 0:
@@ -241,6 +257,10 @@ class ServerConfig:
     # Serve Prometheus metrics over HTTP on this port of `host` (0 picks a free port); None: no
     # endpoint. Needs prometheus-client: pip install 'edgekit[server]'.
     metrics_port: int | None = None
+    # Semantic verification (WISV, lossy, opt-in per session): the ONNX decision head the
+    # verifier runs; None offers no semantic mode. `edgekit serve --semantic-head shipped`
+    # names the head shipped for the pair.
+    semantic_head: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_block < 1 or self.max_context < 8:

@@ -6,7 +6,8 @@ where they happen, and the message says what to do about it::
 
     EdgekitError
     ├── ConfigError                  an option, argument or input file is invalid
-    │   └── PredictorError           a predictor file that cannot be used
+    │   ├── PredictorError           a predictor file that cannot be used
+    │   └── SemanticHeadError        a semantic decision head that cannot be used (or does not fit the pair)
     ├── DependencyMissingError       a package edgekit needs is not installed
     ├── ModelError
     │   ├── ModelNotFoundError       not in the cache: names the pull command
@@ -28,7 +29,7 @@ where they happen, and the message says what to do about it::
         ├── ProtocolError            malformed message or unsupported version/mode
         └── InternalError            the verifier failed inside (a bug: it says so and keeps serving)
 
-`ConfigError`, `PredictorError` and `HiddenStateError` are also `ValueError`s,
+`ConfigError`, `PredictorError`, `SemanticHeadError` and `HiddenStateError` are also `ValueError`s,
 `DependencyMissingError` an `ImportError`. A `VerifierError` carries the
 verifier's `address` and, where known, the gRPC status name in `code`; the
 reference verifier raises the same classes, and its service turns them into
@@ -57,6 +58,7 @@ __all__ = [
     "ModelNotFoundError",
     "PredictorError",
     "ProtocolError",
+    "SemanticHeadError",
     "SessionNotFoundError",
     "StaleRoundError",
     "VerifierError",
@@ -74,6 +76,10 @@ class ConfigError(EdgekitError, ValueError):
 
 class PredictorError(ConfigError):
     """A predictor file that cannot be used: missing, not ONNX, or the wrong inputs or outputs."""
+
+
+class SemanticHeadError(ConfigError):
+    """A semantic decision head that cannot be used: missing, not ONNX, or inputs that do not fit the pair."""
 
 
 class DependencyMissingError(EdgekitError, ImportError):

@@ -226,6 +226,7 @@ def toy_verifier(
     link: SimulatedLink | None = None,
     address: str = "in-process",
     cost: Coefficients | None = None,
+    semantic_head: Any = None,
     **config: Any,
 ) -> InProcessTransport:
     """The reference verifier over a toy target, in this process: a transport to it.
@@ -233,7 +234,8 @@ def toy_verifier(
     `config` takes other `ServerConfig` fields (idle_timeout, max_message_bytes, policy, ...).
     With no `link`, a `SimulatedLink()`: instant, so timings are the verifier's own.
     With `cost`, every batch takes the time these coefficients give it (eq. 19 and
-    the logit rows), and the verifier's estimator starts out knowing them."""
+    the logit rows), and the verifier's estimator starts out knowing them. `semantic_head`:
+    a decision head (`edgekit.semantic.SemanticHead`, or any `DecisionHead`) for semantic mode."""
     c = ServerConfig(port=0, max_block=max_block, max_context=max_context, max_sessions=max_sessions, **config)
     engine = ToyEngine(
         target,
@@ -242,7 +244,9 @@ def toy_verifier(
         hidden_size=hidden_size,
         cost=None if cost is None else VerifyTimeEstimator(cost).predict,
     )
-    service = VerifierService(engine, c, estimator=VerifyTimeEstimator(cost) if cost is not None else None)
+    service = VerifierService(
+        engine, c, estimator=VerifyTimeEstimator(cost) if cost is not None else None, semantic_head=semantic_head
+    )
     return InProcessTransport(service, link=link or SimulatedLink(), address=address)
 
 

@@ -20,10 +20,19 @@ def export_onnx(
     model,  # LinearModel | Mlp
     path: str | os.PathLike[str],
     *,
-    feature_names: tuple[str, ...],
+    feature_names: tuple[str, ...] | str,
     threshold: float,
     metadata: dict[str, str] | None = None,
+    input_name: str = "features",
+    output_name: str = "p_accept",
+    graph_name: str = "",
 ) -> Path:
+    """Writes `model` as ONNX: one float input `input_name` [N, features], one
+    probability `output_name` [N, 1]. `feature_names` names the input columns, or
+    describes them in one string where naming each would not help (hidden states)."""
+    width = len(model.mean)
+    if not isinstance(feature_names, str) and len(feature_names) != width:
+        raise ValueError(f"{len(feature_names)} feature names for a model of {width} inputs")
     try:
         import onnx
         from onnx import TensorProto, helper, numpy_helper
@@ -36,7 +45,7 @@ def export_onnx(
     # ((x - mean) / scale) @ W + b  ==  x @ (W / scale[:, None]) + (b - (mean / scale) @ W)
     folded = [(w0 / model.scale[:, None], b0 - (model.mean / model.scale) @ w0)] + layers[1:]
     nodes, inits = [], []
-    x = "features"
+    x = input_name
     for i, (w, b) in enumerate(folded):
         inits.append(numpy_helper.from_array(np.asarray(w, dtype=np.float32), f"W{i}"))
         inits.append(numpy_helper.from_array(np.asarray(b, dtype=np.float32), f"B{i}"))
@@ -46,17 +55,18 @@ def export_onnx(
             nodes.append(helper.make_node("Relu", [out], [f"h{i}"], name=f"relu{i}"))
             out = f"h{i}"
         x = out
-    nodes.append(helper.make_node("Sigmoid", [x], ["p_accept"], name="sigmoid"))
+    nodes.append(helper.make_node("Sigmoid", [x], [output_name], name="sigmoid"))
     graph = helper.make_graph(
         nodes,
-        f"edgekit-rejection-predictor-{model.kind}",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", len(feature_names)])],
-        [helper.make_tensor_value_info("p_accept", TensorProto.FLOAT, ["N", 1])],
+        graph_name or f"edgekit-rejection-predictor-{model.kind}",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["N", 1])],
         inits,
     )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="edgekit")
     proto.ir_version = 8  # readable by onnxruntime >= 1.10
-    meta = {"edgekit.features": ",".join(feature_names), "edgekit.threshold": repr(float(threshold))}
+    names = feature_names if isinstance(feature_names, str) else ",".join(feature_names)
+    meta = {"edgekit.features": names, "edgekit.threshold": repr(float(threshold))}
     meta.update(metadata or {})
     for k, v in meta.items():
         entry = proto.metadata_props.add()

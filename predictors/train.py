@@ -90,11 +90,19 @@ class Mlp:
     biases: list[np.ndarray] = field(default_factory=list)
     kind: str = "mlp"
 
-    def _forward(self, x: np.ndarray) -> list[np.ndarray]:
+    def _forward(self, x: np.ndarray, dropout: float = 0.0, rng: np.random.Generator | None = None) -> list[np.ndarray]:
+        """Activations of every layer; with `dropout` (training), hidden units are
+        dropped at that rate and the rest scaled up (inverted dropout)."""
         acts = [(x - self.mean) / self.scale]
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
             z = acts[-1] @ w + b
-            acts.append(np.maximum(z, 0.0) if i < len(self.weights) - 1 else z)
+            if i < len(self.weights) - 1:
+                h = np.maximum(z, 0.0)
+                if dropout and rng is not None:
+                    h *= (rng.random(h.shape) >= dropout) / (1.0 - dropout)
+                acts.append(h)
+            else:
+                acts.append(z)
         return acts
 
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -154,8 +162,12 @@ def train_mlp(
     patience: int = 25,
     l2: float = 1e-4,
     seed: int = 0,
+    dropout: float = 0.0,
+    sample_weight: np.ndarray | None = None,
 ) -> Mlp:
-    """Adam on class-weighted BCE; keeps the weights of the best validation loss."""
+    """Adam on class-weighted BCE (times `sample_weight` where given), L2 weight decay
+    `l2`, inverted dropout on the hidden layers at rate `dropout`; keeps the weights
+    of the best validation loss."""
     rng = np.random.default_rng(seed)
     mean, scale = _standardiser(x)
     model = Mlp(mean, scale)
@@ -167,6 +179,8 @@ def train_mlp(
     m1 = [np.zeros_like(p) for p in params]
     m2 = [np.zeros_like(p) for p in params]
     sw, sw_val = _class_weights(y), _class_weights(y_val)
+    if sample_weight is not None:
+        sw = sw * sample_weight
     best = (np.inf, [p.copy() for p in params])
     stale, t = 0, 0
     n_layers = len(model.weights)
@@ -174,7 +188,7 @@ def train_mlp(
         order = rng.permutation(len(x))
         for start in range(0, len(x), batch):
             idx = order[start : start + batch]
-            acts = model._forward(x[idx])
+            acts = model._forward(x[idx], dropout, rng)
             # d(weighted BCE)/d(logit) = w (p - y), normalised by the batch weight
             wb = sw[idx]
             delta = (wb * (_sigmoid(acts[-1][:, 0]) - y[idx]) / wb.sum())[:, None]
@@ -183,8 +197,8 @@ def train_mlp(
             for i in range(n_layers - 1, -1, -1):
                 grads_w[i] = acts[i].T @ delta + l2 * model.weights[i]
                 grads_b[i] = delta.sum(axis=0)
-                if i:
-                    delta = (delta @ model.weights[i].T) * (acts[i] > 0)
+                if i:  # a dropped unit reads 0 and passes no gradient; a kept one was scaled
+                    delta = (delta @ model.weights[i].T) * (acts[i] > 0) / (1.0 - dropout)
             t += 1
             for j, g in enumerate(grads_w + grads_b):
                 m1[j] = 0.9 * m1[j] + 0.1 * g

@@ -164,6 +164,7 @@ def test_the_exported_names_are_the_documented_ones():
         "edgekit:engine_estimated_seconds_total", "edgekit:engine_estimate_error_seconds_total",
         "edgekit:spec_decode_num_drafts_total", "edgekit:spec_decode_num_draft_tokens_total",
         "edgekit:spec_decode_num_accepted_tokens_total",
+        "edgekit:semantic_rounds_total", "edgekit:semantic_accepted_mismatches_total",
         "edgekit:committed_tokens_total", "edgekit:generated_tokens_total", "edgekit:goodput_tokens_per_second",
         "edgekit:slo_rounds_total", "edgekit:slo_deadline_rounds_total", "edgekit:slo_violations_total",
         "edgekit:slo_committed_tokens_total", "edgekit:slo_violation_ratio",

@@ -31,7 +31,8 @@ EXPORTED = [
     "LinkState", "LlamaDraftModel", "LogitStats", "ModelError", "ModelFetchError", "ModelIntegrityError",
     "ModelLoadError", "ModelNotFoundError", "PredictorController", "PredictorError", "ProbeResult", "ProtocolError",
     "Provisional",
-    "Resumed", "RoundEvent", "RoundPlan", "RoundStats", "ServerConfig", "SessionNotFoundError", "SpeculativeSession",
+    "Resumed", "RoundEvent", "RoundPlan", "RoundStats", "SemanticHeadError", "ServerConfig", "SessionNotFoundError",
+    "SpeculativeSession",
     "StaleRoundError", "TextDelta", "VerifierError", "VerifierUnavailableError", "__version__",
 ]
 

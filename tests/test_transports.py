@@ -75,6 +75,16 @@ def test_a_mode_or_upload_the_backend_lacks_is_refused_not_downgraded(sglang):
             client.generate("x").until_done()
 
 
+def test_stock_backends_offer_no_semantic_mode(sglang):
+    """Semantic verification needs hidden states a stock server does not give: refused, never downgraded."""
+    with _client(f"sglang+{sglang.url}", mode="semantic", upload="fh") as client:
+        with pytest.raises(ConfigError, match="does not support 'semantic' acceptance"):
+            client.generate("x").until_done()
+    transport = connect(f"sglang+{sglang.url}", ClientConfig(timeout=2.0), _draft())
+    with pytest.raises(ConfigError, match="offers no semantic mode"):
+        transport.open_session([1, 2], mode="semantic", temperature=1.0, seed=0, draft=_draft().fingerprint())
+
+
 def test_a_different_tokenizer_is_refused_naming_the_server():
     from edgekit.transport import TOKENIZER_PROBE
 

@@ -50,6 +50,7 @@ class RoundStats:
     # whether its queue and verify time kept within it. None: best effort.
     server_budget_ms: float | None = None
     deadline_met: bool | None = None
+    semantic_accepted: int = 0  # semantic mode: mismatches the verifier's head accepted (in `accepted`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,6 +77,11 @@ class GenerationStats:
     uplink_bytes: int = 0
     downlink_bytes: int = 0
     hidden_rows: int = 0
+    # Semantic mode (lossy): mismatches the verifier's decision head accepted, in `accepted` too;
+    # the threshold it decided at and its identity.
+    semantic_accepted: int = 0
+    semantic_threshold: float | None = None
+    semantic_head: str = ""
     deadlines_missed: int = 0  # rounds whose verifier-side budget was exceeded (sessions with an SLO)
     outages: int = 0  # times the verifier was lost and the generation went on
     outage_ms: float = 0.0  # time spent waiting for it
@@ -115,6 +121,7 @@ class GenerationStats:
         self.uplink_bytes += r.uplink_bytes
         self.downlink_bytes += r.downlink_bytes
         self.hidden_rows += r.hidden_rows
+        self.semantic_accepted += r.semantic_accepted
         self.proactive_drafted += r.proactive_drafted
         self.proactive_used += r.proactive_used
         self.deadlines_missed += r.deadline_met is False

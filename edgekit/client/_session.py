@@ -114,10 +114,14 @@ class SpeculativeSession:
         sessions use it; `link`: the client's link estimate; `client`: how long to keep trying
         through an outage (by default the transport's config); `on_close`: called once, when
         the session closes (a draft slot given back)."""
-        if config.mode not in server.modes:
+        if config.mode not in server.modes or (config.mode == "semantic" and not server.semantic_head):
+            hint = (
+                "; it needs a semantic decision head, which an edgekit verifier has when started with "
+                "--semantic-head" if config.mode == "semantic" else ""
+            )
             raise ConfigError(
                 f"the verifier at {transport.address} does not support {config.mode!r} acceptance "
-                f"(it offers: {', '.join(server.modes)})"
+                f"(it offers: {', '.join(m for m in server.modes if m != 'semantic')}){hint}"
             )
         if config.mode == "sample" and config.draft_top_k > server.max_draft_top_k:
             raise ConfigError(f"draft_top_k {config.draft_top_k} exceeds the verifier's {server.max_draft_top_k}")
@@ -155,10 +159,20 @@ class SpeculativeSession:
         self.provisional_shown = 0  # tokens shown as provisional in this stream
         self.provisional_kept = 0  # of those, tokens now in the output
         self._on_close = on_close
+        # Semantic mode: the threshold and head identity of the last verdict (None before one).
+        self.semantic_decider: tuple[float, str] | None = None
 
     # Settings the verifier knows about: changing one needs a new session.
-    _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class", "target_speed")
+    _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class", "target_speed", "semantic_threshold")
     _DRAFTING = ("drafting", "draft_k", "max_window", "predictor", "predictor_threshold", "p_min")
+
+    @property
+    def semantic_threshold(self) -> float:
+        """The threshold semantic rounds are decided at: the config's, else the verifier's head's."""
+        if self.config.mode != "semantic":
+            return 0.0
+        t = self.config.semantic_threshold
+        return self.server.semantic_threshold if t is None else t
 
     def reconfigure(self, **changes: Any) -> bool:
         """Applies client-side changes (window, limits, uploads) at once; returns False,
@@ -207,6 +221,7 @@ class SpeculativeSession:
             draft=self.draft.fingerprint(),
             draft_hidden_size=self.draft.n_embd,
             client_id=self.retry.client_id,
+            semantic_threshold=self.semantic_threshold,
         )
         self.session_id = opened.session_id
         self._budget = opened.next_budget
@@ -234,7 +249,8 @@ class SpeculativeSession:
         return len(self.tokens)
 
     def _needs_rates(self) -> bool:
-        uses_model = self.config.upload == "auto" or self.config.drafting == "latency"
+        # The latency model weighs payloads by the rates; the semantic head's CSI is made of them.
+        uses_model = self.config.upload == "auto" or self.config.drafting == "latency" or self.config.mode == "semantic"
         # Once per client: a server without an echo endpoint (or a link too fast to time)
         # leaves the rates at 0, and probing again at each session would not change that.
         return uses_model and not self.link.probed and not (self.link.uplink_mbps and self.link.downlink_mbps)
@@ -288,7 +304,7 @@ class SpeculativeSession:
 
     def _pick(self, out: DraftOutput, block: DraftedBlock) -> int:
         """The draft's token from a step (argmax, or a sample whose distribution goes with it)."""
-        if self.config.mode == "greedy":
+        if self.config.mode != "sample":  # greedy, and semantic (greedy drafting, WISV)
             tok = out.stats.argmax()
         else:
             temperature = self.config.draft_temperature or self.config.temperature
@@ -395,6 +411,8 @@ class SpeculativeSession:
         # The next round's expected time on the link (its SLO budget leaves it out): this one's.
         self._network_ms = sum(max(0.0, e.round_trip_ms - (e.server_ms or 0.0)) for e in exchanges)
         a = verdict.accepted
+        if verdict.semantic_head:  # what decided this session's last semantic round
+            self.semantic_decider = (verdict.semantic_threshold, verdict.semantic_head)
         new = block[:a] + ([verdict.next_token] if verdict.next_token is not None else [])
         if not 0 <= a <= len(block) or not new or verdict.committed_length != base + len(new):
             raise ProtocolError(
@@ -441,6 +459,7 @@ class SpeculativeSession:
             deadline_met=verdict.deadline_met,
             proactive_drafted=len(proactive),
             proactive_used=len(proactive) if keeps else 0,
+            semantic_accepted=verdict.semantic_accepted,
         )
         self._round_index += 1
         return new, stats, verdict.context_full
@@ -674,6 +693,10 @@ class SpeculativeSession:
         stats.plain_rounds = getattr(self.controller, "plain_rounds", 0) - plain_before
         stats.elapsed_s = time.perf_counter() - start + prefill_ms / 1e3
         stats.finish_reason = finish
+        if self.config.mode == "semantic":
+            stats.semantic_threshold, stats.semantic_head = self.semantic_decider or (
+                self.semantic_threshold, self.server.semantic_head
+            )
         stats.device = device_load(cpu_start, time.perf_counter() - start).as_dict()
         yield FinalStats(stats, tuple(out), "".join(text_parts))
 

@@ -11,6 +11,12 @@ are accepted, a bonus token is drawn from p at the next position. Each output
 token is then distributed exactly as p. The draft's q is a top-k truncated,
 renormalised softmax that the device samples from and uploads exactly, so the
 verifier knows q where it matters (see proto/verifier.proto).
+
+Semantic (WISV, lossy): as greedy, but at each mismatch, in order, a decision
+head's P(reject) is compared with a threshold; a mismatch it does not reject
+is accepted as if it matched, and the first one it rejects ends the block with
+the target's token. The head runs on the verifier; this rule only applies its
+probabilities.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ __all__ = [
     "SparseDistribution",
     "accept_greedy",
     "accept_sampling",
+    "accept_semantic",
     "accept_top1",
     "acceptance_ratios",
     "draft_distribution",
@@ -131,6 +138,23 @@ def mismatch_positions(target_logits: np.ndarray, draft_tokens: Sequence[int]) -
         return []
     best = np.argmax(target_logits[:k], axis=1)
     return [i for i in range(k) if int(best[i]) != int(draft_tokens[i])]
+
+
+def accept_semantic(
+    target_logits: np.ndarray, draft_tokens: Sequence[int], p_reject: Sequence[float], threshold: float
+) -> tuple[int, int, int]:
+    """(accepted count, next token, mismatches accepted) for a block: `p_reject[i]` is
+    the head's P(reject) of the i-th mismatch (`mismatch_positions` order); a mismatch
+    is rejected when P(reject) > threshold (WISV eq. 27)."""
+    best = np.argmax(target_logits, axis=1)
+    k = len(draft_tokens)
+    mismatches = [i for i in range(k) if int(best[i]) != int(draft_tokens[i])]
+    if len(p_reject) != len(mismatches):
+        raise ValueError(f"{len(p_reject)} head outputs for {len(mismatches)} mismatches")
+    for n, (i, p) in enumerate(zip(mismatches, p_reject)):
+        if p > threshold:
+            return i, int(best[i]), n
+    return k, int(best[k]), len(mismatches)
 
 
 def accept_sampling(

@@ -100,6 +100,8 @@ class ServerInfo:
     slo_classes: dict[str, float] = field(default_factory=dict)  # named classes, tokens/s (protocol 2)
     scheduling_policy: str = ""  # "fcfs", "wisp"; empty: not said
     tokenizer_check: str = "fingerprint"  # how the target's tokenizer was matched to the draft's
+    semantic_head: str = ""  # the decision head of its semantic mode (identity); empty: no semantic mode
+    semantic_threshold: float = 0.0  # that head's shipped operating threshold
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,10 @@ class VerifyResult:
     budget_ms: float | None = None
     deadline_met: bool | None = None
     batch_size: int = field(default=1, compare=False)  # blocks verified in the same target pass (a measurement)
+    # Semantic mode: mismatches the verifier's head accepted, the threshold and the head's identity.
+    semantic_accepted: int = 0
+    semantic_threshold: float = 0.0
+    semantic_head: str = ""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,11 @@ from ._pb import verifier_pb2 as pb
 from ._types import BlockRequest, Fingerprint, LinkState, ServerInfo
 
 # Enum values arrive as ints (an unknown one too): the maps from the wire are keyed by int.
-MODE_TO_PB: dict[str, pb.AcceptanceMode] = {"greedy": pb.ACCEPTANCE_MODE_GREEDY, "sample": pb.ACCEPTANCE_MODE_SAMPLING}
+MODE_TO_PB: dict[str, pb.AcceptanceMode] = {
+    "greedy": pb.ACCEPTANCE_MODE_GREEDY,
+    "sample": pb.ACCEPTANCE_MODE_SAMPLING,
+    "semantic": pb.ACCEPTANCE_MODE_SEMANTIC,
+}
 MODE_FROM_PB: dict[int, str] = {
     pb.ACCEPTANCE_MODE_GREEDY: "greedy",
     pb.ACCEPTANCE_MODE_SAMPLING: "sample",
@@ -69,6 +73,8 @@ def server_info_from_pb(r: pb.HandshakeResponse) -> ServerInfo:
         invariant_batch=c.invariant_batch,
         slo_classes=dict(c.slo_classes),
         scheduling_policy=c.scheduling_policy,
+        semantic_head=c.semantic_head,
+        semantic_threshold=c.semantic_threshold,
     )
 
 
@@ -83,8 +89,18 @@ def link_to_pb(link: LinkState) -> pb.LinkState:
     )
 
 
-def sampling_to_pb(mode: str, temperature: float, seed: int) -> pb.SamplingParams:
-    return pb.SamplingParams(mode=MODE_TO_PB[mode], temperature=temperature, seed=seed)
+def link_from_pb(m: pb.LinkState) -> LinkState:
+    """The link state a round carried; figures that cannot be (negative, not finite) read as unmeasured."""
+    values = [m.rtt_ms, m.rtt_jitter_ms, m.uplink_mbps, m.downlink_mbps, m.loss_rate]
+    if not all(np.isfinite(v) and v >= 0 for v in values) or m.loss_rate > 1:
+        return LinkState()
+    return LinkState(m.rtt_ms, m.rtt_jitter_ms, m.uplink_mbps, m.downlink_mbps, m.loss_rate, m.samples)
+
+
+def sampling_to_pb(mode: str, temperature: float, seed: int, semantic_threshold: float = 0.0) -> pb.SamplingParams:
+    return pb.SamplingParams(
+        mode=MODE_TO_PB[mode], temperature=temperature, seed=seed, semantic_threshold=semantic_threshold
+    )
 
 
 def distributions_from_pb(dists) -> list[SparseDistribution]:  # a repeated DraftDistribution field

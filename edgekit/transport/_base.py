@@ -48,6 +48,7 @@ class VerifierTransport(Protocol):
         draft: Fingerprint,
         draft_hidden_size: int = 0,
         client_id: str = "",
+        semantic_threshold: float = 0.0,
     ) -> OpenedSession: ...
 
     def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int: ...

@@ -121,11 +121,12 @@ class FailoverTransport:
         draft: Fingerprint,
         draft_hidden_size: int = 0,
         client_id: str = "",
+        semantic_threshold: float = 0.0,
     ) -> OpenedSession:
         return self._call(
             lambda t: t.open_session(
                 prompt_tokens, mode=mode, temperature=temperature, seed=seed, slo=slo, draft=draft,
-                draft_hidden_size=draft_hidden_size, client_id=client_id,
+                draft_hidden_size=draft_hidden_size, client_id=client_id, semantic_threshold=semantic_threshold,
             )
         )
 

@@ -102,13 +102,14 @@ class MessageTransport:
         draft: Fingerprint,
         draft_hidden_size: int = 0,
         client_id: str = "",
+        semantic_threshold: float = 0.0,
     ) -> OpenedSession:
         self._check_slo(slo)
         r, _ = self._unary(
             "OpenSession",
             pb.OpenSessionRequest(
                 prompt_tokens=prompt_tokens,
-                sampling=sampling_to_pb(mode, temperature, seed),
+                sampling=sampling_to_pb(mode, temperature, seed, semantic_threshold),
                 draft_tokenizer=fingerprint_to_pb(draft),
                 draft_hidden_size=draft_hidden_size,
                 slo_name=slo.slo_class or "",
@@ -181,6 +182,9 @@ class MessageTransport:
             budget_ms=r.timings.budget_ms if r.timings.has_deadline else None,
             deadline_met=r.timings.deadline_met if r.timings.has_deadline else None,
             batch_size=max(1, r.timings.batch_size),
+            semantic_accepted=v.semantic_accepted,
+            semantic_threshold=v.semantic_threshold,
+            semantic_head=v.semantic_head,
         )
 
     def _exchange(

@@ -133,7 +133,14 @@ class StatelessTransport:
         draft: Fingerprint,
         draft_hidden_size: int = 0,
         client_id: str = "",
+        semantic_threshold: float = 0.0,
     ) -> OpenedSession:
+        if mode == "semantic":
+            raise ConfigError(
+                f"the {self.kind} at {self.address} offers no semantic mode: semantic verification reads the "
+                "draft's and the target's hidden states, which only an edgekit verifier with a decision head "
+                "(edgekit serve --semantic-head) has; use mode='greedy' here"
+            )
         if mode != "greedy":
             raise ConfigError(
                 f"the {self.kind} at {self.address} returns top-1 log-probabilities only, which verify greedy "

@@ -91,6 +91,12 @@ class StatsCollector:
         for i, n in enumerate(s.accepted_per_position):
             per_pos.add_metric([str(i)], n)
         yield per_pos
+        yield counter("semantic_rounds", "Rounds verified in semantic mode (lossy, WISV).", s.semantic_rounds)
+        yield counter(
+            "semantic_accepted_mismatches",
+            "Mismatches the semantic decision head accepted (draft tokens that are not the target's choice).",
+            s.semantic_accepted,
+        )
 
         yield counter(
             "committed_tokens", "Tokens committed by verdicts and target-only steps (goodput's numerator).",

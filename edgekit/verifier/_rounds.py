@@ -32,6 +32,7 @@ from ..errors import HiddenStateError, ProtocolError
 from ..protocol import (
     EncodedHidden,
     Fingerprint,
+    LinkState,
     SparseDistribution,
     Verdict,
     accept_greedy,
@@ -44,6 +45,7 @@ from ..protocol import (
 )
 from ._budgets import Budgets
 from ._core import EngineCore
+from ._semantic import SemanticMode
 from ._sessions import Caller, PendingRound, Session, SessionTable
 from ._slo import SpeedClasses
 from ._stats import ServingStats
@@ -71,6 +73,7 @@ class RoundRequest:
     draft_ms: float = 0.0  # the device's drafting time for the block (WISP eq. 6)
     network_ms: float = 0.0  # the device's expected link time for the round
     arrived: float = 0.0  # time.perf_counter() when the request arrived (eq. 12's a); 0: when read here
+    link: LinkState | None = None  # the device's link estimate (WISV's CSI); semantic mode reads it
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ class RoundAnswer:
     deadline_met: bool | None = None
     estimated_ms: float = 0.0  # the estimator's forecast for the batch the round ran in
     next_budget: int = 0  # the session's draft budget for its next round (0: none assigned)
+    # Semantic mode: mismatches the head accepted, the threshold and the head that decided.
+    semantic_accepted: int = 0
+    semantic_threshold: float = 0.0
+    semantic_head: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,8 +116,10 @@ class Rounds:
         slo: SpeedClasses | None = None,
         stats: ServingStats | None = None,
         budgets: Budgets | None = None,
+        semantic: SemanticMode | None = None,
     ) -> None:
         self.budgets = budgets  # None: devices choose their blocks
+        self.semantic = semantic or SemanticMode(None, core.engine.n_embd)  # no head: the mode is refused
         self.core = core
         self.engine = core.engine
         self.sessions = sessions
@@ -135,10 +144,14 @@ class Rounds:
         client_id: str = "",
         deadline: float | None = None,
         caller: Caller = Caller(),
+        semantic_threshold: float = 0.0,
     ) -> Opened:
         arrived = time.perf_counter()
         self.checks.tokenizer(draft)
-        self.checks.sampling(mode, temperature)
+        if mode == "semantic":
+            self.semantic.check_open(draft_hidden_size, semantic_threshold)
+        else:
+            self.checks.sampling(mode, temperature)
         slo_class, speed = self.slo.resolve(slo_name, target_speed)
         self.checks.client_id(client_id)
         self.checks.prompt(prompt)  # its length before its ids, and before a copy
@@ -152,6 +165,7 @@ class Rounds:
                 ran = self._run(sess, feed, deadline, self.slo.prefill(speed, arrived))
                 sess.tokens = tokens
                 sess.hidden_size = draft_hidden_size
+                sess.semantic_threshold = semantic_threshold
                 sess.began, sess.done = arrived, 0
         except BaseException:
             self.sessions.close(sess.id, caller.tenant)
@@ -213,6 +227,12 @@ class Rounds:
             block = r.draft_tokens
             hidden = None
             t0 = time.perf_counter()
+            semantic = sess.mode == "semantic" and bool(block)
+            if semantic and r.upload not in ("fh", "sh"):
+                raise ProtocolError(
+                    "semantic mode reads the draft's hidden states at mismatches: upload them with the block (fh) "
+                    "or on request (sh), not tokens only"
+                )
             if r.upload == "fh":
                 offsets = tuple(range(len(block)))
                 hidden = (offsets, self._hidden_rows(sess, r.hidden, offsets))
@@ -233,7 +253,7 @@ class Rounds:
             )
             checks_ms = (time.perf_counter() - t0) * 1e3
             base = len(sess.tokens)
-            feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block), len(block) + 1)
+            feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block), len(block) + 1, hidden=semantic)
             ran = self._run(sess, feed, deadline, objective)
             verify_ms = ran.run_ms + checks_ms
             if r.upload == "sh":
@@ -245,7 +265,7 @@ class Rounds:
                         batch_size=ran.batch_size, estimated_ms=ran.estimated_ms, budget_ms=budget_ms,
                         deadline_met=met,
                     )
-                    sess.pending = PendingRound(r.key, r, answer, ran.logits, positions)
+                    sess.pending = PendingRound(r.key, r, answer, ran.logits, positions, ran.hidden)
                     return answer
             return self._finish(sess, r, ran, verify_ms, hidden, r.key, objective)
 
@@ -264,7 +284,7 @@ class Rounds:
         sess.pending = None
         # This exchange's own time: the first half reported the target pass.
         own_ms = (time.perf_counter() - t0) * 1e3
-        ran = WorkResult(pending.logits, 0.0, 0.0, 1)
+        ran = WorkResult(pending.logits, 0.0, 0.0, 1, hidden=pending.target_hidden)
         return self._finish(sess, pending.request, ran, own_ms, (pending.positions, rows), r.key, None, pending.answer)
 
     def _finish(
@@ -284,13 +304,18 @@ class Rounds:
         block = r.draft_tokens
         logits = ran.logits
         t0 = time.perf_counter()
+        semantic_accepted = 0
         if sess.mode == "greedy":
             accepted, nxt = accept_greedy(logits, block)
+        elif sess.mode == "semantic":
+            accepted, nxt, semantic_accepted = self.semantic.decide(
+                logits, block, hidden, ran.hidden, sess.semantic_threshold, r.link
+            )
         else:
             accepted, nxt = accept_sampling(logits, block, r.distributions, sess.temperature, sess.rng)
         ratios = 0.0
         if self.budgets is not None and block:
-            dists = r.distributions if sess.mode != "greedy" else ()
+            dists = r.distributions if sess.mode == "sample" else ()
             ratios = float(acceptance_ratios(logits, block, dists, sess.temperature).sum())
         verdict = decide(
             block,
@@ -330,6 +355,9 @@ class Rounds:
             budget_ms=budget_ms,
             deadline_met=met,
             next_budget=next_budget,
+            semantic_accepted=semantic_accepted,
+            semantic_threshold=sess.semantic_threshold if sess.mode == "semantic" else 0.0,
+            semantic_head=self.semantic.identity if sess.mode == "semantic" else "",
         )
         # A retry of the round, whole (its first half, under SH) or its last exchange, gets this answer.
         sess.last_round = ((key, r.key), answer)
@@ -342,6 +370,7 @@ class Rounds:
             queue_ms=answer.queue_ms + (first_half.queue_ms if first_half else 0.0),
             verify_ms=answer.verify_ms + (first_half.verify_ms if first_half else 0.0),
             deadline_met=answer.deadline_met,
+            semantic_accepted=semantic_accepted if sess.mode == "semantic" else None,
         )
         return answer
 

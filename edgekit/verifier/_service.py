@@ -47,6 +47,7 @@ from ..protocol import (
     fingerprint_from_pb,
     fingerprint_to_pb,
     hidden_from_pb,
+    link_from_pb,
     pb,
     status_of,
 )
@@ -55,6 +56,7 @@ from ._budgets import BUDGET_POLICIES, Budgets, BudgetState, capacity_within
 from ._core import EngineCore
 from ._estimator import VerifyTimeEstimator
 from ._rounds import RoundAnswer, RoundRequest, Rounds
+from ._semantic import DecisionHead, SemanticMode
 from ._sessions import Caller, SessionTable
 from ._slo import BEST_EFFORT, SpeedClasses
 from ._stats import ServingStats
@@ -80,7 +82,10 @@ class VerifierService:
         *,
         scheduler: Scheduler | None = None,
         estimator: VerifyTimeEstimator | None = None,
+        semantic_head: DecisionHead | None = None,
     ) -> None:
+        """`semantic_head`: the decision head of the semantic mode (default: the one the config
+        names, loaded here; neither: the mode is not offered)."""
         self.engine = engine
         self.config = config
         self.fingerprint = engine.fingerprint()
@@ -118,7 +123,14 @@ class VerifierService:
         )
         self.checks = RequestChecks(config, self.fingerprint)
         self.budgets = _budgets(config, self.estimator, self.sessions)
-        self.rounds = Rounds(self.core, self.sessions, self.checks, config, self.slo, self.stats, self.budgets)
+        if semantic_head is None and config.semantic_head:
+            from ..semantic.runtime import SemanticHead  # onnxruntime, loaded only for a head
+
+            semantic_head = SemanticHead(config.semantic_head)
+        self.semantic = SemanticMode(semantic_head, engine.n_embd)
+        self.rounds = Rounds(
+            self.core, self.sessions, self.checks, config, self.slo, self.stats, self.budgets, self.semantic
+        )
         self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo, self.stats)
         # Draining (`drain`): new sessions are refused, calls on open ones still served.
         self.draining: float | None = None  # when the verifier expects to be back, as a time.monotonic()
@@ -257,7 +269,8 @@ class VerifierService:
             target_model=self.engine.name,
             target_hidden_size=self.engine.n_embd,
             capabilities=pb.Capabilities(
-                acceptance_modes=[pb.ACCEPTANCE_MODE_GREEDY, pb.ACCEPTANCE_MODE_SAMPLING],
+                acceptance_modes=[pb.ACCEPTANCE_MODE_GREEDY, pb.ACCEPTANCE_MODE_SAMPLING]
+                + ([pb.ACCEPTANCE_MODE_SEMANTIC] if self.rounds.semantic.offered else []),
                 upload_protocols=[
                     pb.UPLOAD_PROTOCOL_TOKENS_ONLY,
                     pb.UPLOAD_PROTOCOL_FULL_HIDDEN,
@@ -275,6 +288,8 @@ class VerifierService:
                 invariant_batch=self.engine.invariant_batch,
                 slo_classes=self.slo.classes if version >= 2 else {},
                 scheduling_policy=self.policy if version >= 2 else "",
+                semantic_head=self.rounds.semantic.identity,
+                semantic_threshold=self.rounds.semantic.default_threshold,
             ),
             server_version=__version__,
             chat_template=self.engine.chat_template() or "",
@@ -304,6 +319,7 @@ class VerifierService:
             client_id=req.client_id,
             deadline=deadline,
             caller=caller,
+            semantic_threshold=float(req.sampling.semantic_threshold),
         )
         return pb.OpenSessionResponse(
             session_id=opened.session_id,
@@ -346,6 +362,7 @@ class VerifierService:
                 draft_ms=req.draft_ms,
                 network_ms=req.network_ms,
                 arrived=arrived,
+                link=link_from_pb(req.link) if req.HasField("link") else None,
             ),
             deadline=deadline,
             caller=caller,
@@ -387,7 +404,7 @@ class VerifierService:
 def _mode(value: int) -> str:
     """The acceptance mode as edgekit names it; the wire's name for one it does not verify (for the refusal)."""
     mode = MODE_FROM_PB.get(value)
-    if mode in ("greedy", "sample"):
+    if mode in ("greedy", "sample", "semantic"):
         return mode
     return pb.AcceptanceMode.Name(value) if value in pb.AcceptanceMode.values() else str(value)
 
@@ -437,6 +454,9 @@ def _verify_response(a: RoundAnswer) -> pb.VerifyResponse:
             ended=v.next_token is None,
             hidden_rows=a.hidden_rows,
             next_budget=a.next_budget,
+            semantic_accepted=a.semantic_accepted,
+            semantic_threshold=a.semantic_threshold,
+            semantic_head=a.semantic_head,
         ),
         timings=timings,
     )

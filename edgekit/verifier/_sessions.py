@@ -62,7 +62,7 @@ class Session:
     id: str
     seq: int
     tokens: list[int]  # committed sequence
-    mode: str  # "greedy" | "sample"
+    mode: str  # "greedy" | "sample" | "semantic"
     temperature: float
     rng: np.random.Generator
     slo_class: str  # its SLO class's name ("best-effort" without one), as metrics group it
@@ -81,6 +81,7 @@ class Session:
     last_round: tuple[tuple[bytes, ...], RoundAnswer] | None = None
     decoded: int = 0  # tokens run through the target for this session: prefix reuse shows here
     hidden_size: int = 0  # width of the draft hidden states the session may upload; 0: none
+    semantic_threshold: float = 0.0  # semantic mode: a mismatch is rejected when the head's P(reject) exceeds it
     # SH: a block run and waiting for its hidden states (its KV cells are still in place).
     pending: PendingRound | None = None
     # The draft hidden states of the last round, as decoded: (block offsets, [n, d] rows).
@@ -99,6 +100,7 @@ class PendingRound:
     answer: RoundAnswer  # the request for hidden states, for a retried first half
     logits: np.ndarray
     positions: tuple[int, ...]
+    target_hidden: np.ndarray | None = None  # semantic mode: the target's hidden rows of the block
 
 
 class SessionTable:

@@ -84,6 +84,8 @@ class StatsSnapshot:
     generated_tokens: int  # of those, by target-only steps (Generate)
     goodput: float  # committed tokens per second over the window
     window_s: float  # the window goodput was measured over (shorter than asked for just after start)
+    semantic_rounds: int = 0  # rounds verified in semantic mode (lossy, WISV)
+    semantic_accepted: int = 0  # mismatches its decision head accepted in them (counted in accepted_tokens too)
 
     @property
     def batches(self) -> int:
@@ -151,6 +153,7 @@ class ServingStats:
         self._drafts = self._draft_tokens = self._accepted = 0
         self._per_position: list[int] = []
         self._committed = self._generated = 0
+        self._semantic_rounds = self._semantic_accepted = 0
         self._recent: deque[list[int]] = deque()  # [second, tokens committed in it], oldest first
 
     # -- what the verifier's parts record --------------------------------------------------------
@@ -177,10 +180,15 @@ class ServingStats:
         queue_ms: float,
         verify_ms: float,
         deadline_met: bool | None,
+        semantic_accepted: int | None = None,
     ) -> None:
         """A verdict: the block's length, the draft tokens it kept, the tokens it committed,
-        the round's time on the server, and whether it met its deadline (None: it had none)."""
+        the round's time on the server, whether it met its deadline (None: it had none) and,
+        in semantic mode, how many mismatches its head accepted (None: another mode)."""
         with self._lock:
+            if semantic_accepted is not None:
+                self._semantic_rounds += 1
+                self._semantic_accepted += semantic_accepted
             c = self._class(slo_class)
             c.rounds += 1
             if deadline_met is not None:
@@ -231,6 +239,8 @@ class ServingStats:
                 accepted_per_position=tuple(self._per_position),
                 committed_tokens=self._committed,
                 generated_tokens=self._generated,
+                semantic_rounds=self._semantic_rounds,
+                semantic_accepted=self._semantic_accepted,
                 # Not below one second: a token in the first instant is not a rate of thousands.
                 goodput=recent / max(span, 1.0),
                 window_s=span,

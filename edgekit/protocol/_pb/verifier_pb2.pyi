@@ -75,7 +75,7 @@ class TokenizerFingerprint(_message.Message):
     def __init__(self, vocab_size: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., bos_token: _Optional[int] = ..., eos_token: _Optional[int] = ..., model_name: _Optional[str] = ...) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("acceptance_modes", "upload_protocols", "hidden_encodings", "max_block", "max_context", "max_sessions", "assigns_budgets", "max_draft_top_k", "prefix_cache", "max_message_bytes", "exact_numerics", "invariant_batch", "slo_classes", "scheduling_policy")
+    __slots__ = ("acceptance_modes", "upload_protocols", "hidden_encodings", "max_block", "max_context", "max_sessions", "assigns_budgets", "max_draft_top_k", "prefix_cache", "max_message_bytes", "exact_numerics", "invariant_batch", "slo_classes", "scheduling_policy", "semantic_head", "semantic_threshold")
     class SloClassesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,8 @@ class Capabilities(_message.Message):
     INVARIANT_BATCH_FIELD_NUMBER: _ClassVar[int]
     SLO_CLASSES_FIELD_NUMBER: _ClassVar[int]
     SCHEDULING_POLICY_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_HEAD_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     acceptance_modes: _containers.RepeatedScalarFieldContainer[AcceptanceMode]
     upload_protocols: _containers.RepeatedScalarFieldContainer[UploadProtocol]
     hidden_encodings: _containers.RepeatedScalarFieldContainer[HiddenEncoding]
@@ -111,7 +113,9 @@ class Capabilities(_message.Message):
     invariant_batch: int
     slo_classes: _containers.ScalarMap[str, float]
     scheduling_policy: str
-    def __init__(self, acceptance_modes: _Optional[_Iterable[_Union[AcceptanceMode, str]]] = ..., upload_protocols: _Optional[_Iterable[_Union[UploadProtocol, str]]] = ..., hidden_encodings: _Optional[_Iterable[_Union[HiddenEncoding, str]]] = ..., max_block: _Optional[int] = ..., max_context: _Optional[int] = ..., max_sessions: _Optional[int] = ..., assigns_budgets: _Optional[bool] = ..., max_draft_top_k: _Optional[int] = ..., prefix_cache: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., exact_numerics: _Optional[bool] = ..., invariant_batch: _Optional[int] = ..., slo_classes: _Optional[_Mapping[str, float]] = ..., scheduling_policy: _Optional[str] = ...) -> None: ...
+    semantic_head: str
+    semantic_threshold: float
+    def __init__(self, acceptance_modes: _Optional[_Iterable[_Union[AcceptanceMode, str]]] = ..., upload_protocols: _Optional[_Iterable[_Union[UploadProtocol, str]]] = ..., hidden_encodings: _Optional[_Iterable[_Union[HiddenEncoding, str]]] = ..., max_block: _Optional[int] = ..., max_context: _Optional[int] = ..., max_sessions: _Optional[int] = ..., assigns_budgets: _Optional[bool] = ..., max_draft_top_k: _Optional[int] = ..., prefix_cache: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., exact_numerics: _Optional[bool] = ..., invariant_batch: _Optional[int] = ..., slo_classes: _Optional[_Mapping[str, float]] = ..., scheduling_policy: _Optional[str] = ..., semantic_head: _Optional[str] = ..., semantic_threshold: _Optional[float] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("protocol_version", "draft_tokenizer", "draft_model", "draft_hidden_size", "client_version")
@@ -320,7 +324,7 @@ class ServerTimings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., has_deadline: _Optional[bool] = ..., budget_ms: _Optional[float] = ..., deadline_met: _Optional[bool] = ..., estimated_ms: _Optional[float] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("accepted", "next_token", "bonus", "committed_length", "next_budget", "context_full", "ended", "hidden_rows")
+    __slots__ = ("accepted", "next_token", "bonus", "committed_length", "next_budget", "context_full", "ended", "hidden_rows", "semantic_accepted", "semantic_threshold", "semantic_head")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BONUS_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +333,9 @@ class Verdict(_message.Message):
     CONTEXT_FULL_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_ROWS_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_HEAD_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     next_token: int
     bonus: bool
@@ -337,7 +344,10 @@ class Verdict(_message.Message):
     context_full: bool
     ended: bool
     hidden_rows: int
-    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., bonus: _Optional[bool] = ..., committed_length: _Optional[int] = ..., next_budget: _Optional[int] = ..., context_full: _Optional[bool] = ..., ended: _Optional[bool] = ..., hidden_rows: _Optional[int] = ...) -> None: ...
+    semantic_accepted: int
+    semantic_threshold: float
+    semantic_head: str
+    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., bonus: _Optional[bool] = ..., committed_length: _Optional[int] = ..., next_budget: _Optional[int] = ..., context_full: _Optional[bool] = ..., ended: _Optional[bool] = ..., hidden_rows: _Optional[int] = ..., semantic_accepted: _Optional[int] = ..., semantic_threshold: _Optional[float] = ..., semantic_head: _Optional[str] = ...) -> None: ...
 
 class HiddenRequest(_message.Message):
     __slots__ = ("positions", "encoding")

@@ -1,8 +1,10 @@
 """Engines run batches of sequence feeds on a target model and decide nothing:
 `LlamaEngine` on a GGUF file through llama.cpp, `ToyEngine` on a toy model for tests."""
 
-from ._base import Engine, Feed
+from ._base import Engine, Feed, FeedOutput, split_output
 from ._llama import LlamaEngine, calibrate_invariant_batch
 from ._toy import ToyEngine
 
-__all__ = ["Engine", "Feed", "LlamaEngine", "ToyEngine", "calibrate_invariant_batch"]
+__all__ = [
+    "Engine", "Feed", "FeedOutput", "LlamaEngine", "ToyEngine", "calibrate_invariant_batch", "split_output",
+]

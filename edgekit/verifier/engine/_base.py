@@ -10,7 +10,7 @@ import numpy as np
 
 from ...protocol import Fingerprint
 
-__all__ = ["Engine", "Feed"]
+__all__ = ["Engine", "Feed", "FeedOutput", "split_output"]
 
 
 @dataclass(frozen=True)
@@ -22,19 +22,33 @@ class Feed:
     an abandoned SH round) go when the session's next feed runs, so a round needs
     no separate rollback. `start` may not pass the sequence's end. A prompt or a
     turn wants no logits (`n_out=0`); a verification round wants the block's K+1.
+    `hidden`: the round also wants the target's final-layer, post-norm hidden state
+    at those positions (the semantic mode reads them; no other mode pays for them).
     """
 
     seq: int
     start: int
     tokens: tuple[int, ...]
     n_out: int
+    hidden: bool = False
+
+
+FeedOutput = np.ndarray | tuple[np.ndarray, np.ndarray]  # logits, or (logits, hidden) for a `hidden` feed
+
+
+def split_output(out: FeedOutput) -> tuple[np.ndarray, np.ndarray | None]:
+    """A feed's logits and its hidden rows (None unless the feed asked for them)."""
+    if isinstance(out, tuple):
+        return out
+    return out, None
 
 
 class Engine(Protocol):
     """A target model with a KV sequence per session slot.
 
     `run_batch` runs feeds of several sequences and returns, per feed, the
-    logits of its last `n_out` positions ([n_out, n_vocab] float32, copies).
+    logits of its last `n_out` positions ([n_out, n_vocab] float32, copies),
+    or for a feed with `hidden` set the pair (logits, hidden [n_out, n_embd]).
     A feed that does not fit raises `KVCacheFullError`, leaving the sequences
     at their feeds' starts. `truncate` cuts a sequence, `release` empties it (for
     callers outside the verifier: it needs neither); `cached` says how many
@@ -55,7 +69,7 @@ class Engine(Protocol):
 
     def chat_template(self) -> str | None: ...
 
-    def run_batch(self, feeds: Sequence[Feed]) -> list[np.ndarray]: ...
+    def run_batch(self, feeds: Sequence[Feed]) -> list[FeedOutput]: ...
 
     def truncate(self, seq: int, length: int) -> None: ...
 

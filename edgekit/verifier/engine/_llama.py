@@ -32,7 +32,7 @@ import numpy as np
 from ...errors import InferenceError, KVCacheFullError
 from ...protocol import Fingerprint
 from ...runtime import LlamaContext, LlamaModel
-from ._base import Feed
+from ._base import Feed, FeedOutput
 
 __all__ = ["LlamaEngine", "calibrate_invariant_batch", "mixes_sessions_exactly"]
 
@@ -146,8 +146,9 @@ class LlamaEngine:
     def chat_template(self) -> str | None:
         return self.model.chat_template()
 
-    def run_batch(self, feeds: Sequence[Feed]) -> list[np.ndarray]:
+    def run_batch(self, feeds: Sequence[Feed]) -> list[FeedOutput]:
         outs = [np.empty((f.n_out, self.n_vocab), dtype=np.float32) for f in feeds]
+        hidden = [np.empty((f.n_out, self.n_embd), dtype=np.float32) if f.hidden else None for f in feeds]
         for f in feeds:
             held = self._ctx.seq_length(f.seq)
             if f.start > held:
@@ -157,14 +158,23 @@ class LlamaEngine:
             for f in feeds:
                 if f.n_out == 0:  # a prompt or a turn: calls of its own, in n_batch chunks (as target-only prefills)
                     self._ctx.decode_sequence(f.tokens, f.start, f.seq, last_output=False)
-            self._decode_rows([i for i, f in enumerate(feeds) if f.n_out], feeds, outs)
+            self._decode_rows([i for i, f in enumerate(feeds) if f.n_out and not f.hidden], feeds, outs, hidden)
+            wanting = [i for i, f in enumerate(feeds) if f.n_out and f.hidden]
+            if wanting:  # only the semantic mode's rounds pay for the hidden rows, in calls of their own
+                self._ctx.set_embeddings(True)
+                try:
+                    self._decode_rows(wanting, feeds, outs, hidden)
+                finally:
+                    self._ctx.set_embeddings(False)
         except KVCacheFullError:
             for f in feeds:
                 self._ctx.truncate(f.seq, f.start)  # leave every session as it was
             raise
-        return outs
+        return [o if h is None else (o, h) for o, h in zip(outs, hidden)]
 
-    def _decode_rows(self, which: list[int], feeds: Sequence[Feed], outs: list[np.ndarray]) -> None:
+    def _decode_rows(
+        self, which: list[int], feeds: Sequence[Feed], outs: list[np.ndarray], hidden: list[np.ndarray | None]
+    ) -> None:
         """The feeds that want logits: their rows in calls of at most `step` rows, several
         feeds to a call where that is exact (or numerics are fast)."""
         step = self.invariant_batch if self.exact else self._ctx.n_batch
@@ -183,6 +193,9 @@ class LlamaEngine:
                     head = len(feeds[i].tokens) - feeds[i].n_out
                     if r >= head:
                         outs[i][r - head] = self._ctx.logits(row)  # indexed by batch row
+                        rows_out = hidden[i]
+                        if rows_out is not None:
+                            rows_out[r - head] = self._ctx.hidden(row)
 
     def truncate(self, seq: int, length: int) -> None:
         self._ctx.truncate(seq, length)

@@ -7,7 +7,9 @@ may not start past the end), a feed that would pass `max_context` cells raises
 position are the toy model's for the sequence up to and including it.
 Batch-invariant by construction. Given `cost` (a batch's milliseconds, say an
 estimator's prediction), a batch also takes that long, so that schedulers can
-be tested against an engine whose speed is known.
+be tested against an engine whose speed is known. Its hidden state at a
+position (`hidden`) is a fixed function of the sequence up to it: rows that
+depend on the context, as a real model's do, for the semantic mode's tests.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from ...errors import InferenceError, KVCacheFullError
 from ...protocol import Fingerprint
 from ...runtime import ToyLanguageModel
-from ._base import Feed
+from ._base import Feed, FeedOutput
 
 __all__ = ["ToyEngine"]
 
@@ -57,7 +59,7 @@ class ToyEngine:
     def chat_template(self) -> str | None:
         return None
 
-    def run_batch(self, feeds: Sequence[Feed]) -> list[np.ndarray]:
+    def run_batch(self, feeds: Sequence[Feed]) -> list[FeedOutput]:
         for feed in feeds:
             held = len(self._kv[feed.seq])
             if feed.start > held:
@@ -72,14 +74,23 @@ class ToyEngine:
             time.sleep(max(0.0, self.cost(feeds) / 1e3 - (time.perf_counter() - t0)))
         return out
 
-    def _run(self, feed: Feed) -> np.ndarray:
+    def _run(self, feed: Feed) -> FeedOutput:
         kv = self._kv[feed.seq]
         del kv[feed.start :]  # a rolled-back round's cells go first
         kv.extend(feed.tokens)
         self.decoded += len(feed.tokens)
         n = len(kv)
         rows = [self.lm.logits(kv[: n - feed.n_out + i + 1]) for i in range(feed.n_out)]
-        return np.stack(rows) if rows else np.empty((0, self.n_vocab), dtype=np.float32)
+        logits = np.stack(rows) if rows else np.empty((0, self.n_vocab), dtype=np.float32)
+        if not feed.hidden:
+            return logits
+        hidden = [self.hidden(kv[: n - feed.n_out + i + 1]) for i in range(feed.n_out)]
+        return logits, np.stack(hidden) if hidden else np.empty((0, self.n_embd), dtype=np.float32)
+
+    def hidden(self, context: Sequence[int]) -> np.ndarray:
+        """The toy's hidden state after `context`: a seeded function of its last tokens."""
+        seed = hash((len(context), tuple(context[-4:]))) & 0xFFFFFFFF
+        return np.random.default_rng(seed).standard_normal(self.n_embd).astype(np.float32)
 
     def truncate(self, seq: int, length: int) -> None:
         del self._kv[seq][length:]

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..engine import Feed
+from ..engine import Feed, FeedOutput, split_output
 
 __all__ = ["Batch", "Objective", "Scheduler", "Work", "WorkQueue", "WorkResult", "complete"]
 
@@ -41,6 +41,7 @@ class WorkResult:
     run_ms: float  # the batch it ran in, on the engine
     batch_size: int  # works in that batch
     estimated_ms: float = 0.0  # what the scheduler's estimator expected of that batch (0: no estimate)
+    hidden: np.ndarray | None = None  # [n_out, n_embd], the target's hidden rows when the feed asked for them
 
 
 @dataclass(eq=False)
@@ -94,19 +95,22 @@ class Scheduler(Protocol):
         running); None when nothing waits."""
         ...
 
-    def update(self, batch: Batch, outputs: Sequence[np.ndarray] | BaseException, run_ms: float) -> None:
+    def update(self, batch: Batch, outputs: Sequence[FeedOutput] | BaseException, run_ms: float) -> None:
         """A batch ran: its outputs (one per work, in order) or the error that stopped it."""
         ...
 
 
-def complete(batch: Batch, outputs: Sequence[np.ndarray] | BaseException, run_ms: float) -> None:
+def complete(batch: Batch, outputs: Sequence[FeedOutput] | BaseException, run_ms: float) -> None:
     """Hands a batch's outputs (or the error that stopped it) to its works' futures."""
     for i, work in enumerate(batch.works):
         if isinstance(outputs, BaseException):
             work.future.set_exception(outputs)
         else:
             queue_ms = (batch.dispatched - work.submitted) * 1e3
-            work.future.set_result(WorkResult(outputs[i], queue_ms, run_ms, len(batch.works), batch.estimated_ms))
+            logits, hidden = split_output(outputs[i])
+            work.future.set_result(
+                WorkResult(logits, queue_ms, run_ms, len(batch.works), batch.estimated_ms, hidden)
+            )
 
 
 class WorkQueue:
@@ -126,5 +130,5 @@ class WorkQueue:
         with self._lock:
             return len(self._queue)
 
-    def update(self, batch: Batch, outputs: Sequence[np.ndarray] | BaseException, run_ms: float) -> None:
+    def update(self, batch: Batch, outputs: Sequence[FeedOutput] | BaseException, run_ms: float) -> None:
         complete(batch, outputs, run_ms)

@@ -1,0 +1,217 @@
+"""The decision head (WISV eqs. 23-27): training data, training, threshold, export.
+
+Input (eq. 23): [h_draft, h_target, CSI features], the draft's and the target's
+final-layer hidden rows at a mismatch and `csi_features` of the link. Output:
+P(reject), the probability that the mismatch should be repaired. A mismatch is
+rejected when P(reject) > threshold (eq. 27): threshold 0 rejects every
+mismatch (greedy speculative decoding), threshold 1 none.
+
+Training instances (sec. V-B): for each labelled episode, `draws` link states
+are sampled (`csi.sample_links`), each gives a channel quality q, the episode's
+relabeled actions under q (`relabel`, eqs. 28-31) are the targets, and every
+mismatch becomes one instance with that link's CSI. The ablation without CSI
+(WISV Fig. 5) trains on the base labels and the hidden rows alone.
+
+Episodes are split into training and validation by task (never a task in
+both); the held-out HumanEval problems are not in the traces at all. The model
+is a two-layer MLP (linear, ReLU, dropout, linear, sigmoid; eqs. 24-25), trained
+with Adam on class-weighted BCE (eq. 26) with weight decay, keeping the weights
+of the best validation loss (`edgekit.predictors.train.train_mlp`).
+
+The operating threshold is the largest at which the head, on the validation
+mismatches at a perfect link (q = 1), still rejects at least `critical_recall`
+of the critical ones: the most permissive head that keeps the repairs a
+strict verifier would need.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.predictors.export import export_onnx
+from edgekit.predictors.train import Mlp, auc, train_mlp
+from edgekit.protocol import LinkState
+
+from .collect import TraceSet
+from .csi import CSI_FEATURES, channel_quality, csi_features, sample_links
+from .relabel import RelabelConfig, relabel_episode, sample_actions
+
+__all__ = ["GOOD_LINK", "POOR_LINK", "HeadData", "evaluate", "export_head", "labelled_episodes", "make_dataset",
+           "pick_threshold", "split_episodes", "train_head"]
+
+# The issue's two ends of the link testbed: the head must be more permissive on the second.
+GOOD_LINK = LinkState(rtt_ms=5.0, uplink_mbps=500.0, downlink_mbps=500.0, samples=8)
+POOR_LINK = LinkState(rtt_ms=50.0, uplink_mbps=20.0, downlink_mbps=20.0, samples=8)
+
+
+@dataclass
+class _Episode:
+    index: int
+    task_id: str
+    positions: np.ndarray
+    critical: np.ndarray
+    h_draft: np.ndarray
+    h_target: np.ndarray
+
+
+def labelled_episodes(traces: TraceSet) -> list[_Episode]:
+    """The episodes whose every mismatch has its task-outcome label (relabeling needs whole episodes)."""
+    labels = traces.labels()
+    out = []
+    for ep in traces.episodes:
+        rows = traces.rows(ep["index"])
+        pos = rows["positions"]
+        if not len(pos) or any((ep["index"], int(p)) not in labels for p in pos):
+            continue
+        crit = np.array([labels[(ep["index"], int(p))]["critical"] for p in pos], dtype=bool)
+        out.append(
+            _Episode(ep["index"], ep["task_id"], pos, crit, rows["h_draft"].astype(np.float32),
+                     rows["h_target"].astype(np.float32))
+        )
+    return out
+
+
+def split_episodes(
+    episodes: list[_Episode], val_share: float = 0.25, seed: int = 0
+) -> tuple[list[_Episode], list[_Episode]]:
+    """Training and validation episodes, split by task id (a seeded hash, stable as traces grow)."""
+    train: list[_Episode] = []
+    val: list[_Episode] = []
+    for e in episodes:
+        h = int.from_bytes(hashlib.sha256(f"{seed}:{e.task_id}".encode()).digest()[:4], "little") / 2**32
+        (val if h < val_share else train).append(e)
+    return train, val
+
+
+@dataclass
+class HeadData:
+    x: np.ndarray  # [n, features]
+    y: np.ndarray  # 1: reject (repair)
+    critical: np.ndarray  # the base label of each instance's mismatch
+    quality: np.ndarray  # q of the instance's link (1 without CSI)
+    episode: np.ndarray
+
+
+def make_dataset(
+    episodes: list[_Episode],
+    *,
+    csi: bool,
+    draws: int = 8,
+    config: RelabelConfig = RelabelConfig(),
+    seed: int = 0,
+    links: list[LinkState] | None = None,
+) -> HeadData:
+    """Instances of the episodes: with `csi`, `draws` sampled links per episode (or each of
+    `links`), relabeled (eq. 31); without, the base labels."""
+    rng = np.random.default_rng(seed)
+    xs, ys, cs, qs, es = [], [], [], [], []
+    for e in episodes:
+        hid = np.hstack([e.h_draft, e.h_target])
+        if not csi:
+            xs.append(hid)
+            ys.append(e.critical.astype(np.float64))
+            cs.append(e.critical)
+            qs.append(np.ones(len(hid)))
+            es.append(np.full(len(hid), e.index))
+            continue
+        for link in links if links is not None else sample_links(draws, rng):
+            q = channel_quality(link)
+            pi = relabel_episode(e.positions, e.critical, q, config)
+            feats = np.broadcast_to(csi_features(link), (len(hid), len(CSI_FEATURES)))
+            xs.append(np.hstack([hid, feats]))
+            ys.append(sample_actions(pi, rng) if links is None else pi)
+            cs.append(e.critical)
+            qs.append(np.full(len(hid), q))
+            es.append(np.full(len(hid), e.index))
+    if not xs:
+        raise ValueError("no labelled episodes to build a dataset from")
+    return HeadData(
+        np.vstack(xs).astype(np.float32), np.concatenate(ys), np.concatenate(cs), np.concatenate(qs),
+        np.concatenate(es),
+    )
+
+
+def train_head(train: HeadData, val: HeadData, *, hidden: int = 32, dropout: float = 0.3, l2: float = 3e-3,
+               seed: int = 0) -> Mlp:
+    """Eqs. 24-26: linear, ReLU, dropout, linear, sigmoid; class-weighted BCE with weight decay."""
+    return train_mlp(
+        train.x.astype(np.float64), train.y, val.x.astype(np.float64), (val.y >= 0.5).astype(np.float64),
+        hidden=(hidden,), lr=1e-3, batch=64, epochs=400, patience=40, l2=l2, seed=seed, dropout=dropout,
+    )
+
+
+def features_for(episodes: list[_Episode], link: LinkState | None) -> tuple[np.ndarray, np.ndarray]:
+    """Every mismatch of the episodes under one link (None: no CSI input), and their base labels."""
+    rows, crit = [], []
+    for e in episodes:
+        hid = np.hstack([e.h_draft, e.h_target])
+        if link is not None:
+            hid = np.hstack([hid, np.broadcast_to(csi_features(link), (len(hid), len(CSI_FEATURES)))])
+        rows.append(hid)
+        crit.append(e.critical)
+    return np.vstack(rows).astype(np.float64), np.concatenate(crit).astype(np.float64)
+
+
+def pick_threshold(p_reject: np.ndarray, critical: np.ndarray, critical_recall: float) -> float:
+    """The largest threshold that still rejects `critical_recall` of the critical mismatches."""
+    crit = np.sort(p_reject[critical == 1])
+    if not len(crit):
+        return 0.5
+    # reject when p > threshold: a threshold just under the k-th largest critical score rejects k of them
+    k = int(np.ceil(critical_recall * len(crit)))
+    kth = crit[len(crit) - k]
+    return float(np.nextafter(kth, -np.inf)) if kth > 0 else 0.0
+
+
+def evaluate(model: Mlp, episodes: list[_Episode], threshold: float, *, csi: bool) -> dict:
+    """Validation figures: AUC of P(reject) for the base labels, and at the threshold on
+    the good and the poor link the confusion and the share of mismatches accepted."""
+    out: dict = {}
+    for name, link in (("good_link", GOOD_LINK), ("poor_link", POOR_LINK)):
+        x, crit = features_for(episodes, link if csi else None)
+        p = model.predict(x)
+        reject = p > threshold
+        pos = crit == 1
+        out[name] = {
+            "quality": channel_quality(link),
+            "auc": auc(crit, p),
+            "mismatches": len(crit),
+            "accepted_share": float((~reject).mean()) if len(crit) else 0.0,
+            "confusion": {  # positive = critical
+                "tp": int((reject & pos).sum()), "fn": int((~reject & pos).sum()),
+                "tn": int((~reject & ~pos).sum()), "fp": int((reject & ~pos).sum()),
+            },
+        }
+    return out
+
+
+def export_head(
+    model: Mlp,
+    path: str | os.PathLike[str],
+    *,
+    draft_hidden: int,
+    target_hidden: int,
+    csi: bool,
+    threshold: float,
+    metadata: dict[str, str] | None = None,
+) -> Path:
+    """ONNX with input `features` [N, draft + target hidden (+ CSI)] and output `p_reject` [N, 1]."""
+    described = f"h_draft[{draft_hidden}],h_target[{target_hidden}]" + (
+        "," + ",".join(CSI_FEATURES) if csi else ""
+    )
+    meta = {
+        "edgekit.kind": "semantic-head",
+        "edgekit.draft_hidden": str(draft_hidden),
+        "edgekit.target_hidden": str(target_hidden),
+        "edgekit.csi": ",".join(CSI_FEATURES) if csi else "",
+    }
+    meta.update(metadata or {})
+    return export_onnx(
+        model, path, feature_names=described, threshold=threshold, metadata=meta,
+        output_name="p_reject", graph_name="edgekit-semantic-head",
+    )

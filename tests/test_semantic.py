@@ -1,0 +1,252 @@
+"""Semantic verification (WISV): the acceptance rule, the verifier's decisions, the client's
+mode and every refusal, over a toy engine and small ONNX heads built here."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from edgekit import ConfigError, EdgeClient, GenerationConfig, ProtocolError, SemanticHeadError
+from edgekit.predictors.train import Mlp
+from edgekit.protocol import LinkState, accept_semantic, mismatch_positions
+from edgekit.semantic.csi import CSI_FEATURES, channel_quality, csi_features
+from edgekit.semantic.head import GOOD_LINK, POOR_LINK, export_head
+from edgekit.semantic.runtime import SemanticHead
+from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, toy_verifier
+from edgekit.verifier._semantic import SemanticMode
+
+D_DRAFT, D_TARGET = 16, 8  # the fake draft's and the toy engine's hidden sizes
+
+
+def _quality_head(path, *, slope: float = 10.0, bias: float = -5.0, threshold: float = 0.5,
+                  d_draft: int = D_DRAFT, d_target: int = D_TARGET, csi: bool = True) -> SemanticHead:
+    """A head whose P(reject) is sigmoid(slope * q + bias): strict on good links, lenient on poor ones."""
+    width = d_draft + d_target + (len(CSI_FEATURES) if csi else 0)
+    w0 = np.zeros((width, 2))
+    if csi:
+        w0[d_draft + d_target, 0] = slope  # the quality feature
+    b0 = np.array([0.0, 1.0])  # unit 1 is a constant 1 (relu of 1)
+    w1 = np.array([[1.0], [bias]])
+    model = Mlp(np.zeros(width), np.ones(width), [w0, w1], [b0, np.zeros(1)])
+    export_head(model, path, draft_hidden=d_draft, target_hidden=d_target, csi=csi, threshold=threshold,
+                metadata={"edgekit.pair": "toy"})
+    return SemanticHead(path)
+
+
+def _client(head, link: SimulatedLink | None = None, *, n_embd: int = D_DRAFT, **gen):
+    verifier = toy_verifier(ToyLanguageModel(seed=5), link=link, semantic_head=head)
+    draft = FakeDraftModel(ToyLanguageModel(seed=5, noise=2.0), n_embd=n_embd)
+    config = GenerationConfig(**(dict(max_tokens=60, stop_at_eos=False, drafting="fixed", draft_k=6) | gen))
+    return EdgeClient(verifier, draft_model=draft, generation=config), verifier
+
+
+# -- the rule ------------------------------------------------------------------------------
+
+
+def _logits(best: list[int], vocab: int = 10) -> np.ndarray:
+    out = np.zeros((len(best), vocab), dtype=np.float32)
+    out[np.arange(len(best)), best] = 1.0
+    return out
+
+
+def test_the_first_mismatch_the_head_rejects_ends_the_block():
+    logits = _logits([1, 2, 3, 4, 5])  # the target's choices at offsets 0..4 (4: after the block)
+    block = [1, 9, 3, 9]  # mismatches at offsets 1 and 3
+    assert mismatch_positions(logits, block) == [1, 3]
+    assert accept_semantic(logits, block, [0.9, 0.9], 0.5) == (1, 2, 0)  # rejected at 1: the target's 2
+    assert accept_semantic(logits, block, [0.2, 0.9], 0.5) == (3, 4, 1)  # 1 accepted, 3 rejected
+    assert accept_semantic(logits, block, [0.2, 0.2], 0.5) == (4, 5, 2)  # all accepted: the bonus token
+    # eq. 27 rejects when P > threshold: 0 rejects every mismatch with P > 0, 1 none
+    assert accept_semantic(logits, block, [0.3, 0.3], 0.0)[0] == 1
+    assert accept_semantic(logits, block, [1.0, 1.0], 1.0)[0] == 4
+    with pytest.raises(ValueError, match="2 mismatches"):
+        accept_semantic(logits, block, [0.1], 0.5)
+
+
+class _RecordingHead:
+    identity, threshold, draft_hidden, target_hidden = "rec:0", 0.5, 3, 2
+
+    def __init__(self, p: list[float]) -> None:
+        self.p = p
+        self.seen: list = []
+
+    def check_pair(self, draft_hidden: int, target_hidden: int) -> None:
+        pass
+
+    def p_reject(self, h_draft, h_target, link):
+        self.seen.append((h_draft.copy(), h_target.copy(), link))
+        return np.asarray(self.p)
+
+
+def test_the_head_reads_the_rows_of_the_mismatches_fh_and_sh():
+    logits = _logits([1, 2, 3, 4, 5])
+    block = [1, 9, 3, 9]
+    target = np.arange(5 * 2, dtype=np.float32).reshape(5, 2)
+    link = LinkState(rtt_ms=50, uplink_mbps=20, samples=3)
+    head = _RecordingHead([0.1, 0.9])
+    mode = SemanticMode(head, target_hidden=2)
+    fh = (tuple(range(4)), np.arange(4 * 3, dtype=np.float32).reshape(4, 3))
+    assert mode.decide(logits, block, fh, target, 0.5, link) == (3, 4, 1)
+    h_d, h_t, seen_link = head.seen[-1]
+    assert h_d.tolist() == [fh[1][1].tolist(), fh[1][3].tolist()] and h_t.tolist() == [target[1].tolist(),
+                                                                                         target[3].tolist()]
+    assert seen_link is link
+    sh = ((1, 3), fh[1][[1, 3]])
+    assert mode.decide(logits, block, sh, target, 0.5, link) == (3, 4, 1)
+    assert head.seen[-1][0].tolist() == h_d.tolist()
+    with pytest.raises(ProtocolError, match=r"offsets \[3\]"):
+        mode.decide(logits, block, ((1,), fh[1][[1]]), target, 0.5, link)
+    with pytest.raises(ProtocolError, match="upload them"):
+        mode.decide(logits, block, None, target, 0.5, link)
+    # no mismatch: no head call, greedy's verdict
+    n = len(head.seen)
+    assert mode.decide(logits, [1, 2, 3, 4], None, None, 0.5, link) == (4, 5, 0) and len(head.seen) == n
+
+
+# -- CSI -------------------------------------------------------------------------------------
+
+
+def test_channel_quality_orders_links_and_an_unmeasured_link_reads_as_free():
+    q_good, q_poor = channel_quality(GOOD_LINK), channel_quality(POOR_LINK)
+    assert 0.85 < q_good < 1.0 and 0.2 < q_poor < 0.45
+    assert channel_quality(replace(POOR_LINK, loss_rate=0.05)) < q_poor
+    assert channel_quality(replace(GOOD_LINK, uplink_mbps=2.0)) < q_good  # a slow uplink costs serialisation
+    assert channel_quality(LinkState()) == 1.0 and csi_features(LinkState())[0] == 1.0
+    f = csi_features(POOR_LINK)
+    assert f.shape == (len(CSI_FEATURES),) and f[0] == pytest.approx(q_poor) and f[2] == pytest.approx(0.5)
+
+
+# -- the mode end to end over a toy verifier ---------------------------------------------------
+
+
+@pytest.fixture
+def head(tmp_path):
+    return _quality_head(tmp_path / "head.onnx")
+
+
+def test_semantic_mode_is_strict_on_a_good_link_and_lenient_on_a_poor_one(head):
+    greedy = _client(None, upload="fh")[0].generate("semantic").until_done()
+    runs = {}
+    for name, link in (("good", SimulatedLink(rtt_ms=5, uplink_mbps=500, downlink_mbps=500)),
+                       ("poor", SimulatedLink(rtt_ms=50, uplink_mbps=20, downlink_mbps=20))):
+        for upload in ("fh", "sh", "auto"):
+            client, _ = _client(head, link, mode="semantic", upload=upload)
+            runs[name, upload] = client.generate("semantic").until_done()
+    for upload in ("fh", "sh", "auto"):
+        good, poor = runs["good", upload], runs["poor", upload]
+        # good link: P(reject) = sigmoid(10 q - 5) > 0.5 everywhere: greedy's output, nothing accepted
+        assert good.token_ids == greedy.token_ids and good.stats.semantic_accepted == 0
+        # poor link: every mismatch accepted, so blocks are accepted whole
+        assert poor.stats.semantic_accepted > 0 and poor.token_ids != greedy.token_ids
+        assert poor.stats.accepted == poor.stats.drafted
+        assert poor.stats.rounds < greedy.stats.rounds
+        assert poor.stats.accepted_length > greedy.stats.accepted_length
+        for r in (good, poor):
+            assert r.stats.semantic_head == head.identity and r.stats.semantic_threshold == 0.5
+            assert r.stats.mode == "semantic"
+        assert sum(d.semantic_accepted for d in poor.stats.rounds_detail) == poor.stats.semantic_accepted
+    assert greedy.stats.semantic_accepted == 0 and greedy.stats.semantic_head == ""
+
+
+def test_threshold_zero_is_greedy_and_one_accepts_every_mismatch(head):
+    greedy = _client(None, upload="fh")[0].generate("t").until_done()
+    poor = SimulatedLink(rtt_ms=50, uplink_mbps=20, downlink_mbps=20)
+    strict = _client(head, poor, mode="semantic", upload="fh", semantic_threshold=0.0)[0].generate("t").until_done()
+    assert strict.token_ids == greedy.token_ids and strict.stats.semantic_threshold == 0.0
+    lenient = _client(head, mode="semantic", upload="fh", semantic_threshold=1.0)[0].generate("t").until_done()
+    assert lenient.stats.accepted == lenient.stats.drafted and lenient.stats.semantic_accepted > 0
+
+
+def test_the_verifier_counts_semantic_rounds_and_accepted_mismatches(head):
+    client, verifier = _client(head, mode="semantic", upload="fh", semantic_threshold=1.0)
+    result = client.generate("count").until_done()
+    snap = verifier.service.stats.snapshot()
+    assert snap.semantic_rounds == result.stats.rounds
+    assert snap.semantic_accepted == result.stats.semantic_accepted > 0
+    info = client.transport.handshake(client.draft.fingerprint(), draft_model="x", draft_hidden_size=D_DRAFT)
+    assert "semantic" in info.modes and info.semantic_head == head.identity and info.semantic_threshold == 0.5
+
+
+# -- refusals ------------------------------------------------------------------------------------
+
+
+def test_semantic_mode_needs_uploads_and_a_threshold_in_range():
+    with pytest.raises(ConfigError, match="upload"):
+        GenerationConfig(mode="semantic")
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match="semantic_threshold"):
+            GenerationConfig(mode="semantic", upload="fh", semantic_threshold=bad)
+
+
+def test_a_verifier_without_a_head_refuses_the_mode_clearly():
+    client, verifier = _client(None, mode="semantic", upload="fh")
+    with pytest.raises(ConfigError, match=r"offers: greedy, sample\); it needs a semantic decision head"):
+        client.generate("x").until_done()
+    info = verifier.handshake(client.draft.fingerprint(), draft_model="x", draft_hidden_size=D_DRAFT)
+    assert "semantic" not in info.modes
+    with pytest.raises(ProtocolError, match="--semantic-head"):
+        verifier.open_session([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=client.draft.fingerprint(),
+                              draft_hidden_size=D_DRAFT, semantic_threshold=0.5)
+
+
+def test_bad_semantic_sessions_are_refused_and_nothing_is_opened(head):
+    client, verifier = _client(head)
+    fp = client.draft.fingerprint()
+    open_ = dict(mode="semantic", temperature=1.0, seed=0, draft=fp)
+    with pytest.raises(ProtocolError, match=r"\[0, 1\]"):
+        verifier.open_session([1, 2, 3], **open_, draft_hidden_size=D_DRAFT, semantic_threshold=1.5)
+    with pytest.raises(ProtocolError, match="draft_hidden_size"):
+        verifier.open_session([1, 2, 3], **open_, draft_hidden_size=0, semantic_threshold=0.5)
+    with pytest.raises(ProtocolError, match="16-wide draft") as err:
+        verifier.open_session([1, 2, 3], **open_, draft_hidden_size=640, semantic_threshold=0.5)
+    assert "trained for toy" in str(err.value) and err.value.code == "FAILED_PRECONDITION"
+    assert len(verifier.service.sessions) == 0
+    # the client with a draft of the wrong width hears the same
+    wrong, _ = _client(head, n_embd=640, mode="semantic", upload="fh")
+    with pytest.raises(ProtocolError, match="16-wide draft"):
+        wrong.generate("x").until_done()
+
+
+def test_a_tokens_only_round_is_refused_and_the_session_stays_usable(head):
+    client, verifier = _client(head)
+    from edgekit.protocol import BlockRequest
+
+    fp = client.draft.fingerprint()
+    opened = verifier.open_session([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=fp,
+                                   draft_hidden_size=D_DRAFT, semantic_threshold=0.5)
+    with pytest.raises(ProtocolError, match="not tokens only"):
+        verifier.verify(BlockRequest(opened.session_id, 3, [4, 5], upload="tokens"))
+    rows = np.ones((2, D_DRAFT), dtype=np.float32)
+    v = verifier.verify(BlockRequest(opened.session_id, 3, [4, 5], upload="fh", hidden=rows))
+    assert v.committed_length >= 4 and v.semantic_head == head.identity
+    # a round without a draft (plain target step) needs no rows
+    v2 = verifier.verify(BlockRequest(opened.session_id, v.committed_length, [], upload="tokens"))
+    assert v2.committed_length == v.committed_length + 1
+
+
+def test_heads_that_do_not_fit_are_refused(tmp_path):
+    with pytest.raises(SemanticHeadError, match="no semantic head"):
+        SemanticHead(tmp_path / "missing.onnx")
+    (tmp_path / "junk.onnx").write_bytes(b"not onnx")
+    with pytest.raises(SemanticHeadError, match="not a usable ONNX"):
+        SemanticHead(tmp_path / "junk.onnx")
+    from edgekit.predictors import shipped_cards
+
+    predictor = shipped_cards()[0]["path"]  # a rejection predictor is not a head
+    with pytest.raises(SemanticHeadError, match="not an edgekit semantic head"):
+        SemanticHead(predictor)
+    head = _quality_head(tmp_path / "h.onnx", d_target=12)
+    with pytest.raises(SemanticHeadError, match="12-wide target"):
+        toy_verifier(ToyLanguageModel(seed=5), semantic_head=head)
+    with pytest.raises(SemanticHeadError, match="do not pair up"):
+        head.p_reject(np.zeros((2, D_DRAFT)), np.zeros((3, 12)), None)
+
+
+def test_a_head_without_csi_ignores_the_link(tmp_path):
+    head = _quality_head(tmp_path / "nocsi.onnx", csi=False, bias=2.0)
+    assert not head.uses_csi and head.width == D_DRAFT + D_TARGET
+    p_good = head.p_reject(np.zeros((1, D_DRAFT)), np.zeros((1, D_TARGET)), GOOD_LINK)
+    p_poor = head.p_reject(np.zeros((1, D_DRAFT)), np.zeros((1, D_TARGET)), POOR_LINK)
+    assert p_good == pytest.approx(p_poor)
