@@ -52,7 +52,32 @@ _MAX_WINDOW = typer.Option(
     8, "--max-window", min=1, max=64, help="Most tokens per block for predictor and p-min drafting."
 )
 _P_MIN = typer.Option(0.5, "--p-min", min=0.0, max=1.0, help="Confidence threshold of p-min drafting.")
-_UPLOAD = typer.Option("tokens", "--upload", help=UPLOAD_HELP)
+_UPLOAD = typer.Option(None, "--upload", help=UPLOAD_HELP + " Default: tokens; auto with --mode semantic.")
+MODE_HELP = (
+    "greedy: exact target argmax; sample: lossless speculative sampling; semantic: lossy (WISV), the "
+    "verifier's decision head accepts mismatches it judges harmless, more readily on a poor link "
+    "(needs a verifier started with --semantic-head; uploads hidden states)."
+)
+_SEMANTIC_THRESHOLD = typer.Option(
+    None, "--semantic-threshold", min=0.0, max=1.0,
+    help="Semantic mode: reject a mismatch when the head's P(reject) exceeds this (0: as greedy, 1: accept "
+    "every mismatch); default: the head's own operating threshold.",
+)
+
+
+def upload_for(upload: str | None, mode: str) -> str:
+    """The upload a command asked for, or its default: hidden states where semantic mode needs them."""
+    return upload or ("auto" if mode == "semantic" else "tokens")
+
+
+def semantic_summary(stats) -> str:  # GenerationStats
+    """', N mismatches accepted by HEAD at T' for a semantic generation, else ''."""
+    if stats.mode != "semantic":
+        return ""
+    return (
+        f", {stats.semantic_accepted} mismatches accepted (semantic, head {stats.semantic_head}, "
+        f"threshold {stats.semantic_threshold:.3f})"
+    )
 _SLO_CLASS = typer.Option(
     None, "--slo-class",
     help="A token-speed class the verifier names (by default realtime 8, interactive 6, standard 4, relaxed 2 "

@@ -6,7 +6,7 @@ import typer
 
 from edgekit.errors import EdgekitError
 
-from . import api, chat, device, generate, models, plan, predictor, probe, profile, serve
+from . import api, chat, device, generate, models, plan, predictor, probe, profile, semantic, serve
 
 app = typer.Typer(
     name="edgekit",
@@ -25,6 +25,7 @@ app.command("device")(device.device)
 app.command("api")(api.api)
 app.add_typer(models.app, name="models")
 app.add_typer(predictor.app, name="predictor")
+app.add_typer(semantic.app, name="semantic")
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:

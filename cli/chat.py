@@ -20,11 +20,15 @@ from ._common import (
     _PREDICTOR,
     _PROACTIVE,
     _RETRY_FOR,
+    _SEMANTIC_THRESHOLD,
     _SLO_CLASS,
     _TARGET_SPEED,
     _UPLOAD,
+    MODE_HELP,
     PAIR_HELP,
     VERIFIER_HELP,
+    semantic_summary,
+    upload_for,
 )
 from .generate import Mode
 
@@ -174,14 +178,15 @@ def chat(
         False, "--json", help="Machine-readable output only: one JSON object per answer; diagnostics on stderr."
     ),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens per answer."),
-    mode: Mode = typer.Option(Mode.greedy, "--mode", help="greedy (exact target argmax) or sample (lossless)."),
+    mode: Mode = typer.Option(Mode.greedy, "--mode", help=MODE_HELP),
+    semantic_threshold: float | None = _SEMANTIC_THRESHOLD,
     temperature: float = typer.Option(0.7, "--temperature", "-t", help="Sampling temperature (mode sample)."),
     draft_k: int = typer.Option(4, "--draft-k", "-k", min=1, max=64, help="Draft window K: tokens drafted per round."),
     drafting: str = _DRAFTING,
     predictor: str | None = _PREDICTOR,
     max_window: int = _MAX_WINDOW,
     p_min: float = _P_MIN,
-    upload: str = _UPLOAD,
+    upload: str | None = _UPLOAD,
     slo_class: str | None = _SLO_CLASS,
     target_speed: float | None = _TARGET_SPEED,
     seed: int | None = typer.Option(None, "--seed", help="Seed for sampling (reproducible answers)."),
@@ -212,7 +217,7 @@ def chat(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
         drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
         slo_class=slo_class, target_speed=target_speed, proactive=proactive,
-        upload=cast(Upload, upload),
+        upload=cast(Upload, upload_for(upload, mode.value)), semantic_threshold=semantic_threshold,
     )
     # With --json, stdout carries only JSON lines; everything for people goes to stderr.
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
@@ -310,8 +315,8 @@ class _ChatSession:
         elif stats is not None:
             self.out.print(
                 f"[dim]\\[{stats.completion_tokens} tokens · {stats.tokens_per_second:.1f} tok/s · acceptance "
-                f"{stats.acceptance_rate:.2f} · AAL {stats.accepted_length:.2f} · {stats.rounds} rounds · "
-                f"finish: {stats.finish_reason}][/dim]"
+                f"{stats.acceptance_rate:.2f} · AAL {stats.accepted_length:.2f} · {stats.rounds} rounds"
+                f"{semantic_summary(stats).replace(', ', ' · ', 1)} · finish: {stats.finish_reason}][/dim]"
             )
 
     # -- the interactive loop -----------------------------------------------------------------
@@ -424,6 +429,11 @@ class _ChatSession:
                 "target passes per token", f"{last.target_passes_per_token:.3f}",
                 f"{rounds / tokens:.3f}" if tokens else "-"
             )
+            if last.mode == "semantic":
+                table.add_row(
+                    f"mismatches accepted (semantic, threshold {last.semantic_threshold:.3f})",
+                    str(last.semantic_accepted), str(sum(t.semantic_accepted for t in turns)),
+                )
             table.add_row(
                 "wasted draft tokens", str(last.wasted_draft_tokens), str(sum(t.wasted_draft_tokens for t in turns))
             )

@@ -17,19 +17,24 @@ from ._common import (
     _PREDICTOR,
     _PROACTIVE,
     _RETRY_FOR,
+    _SEMANTIC_THRESHOLD,
     _SLO_CLASS,
     _TARGET_SPEED,
     _UPLOAD,
+    MODE_HELP,
     PAIR_HELP,
     VERIFIER_HELP,
     note,
     print_json,
+    semantic_summary,
+    upload_for,
 )
 
 
 class Mode(str, Enum):
     greedy = "greedy"
     sample = "sample"
+    semantic = "semantic"
 
 
 class Baseline(str, Enum):
@@ -41,9 +46,8 @@ def generate(
     pair: str | None = typer.Option(None, "--pair", help=PAIR_HELP),
     verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
-    mode: Mode = typer.Option(
-        Mode.greedy, "--mode", help="greedy: exact target argmax; sample: lossless speculative sampling."
-    ),
+    mode: Mode = typer.Option(Mode.greedy, "--mode", help=MODE_HELP),
+    semantic_threshold: float | None = _SEMANTIC_THRESHOLD,
     temperature: float = typer.Option(0.8, "--temperature", "-t", help="Sampling temperature (mode sample)."),
     draft_k: int = typer.Option(
         4, "--draft-k", "-k", min=1, max=64, help="Fixed draft window K: tokens drafted per round."
@@ -52,7 +56,7 @@ def generate(
     predictor: str | None = _PREDICTOR,
     max_window: int = _MAX_WINDOW,
     p_min: float = _P_MIN,
-    upload: str = _UPLOAD,
+    upload: str | None = _UPLOAD,
     slo_class: str | None = _SLO_CLASS,
     target_speed: float | None = _TARGET_SPEED,
     hidden_encoding: str = _HIDDEN_ENCODING,
@@ -81,7 +85,8 @@ def generate(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
         drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
         slo_class=slo_class, target_speed=target_speed, proactive=proactive,
-        upload=cast(Upload, upload), hidden_encoding=cast(HiddenEncoding, hidden_encoding),
+        upload=cast(Upload, upload_for(upload, mode.value)), hidden_encoding=cast(HiddenEncoding, hidden_encoding),
+        semantic_threshold=semantic_threshold,
     )
     with _connect.build_client(
         pair=pair if verifier else pair or "gemma-270m", verifier=verifier, timeout=timeout, token=token,
@@ -157,5 +162,6 @@ def generate(
             else:
                 note(
                     f"[{s.completion_tokens} tokens, {s.tokens_per_second:.1f} tok/s, {s.rounds} rounds, "
-                    f"acceptance {s.acceptance_rate:.2f}, AAL {s.accepted_length:.2f}, finish: {s.finish_reason}]"
+                    f"acceptance {s.acceptance_rate:.2f}, AAL {s.accepted_length:.2f}{semantic_summary(s)}, "
+                    f"finish: {s.finish_reason}]"
                 )

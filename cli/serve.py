@@ -136,6 +136,11 @@ def serve(
         help="Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port); needs "
         "pip install 'edgekit\\[server]'.",  # escaped: rich would read [server] as a tag
     ),
+    semantic_head: str | None = typer.Option(
+        None, "--semantic-head", metavar="FILE|shipped",
+        help="Offer semantic verification (WISV, lossy, opt-in per session) with this ONNX decision head; "
+        "'shipped' takes the one shipped for --pair. Without it the mode is refused.",
+    ),
     log_level: LogLevel = typer.Option(
         LogLevel.warning, "--log-level", envvar="EDGEKIT_LOG_LEVEL",
         help="The verifier's log on stderr: info adds start-up and evictions, debug every engine batch "
@@ -148,6 +153,10 @@ def serve(
     from edgekit.verifier import VerifierServer
 
     _log_to_stderr(log_level.value)
+    if semantic_head == "shipped":
+        from edgekit.semantic.shipped import shipped_head
+
+        semantic_head = str(shipped_head(pair))
     smoothing: dict[str, Any] = {k: v for k, v in (("budget_eta", budget_eta), ("budget_beta", budget_beta)) if v}
     config = ServerConfig(
         host=host,
@@ -178,6 +187,7 @@ def serve(
         calibrate="force" if calibrate else "auto",
         slo_classes=",".join(slo_class) if slo_class else dict(DEFAULT_SLO_CLASSES),
         metrics_port=metrics_port,
+        semantic_head=semantic_head,
     )
     if model is not None:
         path, name = model, model.stem
@@ -199,6 +209,9 @@ def serve(
     fitted = "calibrated" if estimator.calibrated else "learning from live batches"
     budget_note = "" if budgets == "none" else f"; draft budgets: {budgets}, C = {token_budget or 'auto'}"
     note(f"scheduling: {policy.value}; SLO classes (tok/s): {classes}; time estimator {fitted}{budget_note}")
+    semantic = server.service.semantic
+    if semantic.offered:
+        note(f"semantic mode offered: head {semantic.identity}, threshold {semantic.default_threshold:.3f}")
     if server.metrics_address is not None:
         note(f"metrics: http://{server.metrics_address}/metrics")
     stop = threading.Event()

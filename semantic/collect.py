@@ -288,20 +288,27 @@ def label(
                 continue
             prompt = _prompt_tokens(target_m, task)
             answer = ep["answer"]
+            p = len(prompt)  # answer[j] sits at position p + j
             runner.prefill(prompt)
-            # The reference answer's KV once; each continuation rolls back to its position.
-            runner.ctx.decode_sequence([prompt[-1], *answer[:-1]], len(prompt) - 1, 0, last_output=False)
-            for pos, tok in todo:
-                if (limit is not None and added >= limit) or (deadline_s is not None and (
-                    time.perf_counter() - t_start > deadline_s
-                )):
+            # The reference answer's KV once; each continuation overwrites it from its position on, and
+            # the reference is decoded again up to the next one (mismatches come in ascending order).
+            runner.ctx.decode_sequence([prompt[-1], *answer[:-1]], p - 1, 0, last_output=False)
+            reference_upto = len(answer) - 1  # answer[:reference_upto] is in the KV
+            for pos, tok in sorted(todo):
+                if (limit is not None and added >= limit) or (
+                    deadline_s is not None and time.perf_counter() - t_start > deadline_s
+                ):
                     return added
+                if reference_upto < pos:
+                    runner.ctx.truncate(0, p + reference_upto)
+                    runner.ctx.decode_sequence(answer[reference_upto:pos], p + reference_upto, 0, last_output=False)
                 t0 = time.perf_counter()
                 head = [*answer[:pos], tok]
                 if target_m.is_eog(tok) or (task.stops and _cut(target_m.detokenize(head[-24:]), task.stops)[1]):
                     rest: list[int] = []
                 else:
-                    rest, _ = runner.run(len(prompt) + pos, tok, head, task, hidden=False)
+                    rest, _ = runner.run(p + pos, tok, head, task, hidden=False)
+                    reference_upto = pos  # the continuation took the cells from p + pos on
                 text, _ = _cut(target_m.detokenize(head + rest), task.stops)
                 passed = ep["passed"] if text == ep["text"] else task.check(text)
                 rec = {
