@@ -7,19 +7,25 @@ import functools
 import json
 from pathlib import Path
 
-__all__ = ["SHIPPED_DIR", "shipped_cards", "shipped_predictor"]
+__all__ = ["SHIPPED_DIR", "read_cards", "shipped_cards", "shipped_predictor"]
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 
 
-def shipped_cards() -> list[dict]:
-    """Every shipped predictor's card, with its ONNX path under "path"."""
+def read_cards(directory: Path) -> list[dict]:
+    """The metric cards (`*.json`) in a directory of shipped ONNX models, each with its model's path
+    under "path" (the semantic heads' directory is read the same way)."""
     cards = []
-    for card_path in sorted(SHIPPED_DIR.glob("*.json")):
+    for card_path in sorted(directory.glob("*.json")):
         card = json.loads(card_path.read_text())
         card["path"] = str(card_path.with_suffix(".onnx"))
         cards.append(card)
     return cards
+
+
+def shipped_cards() -> list[dict]:
+    """Every shipped predictor's card, with its ONNX path under "path"."""
+    return read_cards(SHIPPED_DIR)
 
 
 def shipped_predictor(draft: str, target: str, mode: str = "greedy") -> Path | None:

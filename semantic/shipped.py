@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from edgekit.errors import SemanticHeadError
+from edgekit.predictors.shipped import read_cards
 
 __all__ = ["SHIPPED_DIR", "shipped_head", "shipped_head_cards"]
 
@@ -15,12 +15,7 @@ SHIPPED_DIR = Path(__file__).parent / "shipped"
 
 def shipped_head_cards() -> list[dict]:
     """Every shipped head's card, with its ONNX path under "path"."""
-    cards = []
-    for card_path in sorted(SHIPPED_DIR.glob("*.json")):
-        card = json.loads(card_path.read_text())
-        card["path"] = str(card_path.with_suffix(".onnx"))
-        cards.append(card)
-    return cards
+    return read_cards(SHIPPED_DIR)
 
 
 def shipped_head(pair: str) -> Path:
