@@ -49,6 +49,18 @@ __all__ = ["Episode", "TraceSet", "collect", "label"]
 Log = Callable[[str], None]
 
 
+def answer_end(model: LlamaModel, answer: list[int], stops: Iterable[str]) -> int:
+    """How many of the answer's tokens the task reads: up to the one that completes a stop
+    string (or all). Mismatches past it cannot change the outcome and are not training data."""
+    stops = tuple(stops)
+    if not stops:
+        return len(answer)
+    for j in range(1, len(answer) + 1):
+        if _cut(model.detokenize(answer[:j]), stops)[1]:
+            return j
+    return len(answer)
+
+
 def _argmax(row: np.ndarray) -> int:
     return int(np.argmax(row))
 
@@ -237,6 +249,7 @@ def collect(
                 "answer": answer,
                 "text": text,
                 "passed": passed,
+                "end": answer_end(target_m, answer, task.stops),
                 "mismatches": len(mism),
                 "target_s": round(t1 - t0, 3),
                 "draft_s": round(time.perf_counter() - t1, 3),

@@ -9,30 +9,19 @@ import numpy as np
 import pytest
 
 from edgekit import ConfigError, EdgeClient, GenerationConfig, ProtocolError, SemanticHeadError
-from edgekit.predictors.train import Mlp
 from edgekit.protocol import LinkState, accept_semantic, mismatch_positions
 from edgekit.semantic.csi import CSI_FEATURES, channel_quality, csi_features
-from edgekit.semantic.head import GOOD_LINK, POOR_LINK, export_head
+from edgekit.semantic.head import GOOD_LINK, POOR_LINK
 from edgekit.semantic.runtime import SemanticHead
-from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, toy_verifier
+from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, link_only_head, toy_verifier
 from edgekit.verifier._semantic import SemanticMode
 
 D_DRAFT, D_TARGET = 16, 8  # the fake draft's and the toy engine's hidden sizes
 
 
-def _quality_head(path, *, slope: float = 10.0, bias: float = -5.0, threshold: float = 0.5,
-                  d_draft: int = D_DRAFT, d_target: int = D_TARGET, csi: bool = True) -> SemanticHead:
-    """A head whose P(reject) is sigmoid(slope * q + bias): strict on good links, lenient on poor ones."""
-    width = d_draft + d_target + (len(CSI_FEATURES) if csi else 0)
-    w0 = np.zeros((width, 2))
-    if csi:
-        w0[d_draft + d_target, 0] = slope  # the quality feature
-    b0 = np.array([0.0, 1.0])  # unit 1 is a constant 1 (relu of 1)
-    w1 = np.array([[1.0], [bias]])
-    model = Mlp(np.zeros(width), np.ones(width), [w0, w1], [b0, np.zeros(1)])
-    export_head(model, path, draft_hidden=d_draft, target_hidden=d_target, csi=csi, threshold=threshold,
-                metadata={"edgekit.pair": "toy"})
-    return SemanticHead(path)
+def _quality_head(path, *, d_draft: int = D_DRAFT, d_target: int = D_TARGET, **kw) -> SemanticHead:
+    """A head whose P(reject) is sigmoid(10 q - 5): strict on good links, lenient on poor ones."""
+    return link_only_head(path, draft_hidden=d_draft, target_hidden=d_target, pair="toy", **kw)
 
 
 def _client(head, link: SimulatedLink | None = None, *, n_embd: int = D_DRAFT, **gen):
