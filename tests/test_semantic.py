@@ -239,3 +239,49 @@ def test_a_head_without_csi_ignores_the_link(tmp_path):
     p_good = head.p_reject(np.zeros((1, D_DRAFT)), np.zeros((1, D_TARGET)), GOOD_LINK)
     p_poor = head.p_reject(np.zeros((1, D_DRAFT)), np.zeros((1, D_TARGET)), POOR_LINK)
     assert p_good == pytest.approx(p_poor)
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def cli_clients(monkeypatch, tmp_path):
+    """`edgekit chat` and `generate` over a toy verifier whose head accepts what the threshold lets it."""
+    from edgekit.cli import _connect as cli_client
+
+    monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path))
+    head = _quality_head(tmp_path / "cli.onnx")
+    made = []
+
+    def build_client(*, generation, with_head=True, **_):
+        client, _ = _client(head if with_head else None)
+        client = EdgeClient(client.transport, draft_model=client.draft, generation=generation)
+        made.append(client)
+        return client
+
+    monkeypatch.setattr(cli_client, "build_client", build_client)
+    return made, head
+
+
+def test_generate_and_chat_in_semantic_mode_report_what_the_head_did(cli_clients):
+    import json
+
+    from typer.testing import CliRunner
+
+    from edgekit.cli.app import app
+
+    runner = CliRunner()
+    made, head = cli_clients
+    r = runner.invoke(app, ["generate", "-p", "x", "-n", "40", "--mode", "semantic", "--semantic-threshold", "1",
+                            "--drafting", "fixed", "-k", "6", "--json"])
+    assert r.exit_code == 0, r.output
+    metrics = json.loads(r.stdout)["metrics"]
+    assert metrics["mode"] == "semantic" and metrics["semantic_accepted"] > 0
+    assert metrics["semantic_threshold"] == 1.0 and metrics["semantic_head"] == head.identity
+    assert made[-1].generation.upload == "auto"  # semantic mode uploads hidden states by default
+    r = runner.invoke(app, ["chat", "--mode", "semantic", "--semantic-threshold", "1", "-n", "30", "--no-history",
+                            "--drafting", "fixed", "--plain"], input="hello\n/stats\n/exit\n")
+    assert r.exit_code == 0, r.output
+    assert "mismatches accepted" in r.output and "semantic, head" in r.output
+    r = runner.invoke(app, ["generate", "-p", "x", "--mode", "semantic", "--upload", "tokens"])
+    assert isinstance(r.exception, ConfigError) and "semantic mode reads the draft's hidden states" in str(r.exception)
