@@ -431,7 +431,8 @@ class _ChatSession:
             )
             if last.mode == "semantic":
                 table.add_row(
-                    f"mismatches accepted (semantic: head {last.semantic_head}, threshold {last.semantic_threshold:.3f})",
+                    f"mismatches accepted (semantic: head {last.semantic_head}, "
+                    f"threshold {last.semantic_threshold:.3f})",
                     str(last.semantic_accepted), str(sum(t.semantic_accepted for t in turns)),
                 )
             table.add_row(
