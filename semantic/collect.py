@@ -275,9 +275,12 @@ def label(
     deadline_s: float | None = None,
     log: Log = print,
 ) -> int:
-    """Task-outcome labels for the traced mismatches not yet labelled, episode by
-    episode in trace order; stops after `limit` new labels or `deadline_s` seconds.
-    Returns how many it added."""
+    """Task-outcome labels for the traced mismatches not yet labelled, a whole episode at a
+    time (relabeling reads whole episodes), the cheapest first: an episode costs about the
+    tokens its continuations decode, the sum over its mismatches of the answer's length past
+    them, so a budget buys the most labels (an answer that ran to the token limit costs that
+    limit per mismatch). Stops after `limit` new labels or `deadline_s` seconds; returns how
+    many it added."""
     traces = TraceSet(root)
     by_id = {t.id: t for t in tasks}
     have = traces.labels()
@@ -287,8 +290,12 @@ def label(
     runner = _Greedy(target_m, n_ctx, threads)
     t_start = time.perf_counter()
     added = 0
+    def cost(ep: dict) -> int:
+        pos = traces.rows(ep["index"])["positions"]
+        return sum(len(ep["answer"]) - int(p) for p in pos if (ep["index"], int(p)) not in have)
+
     with open(traces.root / "labels.jsonl", "a", encoding="utf-8") as f:
-        for ep in traces.episodes:
+        for ep in sorted(traces.episodes, key=cost):
             task = by_id.get(ep["task_id"])
             if task is None:
                 continue
