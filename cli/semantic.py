@@ -15,8 +15,8 @@ app = typer.Typer(
 )
 
 TASKS_HELP = (
-    "Comma-separated task sources: humaneval:train (even problem numbers; the odd ones are held out and "
-    "never traced), humaneval:heldout, word:N[:SEED] (N generated arithmetic word problems)."
+    "Comma-separated task sources: humaneval:train (even problem numbers; the odd ones are held out for "
+    "evaluation and refused here), word:N[:SEED] (N generated arithmetic word problems)."
 )
 
 

@@ -156,6 +156,11 @@ def serve(
     if semantic_head == "shipped":
         from edgekit.semantic.shipped import shipped_head
 
+        if model is not None:
+            raise typer.BadParameter(
+                "with --model, name the head's file: --semantic-head FILE", param_hint="--semantic-head"
+            )
+
         semantic_head = str(shipped_head(pair))
     smoothing: dict[str, Any] = {k: v for k, v in (("budget_eta", budget_eta), ("budget_beta", budget_beta)) if v}
     config = ServerConfig(

@@ -97,6 +97,8 @@ class GenerationConfig:
             math.isfinite(self.semantic_threshold) and 0.0 <= self.semantic_threshold <= 1.0
         ):
             raise ConfigError(f"semantic_threshold must be between 0 and 1, got {self.semantic_threshold}")
+        if self.semantic_threshold is not None and self.mode != "semantic":
+            raise ConfigError(f"semantic_threshold is read in semantic mode only; the mode is {self.mode!r}")
         if self.mode == "semantic" and self.upload == "tokens":
             raise ConfigError(
                 "semantic mode reads the draft's hidden states at mismatches: set upload to fh, sh, auto or rtt "

@@ -42,7 +42,7 @@ import numpy as np
 from edgekit.errors import ConfigError
 from edgekit.runtime import LlamaContext, LlamaModel
 
-from .tasks import Task
+from .tasks import Task, is_heldout
 
 __all__ = ["Episode", "TraceSet", "collect", "label"]
 
@@ -51,7 +51,8 @@ Log = Callable[[str], None]
 
 def answer_end(model: LlamaModel, answer: list[int], stops: Iterable[str]) -> int:
     """How many of the answer's tokens the task reads: up to the one that completes a stop
-    string (or all). Mismatches past it cannot change the outcome and are not training data."""
+    string (or all). The greedy run stops there, so today it is the answer's length; recorded
+    for traces made otherwise."""
     stops = tuple(stops)
     if not stops:
         return len(answer)
@@ -181,6 +182,12 @@ def collect(
 ) -> Path:
     """Reference answers, mismatches and hidden rows for each task not yet in `out`."""
     out = Path(out)
+    held_out = [t.id for t in tasks if is_heldout(t.id)]
+    if held_out:
+        raise ConfigError(
+            f"{len(held_out)} held-out HumanEval problems ({', '.join(held_out[:3])}, ...) among the tasks: "
+            "they are for evaluation only; trace humaneval:train"
+        )
     (out / "episodes").mkdir(parents=True, exist_ok=True)
     draft_m = LlamaModel(draft_path)
     target_m = LlamaModel(target_path)
@@ -294,6 +301,10 @@ def label(
         pos = traces.rows(ep["index"])["positions"]
         return sum(len(ep["answer"]) - int(p) for p in pos if (ep["index"], int(p)) not in have)
 
+    unknown = sorted({ep["task_id"] for ep in traces.episodes} - set(by_id))
+    if unknown:
+        log(f"{len(unknown)} traced tasks are not among the tasks given ({', '.join(unknown[:3])}, ...): "
+            "their episodes are not labelled")
     with open(traces.root / "labels.jsonl", "a", encoding="utf-8") as f:
         for ep in sorted(traces.episodes, key=cost):
             task = by_id.get(ep["task_id"])

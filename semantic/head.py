@@ -12,16 +12,17 @@ relabeled actions under q (`relabel`, eqs. 28-31) are the targets, and every
 mismatch becomes one instance with that link's CSI. The ablation without CSI
 (WISV Fig. 5) trains on the base labels and the hidden rows alone.
 
-Episodes are split into training and validation by task (never a task in
-both); the held-out HumanEval problems are not in the traces at all. The model
+Episodes are split by task (never a task in two parts); the held-out HumanEval
+problems may not be in the traces at all (`make_dataset`'s callers refuse them). The model
 is a two-layer MLP (linear, ReLU, dropout, linear, sigmoid; eqs. 24-25), trained
 with Adam on class-weighted BCE (eq. 26) with weight decay, keeping the weights
 of the best validation loss (`edgekit.predictors.train.train_mlp`).
 
-The operating threshold is the largest at which the head, on the validation
+The operating threshold is the largest at which the head, on the calibration
 mismatches at a perfect link (q = 1), still rejects at least `critical_recall`
 of the critical ones: the most permissive head that keeps the repairs a
-strict verifier would need.
+strict verifier would need. Episodes are split by task three ways: training,
+early stopping, and calibration (the threshold and the card's figures).
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ from .collect import TraceSet
 from .csi import CSI_FEATURES, channel_quality, csi_features, sample_links
 from .relabel import RelabelConfig, relabel_episode, sample_actions
 
-__all__ = ["GOOD_LINK", "POOR_LINK", "HeadData", "evaluate", "export_head", "labelled_episodes", "make_dataset",
-           "pick_threshold", "split_episodes", "train_head"]
+__all__ = [
+    "GOOD_LINK", "PERFECT_LINK", "POOR_LINK", "HeadData", "evaluate", "export_head", "labelled_episodes",
+    "make_dataset", "pick_threshold", "split_episodes", "train_head",
+]
 
+# A link that costs nothing (q = 1): where the threshold is chosen.
+PERFECT_LINK = LinkState()
 # The issue's two ends of the link testbed: the head must be more permissive on the second.
 GOOD_LINK = LinkState(rtt_ms=5.0, uplink_mbps=500.0, downlink_mbps=500.0, samples=8)
 POOR_LINK = LinkState(rtt_ms=50.0, uplink_mbps=20.0, downlink_mbps=20.0, samples=8)
@@ -77,15 +82,21 @@ def labelled_episodes(traces: TraceSet) -> list[_Episode]:
 
 
 def split_episodes(
-    episodes: list[_Episode], val_share: float = 0.25, seed: int = 0
-) -> tuple[list[_Episode], list[_Episode]]:
-    """Training and validation episodes, split by task id (a seeded hash, stable as traces grow)."""
-    train: list[_Episode] = []
-    val: list[_Episode] = []
+    episodes: list[_Episode], shares: tuple[float, ...] = (0.6, 0.2, 0.2), seed: int = 0
+) -> list[list[_Episode]]:
+    """Episodes split by task id into parts of about these shares (a seeded hash, stable as traces
+    grow): by default training, early stopping, and calibration (the threshold and the card's
+    figures). No part is left empty while there are episodes enough to fill them all."""
+    bounds = np.cumsum(shares) / sum(shares)
+    parts: list[list[_Episode]] = [[] for _ in shares]
     for e in episodes:
         h = int.from_bytes(hashlib.sha256(f"{seed}:{e.task_id}".encode()).digest()[:4], "little") / 2**32
-        (val if h < val_share else train).append(e)
-    return train, val
+        parts[min(int(np.searchsorted(bounds, h, side="right")), len(parts) - 1)].append(e)
+    for part in parts:  # an empty part takes an episode from the largest
+        if not part and len(episodes) >= len(parts):
+            largest = max(range(len(parts)), key=lambda j: len(parts[j]))
+            part.append(parts[largest].pop())
+    return parts
 
 
 @dataclass
@@ -158,14 +169,18 @@ def features_for(episodes: list[_Episode], link: LinkState | None) -> tuple[np.n
 
 
 def pick_threshold(p_reject: np.ndarray, critical: np.ndarray, critical_recall: float) -> float:
-    """The largest threshold that still rejects `critical_recall` of the critical mismatches."""
+    """The largest threshold that still rejects `critical_recall` of the critical mismatches.
+    It travels and is compared in float32 (the wire, the ONNX head): it sits a margin of 1e-6
+    under the deciding score, rounded down to a float32."""
     crit = np.sort(p_reject[critical == 1])
     if not len(crit):
         return 0.5
     # reject when p > threshold: a threshold just under the k-th largest critical score rejects k of them
     k = int(np.ceil(critical_recall * len(crit)))
-    kth = crit[len(crit) - k]
-    return float(np.nextafter(kth, -np.inf)) if kth > 0 else 0.0
+    if k == 0:
+        return 1.0  # nothing need be rejected
+    kth = float(crit[len(crit) - k]) - 1e-6
+    return max(0.0, float(np.nextafter(np.float32(kth), np.float32(-1.0))))
 
 
 def evaluate(model: Mlp, episodes: list[_Episode], threshold: float, *, csi: bool) -> dict:

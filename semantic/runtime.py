@@ -70,6 +70,13 @@ class SemanticHead:
         inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
         if len(inputs) != 1 or len(outputs) != 1:
             raise SemanticHeadError(f"{self.path}: a semantic head has one input and one output")
+        out = outputs[0]
+        if out.type != "tensor(float)" or not (
+            len(out.shape) == 1 or (len(out.shape) == 2 and out.shape[1] in (1, "1"))
+        ):
+            raise SemanticHeadError(
+                f"{self.path}: its output is {out.type} {out.shape}; a head gives P(reject) as tensor(float) [N, 1]"
+            )
         self._input = inputs[0].name
         width = self.draft_hidden + self.target_hidden + (len(CSI_FEATURES) if self.uses_csi else 0)
         shape = inputs[0].shape

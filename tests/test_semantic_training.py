@@ -173,3 +173,41 @@ def test_train_refuses_traces_without_labels(tmp_path):
     assert r.exit_code != 0 and "0 fully labelled episodes; run `edgekit semantic label`" in flat
     r = CliRunner().invoke(app, ["semantic", "train", str(tmp_path / "nothing"), "-o", str(tmp_path / "h.onnx")])
     assert r.exit_code != 0 and "holds no traces" in " ".join(r.output.replace("│", " ").split())
+
+
+def test_held_out_problems_are_refused_for_tracing_and_training(tmp_path):
+    from edgekit import ConfigError
+    from edgekit.semantic.collect import collect
+
+    held = T.humaneval_tasks("heldout")[:1]
+    with pytest.raises(ConfigError, match="held-out HumanEval"):
+        collect(held, "draft.gguf", "target.gguf", tmp_path / "t")  # refused before any model loads
+    assert T.is_heldout("HumanEval/7") and not T.is_heldout("HumanEval/8") and not T.is_heldout("word/0/7")
+    root = _synthetic_traces(tmp_path / "s", n_episodes=12)
+    lines = [json.loads(x) for x in (root / "episodes.jsonl").read_text().splitlines()]
+    lines[3]["task_id"] = "HumanEval/33"
+    (root / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    from edgekit.semantic.train import train_from_traces
+
+    with pytest.raises(ValueError, match="HumanEval/33"):
+        train_from_traces(root, tmp_path / "h.onnx")
+
+
+def test_threshold_edges_and_float32():
+    p = np.array([0.3, 0.7], dtype=np.float64)
+    crit = np.array([1, 1])
+    assert pick_threshold(p, crit, 0.0) == 1.0  # nothing need be rejected
+    t = pick_threshold(p, crit, 1.0)
+    # compared in float32 on the verifier: both critical scores stay above it there
+    assert np.all(p.astype(np.float32) > np.float32(t)) and t == float(np.float32(t))
+
+
+def test_splits_are_by_task_and_never_empty(tmp_path):
+    from edgekit.semantic.head import split_episodes
+
+    eps = labelled_episodes(TraceSet(_synthetic_traces(tmp_path / "t", n_episodes=40)))
+    parts = split_episodes(eps)
+    assert [len(p) for p in parts] and sum(len(p) for p in parts) == 40 and all(parts)
+    ids = [{e.task_id for e in p} for p in parts]
+    assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    assert all(split_episodes(eps[:k]) for k in (3, 4, 5)) and all(all(p) for p in split_episodes(eps[:3]))

@@ -281,11 +281,14 @@ class Rounds:
             )
         t0 = time.perf_counter()
         rows = self._hidden_rows(sess, r.hidden, pending.positions)
-        sess.pending = None
         # This exchange's own time: the first half reported the target pass.
         own_ms = (time.perf_counter() - t0) * 1e3
         ran = WorkResult(pending.logits, 0.0, 0.0, 1, hidden=pending.target_hidden)
-        return self._finish(sess, pending.request, ran, own_ms, (pending.positions, rows), r.key, None, pending.answer)
+        answer = self._finish(
+            sess, pending.request, ran, own_ms, (pending.positions, rows), r.key, None, pending.answer
+        )
+        sess.pending = None  # only once applied: a second half that failed (a head's error) may be sent again
+        return answer
 
     def _finish(
         self,
