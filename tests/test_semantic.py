@@ -325,3 +325,20 @@ def test_an_sh_second_half_that_fails_can_be_sent_again():
     v = verifier.verify(request)  # sent again: the pending round is still there, no second target pass
     assert engine.decoded == decoded
     assert v.accepted == 0 and v.next_token == best and v.semantic_head == "flaky:0"
+
+
+def test_the_shipped_head_fits_its_pair_and_lists_with_its_card():
+    from typer.testing import CliRunner
+
+    from edgekit.cli.app import app
+    from edgekit.semantic.shipped import shipped_head, shipped_head_cards
+
+    head = SemanticHead(shipped_head("qwen-coder"))
+    assert (head.draft_hidden, head.target_hidden) == (896, 1536) and head.uses_csi  # models.md's widths
+    card = next(c for c in shipped_head_cards() if c["pair"] == "qwen-coder")
+    assert head.threshold == pytest.approx(card["threshold"]) and 0 <= head.threshold <= 1
+    assert card["data"]["mismatches"] >= 300 and card["data"]["critical"] > 0
+    out = CliRunner().invoke(app, ["semantic", "list"]).output
+    assert "qwen-coder: threshold" in out
+    with pytest.raises(SemanticHeadError, match="no semantic head is shipped for pair 'gemma-270m'"):
+        shipped_head("gemma-270m")
