@@ -128,9 +128,14 @@ def plot(payload: dict, path: Path) -> None:
     summary = {name: c["summary"] for name, c in configs.items()}
     ref = summary.get("target-only", {}).get("pass_at_1")
     names = [n for n in configs if n != "target-only"]
-    fig, axes = C.subplots(3, nrows=1, width=15.0, height=4.4)
+    fig, axes = C.subplots(3, nrows=1, width=5.2, height=4.4)
     ax = axes[0]
-    ax.bar(range(len(names)), [100 * summary[n]["pass_at_1"] for n in names], color="tab:blue")
+    acc = [100 * summary[n]["pass_at_1"] for n in names]
+    ax.bar(range(len(names)), acc, color="tab:blue")
+    for i, a in enumerate(acc):
+        ax.annotate(f"{a:.1f}", (i, a), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+    lo = min(acc + ([100 * ref] if ref is not None else []))
+    ax.set_ylim(max(0.0, lo - 15), min(100.0, max(acc + [lo]) + 8))
     if ref is not None:
         ax.axhline(100 * ref, ls="--", color="k", label=f"target-only {100 * ref:.1f}%")
         ax.legend(fontsize=8)
@@ -140,16 +145,18 @@ def plot(payload: dict, path: Path) -> None:
     ax = axes[1]
     aal = [summary[n].get("aal", 0) for n in names]
     rpp = [summary[n].get("rounds_per_problem", 0) for n in names]
-    ax.bar(np.arange(len(names)) - 0.2, aal, 0.4, label="accepted length per round (AAL)")
+    ax.bar(np.arange(len(names)) - 0.2, aal, 0.4, color="tab:blue")
     ax2 = ax.twinx()
-    ax2.bar(np.arange(len(names)) + 0.2, rpp, 0.4, color="tab:orange", label="rounds per problem")
+    ax2.bar(np.arange(len(names)) + 0.2, rpp, 0.4, color="tab:orange")
+    for i, (a, r) in enumerate(zip(aal, rpp)):
+        ax.annotate(f"{a:.2f}", (i - 0.2, a), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
+        ax2.annotate(f"{r:.2f}", (i + 0.2, r), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("AAL (tokens)")
-    ax2.set_ylabel("rounds per problem")
+    ax.set_ylabel("accepted length per round, AAL (blue, tokens)")
+    ax2.set_ylabel("rounds per problem (orange)")
+    ax.set_ylim(0, max(aal + [1.0]) * 1.15)
+    ax2.set_ylim(0, max(rpp + [1.0]) * 1.15)
     ax.set_title("AAL and rounds (WISV Table I)")
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
     ax = axes[2]
     for i, link in enumerate(LINKS):
         vals = [summary[n].get("ms_per_token", {}).get(link, 0) for n in names]
@@ -157,7 +164,7 @@ def plot(payload: dict, path: Path) -> None:
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("end-to-end ms per token (this CPU)")
     ax.set_title("time per token by link (WISV Fig. 4)")
-    ax.legend(fontsize=8, title="link")
+    ax.legend(fontsize=8, title="link", loc="lower right")
     C.save_figure(fig, path)
 
 
