@@ -31,6 +31,7 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
     import link_sweep
     import pipeline
     import profile_drafting
+    import semantic  # benchmarks/semantic.py (this folder comes first on the path)
     import verifier_context
 
     def png(name: str) -> Path:
@@ -55,6 +56,7 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
         ("pipeline_planned", lambda: pipeline_figure("pipeline_planned")),
         ("footprint_gemma-270m", footprint_figure),
         ("install_size", lambda: install_size.plot(_load("install_size")["rows"], png("install_size"))),
+        ("semantic", lambda: semantic.plot({"configs": _load("semantic")["configs"]}, png("semantic"))),
         ("profile_kernels_gemma-270m", lambda: profile_drafting.plot(_load("profile_kernels_gemma-270m")["summary"],
                                                                      png("profile_kernels_gemma-270m"))),
     ]
