@@ -31,8 +31,9 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
     import link_sweep
     import pipeline
     import profile_drafting
-    import semantic  # benchmarks/semantic.py (this folder comes first on the path)
     import verifier_context
+
+    import semantic  # benchmarks/semantic.py (this folder comes first on the path)
 
     def png(name: str) -> Path:
         return out / f"{name}.png"
