@@ -70,10 +70,8 @@ def _link_ms(link: SimulatedLink, rounds: list[dict]) -> float:
     return sum(r["exchanges"] * link.rtt_ms + r["up"] * 8 / up + r["down"] * 8 / down for r in rounds)
 
 
-def run_problem(client: EdgeClient, task, kind: str, overrides: dict) -> dict:
-    stream = client.generate_target_only(task.prompt) if kind == "target-only" else client.generate(
-        task.prompt, **overrides
-    )
+def run_problem(client: EdgeClient, task, kind: str) -> dict:
+    stream = client.generate_target_only(task.prompt) if kind == "target-only" else client.generate(task.prompt)
     text, rounds = "", []
     t0 = time.perf_counter()
     with stream:
@@ -211,7 +209,7 @@ def main() -> None:
                 for task in tasks:
                     if task.id in done:
                         continue
-                    rec = run_problem(client, task, kind, {})
+                    rec = run_problem(client, task, kind)
                     entry["records"].append(rec)
                     C.progress(f"{spec} {task.id}: {'pass' if rec['passed'] else 'fail'}, {rec['tokens']} tokens, "
                                f"{len(rec['rounds'])} rounds, {rec['seconds']:.1f} s")

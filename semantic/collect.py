@@ -49,19 +49,6 @@ __all__ = ["Episode", "TraceSet", "collect", "label"]
 Log = Callable[[str], None]
 
 
-def answer_end(model: LlamaModel, answer: list[int], stops: Iterable[str]) -> int:
-    """How many of the answer's tokens the task reads: up to the one that completes a stop
-    string (or all). The greedy run stops there, so today it is the answer's length; recorded
-    for traces made otherwise."""
-    stops = tuple(stops)
-    if not stops:
-        return len(answer)
-    for j in range(1, len(answer) + 1):
-        if _cut(model.detokenize(answer[:j]), stops)[1]:
-            return j
-    return len(answer)
-
-
 def _argmax(row: np.ndarray) -> int:
     return int(np.argmax(row))
 
@@ -100,8 +87,8 @@ class _Greedy:
         rows: list[np.ndarray] = []
         tok, pos = first, start
         answer = list(done)
+        self.ctx.truncate(0, pos)  # what followed `start` (a previous continuation) goes
         while len(answer) < task.max_tokens:
-            self.ctx.truncate(0, pos)
             self.ctx.decode([tok], [pos], [0], [True])
             nxt = _argmax(self.ctx.logits(0))
             if hidden:
@@ -256,7 +243,6 @@ def collect(
                 "answer": answer,
                 "text": text,
                 "passed": passed,
-                "end": answer_end(target_m, answer, task.stops),
                 "mismatches": len(mism),
                 "target_s": round(t1 - t0, 3),
                 "draft_s": round(time.perf_counter() - t1, 3),

@@ -158,14 +158,8 @@ def train_head(train: HeadData, val: HeadData, *, hidden: int = 32, dropout: flo
 
 def features_for(episodes: list[_Episode], link: LinkState | None) -> tuple[np.ndarray, np.ndarray]:
     """Every mismatch of the episodes under one link (None: no CSI input), and their base labels."""
-    rows, crit = [], []
-    for e in episodes:
-        hid = np.hstack([e.h_draft, e.h_target])
-        if link is not None:
-            hid = np.hstack([hid, np.broadcast_to(csi_features(link), (len(hid), len(CSI_FEATURES)))])
-        rows.append(hid)
-        crit.append(e.critical)
-    return np.vstack(rows).astype(np.float64), np.concatenate(crit).astype(np.float64)
+    data = make_dataset(episodes, csi=link is not None, links=[link] if link is not None else None)
+    return data.x.astype(np.float64), data.critical.astype(np.float64)
 
 
 def pick_threshold(p_reject: np.ndarray, critical: np.ndarray, critical_recall: float) -> float:

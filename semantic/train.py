@@ -90,11 +90,8 @@ def train_from_traces(
             "mismatches": n_mism,
             "critical": n_crit,
             "by_source": dict(Counter(_source(e.task_id) for e in episodes)),
-            "mismatches_by_source": dict(
-                Counter({_source(e.task_id): 0 for e in episodes})
-                + Counter({s: sum(len(e.positions) for e in episodes if _source(e.task_id) == s)
-                           for s in {_source(e.task_id) for e in episodes}})
-            ),
+            "mismatches_by_source": dict(sum((Counter({_source(e.task_id): len(e.positions)}) for e in episodes),
+                                             Counter())),
             "train_episodes": len(train_eps),
             "early_stopping_episodes": len(stop_eps),
             "validation_episodes": len(val_eps),

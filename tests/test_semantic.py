@@ -44,14 +44,15 @@ def test_the_first_mismatch_the_head_rejects_ends_the_block():
     logits = _logits([1, 2, 3, 4, 5])  # the target's choices at offsets 0..4 (4: after the block)
     block = [1, 9, 3, 9]  # mismatches at offsets 1 and 3
     assert mismatch_positions(logits, block) == [1, 3]
-    assert accept_semantic(logits, block, [0.9, 0.9], 0.5) == (1, 2, 0)  # rejected at 1: the target's 2
-    assert accept_semantic(logits, block, [0.2, 0.9], 0.5) == (3, 4, 1)  # 1 accepted, 3 rejected
-    assert accept_semantic(logits, block, [0.2, 0.2], 0.5) == (4, 5, 2)  # all accepted: the bonus token
+    best = [1, 2, 3, 4, 5]
+    assert accept_semantic(best, block, [0.9, 0.9], 0.5) == (1, 2, 0)  # rejected at 1: the target's 2
+    assert accept_semantic(best, block, [0.2, 0.9], 0.5) == (3, 4, 1)  # 1 accepted, 3 rejected
+    assert accept_semantic(best, block, [0.2, 0.2], 0.5) == (4, 5, 2)  # all accepted: the bonus token
     # eq. 27 rejects when P > threshold: 0 rejects every mismatch with P > 0, 1 none
-    assert accept_semantic(logits, block, [0.3, 0.3], 0.0)[0] == 1
-    assert accept_semantic(logits, block, [1.0, 1.0], 1.0)[0] == 4
+    assert accept_semantic(best, block, [0.3, 0.3], 0.0)[0] == 1
+    assert accept_semantic(best, block, [1.0, 1.0], 1.0)[0] == 4
     with pytest.raises(ValueError, match="2 mismatches"):
-        accept_semantic(logits, block, [0.1], 0.5)
+        accept_semantic(best, block, [0.1], 0.5)
 
 
 class _RecordingHead:

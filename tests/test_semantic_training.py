@@ -32,7 +32,6 @@ def test_a_humaneval_check_runs_the_problems_tests():
     task = next(t for t in T.humaneval_tasks("train") if t.id == "HumanEval/2")  # truncate_number
     assert task.check("    return number % 1.0\n")
     assert not task.check("    return number\n")
-    assert not task.check("    while True: pass\n") or True  # a hang is cut by the deadline (slow: not run here)
     assert not task.check("    return (\n")  # a syntax error fails
 
 
@@ -207,7 +206,7 @@ def test_splits_are_by_task_and_never_empty(tmp_path):
 
     eps = labelled_episodes(TraceSet(_synthetic_traces(tmp_path / "t", n_episodes=40)))
     parts = split_episodes(eps)
-    assert [len(p) for p in parts] and sum(len(p) for p in parts) == 40 and all(parts)
+    assert sum(len(p) for p in parts) == 40 and all(parts)
     ids = [{e.task_id for e in p} for p in parts]
     assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
     assert all(split_episodes(eps[:k]) for k in (3, 4, 5)) and all(all(p) for p in split_episodes(eps[:3]))

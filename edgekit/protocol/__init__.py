@@ -20,6 +20,7 @@ from ._acceptance import (
     draft_distribution,
     mismatch_positions,
     target_probs,
+    top1_mismatches,
 )
 from ._hidden import ENCODINGS, EncodedHidden, bits_per_element, decode_hidden, encode_hidden, encoding_error
 from ._pb import verifier_pb2 as pb
@@ -119,5 +120,6 @@ __all__ = [
     "server_info_from_pb",
     "status_of",
     "target_probs",
+    "top1_mismatches",
     "verify_request_to_pb",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "draft_distribution",
     "mismatch_positions",
     "target_probs",
+    "top1_mismatches",
 ]
 
 
@@ -136,19 +137,23 @@ def mismatch_positions(target_logits: np.ndarray, draft_tokens: Sequence[int]) -
     k = len(draft_tokens)
     if not k:
         return []
-    best = np.argmax(target_logits[:k], axis=1)
-    return [i for i in range(k) if int(best[i]) != int(draft_tokens[i])]
+    return top1_mismatches(np.argmax(target_logits[:k], axis=1), draft_tokens)
+
+
+def top1_mismatches(best: Sequence[int], draft_tokens: Sequence[int]) -> list[int]:
+    """`mismatch_positions` from the target's top-1 token at each block position."""
+    return [i for i, tok in enumerate(draft_tokens) if int(best[i]) != int(tok)]
 
 
 def accept_semantic(
-    target_logits: np.ndarray, draft_tokens: Sequence[int], p_reject: Sequence[float], threshold: float
+    best: Sequence[int], draft_tokens: Sequence[int], p_reject: Sequence[float], threshold: float
 ) -> tuple[int, int, int]:
-    """(accepted count, next token, mismatches accepted) for a block: `p_reject[i]` is
-    the head's P(reject) of the i-th mismatch (`mismatch_positions` order); a mismatch
-    is rejected when P(reject) > threshold (WISV eq. 27)."""
-    best = np.argmax(target_logits, axis=1)
+    """(accepted count, next token, mismatches accepted) for a block, from the target's top-1
+    token at each of its K+1 positions (as `accept_top1`): `p_reject[i]` is the head's
+    P(reject) of the i-th mismatch (`top1_mismatches` order); a mismatch is rejected when
+    P(reject) > threshold (WISV eq. 27)."""
     k = len(draft_tokens)
-    mismatches = [i for i in range(k) if int(best[i]) != int(draft_tokens[i])]
+    mismatches = top1_mismatches(best, draft_tokens)
     if len(p_reject) != len(mismatches):
         raise ValueError(f"{len(p_reject)} head outputs for {len(mismatches)} mismatches")
     for n, (i, p) in enumerate(zip(mismatches, p_reject)):

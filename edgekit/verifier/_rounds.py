@@ -329,7 +329,7 @@ class Rounds:
             is_end=self.engine.is_eog,
             continue_after_eog=r.continue_after_eog,
         )
-        if semantic_accepted:  # mismatches before an accepted end of text only: the verdict ends there
+        if semantic_accepted and verdict.accepted < accepted:  # cut at an accepted end of text: count before it
             semantic_accepted = sum(1 for i in mismatch_positions(logits, block) if i < verdict.accepted)
         accept_ms = (time.perf_counter() - t0) * 1e3
         # The KV keeps every committed token but the last (not yet decoded); the block's

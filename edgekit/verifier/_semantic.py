@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ProtocolError, SemanticHeadError
-from ..protocol import LinkState, accept_semantic, mismatch_positions
+from ..protocol import LinkState, accept_semantic, top1_mismatches
 
 __all__ = ["DecisionHead", "SemanticMode"]
 
@@ -96,9 +96,10 @@ class SemanticMode:
         """(accepted, next token, mismatches accepted). `draft_rows`: the uploaded rows and
         their block offsets (every offset under FH, the mismatches under SH); `target_rows`:
         the target's hidden rows of the block's K+1 positions."""
-        mismatches = mismatch_positions(logits, block)
+        best = np.argmax(logits, axis=1)  # once: the mismatches and the verdict both read it
+        mismatches = top1_mismatches(best, block)
         if not mismatches:
-            return accept_semantic(logits, block, [], threshold)
+            return accept_semantic(best, block, [], threshold)
         if draft_rows is None or target_rows is None or self.head is None:
             raise ProtocolError(
                 f"the round has mismatches at block offsets {mismatches} and semantic mode needs the draft's "
@@ -112,4 +113,4 @@ class SemanticMode:
         h_draft = rows[[where[m] for m in mismatches]]
         h_target = target_rows[mismatches]
         p = self.head.p_reject(h_draft, h_target, link)
-        return accept_semantic(logits, block, p.tolist(), threshold)
+        return accept_semantic(best, block, p.tolist(), threshold)
