@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -38,6 +39,47 @@ PROMPTS = [
 ]
 MAX_TOKENS = 32
 
+# Prompts past 256 tokens: there llama.cpp's CPU attention decodes one row another way than several,
+# so only a depth-aware calibration keeps blocks exact (the first straddles the depth, the second is past it).
+_CODE = """import json
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Inventory:
+    \"\"\"Items in a warehouse, by SKU, with their counts and the shelf they sit on.\"\"\"
+
+    items: dict[str, int] = field(default_factory=dict)
+    shelves: dict[str, str] = field(default_factory=dict)
+
+    def add(self, sku: str, count: int, shelf: str) -> None:
+        if count <= 0:
+            raise ValueError(f"count must be positive, got {count}")
+        self.items[sku] = self.items.get(sku, 0) + count
+        self.shelves[sku] = shelf
+
+    def remove(self, sku: str, count: int) -> int:
+        held = self.items.get(sku, 0)
+        taken = min(held, count)
+        if taken == held:
+            self.items.pop(sku, None)
+            self.shelves.pop(sku, None)
+        else:
+            self.items[sku] = held - taken
+        return taken
+
+    def save(self, path: str) -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"items": self.items, "shelves": self.shelves}, f)
+        os.replace(tmp, path)
+"""
+LONG_PROMPTS = [
+    _CODE + "\n    def total(self) -> int:\n",
+    _CODE + _CODE.split("@dataclass")[1].replace("Inventory", "Ledger") + "\n\ndef merge(a, b):\n",
+]
+
 
 @pytest.fixture(scope="module")
 def client(gemma_server, gemma_draft):
@@ -69,6 +111,18 @@ def test_greedy_is_token_identical_to_target_only(client, target_only, k):
             mismatches.append((prompt, final.token_ids, target_only[prompt]))
     assert not mismatches, f"{len(mismatches)} of {len(PROMPTS)} prompts differ, first: {mismatches[0]}"
     assert accepted > 0.3 * drafted  # the pair really speculates (measured: 0.72 at K=1, 0.48 at K=4)
+
+
+def test_long_prompts_stay_token_identical_past_the_depth_where_kernels_change(client):
+    """Blocks verified 250-700 tokens deep commit exactly what target-only decoding writes there."""
+    for prompt in LONG_PROMPTS:
+        n = len(client.tokenize(prompt))
+        assert n > 240, n
+        alone = client.generate_target_only(prompt, max_tokens=48).until_done().token_ids
+        for k in (4, 8):
+            spec = client.generate(prompt, draft_k=k, max_tokens=48).until_done()
+            assert spec.token_ids == alone, (n, k)
+            assert spec.stats.accepted > 0
 
 
 @pytest.mark.parametrize("drafting", ["predictor", "p-min"])
@@ -223,3 +277,35 @@ def test_speculative_sampling_matches_the_target_distribution(client, gemma_path
     chi = chisquare(observed + [SAMPLING_RUNS - sum(observed)], expected + [SAMPLING_RUNS - sum(expected)])
     assert len(bins) >= 4
     assert chi.pvalue > ALPHA, (chi, list(zip(bins.tolist(), observed, np.round(expected, 1).tolist())))
+
+
+def test_calibration_covers_every_depth_a_session_reaches():
+    from edgekit.verifier.engine._llama import calibration_depths
+
+    depths = calibration_depths(4096, 17)
+    assert depths[:4] == (4, 128, 192, 224) and all(b > a for a, b in itertools.pairwise(depths))
+    assert depths[-1] + 17 < 4096 and depths[-1] > 4096 / 1.5 - 17  # no band wider than half again
+    assert calibration_depths(16, 17) == (0,)
+
+
+def test_rows_per_call_are_the_fewest_any_touched_band_allows():
+    from edgekit.verifier.engine._llama import rows_exact_between
+
+    table = ((4, 7), (64, 7), (128, 6), (256, 1), (512, 3))
+    assert rows_exact_between(table, 0, 9) == 7  # band [0, 64): min(7, 7)
+    assert rows_exact_between(table, 60, 69) == 6  # touches [64, 128): min(7, 6)
+    assert rows_exact_between(table, 130, 139) == 1  # [128, 256) ends where only single rows are exact
+    assert rows_exact_between(table, 600, 609) == 3  # the last band: its own
+    assert rows_exact_between(table, 500, 520) == 1
+
+
+def test_the_engine_measured_its_exact_batch_at_every_depth(gemma_server):
+    from edgekit.verifier.engine._llama import calibration_depths
+
+    engine = gemma_server.engine  # max_context 2048, max_block 16
+    table = engine.invariant_batches
+    measured = tuple(d for d, _ in table)
+    assert measured == calibration_depths(2048, 17)[: len(measured)]
+    rows = [n for _, n in table]
+    assert rows[0] == engine.invariant_batch >= 2 and all(1 <= b <= a <= 17 for a, b in itertools.pairwise(rows))
+    assert rows[-1] == 1 or measured[-1] == calibration_depths(2048, 17)[-1]  # stops only where single rows

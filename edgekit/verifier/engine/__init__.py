@@ -2,9 +2,9 @@
 `LlamaEngine` on a GGUF file through llama.cpp, `ToyEngine` on a toy model for tests."""
 
 from ._base import Engine, Feed, FeedOutput, split_output
-from ._llama import LlamaEngine, calibrate_invariant_batch
+from ._llama import LlamaEngine, calibrate_invariant_batches
 from ._toy import ToyEngine
 
 __all__ = [
-    "Engine", "Feed", "FeedOutput", "LlamaEngine", "ToyEngine", "calibrate_invariant_batch", "split_output",
+    "Engine", "Feed", "FeedOutput", "LlamaEngine", "ToyEngine", "calibrate_invariant_batches", "split_output",
 ]

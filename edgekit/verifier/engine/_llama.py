@@ -11,10 +11,12 @@ repacking switches to GEMM kernels at 4 rows, other quantized GEMMs at 8, so a
 block verified in one batch gets logits that differ in the last bits from
 decoding the same tokens one at a time, and greedy argmaxes near a tie flip.
 In exact mode the target loads without repacking, uses flash attention, and
-decodes every block in sub-batches no larger than `invariant_batch`: the
-largest batch that was measured at start-up to reproduce single-token logits
-bit for bit. Greedy speculative output is then token-identical to target-only
-decoding (see `calibrate_invariant_batch`). Sub-batches may mix the rows of
+decodes every block in sub-batches no larger than what was measured at start-up
+to reproduce single-token logits bit for bit at that depth of the sequence
+(`invariant_batches`: past ~256 cached tokens the CPU attention takes another
+path for one row than for several, and only single rows stay exact). Greedy
+speculative output is then token-identical to target-only decoding (see
+`calibrate_invariant_batches`). Sub-batches may mix the rows of
 several sessions where that was measured exact too (`mixes_sessions_exactly`,
 also at start-up); prompts and turns (feeds without outputs) are decoded in
 calls of their own, so the KV they leave does not depend on what else ran.
@@ -34,7 +36,10 @@ from ...protocol import Fingerprint
 from ...runtime import LlamaContext, LlamaModel
 from ._base import Feed, FeedOutput
 
-__all__ = ["LlamaEngine", "calibrate_invariant_batch", "mixes_sessions_exactly"]
+__all__ = [
+    "LlamaEngine", "calibrate_invariant_batches", "calibration_depths", "mixes_sessions_exactly",
+    "rows_exact_between",
+]
 
 _CALIBRATION_TEXT = (
     "Speculative decoding drafts several tokens with a small model and checks them with a large one; "
@@ -42,40 +47,84 @@ _CALIBRATION_TEXT = (
 )
 
 
-def calibrate_invariant_batch(model: LlamaModel, limit: int, threads: int | None = None) -> int:
-    """The largest n <= limit such that every batch of 2..n rows gives the same
-    logits, bit for bit, as decoding the rows one at a time.
+def calibration_depths(max_context: int, limit: int) -> tuple[int, ...]:
+    """Where `calibrate_invariant_batches` may measure: 4, 128, 192, 224, 256, 320, 384,
+    512, then 768, 1024, 1536, 2048, ... (each next one at most half again as deep), as
+    deep as a block of `limit` rows fits in `max_context`."""
+    depths = [4, 128, 192, 224, 256, 320, 384, 512]
+    while depths[-1] < max_context:  # 768, 1024, 1536, 2048, 3072, 4096, ...
+        d = depths[-1]
+        depths.append(d * 3 // 2 if d & (d - 1) == 0 else d * 4 // 3)
+    return tuple(d for d in depths if d + limit < max_context) or (0,)
 
-    Runs in a small context of its own (same model, threads and attention
-    kernels as the engine's): one sequence decodes the reference one token at a
-    time, as far as the search goes; the other holds the same head and takes
-    each trial batch, rolled back after it. The search stops at the first size
-    that differs.
+
+def calibrate_invariant_batches(
+    model: LlamaModel, limit: int, depths: Sequence[int], threads: int | None = None
+) -> tuple[tuple[int, int], ...]:
+    """For each depth d, shallowest first: the largest n such that every batch of 2..n rows
+    at positions d.. gives the same logits, bit for bit, as decoding the rows one at a time,
+    never more than `limit` nor than a shallower depth allowed (the table only falls with
+    depth). Measuring stops at the first depth where only single rows are exact: deeper ones use
+    single rows too, which is exact whatever the kernels do there.
+
+    The answer depends on the depth: past 256 cached tokens llama.cpp's CPU attention
+    takes a different path for one row than for several (measured on both shipped pairs:
+    7 rows exact near the start, only 1 past ~256), so a depth-blind calibration would let
+    long prompts drift from target-only decoding. One context of its own (same model,
+    threads and attention kernels as the engine's) holds two copies of a long text's
+    head, extended depth by depth: one decodes the reference one token at a time, the
+    other takes each trial batch; both roll back after each depth.
     """
+    need = max(depths) + limit + 1
     tokens = model.tokenize(_CALIBRATION_TEXT)
-    head, span = 4, min(limit, len(tokens) - 4)
-    ctx = LlamaContext(model, n_ctx=512, n_batch=max(64, span + 1), n_seq=2, n_threads=threads, flash_attn=True)
+    tokens = model.tokenize(_CALIBRATION_TEXT * (need // max(1, len(tokens)) + 2))
+    ctx: LlamaContext | None = None
     ref, trial = 0, 1
+    out: list[tuple[int, int]] = []
+    held, allowed = 0, limit
     try:
-        for i, tok in enumerate(tokens[:head]):
-            ctx.decode([tok], [i], [ref], [False])
-            ctx.decode([tok], [i], [trial], [False])
-        reference: list[np.ndarray] = []
-        best = 1
-        for n in range(2, span + 1):
-            while len(reference) < n:
-                i = head + len(reference)
-                ctx.decode([tokens[i]], [i], [ref], [True])
-                reference.append(ctx.logits(0).copy())
-            ctx.decode(tokens[head : head + n], range(head, head + n), [trial] * n, [True] * n)
-            same = all(np.array_equal(ctx.logits(i), reference[i]) for i in range(n))
-            ctx.truncate(trial, head)
-            if not same:
-                break
-            best = n
-        return best
+        for depth in sorted(depths):
+            if ctx is None:
+                n_ctx = 2 * (-(-need // 256) * 256)
+                ctx = LlamaContext(model, n_ctx=n_ctx, n_batch=512, n_seq=2, n_threads=threads, flash_attn=True)
+            for seq in (ref, trial):  # both sequences hold the same head, decoded the same way
+                ctx.decode_sequence(tokens[held:depth], held, seq, last_output=False)
+            held = depth
+            reference: list[np.ndarray] = []
+            best = 1
+            for n in range(2, allowed + 1):
+                while len(reference) < n:
+                    i = depth + len(reference)
+                    ctx.decode([tokens[i]], [i], [ref], [True])
+                    reference.append(ctx.logits(0).copy())
+                ctx.decode(tokens[depth : depth + n], range(depth, depth + n), [trial] * n, [True] * n)
+                same = all(np.array_equal(ctx.logits(i), reference[i]) for i in range(n))
+                ctx.truncate(trial, depth)
+                if not same:
+                    break
+                best = n
+            ctx.truncate(ref, depth)
+            out.append((depth, best))
+            allowed = best
+            if best == 1:
+                break  # nothing deeper can be taken fewer rows at a time: the rest is single rows
+        return tuple(out)
     finally:
-        ctx.close()
+        if ctx is not None:
+            ctx.close()
+
+
+def rows_exact_between(table: Sequence[tuple[int, int]], lo: int, hi: int) -> int:
+    """Rows per sub-batch that stay exact for rows at positions lo..hi-1: the fewest over
+    the calibrated bands they touch. Band j is [d_j, d_j+1) (the first from 0, the last
+    without end) and allows the smaller of what its two ends measured (the last, its own)."""
+    rows = []
+    for j, (depth, n) in enumerate(table):
+        nxt = table[j + 1] if j + 1 < len(table) else None
+        band_lo, band_hi = (0 if j == 0 else depth), (nxt[0] if nxt else None)
+        if (band_hi is None or lo < band_hi) and hi > band_lo:
+            rows.append(n if nxt is None else min(n, nxt[1]))
+    return min(rows, default=1)
 
 
 def mixes_sessions_exactly(model: LlamaModel, n: int, threads: int | None = None) -> bool:
@@ -133,7 +182,14 @@ class LlamaEngine:
             flash_attn=True if exact else None,
         )
         self.exact = exact
-        self.invariant_batch = calibrate_invariant_batch(self.model, max_block + 1, threads) if exact else 0
+        # Exact mode: rows per sub-batch that keep logits bit-exact, by depth (see calibrate_invariant_batches).
+        self.invariant_batches = (
+            calibrate_invariant_batches(self.model, max_block + 1, calibration_depths(max_context, max_block + 1),
+                                        threads)
+            if exact else ()
+        )
+        # what the start of a sequence allows (deeper bands may allow fewer; `invariant_batches` has them all)
+        self.invariant_batch = self.invariant_batches[0][1] if exact else 0
         # Exact mode mixes sessions in a sub-batch only where that was measured exact here.
         self.mixes_sessions = not exact or mixes_sessions_exactly(self.model, self.invariant_batch, threads)
 
@@ -177,9 +233,17 @@ class LlamaEngine:
     ) -> None:
         """The feeds that want logits: their rows in calls of at most `step` rows, several
         feeds to a call where that is exact (or numerics are fast)."""
-        step = self.invariant_batch if self.exact else self._ctx.n_batch
-        groups = [which] if self.mixes_sessions else [[i] for i in which]
-        for group in groups:
+        if not self.exact:
+            groups = [(which, self._ctx.n_batch)]
+        else:  # the depth decides the kernels: feeds share calls only where they allow as many rows
+            steps = {i: rows_exact_between(self.invariant_batches, feeds[i].start,
+                                           feeds[i].start + len(feeds[i].tokens)) for i in which}
+            by_step: dict[int, list[int]] = {}
+            for i in which:
+                by_step.setdefault(steps[i], []).append(i)
+            groups = ([(g, n) for n, g in by_step.items()] if self.mixes_sessions
+                      else [([i], steps[i]) for i in which])
+        for group, step in groups:
             rows = [(i, r) for i in group for r in range(len(feeds[i].tokens))]
             for lo in range(0, len(rows), step):
                 chunk = rows[lo : lo + step]
