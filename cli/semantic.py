@@ -72,6 +72,11 @@ def train(
         0.9, "--critical-recall", min=0.0, max=1.0,
         help="The threshold rejects at least this share of critical validation mismatches on a perfect link.",
     ),
+    rank: int = typer.Option(
+        16, "--rank", min=0,
+        help="Learn on this many principal directions of the hidden rows, folded into the first layer "
+        "(0: the full rows).",
+    ),
     seed: int = typer.Option(0, "--seed"),
     json_out: bool = typer.Option(False, "--json", help="Print the metric card as JSON."),
 ) -> None:
@@ -80,7 +85,7 @@ def train(
 
     try:
         card = train_from_traces(traces, out, csi=not no_csi, draws=draws, critical_recall=critical_recall,
-                                 seed=seed)
+                                 rank=rank or None, seed=seed)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if json_out:

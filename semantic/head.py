@@ -43,8 +43,8 @@ from .csi import CSI_FEATURES, channel_quality, csi_features, sample_links
 from .relabel import RelabelConfig, relabel_episode, sample_actions
 
 __all__ = [
-    "GOOD_LINK", "PERFECT_LINK", "POOR_LINK", "HeadData", "evaluate", "export_head", "labelled_episodes",
-    "make_dataset", "pick_threshold", "split_episodes", "train_head",
+    "GOOD_LINK", "PERFECT_LINK", "POOR_LINK", "HeadData", "Projection", "evaluate", "export_head",
+    "labelled_episodes", "make_dataset", "pick_threshold", "split_episodes", "train_head",
 ]
 
 # A link that costs nothing (q = 1): where the threshold is chosen.
@@ -147,13 +147,61 @@ def make_dataset(
     )
 
 
-def train_head(train: HeadData, val: HeadData, *, hidden: int = 32, dropout: float = 0.3, l2: float = 3e-3,
-               seed: int = 0) -> Mlp:
-    """Eqs. 24-26: linear, ReLU, dropout, linear, sigmoid; class-weighted BCE with weight decay."""
-    return train_mlp(
-        train.x.astype(np.float64), train.y, val.x.astype(np.float64), (val.y >= 0.5).astype(np.float64),
+@dataclass
+class Projection:
+    """The first `rank` principal directions of the standardised hidden rows (the first
+    `n_hidden` columns); the columns after them (the CSI) pass through as they are."""
+
+    n_hidden: int
+    mean: np.ndarray
+    scale: np.ndarray
+    basis: np.ndarray  # [n_hidden, rank]
+
+    @classmethod
+    def fit(cls, x: np.ndarray, n_hidden: int, rank: int) -> Projection:
+        h = np.asarray(x[:, :n_hidden], dtype=np.float64)
+        mean = h.mean(axis=0)
+        scale = h.std(axis=0)
+        scale = np.where(scale > 1e-8, scale, 1.0)
+        _, _, vt = np.linalg.svd((h - mean) / scale, full_matrices=False)
+        return cls(n_hidden, mean, scale, vt[: min(rank, len(vt))].T.copy())
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        return np.hstack([((x[:, : self.n_hidden] - self.mean) / self.scale) @ self.basis, x[:, self.n_hidden :]])
+
+    def fold(self, model: Mlp) -> Mlp:
+        """The same function as `model` over `apply`'s output, as one MLP over the raw
+        input: the projection is linear, so it folds into the first layer's weights
+        (a rank-limited first layer) and the exported head keeps eqs. 24-25's shape."""
+        k = self.basis.shape[1]
+        w0, b0 = model.weights[0], model.biases[0]
+        m_z, s_z = model.mean[:k], model.scale[:k]  # the MLP's own standardiser over the projection
+        w_hid = self.basis @ (w0[:k] / s_z[:, None])
+        return Mlp(
+            np.concatenate([self.mean, model.mean[k:]]), np.concatenate([self.scale, model.scale[k:]]),
+            [np.vstack([w_hid, w0[k:]]), *model.weights[1:]], [b0 - (m_z / s_z) @ w0[:k], *model.biases[1:]],
+        )
+
+
+def train_head(train: HeadData, val: HeadData, *, n_hidden: int, rank: int | None = 16, hidden: int = 32,
+               dropout: float = 0.3, l2: float = 3e-3, seed: int = 0) -> Mlp:
+    """Eqs. 24-26: linear, ReLU, dropout, linear, sigmoid; class-weighted BCE with weight decay.
+
+    With `rank`, the MLP learns on the first `rank` principal directions of the hidden rows
+    (fitted on the training instances) beside the CSI, and the projection is folded into its
+    first layer. Thousands of hidden columns against four CSI ones and a few hundred labelled
+    mismatches let the full-width MLP fit the rows and ignore the link (measured: the same
+    P(reject) on the good and the poor link); the low-rank head does not."""
+    x, xv = train.x.astype(np.float64), val.x.astype(np.float64)
+    proj = Projection.fit(x, n_hidden, rank) if rank else None
+    if proj is not None:
+        x, xv = proj.apply(x), proj.apply(xv)
+    model = train_mlp(
+        x, train.y, xv, (val.y >= 0.5).astype(np.float64),
         hidden=(hidden,), lr=1e-3, batch=64, epochs=400, patience=40, l2=l2, seed=seed, dropout=dropout,
     )
+    return proj.fold(model) if proj is not None else model
 
 
 def features_for(episodes: list[_Episode], link: LinkState | None) -> tuple[np.ndarray, np.ndarray]:

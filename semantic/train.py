@@ -50,6 +50,7 @@ def train_from_traces(
     draws: int = 8,
     critical_recall: float = 0.9,
     hidden: int = 32,
+    rank: int | None = 16,
     seed: int = 0,
     relabel: RelabelConfig = RelabelConfig(),
 ) -> dict:
@@ -65,13 +66,14 @@ def train_from_traces(
     train_eps, stop_eps, val_eps = split_episodes(episodes, seed=seed)
     train = make_dataset(train_eps, csi=csi, draws=draws, config=relabel, seed=seed)
     stop = make_dataset(stop_eps, csi=csi, draws=draws, config=relabel, seed=seed + 1)
-    model = train_head(train, stop, hidden=hidden, seed=seed)
+    meta = ts.meta
+    n_hidden = int(meta["draft_hidden"]) + int(meta["target_hidden"])
+    model = train_head(train, stop, n_hidden=n_hidden, rank=rank, hidden=hidden, seed=seed)
     # the threshold: on the calibration mismatches at a perfect link (no CSI: as they are)
     x_val, crit_val = features_for(val_eps, PERFECT_LINK if csi else None)
     threshold = pick_threshold(model.predict(x_val), crit_val, critical_recall)
     figures = evaluate(model, val_eps, threshold, csi=csi)
     train_auc = auc(train.critical.astype(float), model.predict(train.x.astype(np.float64)))
-    meta = ts.meta
     n_mism = sum(len(e.positions) for e in episodes)
     n_crit = int(sum(e.critical.sum() for e in episodes))
     card = {
@@ -82,7 +84,7 @@ def train_from_traces(
         "csi": csi,
         "threshold": threshold,
         "threshold_rule": f"largest rejecting >= {critical_recall:.0%} of critical validation mismatches at q = 1",
-        "model": {"hidden": hidden, "dropout": 0.3, "weight_decay": 3e-3, "seed": seed},
+        "model": {"hidden": hidden, "rank": rank or 0, "dropout": 0.3, "weight_decay": 3e-3, "seed": seed},
         "relabel": {"decay_tokens": relabel.decay_tokens, "beta_min": relabel.beta_min,
                     "temperature": relabel.temperature, "draws_per_episode": draws if csi else 0},
         "data": {
@@ -123,7 +125,10 @@ def _card_markdown(card: dict) -> str:
         f"# Semantic head: {card['pair']} ({card['draft']} drafting for {card['target']})",
         "",
         f"Two-layer MLP (hidden {card['model']['hidden']}, dropout {card['model']['dropout']}, weight decay "
-        f"{card['model']['weight_decay']}) on [h_draft, h_target{', CSI' if card['csi'] else ''}]; "
+        f"{card['model']['weight_decay']}) on [h_draft, h_target{', CSI' if card['csi'] else ''}]"
+        + (f", its first layer of rank {card['model']['rank']} (the hidden rows' principal directions)"
+           if card["model"].get("rank") else "")
+        + "; "
         f"P(reject) > {card['threshold']:.4f} rejects a mismatch ({card['threshold_rule']}).",
         "",
         "## Data",

@@ -158,10 +158,29 @@ def test_train_exports_a_head_and_its_card_from_the_command_line(tmp_path):
     lo = np.array([[-2.0, 0, 0, 0, 0, 0]], dtype=np.float32)
     t = np.zeros((1, 4), dtype=np.float32)
     assert head.p_reject(hi, t, GOOD_LINK)[0] > head.p_reject(lo, t, GOOD_LINK)[0]
+    # relabeling repairs fewer critical mismatches on a poor link (eq. 30): the head learnt it
+    assert head.p_reject(hi, t, POOR_LINK)[0] < head.p_reject(hi, t, GOOD_LINK)[0]
     ablation = tmp_path / "nocsi.onnx"
     r = runner.invoke(app, ["semantic", "train", str(traces), "-o", str(ablation), "--no-csi"])
     assert r.exit_code == 0, r.output
     assert not SemanticHead(ablation).uses_csi and "wrote" in r.output
+
+
+def test_a_low_rank_head_folds_its_projection_into_the_first_layer():
+    from edgekit.predictors.train import train_mlp
+    from edgekit.semantic.head import Projection
+
+    rng = np.random.default_rng(0)
+    x = np.hstack([rng.normal(size=(300, 12)) * rng.uniform(0.5, 3, 12) + 1.0, rng.uniform(0, 1, (300, 2))])
+    y = ((x[:, 0] + x[:, 12]) > 1.5).astype(float)
+    proj = Projection.fit(x, n_hidden=12, rank=5)
+    assert proj.basis.shape == (12, 5) and proj.apply(x).shape == (300, 7)
+    small = train_mlp(proj.apply(x), y, proj.apply(x), y, hidden=(8,), epochs=20, seed=0, dropout=0.3)
+    folded = proj.fold(small)
+    assert folded.weights[0].shape == (14, 8) and np.linalg.matrix_rank(folded.weights[0][:12]) <= 5
+    probe = rng.normal(size=(50, 14)) * 2
+    assert np.allclose(folded.predict(probe), small.predict(proj.apply(probe)), atol=1e-9)
+    assert Projection.fit(x[:4], n_hidden=12, rank=16).basis.shape == (12, 4)  # no more directions than rows
 
 
 def test_train_refuses_traces_without_labels(tmp_path):
