@@ -70,12 +70,12 @@ def upload_for(upload: str | None, mode: str) -> str:
     return upload or ("auto" if mode == "semantic" else "tokens")
 
 
-def semantic_summary(stats) -> str:  # GenerationStats
-    """', N mismatches accepted by HEAD at T' for a semantic generation, else ''."""
+def semantic_summary(stats, sep: str = ", ") -> str:  # GenerationStats
+    """'<sep>N mismatches accepted (semantic, head HEAD, threshold T)' for a semantic generation, else ''."""
     if stats.mode != "semantic":
         return ""
     return (
-        f", {stats.semantic_accepted} mismatches accepted (semantic, head {stats.semantic_head}, "
+        f"{sep}{stats.semantic_accepted} mismatches accepted (semantic, head {stats.semantic_head}, "
         f"threshold {stats.semantic_threshold:.3f})"
     )
 _SLO_CLASS = typer.Option(

@@ -316,7 +316,7 @@ class _ChatSession:
             self.out.print(
                 f"[dim]\\[{stats.completion_tokens} tokens · {stats.tokens_per_second:.1f} tok/s · acceptance "
                 f"{stats.acceptance_rate:.2f} · AAL {stats.accepted_length:.2f} · {stats.rounds} rounds"
-                f"{semantic_summary(stats).replace(', ', ' · ', 1)} · finish: {stats.finish_reason}][/dim]"
+                f"{semantic_summary(stats, sep=' · ')} · finish: {stats.finish_reason}][/dim]"
             )
 
     # -- the interactive loop -----------------------------------------------------------------

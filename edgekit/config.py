@@ -260,8 +260,9 @@ class ServerConfig:
     # endpoint. Needs prometheus-client: pip install 'edgekit[server]'.
     metrics_port: int | None = None
     # Semantic verification (WISV, lossy, opt-in per session): the ONNX decision head the
-    # verifier runs; None offers no semantic mode. `edgekit serve --semantic-head shipped`
-    # names the head shipped for the pair.
+    # verifier runs; None or "" offers no semantic mode. `edgekit serve --semantic-head shipped`
+    # names the head shipped for the pair. A local verifier (`EdgeClient(pair=...)`) loads the
+    # pair's shipped head where this is None; "" keeps it off there too.
     semantic_head: str | None = None
 
     def __post_init__(self) -> None:

@@ -3,6 +3,7 @@ mode and every refusal, over a toy engine and small ONNX heads built here."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -284,6 +285,7 @@ def test_generate_and_chat_in_semantic_mode_report_what_the_head_did(cli_clients
                             "--drafting", "fixed", "--plain"], input="hello\n/stats\n/exit\n")
     assert r.exit_code == 0, r.output
     assert "mismatches accepted" in r.output and "semantic, head" in r.output
+    assert re.search(r"rounds · \d+ mismatches accepted \(semantic, head ", r.output)  # the reply's summary line
     r = runner.invoke(app, ["generate", "-p", "x", "--mode", "semantic", "--upload", "tokens"])
     assert isinstance(r.exception, ConfigError) and "semantic mode reads the draft's hidden states" in str(r.exception)
 

@@ -107,3 +107,19 @@ def test_labels_continue_from_the_reference_prefix(gemma_paths, tmp_path):
             seq.append(nxt)
         ctx.close()
         assert labels[(0, int(pos))]["continuation"] == n, pos
+
+
+def test_a_local_verifier_loads_the_pairs_shipped_head_unless_told_not_to(gemma_paths, gemma_draft, tmp_path,
+                                                                          monkeypatch):
+    from edgekit.semantic import shipped
+
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)  # a head "shipped" for the gemma pair
+    model = LlamaModel(str(gemma_paths[1]))
+    head = link_only_head(tmp_path / "gemma-270m.onnx", draft_hidden=gemma_draft.n_embd, target_hidden=model.n_embd)
+    small = ServerConfig(port=0, max_sessions=1, max_context=256, max_block=8)
+    with EdgeClient(pair="gemma-270m", draft_model=gemma_draft, local_server=small) as client:
+        assert client.server_info().semantic_head == head.identity
+    off = ServerConfig(port=0, max_sessions=1, max_context=256, max_block=8, semantic_head="")
+    with EdgeClient(pair="gemma-270m", draft_model=gemma_draft, local_server=off) as client:
+        info = client.server_info()
+        assert not info.semantic_head and "semantic" not in info.modes

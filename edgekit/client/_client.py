@@ -158,7 +158,7 @@ class EdgeClient:
 
         spec = get_pair(self.pair)
         cfg = server_config or ServerConfig(port=0, max_sessions=4)
-        if cfg.semantic_head is None:  # the pair's shipped head, where there is one: semantic mode is offered
+        if cfg.semantic_head is None:  # the pair's shipped head, where there is one ("" opts out)
             from ..semantic.shipped import SHIPPED_DIR
 
             head = SHIPPED_DIR / f"{self.pair}.onnx"
