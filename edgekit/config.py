@@ -253,7 +253,9 @@ class ServerConfig:
     budget_beta: float = 0.1
     # The verification-time estimator's calibration: "auto" uses the cached one for this
     # model and machine, measuring it first when the policy needs it; "force" measures
-    # again; "off" never measures (the estimator learns from the live batches only).
+    # again; "off" never measures (the estimator learns from the live batches only). The exact
+    # numerics' batch table (which sub-batches stay bit-exact, by depth) is kept in the same
+    # directory; it is always measured when none is kept ("force" measures it again too).
     calibrate: Calibrate = "auto"
     calibration_dir: str | None = None  # None: $XDG_CACHE_HOME/edgekit/calibration or ~/.cache/...
     # Serve Prometheus metrics over HTTP on this port of `host` (0 picks a free port); None: no

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 
 import numpy as np
@@ -309,3 +310,32 @@ def test_the_engine_measured_its_exact_batch_at_every_depth(gemma_server):
     rows = [n for _, n in table]
     assert rows[0] == engine.invariant_batch >= 2 and all(1 <= b <= a <= 17 for a, b in itertools.pairwise(rows))
     assert rows[-1] == 1 or measured[-1] == calibration_depths(2048, 17)[-1]  # stops only where single rows
+
+
+def test_the_exact_calibration_is_kept_and_reused_and_walks_every_depth_on_one_thread(gemma_paths, tmp_path,
+                                                                                      monkeypatch):
+    """One thread splits no attention: every depth stays batchable, so the calibration walks them all
+    (a text long enough for the deepest); a second start reads the table back; a spoiled file is measured again."""
+    from edgekit.verifier.engine import _llama
+    from edgekit.verifier.engine._llama import LlamaEngine, calibration_depths
+
+    engine = LlamaEngine(str(gemma_paths[1]), max_context=1024, n_seq=1, max_block=32, threads=1, cache_dir=tmp_path)
+    table = engine.invariant_batches
+    engine.close()
+    assert table[-1][1] == 1 or tuple(d for d, _ in table) == calibration_depths(1024, 33)
+    kept = list(tmp_path.glob("invariant-batches-*.json"))
+    assert len(kept) == 1
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured again although a table was kept")
+
+    monkeypatch.setattr(_llama, "calibrate_invariant_batches", measured)
+    again = LlamaEngine(str(gemma_paths[1]), max_context=1024, n_seq=1, max_block=32, threads=1, cache_dir=tmp_path)
+    assert again.invariant_batches == table
+    again.close()
+    kept[0].write_text("{not json")
+    monkeypatch.undo()
+    third = LlamaEngine(str(gemma_paths[1]), max_context=1024, n_seq=1, max_block=32, threads=1, cache_dir=tmp_path)
+    assert third.invariant_batches == table
+    assert json.loads(kept[0].read_text())["value"] == [list(r) for r in table]  # stored whole again
+    third.close()

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,28 +26,13 @@ import numpy as np
 from ..__version__ import __version__
 from ._estimator import VerifyTimeEstimator, batch_features
 from .engine import Engine, Feed
+from .engine._cache import cpu_name, default_calibration_dir
 
 __all__ = ["calibrated_estimator", "calibration_key", "default_calibration_dir", "profile_batches"]
 
 log = logging.getLogger("edgekit.verifier")
 
 KINDS = ("cold", "warm", "mixed")
-
-
-def default_calibration_dir() -> Path:
-    """``$XDG_CACHE_HOME/edgekit/calibration``, else ``~/.cache/edgekit/calibration``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "edgekit" / "calibration"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def calibration_key(engine: Engine, threads: int | None) -> dict[str, object]:
@@ -59,7 +42,7 @@ def calibration_key(engine: Engine, threads: int | None) -> dict[str, object]:
         "exact": engine.exact,
         "invariant_batch": engine.invariant_batch,
         "threads": threads or 0,
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "edgekit": __version__,
     }
 

@@ -130,6 +130,8 @@ class VerifierServer:
                 max_block=c.max_block,
                 exact=c.numerics == "exact",
                 threads=c.threads,
+                cache_dir=Path(c.calibration_dir) if c.calibration_dir else default_calibration_dir(),
+                recalibrate=c.calibrate == "force",
             )
         self.engine = target
         self.service = VerifierService(self.engine, c, estimator=self._estimator())

@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from ...errors import InferenceError, KVCacheFullError
 from ...protocol import Fingerprint
-from ...runtime import LlamaContext, LlamaModel
+from ...runtime import LlamaContext, LlamaModel, default_threads
 from ._base import Feed, FeedOutput
+from ._cache import load_cached, machine_key, store_cached
 
 __all__ = [
     "LlamaEngine", "calibrate_invariant_batches", "calibration_depths", "mixes_sessions_exactly",
@@ -76,8 +78,11 @@ def calibrate_invariant_batches(
     other takes each trial batch; both roll back after each depth.
     """
     need = max(depths) + limit + 1
+    reps = 1
     tokens = model.tokenize(_CALIBRATION_TEXT)
-    tokens = model.tokenize(_CALIBRATION_TEXT * (need // max(1, len(tokens)) + 2))
+    while len(tokens) < need:  # repeated text merges at the seams: grow until long enough
+        reps *= 2
+        tokens = model.tokenize(_CALIBRATION_TEXT * reps)
     ctx: LlamaContext | None = None
     ref, trial = 0, 1
     out: list[tuple[int, int]] = []
@@ -165,7 +170,11 @@ class LlamaEngine:
         max_block: int,
         exact: bool = True,
         threads: int | None = None,
+        cache_dir: Path | None = None,
+        recalibrate: bool = False,
     ) -> None:
+        """`cache_dir`: where the exact mode's calibration is kept between starts (None: measured
+        every time); `recalibrate` measures again whatever is kept."""
         self.model = LlamaModel(model_path, name=name, repack=not exact)
         self.name = self.model.name
         stat = os.stat(model_path)
@@ -184,14 +193,29 @@ class LlamaEngine:
         self.exact = exact
         # Exact mode: rows per sub-batch that keep logits bit-exact, by depth (see calibrate_invariant_batches).
         self.invariant_batches = (
-            calibrate_invariant_batches(self.model, max_block + 1, calibration_depths(max_context, max_block + 1),
-                                        threads)
+            self._invariant_batches(model_path, max_block + 1, max_context, threads, cache_dir, recalibrate)
             if exact else ()
         )
         # what the start of a sequence allows (deeper bands may allow fewer; `invariant_batches` has them all)
         self.invariant_batch = self.invariant_batches[0][1] if exact else 0
         # Exact mode mixes sessions in a sub-batch only where that was measured exact here.
         self.mixes_sessions = not exact or mixes_sessions_exactly(self.model, self.invariant_batch, threads)
+
+    def _invariant_batches(
+        self, path: str, limit: int, max_context: int, threads: int | None, cache_dir: Path | None, again: bool
+    ) -> tuple[tuple[int, int], ...]:
+        depths = calibration_depths(max_context, limit)
+        stat = os.stat(path)
+        key = {"model": os.path.basename(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+               "threads": threads or default_threads(), "limit": limit, "depths": list(depths), **machine_key()}
+        if cache_dir is not None and not again:
+            kept = load_cached(cache_dir, "invariant-batches", key)
+            if isinstance(kept, list) and all(isinstance(r, list) and len(r) == 2 for r in kept):
+                return tuple((int(d), int(n)) for d, n in kept)
+        table = calibrate_invariant_batches(self.model, limit, depths, threads)
+        if cache_dir is not None:
+            store_cached(cache_dir, "invariant-batches", key, [list(r) for r in table])
+        return table
 
     def fingerprint(self) -> Fingerprint:
         return self.model.fingerprint()
