@@ -145,6 +145,8 @@ def plot(payload: dict, path: Path) -> None:
     summary = {name: c["summary"] for name, c in configs.items()}
     ref = summary.get("target-only", {}).get("pass_at_1")
     names = [n for n in configs if n != "target-only"]
+    counts = {summary[n]["problems"] for n in configs}
+    labels = [f"{n} ({summary[n]['problems']})" for n in names] if len(counts) > 1 else names
     fig, axes = C.subplots(3, nrows=2, width=5.2, height=4.4)
     ax = axes[0]
     acc = [100 * summary[n]["pass_at_1"] for n in names]
@@ -156,7 +158,7 @@ def plot(payload: dict, path: Path) -> None:
     if ref is not None:
         ax.axhline(100 * ref, ls="--", color="k", label=f"target-only {100 * ref:.1f}%")
         ax.legend(fontsize=8)
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(range(len(names)), labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("pass@1 on held-out HumanEval (%)")
     ax.set_title("accuracy (WISV Fig. 3)")
     ax = axes[1]
@@ -168,7 +170,7 @@ def plot(payload: dict, path: Path) -> None:
     for i, (a, r) in enumerate(zip(aal, rpp)):
         ax.annotate(f"{a:.2f}", (i - 0.2, a), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
         ax2.annotate(f"{r:.2f}", (i + 0.2, r), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(range(len(names)), labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("accepted length per round, AAL (blue, tokens)")
     ax2.set_ylabel("rounds per problem (orange)")
     ax.set_ylim(0, max(aal + [1.0]) * 1.15)
@@ -178,7 +180,7 @@ def plot(payload: dict, path: Path) -> None:
     for i, link in enumerate(LINKS):
         vals = [summary[n].get("ms_per_token", {}).get(link, 0) for n in names]
         ax.bar(np.arange(len(names)) + (i - 1.5) * 0.2, vals, 0.2, label=link)
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_xticks(range(len(names)), labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("end-to-end ms per token (this CPU)")
     ax.set_title("time per token by link (WISV Fig. 4)")
     ax.legend(fontsize=8, title="link", loc="lower right")
@@ -189,12 +191,25 @@ def plot(payload: dict, path: Path) -> None:
 def _plot_sweep(configs: dict, axes: list, ref: float | None) -> None:
     """Each head's pass@1, AAL and rounds against its threshold, one line per link (WISV Figs. 3 and 5):
     threshold 0 is greedy speculative decoding."""
-    greedy = configs.get("greedy", {}).get("summary")
+    swept = {name: c for name, c in configs.items() if not _parse(name)[3] and _parse(name)[0] in ("semantic", "nocsi")
+             and c.get("threshold") is not None and c["records"]}
+    if "greedy" in configs:
+        swept["greedy"] = configs["greedy"]
+    # the problems every plotted configuration ran, so that every point counts the same ones
+    common = set.intersection(*({r["id"] for r in c["records"]} for c in swept.values())) if swept else set()
+    reference = {r["id"]: r for r in configs.get("target-only", {}).get("records", [])}
+
+    def on_common(c: dict) -> dict:
+        return summarise([r for r in c["records"] if r["id"] in common], reference)
+
+    greedy = on_common(configs["greedy"]) if "greedy" in swept and common else None
+    if reference and common:
+        ref = float(np.mean([reference[i]["passed"] for i in common if i in reference]))
     lines: dict[tuple[str, str], list[tuple[float, dict]]] = {}
-    for name, c in configs.items():
-        kind, link, _, bed = _parse(name)
-        if not bed and kind in ("semantic", "nocsi") and c.get("threshold") is not None:
-            lines.setdefault((kind, link), []).append((c["threshold"], c["summary"]))
+    for name, c in swept.items():
+        if name != "greedy" and common:
+            kind, link, _, _ = _parse(name)
+            lines.setdefault((kind, link), []).append((c["threshold"], on_common(c)))
     panels = (("pass_at_1", 100.0, "pass@1 on held-out HumanEval (%)", "accuracy by threshold (WISV Fig. 3)"),
               ("aal", 1.0, "accepted length per round, AAL", "AAL by threshold"),
               ("rounds_per_problem", 1.0, "rounds per problem", "rounds by threshold"))
@@ -208,7 +223,7 @@ def _plot_sweep(configs: dict, axes: list, ref: float | None) -> None:
             ax.axhline(100 * ref, ls="--", color="k", label=f"target-only {100 * ref:.1f}%")
         ax.set_xlabel("threshold on P(reject) (0: greedy speculative decoding)")
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set_title(f"{title}, {len(common)} problems every point ran")
         if lines:
             ax.legend(fontsize=7)
 
