@@ -223,7 +223,7 @@ def _plot_sweep(configs: dict, axes: list, ref: float | None) -> None:
             ax.axhline(100 * ref, ls="--", color="k", label=f"target-only {100 * ref:.1f}%")
         ax.set_xlabel("threshold on P(reject) (0: greedy speculative decoding)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{title}, {len(common)} problems every point ran")
+        ax.set_title(f"{title} ({len(common)} problems all ran)")
         if lines:
             ax.legend(fontsize=7)
 
