@@ -290,7 +290,7 @@ def test_calibration_covers_every_depth_a_session_reaches():
 
 
 def test_rows_per_call_are_the_fewest_any_touched_band_allows():
-    from edgekit.verifier.engine._llama import rows_exact_between
+    from edgekit.verifier.engine._llama import bands_between, rows_exact_between
 
     table = ((4, 7), (64, 7), (128, 6), (256, 1), (512, 3))
     assert rows_exact_between(table, 0, 9) == 7  # band [0, 64): min(7, 7)
@@ -298,6 +298,7 @@ def test_rows_per_call_are_the_fewest_any_touched_band_allows():
     assert rows_exact_between(table, 130, 139) == 1  # [128, 256) ends where only single rows are exact
     assert rows_exact_between(table, 600, 609) == 3  # the last band: its own
     assert rows_exact_between(table, 500, 520) == 1
+    assert bands_between(table, 60, 69) == [0, 1] and bands_between(table, 600, 609) == [4]
 
 
 def test_the_engine_measured_its_exact_batch_at_every_depth(gemma_server):

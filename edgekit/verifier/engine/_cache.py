@@ -39,13 +39,14 @@ def cpu_name() -> str:
 
 
 def machine_key() -> dict[str, str]:
-    try:
+    try:  # the version and what the build uses (SIMD, BLAS, GPU backends): either changes the kernels
         import llama_cpp
 
         llama = str(getattr(llama_cpp, "__version__", ""))
-    except ImportError:  # pragma: no cover - the toy engine's users
-        llama = ""
-    return {"cpu": cpu_name(), "llama_cpp": llama, "edgekit": __version__}
+        build = llama_cpp.llama_print_system_info().decode(errors="replace")
+    except (ImportError, AttributeError):  # pragma: no cover - the toy engine's users
+        llama, build = "", ""
+    return {"cpu": cpu_name(), "llama_cpp": llama, "llama_build": build, "edgekit": __version__}
 
 
 def _path(directory: Path, kind: str, key: dict) -> Path:

@@ -39,7 +39,7 @@ from ._base import Feed, FeedOutput
 from ._cache import load_cached, machine_key, store_cached
 
 __all__ = [
-    "LlamaEngine", "calibrate_invariant_batches", "calibration_depths", "mixes_sessions_exactly",
+    "LlamaEngine", "bands_between", "calibrate_invariant_batches", "calibration_depths", "mixes_sessions_exactly",
     "rows_exact_between",
 ]
 
@@ -119,16 +119,23 @@ def calibrate_invariant_batches(
             ctx.close()
 
 
-def rows_exact_between(table: Sequence[tuple[int, int]], lo: int, hi: int) -> int:
-    """Rows per sub-batch that stay exact for rows at positions lo..hi-1: the fewest over
-    the calibrated bands they touch. Band j is [d_j, d_j+1) (the first from 0, the last
-    without end) and allows the smaller of what its two ends measured (the last, its own)."""
-    rows = []
-    for j, (depth, n) in enumerate(table):
-        nxt = table[j + 1] if j + 1 < len(table) else None
-        band_lo, band_hi = (0 if j == 0 else depth), (nxt[0] if nxt else None)
+def bands_between(table: Sequence[tuple[int, int]], lo: int, hi: int) -> list[int]:
+    """The calibrated bands rows at positions lo..hi-1 touch: band j is [d_j, d_j+1), the
+    first from 0, the last without end."""
+    out = []
+    for j, (depth, _) in enumerate(table):
+        band_lo = 0 if j == 0 else depth
+        band_hi = table[j + 1][0] if j + 1 < len(table) else None
         if (band_hi is None or lo < band_hi) and hi > band_lo:
-            rows.append(n if nxt is None else min(n, nxt[1]))
+            out.append(j)
+    return out
+
+
+def rows_exact_between(table: Sequence[tuple[int, int]], lo: int, hi: int) -> int:
+    """Rows per sub-batch that stay exact for rows at positions lo..hi-1: the fewest over the
+    bands they touch, each allowing the smaller of what its two ends measured (the last, its own)."""
+    rows = [min(table[j][1], table[j + 1][1]) if j + 1 < len(table) else table[j][1]
+            for j in bands_between(table, lo, hi)]
     return min(rows, default=1)
 
 
@@ -262,10 +269,13 @@ class LlamaEngine:
         else:  # the depth decides the kernels: feeds share calls only where they allow as many rows
             steps = {i: rows_exact_between(self.invariant_batches, feeds[i].start,
                                            feeds[i].start + len(feeds[i].tokens)) for i in which}
-            by_step: dict[int, list[int]] = {}
+            # mixing was measured near the start: only feeds in the same bands, allowing as many rows, mix
+            by_band: dict[tuple[int, ...], list[int]] = {}
             for i in which:
-                by_step.setdefault(steps[i], []).append(i)
-            groups = ([(g, n) for n, g in by_step.items()] if self.mixes_sessions
+                key = (steps[i], *bands_between(self.invariant_batches, feeds[i].start,
+                                                feeds[i].start + len(feeds[i].tokens)))
+                by_band.setdefault(key, []).append(i)
+            groups = ([(g, k[0]) for k, g in by_band.items()] if self.mixes_sessions
                       else [([i], steps[i]) for i in which])
         for group, step in groups:
             rows = [(i, r) for i in group for r in range(len(feeds[i].tokens))]
