@@ -16,7 +16,7 @@ from ._device import (
     process_cpu_seconds,
 )
 from ._draft import DraftModel, DraftOutput, LlamaDraftModel
-from ._llama import LlamaContext, LlamaModel, default_threads
+from ._llama import LlamaContext, LlamaModel, default_threads, llama_build
 from ._logits import (
     ALL_COLUMNS,
     FEATURE_NAMES,
@@ -59,6 +59,7 @@ __all__ = [
     "default_threads",
     "device_load",
     "device_state",
+    "llama_build",
     "model_memory_need",
     "physical_cores",
     "process_cpu_seconds",

@@ -51,6 +51,17 @@ def _init_backend() -> None:
 _amx_ok: bool | None = None
 
 
+def llama_build() -> dict[str, str]:
+    """llama-cpp-python's version and what its llama.cpp build uses (SIMD, BLAS, backends):
+    either changes the kernels, and with them the last bits of the logits."""
+    import llama_cpp
+
+    return {
+        "llama_cpp": str(getattr(llama_cpp, "__version__", "")),
+        "llama_build": _lc.llama_print_system_info().decode(errors="replace"),
+    }
+
+
 def _extra_buffers_ok() -> bool:
     """Whether llama.cpp's extra CPU buffer types (repacked weights) may be used.
 
@@ -60,7 +71,7 @@ def _extra_buffers_ok() -> bool:
     models: there the weights stay in their file layout (slower, correct) unless EDGEKIT_AMX=1."""
     global _amx_ok
     if _amx_ok is None:
-        built_with_amx = "AMX_INT8 = 1" in _lc.llama_print_system_info().decode(errors="replace")
+        built_with_amx = "AMX_INT8 = 1" in llama_build()["llama_build"]
         _amx_ok = not built_with_amx or os.environ.get("EDGEKIT_AMX", "") in ("1", "true", "yes")
     return _amx_ok
 

@@ -25,8 +25,7 @@ import numpy as np
 
 from ..__version__ import __version__
 from ._estimator import VerifyTimeEstimator, batch_features
-from .engine import Engine, Feed
-from .engine._cache import cpu_name, default_calibration_dir
+from .engine import Engine, Feed, cpu_name, default_calibration_dir
 
 __all__ = ["calibrated_estimator", "calibration_key", "default_calibration_dir", "profile_batches"]
 

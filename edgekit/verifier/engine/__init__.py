@@ -2,9 +2,11 @@
 `LlamaEngine` on a GGUF file through llama.cpp, `ToyEngine` on a toy model for tests."""
 
 from ._base import Engine, Feed, FeedOutput, split_output
+from ._cache import cpu_name, default_calibration_dir
 from ._llama import LlamaEngine, calibrate_invariant_batches
 from ._toy import ToyEngine
 
 __all__ = [
-    "Engine", "Feed", "FeedOutput", "LlamaEngine", "ToyEngine", "calibrate_invariant_batches", "split_output",
+    "Engine", "Feed", "FeedOutput", "LlamaEngine", "ToyEngine", "calibrate_invariant_batches", "cpu_name",
+    "default_calibration_dir", "split_output",
 ]

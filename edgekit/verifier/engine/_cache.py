@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from ...__version__ import __version__
+from ...runtime import llama_build
 
 __all__ = ["cpu_name", "default_calibration_dir", "load_cached", "machine_key", "store_cached"]
 
@@ -39,14 +40,7 @@ def cpu_name() -> str:
 
 
 def machine_key() -> dict[str, str]:
-    try:  # the version and what the build uses (SIMD, BLAS, GPU backends): either changes the kernels
-        import llama_cpp
-
-        llama = str(getattr(llama_cpp, "__version__", ""))
-        build = llama_cpp.llama_print_system_info().decode(errors="replace")
-    except (ImportError, AttributeError):  # pragma: no cover - the toy engine's users
-        llama, build = "", ""
-    return {"cpu": cpu_name(), "llama_cpp": llama, "llama_build": build, "edgekit": __version__}
+    return {"cpu": cpu_name(), **llama_build(), "edgekit": __version__}
 
 
 def _path(directory: Path, kind: str, key: dict) -> Path:
