@@ -191,7 +191,8 @@ def plot(payload: dict, path: Path) -> None:
 def _plot_sweep(configs: dict, axes: list, ref: float | None) -> None:
     """Each head's pass@1, AAL and rounds against its threshold, one line per link (WISV Figs. 3 and 5):
     threshold 0 is greedy speculative decoding."""
-    swept = {name: c for name, c in configs.items() if not _parse(name)[3] and _parse(name)[0] in ("semantic", "nocsi")
+    specs = {name: _parse(name) for name in configs}
+    swept = {name: c for name, c in configs.items() if not specs[name][3] and specs[name][0] in ("semantic", "nocsi")
              and c.get("threshold") is not None and c["records"]}
     if "greedy" in configs:
         swept["greedy"] = configs["greedy"]
@@ -208,7 +209,7 @@ def _plot_sweep(configs: dict, axes: list, ref: float | None) -> None:
     lines: dict[tuple[str, str], list[tuple[float, dict]]] = {}
     for name, c in swept.items():
         if name != "greedy" and common:
-            kind, link, _, _ = _parse(name)
+            kind, link, _, _ = specs[name]
             lines.setdefault((kind, link), []).append((c["threshold"], on_common(c)))
     panels = (("pass_at_1", 100.0, "pass@1 on held-out HumanEval (%)", "accuracy by threshold (WISV Fig. 3)"),
               ("aal", 1.0, "accepted length per round, AAL", "AAL by threshold"),

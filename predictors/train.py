@@ -31,6 +31,7 @@ __all__ = [
     "classification_metrics",
     "replay_policy",
     "split_by_prompt",
+    "standardiser",
     "train_logistic",
     "train_mlp",
 ]
@@ -119,7 +120,8 @@ def _class_weights(y: np.ndarray) -> np.ndarray:
     return np.where(y == 1, n / (2 * pos), n / (2 * neg))
 
 
-def _standardiser(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def standardiser(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each column's mean and standard deviation (1 where a column is constant)."""
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
     return mean, np.where(scale > 1e-8, scale, 1.0)
@@ -132,7 +134,7 @@ def _weighted_bce(p: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
 
 def train_logistic(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 50) -> LinearModel:
     """Class-weighted, L2-regularised logistic regression by Newton's method."""
-    mean, scale = _standardiser(x)
+    mean, scale = standardiser(x)
     xs = np.hstack([(x - mean) / scale, np.ones((len(x), 1))])
     sw = _class_weights(y)
     theta = np.zeros(xs.shape[1])
@@ -169,7 +171,7 @@ def train_mlp(
     `l2`, inverted dropout on the hidden layers at rate `dropout`; keeps the weights
     of the best validation loss."""
     rng = np.random.default_rng(seed)
-    mean, scale = _standardiser(x)
+    mean, scale = standardiser(x)
     model = Mlp(mean, scale)
     sizes = (x.shape[1], *hidden, 1)
     for fan_in, fan_out in itertools.pairwise(sizes):

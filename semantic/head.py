@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.predictors.export import export_onnx
-from edgekit.predictors.train import Mlp, auc, train_mlp
+from edgekit.predictors.train import Mlp, auc, standardiser, train_mlp
 from edgekit.protocol import LinkState
 
 from .collect import TraceSet
@@ -160,9 +160,7 @@ class Projection:
     @classmethod
     def fit(cls, x: np.ndarray, n_hidden: int, rank: int) -> Projection:
         h = np.asarray(x[:, :n_hidden], dtype=np.float64)
-        mean = h.mean(axis=0)
-        scale = h.std(axis=0)
-        scale = np.where(scale > 1e-8, scale, 1.0)
+        mean, scale = standardiser(h)
         _, _, vt = np.linalg.svd((h - mean) / scale, full_matrices=False)
         return cls(n_hidden, mean, scale, vt[: min(rank, len(vt))].T.copy())
 
