@@ -67,6 +67,10 @@ def train(
     traces: Path = typer.Argument(..., help="A labelled trace directory."),
     out: Path = typer.Option(..., "--out", "-o", help="The head to write (.onnx; its card goes beside it)."),
     no_csi: bool = typer.Option(False, "--no-csi", help="The ablation: base labels, no CSI input (WISV Fig. 5)."),
+    target_features: bool = typer.Option(
+        False, "--target-features",
+        help="Also read the target's confidence at each mismatch (entropy, log p of both tokens, their margin).",
+    ),
     draws: int = typer.Option(8, "--draws", min=1, help="CSI draws per episode for relabeling (eqs. 28-31)."),
     critical_recall: float = typer.Option(
         0.9, "--critical-recall", min=0.0, max=1.0,
@@ -84,8 +88,8 @@ def train(
     from edgekit.semantic.train import train_from_traces
 
     try:
-        card = train_from_traces(traces, out, csi=not no_csi, draws=draws, critical_recall=critical_recall,
-                                 rank=rank or None, seed=seed)
+        card = train_from_traces(traces, out, csi=not no_csi, target_features=target_features, draws=draws,
+                                 critical_recall=critical_recall, rank=rank or None, seed=seed)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if json_out:

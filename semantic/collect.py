@@ -11,7 +11,10 @@ therefore records, per task (an *episode*):
 2. one teacher-forced pass of the draft over the prompt and that answer: at
    each position the draft's greedy token and its final-layer hidden state (the
    row an FH/SH upload carries for that offset);
-3. the answer's outcome under the task's check.
+3. one teacher-forced pass of the target over the same answer: at each mismatch
+   its confidence (`confidence.TARGET_FEATURES`, from its logits row and the
+   draft's token), optional head inputs;
+4. the answer's outcome under the task's check.
 
 This evaluates the draft at every position greedy speculative decoding could
 ask it about (a superset: a bonus token is never drafted), without running the
@@ -26,7 +29,8 @@ to `labels.jsonl`, so a run can stop anywhere and resume.
 
 Layout of a trace directory: `episodes.jsonl` (one line per task: reference
 tokens and text, outcome, timings), `episodes/<n>.npz` (the mismatch rows of
-episode n), `labels.jsonl`, `meta.json` (pair, models, what ran).
+episode n), `labels.jsonl`, `meta.json` (pair, models, what ran). Episodes traced
+before the target's confidence was recorded get it the next time `collect` runs.
 """
 
 from __future__ import annotations
@@ -36,12 +40,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from edgekit.errors import ConfigError
 from edgekit.runtime import LlamaContext, LlamaModel
 
+from .confidence import TARGET_FEATURES, target_features
 from .tasks import Task, is_heldout
 
 __all__ = ["Episode", "TraceSet", "collect", "label"]
@@ -104,6 +110,36 @@ class _Greedy:
         return out, rows
 
 
+def _target_features_at(
+    target: _Greedy, prompt: list[int], answer: list[int], offsets: Iterable[int], draft_tokens: Iterable[int]
+) -> np.ndarray:
+    """`TARGET_FEATURES` at these answer offsets: the target teacher-forced over the answer, its
+    logits kept only where they are asked for."""
+    want = dict(zip((int(o) for o in offsets), (int(t) for t in draft_tokens)))
+    out = np.zeros((len(want), len(TARGET_FEATURES)), dtype=np.float32)
+    if not want:
+        return out
+    row_of = {o: i for i, o in enumerate(want)}
+    target.prefill(prompt)
+    feed = [prompt[-1], *answer[:-1]]
+    start = len(prompt) - 1
+    for lo in range(0, len(feed), 256):
+        chunk = feed[lo : lo + 256]
+        flags = [lo + i in want for i in range(len(chunk))]
+        target.ctx.decode(chunk, range(start + lo, start + lo + len(chunk)), [0] * len(chunk), flags)
+        for i, asked in enumerate(flags):
+            if asked:
+                out[row_of[lo + i]] = target_features(target.ctx.logits(i)[None, :], [want[lo + i]])[0]
+    return out
+
+
+def _save_rows(path: Path, **arrays: Any) -> None:
+    """Writes an episode's rows whole (a temporary file renamed over the old one)."""
+    tmp = path.with_name(path.stem + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    tmp.replace(path)
+
+
 @dataclass
 class Episode:
     index: int
@@ -117,6 +153,7 @@ class Episode:
     target_tokens: np.ndarray
     h_draft: np.ndarray  # [m, draft hidden] float16
     h_target: np.ndarray  # [m, target hidden] float16
+    target_features: np.ndarray | None  # [m, len(TARGET_FEATURES)] float32 (None: traced before they were kept)
 
 
 class TraceSet:
@@ -228,13 +265,14 @@ def collect(
                     d_tok.append(_argmax(draft_ctx.logits(i)))
                     d_rows.append(draft_ctx.hidden(i).copy())
             mism = [j for j in range(len(answer)) if d_tok[j] != answer[j]]
-            np.savez_compressed(
+            _save_rows(
                 out / "episodes" / f"{index}.npz",
                 positions=np.asarray(mism, dtype=np.int32),
                 draft_tokens=np.asarray([d_tok[j] for j in mism], dtype=np.int32),
                 target_tokens=np.asarray([answer[j] for j in mism], dtype=np.int32),
                 h_draft=np.asarray([d_rows[j] for j in mism], dtype=np.float16).reshape(len(mism), draft_m.n_embd),
                 h_target=np.asarray([t_rows[j] for j in mism], dtype=np.float16).reshape(len(mism), target_m.n_embd),
+                target_features=_target_features_at(target, prompt, answer, mism, [d_tok[j] for j in mism]),
             )
             rec = {
                 "index": index,
@@ -253,8 +291,23 @@ def collect(
                 f"({time.perf_counter() - t0:.1f} s)")
             index += 1
     draft_ctx.close()
+    _add_target_features(TraceSet(out), {t.id: t for t in tasks}, target, log)
     target.ctx.close()
     return out
+
+
+def _add_target_features(traces: TraceSet, tasks: dict[str, Task], target: _Greedy, log: Log) -> None:
+    """The target's confidence for episodes traced before it was recorded (of the tasks given)."""
+    for ep in traces.episodes:
+        rows = traces.rows(ep["index"])
+        if "target_features" in rows or ep["task_id"] not in tasks:
+            continue
+        prompt = _prompt_tokens(target.model, tasks[ep["task_id"]])
+        rows["target_features"] = _target_features_at(
+            target, prompt, ep["answer"], rows["positions"], rows["draft_tokens"]
+        )
+        _save_rows(traces.root / "episodes" / f"{ep['index']}.npz", **rows)
+        log(f"{ep['task_id']}: the target's confidence at {len(rows['positions'])} mismatches added")
 
 
 def label(

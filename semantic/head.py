@@ -1,7 +1,9 @@
 """The decision head (WISV eqs. 23-27): training data, training, threshold, export.
 
 Input (eq. 23): [h_draft, h_target, CSI features], the draft's and the target's
-final-layer hidden rows at a mismatch and `csi_features` of the link. Output:
+final-layer hidden rows at a mismatch and `csi_features` of the link; a head trained
+`target_features=True` also reads the target's confidence there
+(`confidence.TARGET_FEATURES`, between the hidden rows and the CSI). Output:
 P(reject), the probability that the mismatch should be repaired. A mismatch is
 rejected when P(reject) > threshold (eq. 27): threshold 0 rejects every
 mismatch (greedy speculative decoding), threshold 1 none.
@@ -39,6 +41,7 @@ from edgekit.predictors.train import Mlp, auc, standardiser, train_mlp
 from edgekit.protocol import LinkState
 
 from .collect import TraceSet
+from .confidence import TARGET_FEATURES
 from .csi import CSI_FEATURES, channel_quality, csi_features, sample_links
 from .relabel import RelabelConfig, relabel_episode, sample_actions
 
@@ -62,6 +65,7 @@ class _Episode:
     critical: np.ndarray
     h_draft: np.ndarray
     h_target: np.ndarray
+    target_features: np.ndarray | None = None  # [m, len(TARGET_FEATURES)], where the traces have them
 
 
 def labelled_episodes(traces: TraceSet) -> list[_Episode]:
@@ -76,7 +80,7 @@ def labelled_episodes(traces: TraceSet) -> list[_Episode]:
         crit = np.array([labels[(ep["index"], int(p))]["critical"] for p in pos], dtype=bool)
         out.append(
             _Episode(ep["index"], ep["task_id"], pos, crit, rows["h_draft"].astype(np.float32),
-                     rows["h_target"].astype(np.float32))
+                     rows["h_target"].astype(np.float32), rows.get("target_features"))
         )
     return out
 
@@ -108,21 +112,33 @@ class HeadData:
     episode: np.ndarray
 
 
+def _inputs(e: _Episode, target_features: bool) -> np.ndarray:
+    """An episode's per-mismatch inputs before the CSI: the hidden rows (and the target's confidence)."""
+    if not target_features:
+        return np.hstack([e.h_draft, e.h_target])
+    if e.target_features is None:
+        raise ValueError(f"episode {e.index} ({e.task_id}) has no target confidence features: run "
+                         "`edgekit semantic collect` on its trace directory again to add them")
+    return np.hstack([e.h_draft, e.h_target, e.target_features])
+
+
 def make_dataset(
     episodes: list[_Episode],
     *,
     csi: bool,
+    target_features: bool = False,
     draws: int = 8,
     config: RelabelConfig = RelabelConfig(),
     seed: int = 0,
     links: list[LinkState] | None = None,
 ) -> HeadData:
     """Instances of the episodes: with `csi`, `draws` sampled links per episode (or each of
-    `links`), relabeled (eq. 31); without, the base labels."""
+    `links`), relabeled (eq. 31); without, the base labels. With `target_features`, the target's
+    confidence follows the hidden rows."""
     rng = np.random.default_rng(seed)
     xs, ys, cs, qs, es = [], [], [], [], []
     for e in episodes:
-        hid = np.hstack([e.h_draft, e.h_target])
+        hid = _inputs(e, target_features)
         if not csi:
             xs.append(hid)
             ys.append(e.critical.astype(np.float64))
@@ -150,7 +166,8 @@ def make_dataset(
 @dataclass
 class Projection:
     """The first `rank` principal directions of the standardised hidden rows (the first
-    `n_hidden` columns); the columns after them (the CSI) pass through as they are."""
+    `n_hidden` columns); the columns after them (the target's confidence, the CSI) pass
+    through as they are."""
 
     n_hidden: int
     mean: np.ndarray
@@ -202,9 +219,12 @@ def train_head(train: HeadData, val: HeadData, *, n_hidden: int, rank: int | Non
     return proj.fold(model) if proj is not None else model
 
 
-def features_for(episodes: list[_Episode], link: LinkState | None) -> tuple[np.ndarray, np.ndarray]:
+def features_for(
+    episodes: list[_Episode], link: LinkState | None, *, target_features: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """Every mismatch of the episodes under one link (None: no CSI input), and their base labels."""
-    data = make_dataset(episodes, csi=link is not None, links=[link] if link is not None else None)
+    data = make_dataset(episodes, csi=link is not None, target_features=target_features,
+                        links=[link] if link is not None else None)
     return data.x.astype(np.float64), data.critical.astype(np.float64)
 
 
@@ -223,12 +243,13 @@ def pick_threshold(p_reject: np.ndarray, critical: np.ndarray, critical_recall: 
     return max(0.0, float(np.nextafter(np.float32(kth), np.float32(-1.0))))
 
 
-def evaluate(model: Mlp, episodes: list[_Episode], threshold: float, *, csi: bool) -> dict:
+def evaluate(model: Mlp, episodes: list[_Episode], threshold: float, *, csi: bool,
+             target_features: bool = False) -> dict:
     """Validation figures: AUC of P(reject) for the base labels, and at the threshold on
     the good and the poor link the confusion and the share of mismatches accepted."""
     out: dict = {}
     for name, link in (("good_link", GOOD_LINK), ("poor_link", POOR_LINK)):
-        x, crit = features_for(episodes, link if csi else None)
+        x, crit = features_for(episodes, link if csi else None, target_features=target_features)
         p = model.predict(x)
         reject = p > threshold
         pos = crit == 1
@@ -253,16 +274,20 @@ def export_head(
     target_hidden: int,
     csi: bool,
     threshold: float,
+    target_features: bool = False,
     metadata: dict[str, str] | None = None,
 ) -> Path:
-    """ONNX with input `features` [N, draft + target hidden (+ CSI)] and output `p_reject` [N, 1]."""
-    described = f"h_draft[{draft_hidden}],h_target[{target_hidden}]" + (
-        "," + ",".join(CSI_FEATURES) if csi else ""
+    """ONNX with input `features` [N, draft + target hidden (+ target confidence) (+ CSI)] and
+    output `p_reject` [N, 1]."""
+    described = ",".join(
+        [f"h_draft[{draft_hidden}]", f"h_target[{target_hidden}]", *(TARGET_FEATURES if target_features else ()),
+         *(CSI_FEATURES if csi else ())]
     )
     meta = {
         "edgekit.kind": "semantic-head",
         "edgekit.draft_hidden": str(draft_hidden),
         "edgekit.target_hidden": str(target_hidden),
+        "edgekit.target_features": ",".join(TARGET_FEATURES) if target_features else "",
         "edgekit.csi": ",".join(CSI_FEATURES) if csi else "",
     }
     meta.update(metadata or {})

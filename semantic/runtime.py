@@ -3,9 +3,12 @@
 A head is an ONNX model with one float input `[N, F]` and one output `[N, 1]`
 (or `[N]`), P(reject) of each mismatch (WISV eqs. 24-25). Its metadata says
 what it reads: `edgekit.draft_hidden` and `edgekit.target_hidden` (widths),
-`edgekit.csi` (the CSI feature names from `csi.CSI_FEATURES`, comma-separated;
-empty for a head without CSI), `edgekit.threshold` (the operating threshold
-chosen at training) and `edgekit.pair`. F must be the sum of the widths. A head
+`edgekit.target_features` (the names from `confidence.TARGET_FEATURES` for a
+head that reads the target's confidence at the mismatch; absent or empty
+otherwise), `edgekit.csi` (the CSI feature names from `csi.CSI_FEATURES`,
+comma-separated; empty for a head without CSI), `edgekit.threshold` (the
+operating threshold chosen at training) and `edgekit.pair`. F must be the sum of
+the widths, in that order. A head
 that does not fit, or a pair whose hidden sizes differ from it, is refused with
 the reason (`SemanticHeadError`).
 """
@@ -21,13 +24,14 @@ import numpy as np
 from edgekit.errors import DependencyMissingError, SemanticHeadError
 from edgekit.protocol import LinkState
 
+from .confidence import TARGET_FEATURES, target_features
 from .csi import CSI_FEATURES, csi_features
 
 __all__ = ["SemanticHead"]
 
 
 class SemanticHead:
-    """P(reject) of mismatches from [h_draft, h_target, CSI]."""
+    """P(reject) of mismatches from [h_draft, h_target, (the target's confidence,) CSI]."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         try:
@@ -66,6 +70,12 @@ class SemanticHead:
                 f"{self.path} reads CSI features {', '.join(names)}; edgekit computes {', '.join(CSI_FEATURES)}"
             )
         self.uses_csi = bool(names)
+        stats = tuple(n for n in meta.get("edgekit.target_features", "").split(",") if n)
+        if stats and stats != TARGET_FEATURES:
+            raise SemanticHeadError(
+                f"{self.path} reads target features {', '.join(stats)}; edgekit computes {', '.join(TARGET_FEATURES)}"
+            )
+        self.uses_target_features = bool(stats)
         self.pair = meta.get("edgekit.pair", "")
         inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
         if len(inputs) != 1 or len(outputs) != 1:
@@ -78,13 +88,18 @@ class SemanticHead:
                 f"{self.path}: its output is {out.type} {out.shape}; a head gives P(reject) as tensor(float) [N, 1]"
             )
         self._input = inputs[0].name
-        width = self.draft_hidden + self.target_hidden + (len(CSI_FEATURES) if self.uses_csi else 0)
+        width = (
+            self.draft_hidden
+            + self.target_hidden
+            + (len(TARGET_FEATURES) if self.uses_target_features else 0)
+            + (len(CSI_FEATURES) if self.uses_csi else 0)
+        )
         shape = inputs[0].shape
         if inputs[0].type != "tensor(float)" or len(shape) != 2 or shape[1] != width:
             raise SemanticHeadError(
                 f"{self.path}: its input is {inputs[0].type} {shape}; its metadata says [N, {width}] "
                 f"({self.draft_hidden} draft + {self.target_hidden} target hidden"
-                f"{' + CSI' if self.uses_csi else ''})"
+                f"{' + target confidence' if self.uses_target_features else ''}{' + CSI' if self.uses_csi else ''})"
             )
         self.width = width
 
@@ -97,8 +112,16 @@ class SemanticHead:
                 + (f" (the head was trained for {self.pair})" if self.pair else "")
             )
 
-    def p_reject(self, h_draft: np.ndarray, h_target: np.ndarray, link: LinkState | None) -> np.ndarray:
-        """P(reject) of each row pair, float64 [m]."""
+    def p_reject(
+        self,
+        h_draft: np.ndarray,
+        h_target: np.ndarray,
+        link: LinkState | None,
+        logits: np.ndarray | None = None,
+        draft_tokens: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """P(reject) of each row pair, float64 [m]. `logits` (the target's rows at the mismatches)
+        and `draft_tokens` are read by a head with target features, and required by it."""
         h_draft = np.asarray(h_draft, dtype=np.float32)
         h_target = np.asarray(h_target, dtype=np.float32)
         if h_draft.ndim != 2 or h_target.ndim != 2 or len(h_draft) != len(h_target):
@@ -108,6 +131,16 @@ class SemanticHead:
         if not len(h_draft):
             return np.zeros(0)
         parts = [h_draft, h_target]
+        if self.uses_target_features:
+            if logits is None or draft_tokens is None:
+                raise SemanticHeadError(
+                    f"the semantic head {self.identity} reads the target's confidence: pass the target's logits "
+                    "rows and the draft's tokens at the mismatches"
+                )
+            try:
+                parts.append(target_features(logits, draft_tokens))
+            except ValueError as exc:
+                raise SemanticHeadError(f"target features for {self.identity}: {exc}") from None
         if self.uses_csi:
             parts.append(np.broadcast_to(csi_features(link), (len(h_draft), len(CSI_FEATURES))))
         x = np.ascontiguousarray(np.hstack(parts), dtype=np.float32)

@@ -18,6 +18,7 @@ import numpy as np
 from edgekit.predictors.train import auc
 
 from .collect import TraceSet
+from .confidence import TARGET_FEATURES
 from .csi import channel_quality
 from .head import (
     GOOD_LINK,
@@ -47,6 +48,7 @@ def train_from_traces(
     out: str | Path,
     *,
     csi: bool = True,
+    target_features: bool = False,
     draws: int = 8,
     critical_recall: float = 0.9,
     hidden: int = 32,
@@ -64,15 +66,16 @@ def train_from_traces(
         raise ValueError(f"{ts.root} holds held-out HumanEval problems ({', '.join(held_out[:5])}); "
                          "they are for evaluation only")
     train_eps, stop_eps, val_eps = split_episodes(episodes, seed=seed)
-    train = make_dataset(train_eps, csi=csi, draws=draws, config=relabel, seed=seed)
-    stop = make_dataset(stop_eps, csi=csi, draws=draws, config=relabel, seed=seed + 1)
+    tf = target_features
+    train = make_dataset(train_eps, csi=csi, target_features=tf, draws=draws, config=relabel, seed=seed)
+    stop = make_dataset(stop_eps, csi=csi, target_features=tf, draws=draws, config=relabel, seed=seed + 1)
     meta = ts.meta
     n_hidden = int(meta["draft_hidden"]) + int(meta["target_hidden"])
     model = train_head(train, stop, n_hidden=n_hidden, rank=rank, hidden=hidden, seed=seed)
     # the threshold: on the calibration mismatches at a perfect link (no CSI: as they are)
-    x_val, crit_val = features_for(val_eps, PERFECT_LINK if csi else None)
+    x_val, crit_val = features_for(val_eps, PERFECT_LINK if csi else None, target_features=tf)
     threshold = pick_threshold(model.predict(x_val), crit_val, critical_recall)
-    figures = evaluate(model, val_eps, threshold, csi=csi)
+    figures = evaluate(model, val_eps, threshold, csi=csi, target_features=tf)
     train_auc = auc(train.critical.astype(float), model.predict(train.x.astype(np.float64)))
     n_mism = sum(len(e.positions) for e in episodes)
     n_crit = int(sum(e.critical.sum() for e in episodes))
@@ -82,6 +85,7 @@ def train_from_traces(
         "target": meta["target"],
         "kind": "semantic-head",
         "csi": csi,
+        "target_features": list(TARGET_FEATURES) if tf else [],
         "threshold": threshold,
         "threshold_rule": f"largest rejecting >= {critical_recall:.0%} of critical validation mismatches at q = 1",
         "model": {"hidden": hidden, "rank": rank or 0, "dropout": 0.3, "weight_decay": 3e-3, "seed": seed},
@@ -111,7 +115,7 @@ def train_from_traces(
     out = Path(out)
     export_head(
         model, out, draft_hidden=int(meta["draft_hidden"]), target_hidden=int(meta["target_hidden"]), csi=csi,
-        threshold=threshold,
+        threshold=threshold, target_features=tf,
         metadata={"edgekit.pair": card["pair"], "edgekit.draft": card["draft"], "edgekit.target": card["target"]},
     )
     out.with_suffix(".json").write_text(json.dumps(card, indent=1) + "\n")
@@ -125,7 +129,9 @@ def _card_markdown(card: dict) -> str:
         f"# Semantic head: {card['pair']} ({card['draft']} drafting for {card['target']})",
         "",
         f"Two-layer MLP (hidden {card['model']['hidden']}, dropout {card['model']['dropout']}, weight decay "
-        f"{card['model']['weight_decay']}) on [h_draft, h_target{', CSI' if card['csi'] else ''}]"
+        f"{card['model']['weight_decay']}) on [h_draft, h_target"
+        f"{', ' + ', '.join(card['target_features']) if card.get('target_features') else ''}"
+        f"{', CSI' if card['csi'] else ''}]"
         + (f", its first layer of rank {card['model']['rank']} (the hidden rows' principal directions)"
            if card["model"].get("rank") else "")
         + "; "

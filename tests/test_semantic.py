@@ -66,7 +66,7 @@ class _RecordingHead:
     def check_pair(self, draft_hidden: int, target_hidden: int) -> None:
         pass
 
-    def p_reject(self, h_draft, h_target, link):
+    def p_reject(self, h_draft, h_target, link, logits=None, draft_tokens=None):
         self.seen.append((h_draft.copy(), h_target.copy(), link))
         return np.asarray(self.p)
 
@@ -94,6 +94,75 @@ def test_the_head_reads_the_rows_of_the_mismatches_fh_and_sh():
     # no mismatch: no head call, greedy's verdict
     n = len(head.seen)
     assert mode.decide(logits, [1, 2, 3, 4], None, None, 0.5, link) == (4, 5, 0) and len(head.seen) == n
+
+
+# -- the target's confidence ---------------------------------------------------------------------
+
+
+def test_target_features_read_the_targets_distribution_at_the_mismatch():
+    from edgekit.semantic.confidence import TARGET_FEATURES, target_features
+
+    uniform = np.zeros(8)
+    peaked = np.array([10.0, 0, 0, 0, 0, 0, 0, -1e4])
+    f = target_features(np.stack([uniform, peaked]), [3, 7])
+    assert f.shape == (2, len(TARGET_FEATURES)) and f.dtype == np.float32
+    assert f[0].tolist() == pytest.approx([np.log(8), -np.log(8), -np.log(8), 0.0], abs=1e-6)  # a tie: no margin
+    assert f[1, 0] < 0.01 and f[1, 1] == pytest.approx(0.0, abs=1e-3)  # sure of its own token
+    assert f[1, 2] == -30.0 and f[1, 3] == pytest.approx(30.0, abs=1e-3)  # the draft's, floored
+    assert target_features(np.zeros((0, 8)), []).shape == (0, 4)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        target_features(np.stack([uniform]), [8])
+    with pytest.raises(ValueError, match="2 draft tokens"):
+        target_features(np.stack([uniform]), [1, 2])
+
+
+def _margin_head(path, *, slope: float = 4.0, bias: float = -6.0) -> SemanticHead:
+    """A head that reads only the target's margin: P(reject) = sigmoid(slope * margin + bias),
+    accepting near-ties and rejecting mismatches where the target was sure."""
+    from edgekit.predictors.train import Mlp
+    from edgekit.semantic.head import export_head
+
+    width = D_DRAFT + D_TARGET + 4 + len(CSI_FEATURES)
+    w0 = np.zeros((width, 2))
+    w0[D_DRAFT + D_TARGET + 3, 0] = slope  # target_margin
+    model = Mlp(np.zeros(width), np.ones(width), [w0, np.array([[1.0], [bias]])], [np.array([0.0, 1.0]),
+                                                                                   np.zeros(1)])
+    export_head(model, path, draft_hidden=D_DRAFT, target_hidden=D_TARGET, csi=True, target_features=True,
+                threshold=0.5)
+    return SemanticHead(path)
+
+
+def test_a_head_with_target_features_decides_on_the_targets_margin(tmp_path):
+    head = _margin_head(tmp_path / "margin.onnx")
+    assert head.uses_target_features and head.width == D_DRAFT + D_TARGET + 4 + len(CSI_FEATURES)
+    # the target's rows: offset 1 a near-tie between its 2 and the draft's 9, offset 3 a sure 4
+    logits = np.zeros((5, 10), dtype=np.float32)
+    logits[0, 1] = logits[2, 3] = logits[4, 5] = 5.0
+    logits[1, 2], logits[1, 9] = 5.0, 4.9
+    logits[3, 4] = 12.0
+    block = [1, 9, 3, 9]
+    mode = SemanticMode(head, target_hidden=D_TARGET)
+    fh = (tuple(range(4)), np.zeros((4, D_DRAFT), dtype=np.float32))
+    target = np.zeros((5, D_TARGET), dtype=np.float32)
+    assert mode.decide(logits, block, fh, target, 0.5, GOOD_LINK) == (3, 4, 1)  # the tie accepted, the sure one not
+    with pytest.raises(SemanticHeadError, match="reads the target's confidence"):
+        head.p_reject(np.zeros((1, D_DRAFT)), np.zeros((1, D_TARGET)), GOOD_LINK)
+    with pytest.raises(SemanticHeadError, match="outside the vocabulary"):
+        head.p_reject(np.zeros((1, D_DRAFT)), np.zeros((1, D_TARGET)), GOOD_LINK, logits[:1], np.array([10]))
+
+
+def test_a_head_naming_target_features_edgekit_does_not_compute_is_refused(tmp_path):
+    import onnx
+
+    path = tmp_path / "odd.onnx"
+    _margin_head(path)
+    model = onnx.load(path)
+    for prop in model.metadata_props:
+        if prop.key == "edgekit.target_features":
+            prop.value = "target_entropy,target_rank"
+    onnx.save(model, path)
+    with pytest.raises(SemanticHeadError, match="target_rank"):
+        SemanticHead(path)
 
 
 # -- CSI -------------------------------------------------------------------------------------
@@ -300,7 +369,7 @@ class _FlakyHead(_RecordingHead):
 
     identity, draft_hidden, target_hidden = "flaky:0", D_DRAFT, D_TARGET
 
-    def p_reject(self, h_draft, h_target, link):
+    def p_reject(self, h_draft, h_target, link, logits=None, draft_tokens=None):
         if not self.seen:
             self.seen.append(None)
             raise RuntimeError("the head failed")

@@ -109,6 +109,40 @@ def test_labels_continue_from_the_reference_prefix(gemma_paths, tmp_path):
         assert labels[(0, int(pos))]["continuation"] == n, pos
 
 
+def test_traces_keep_the_targets_confidence_and_add_it_to_older_ones(gemma_paths, tmp_path):
+    """Each mismatch's target features are the target's own distribution after the reference prefix,
+    and an episode traced without them (before they were kept) gets them on the next collect."""
+    from edgekit.semantic.collect import TraceSet, collect
+    from edgekit.semantic.confidence import TARGET_FEATURES, target_features
+    from edgekit.semantic.tasks import Task
+
+    task = Task("toy/fib", PROMPT, lambda text: "return" in text, ("\ndef ",), 40)
+    out = tmp_path / "traces"
+    collect([task], gemma_paths[0], gemma_paths[1], out, pair="gemma-270m", n_ctx=512, log=lambda _: None)
+    rows = TraceSet(out).rows(0)
+    feats = rows["target_features"]
+    assert feats.shape == (len(rows["positions"]), len(TARGET_FEATURES)) and len(feats) >= 2
+    answer = TraceSet(out).episodes[0]["answer"]
+    model = LlamaModel(gemma_paths[1])
+    prompt = model.tokenize(PROMPT)
+    for pos, tok, got in zip(rows["positions"], rows["draft_tokens"], feats):
+        ctx = LlamaContext(model, n_ctx=512)
+        ctx.decode_sequence([*prompt, *answer[:pos]], 0, 0)
+        want = target_features(ctx.logits(-1)[None, :], [int(tok)])[0]
+        ctx.close()
+        assert np.allclose(got, want, atol=0.05), (pos, got, want)  # batched against one row: not bit-exact
+        assert got[3] > 0 and got[1] > got[2]  # a mismatch: the target preferred its own token
+    # an episode from before: its features are added on the next run, the rest of it unchanged
+    npz = out / "episodes" / "0.npz"
+    np.savez_compressed(npz, **{k: v for k, v in rows.items() if k != "target_features"})
+    log: list[str] = []
+    collect([task], gemma_paths[0], gemma_paths[1], out, pair="gemma-270m", n_ctx=512, log=log.append)
+    again = TraceSet(out).rows(0)
+    assert np.allclose(again["target_features"], feats, atol=1e-4) and any("confidence" in line for line in log)
+    assert all(np.array_equal(again[k], rows[k]) for k in rows if k != "target_features")
+    assert len(TraceSet(out).episodes) == 1  # nothing traced twice
+
+
 def test_a_local_verifier_loads_the_pairs_shipped_head_unless_told_not_to(gemma_paths, gemma_draft, tmp_path,
                                                                           monkeypatch):
     from edgekit.semantic import shipped

@@ -88,8 +88,10 @@ def test_sampled_links_span_good_and_poor_channels():
 # -- a synthetic trace directory ------------------------------------------------------------------
 
 
-def _synthetic_traces(root, *, n_episodes: int = 40, d_draft: int = 6, d_target: int = 4, seed: int = 0):
-    """Episodes whose critical mismatches are the ones with h_draft[0] > 1: learnable."""
+def _synthetic_traces(root, *, n_episodes: int = 40, d_draft: int = 6, d_target: int = 4, seed: int = 0,
+                      by_margin: bool = False):
+    """Episodes whose critical mismatches are the ones with h_draft[0] > 1: learnable (with
+    `by_margin`, the ones where the target's margin, a target feature, is above 2)."""
     rng = np.random.default_rng(seed)
     (root / "episodes").mkdir(parents=True)
     (root / "meta.json").write_text(json.dumps({"pair": "synthetic", "draft": "d", "target": "t",
@@ -100,9 +102,10 @@ def _synthetic_traces(root, *, n_episodes: int = 40, d_draft: int = 6, d_target:
             pos = np.sort(rng.choice(200, m, replace=False)).astype(np.int32)
             h_d = rng.normal(size=(m, d_draft)).astype(np.float16)
             h_t = rng.normal(size=(m, d_target)).astype(np.float16)
-            crit = h_d[:, 0] > 1.0
+            feats = np.abs(rng.normal(size=(m, 4)) * 2).astype(np.float32)
+            crit = feats[:, 3] > 2.0 if by_margin else h_d[:, 0] > 1.0
             np.savez(root / "episodes" / f"{i}.npz", positions=pos, draft_tokens=pos + 1, target_tokens=pos + 2,
-                     h_draft=h_d, h_target=h_t)
+                     h_draft=h_d, h_target=h_t, target_features=feats)
             eps.write(json.dumps({"index": i, "task_id": f"synthetic/{i}", "answer": [], "text": "",
                                   "passed": True, "mismatches": m}) + "\n")
             for p, c in zip(pos, crit):
@@ -164,6 +167,33 @@ def test_train_exports_a_head_and_its_card_from_the_command_line(tmp_path):
     r = runner.invoke(app, ["semantic", "train", str(traces), "-o", str(ablation), "--no-csi"])
     assert r.exit_code == 0, r.output
     assert not SemanticHead(ablation).uses_csi and "wrote" in r.output
+
+
+def test_a_head_trained_on_the_targets_confidence_reads_it(tmp_path):
+    traces = _synthetic_traces(tmp_path / "t", n_episodes=80, by_margin=True)
+    runner = CliRunner()
+    out = tmp_path / "conf.onnx"
+    r = runner.invoke(app, ["semantic", "train", str(traces), "-o", str(out), "--target-features", "--json"])
+    assert r.exit_code == 0, r.output
+    card = json.loads(r.output)
+    assert card["target_features"] == ["target_entropy", "target_logp_top1", "target_logp_draft", "target_margin"]
+    assert card["validation"]["good_link"]["auc"] > 0.85  # the rule is learnt from the margin
+    head = SemanticHead(out)
+    assert head.uses_target_features and head.uses_csi and head.width == 6 + 4 + 4 + 4
+    h_d, h_t = np.zeros((2, 6), dtype=np.float32), np.zeros((2, 4), dtype=np.float32)
+    logits = np.zeros((2, 8), dtype=np.float32)
+    logits[0, 0] = logits[1, 0] = 6.0
+    logits[0, 5] = 5.9  # row 0: a near-tie with the draft's token 5; row 1: the target sure of its 0
+    p = head.p_reject(h_d, h_t, GOOD_LINK, logits, np.array([5, 5]))
+    assert p[1] > p[0]
+    assert "target_margin" in out.with_suffix(".md").read_text()
+    # traces without the features: a clear error naming the way to add them
+    for f in (tmp_path / "t" / "episodes").glob("*.npz"):
+        with np.load(f) as z:
+            arrays = {k: z[k] for k in z.files if k != "target_features"}
+        np.savez(f, **arrays)
+    r = runner.invoke(app, ["semantic", "train", str(traces), "-o", str(out), "--target-features"])
+    assert r.exit_code != 0 and "edgekit semantic collect" in r.output
 
 
 def test_a_low_rank_head_folds_its_projection_into_the_first_layer():

@@ -4,8 +4,9 @@ A session opened in mode "semantic" is verified as in greedy mode, except at
 mismatches (block offsets whose draft token is not the target's top-1): there,
 in order, the decision head reads the draft's hidden row (uploaded FH or SH),
 the target's hidden row at the same offset (from the same target pass, which
-then asks the engine for them) and the CSI of the link state the device sent
-with the round, and the first mismatch whose P(reject) passes the session's
+then asks the engine for them), the CSI of the link state the device sent
+with the round (and, for a head trained to read it, the target's logits row
+there with the draft's token), and the first mismatch whose P(reject) passes the session's
 threshold ends the block with the target's token. Mismatches before it are
 accepted and counted.
 
@@ -39,7 +40,17 @@ class DecisionHead(Protocol):
 
     def check_pair(self, draft_hidden: int, target_hidden: int) -> None: ...
 
-    def p_reject(self, h_draft: np.ndarray, h_target: np.ndarray, link: LinkState | None) -> np.ndarray: ...
+    def p_reject(
+        self,
+        h_draft: np.ndarray,
+        h_target: np.ndarray,
+        link: LinkState | None,
+        logits: np.ndarray | None = None,
+        draft_tokens: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """P(reject) of each mismatch, from both hidden rows, the link, and (for a head that reads
+        the target's confidence) the target's logits rows and the draft's tokens there."""
+        ...
 
 
 class SemanticMode:
@@ -112,5 +123,7 @@ class SemanticMode:
             raise ProtocolError(f"no draft hidden states for mismatches at block offsets {missing}")
         h_draft = rows[[where[m] for m in mismatches]]
         h_target = target_rows[mismatches]
-        p = self.head.p_reject(h_draft, h_target, link)
+        p = self.head.p_reject(
+            h_draft, h_target, link, logits=logits[mismatches], draft_tokens=np.asarray(block)[mismatches]
+        )
         return accept_semantic(best, block, p.tolist(), threshold)
