@@ -27,6 +27,7 @@ the threshold it ran at, and the figure's second row plots pass@1, AAL and round
     python benchmarks/semantic.py --configs target-only,greedy,semantic:good,semantic:poor,nocsi:poor
     python benchmarks/semantic.py --configs semantic:poor@0.2,semantic:poor@0.6 --limit 40
     python benchmarks/semantic.py --configs greedy+bed,semantic:good+bed,semantic:poor+bed --limit 20
+    python benchmarks/semantic.py --configs greedy,semantic:good --rerun greedy,semantic:good  # timings again
     python benchmarks/semantic.py --plot-only
 """
 
@@ -294,6 +295,9 @@ def _run_config(spec: str, payload: dict, tasks: list, draft: LlamaDraftModel, v
         C.progress(f"{spec}: its {len(entry['records'])} records came from another head "
                    f"({entry.get('head_identity')}); starting again with {identity}")
         entry["records"] = []
+    if spec in args.rerun and entry["records"]:  # measured again from the first problem (resume: no --rerun)
+        C.progress(f"{spec}: dropping its {len(entry['records'])} records to measure it again")
+        entry["records"] = []
     entry["head_identity"] = identity
     if head:
         entry["head"] = head
@@ -327,7 +331,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--plot-only", action="store_true")
     ap.add_argument("--out", default=RESULT, help="Result name (benchmarks/results/NAME.json).")
+    ap.add_argument("--rerun", default="", help="Configurations to measure again from the start (their records "
+                    "are dropped), e.g. for timings on an idle machine; resume an interrupted one without it.")
     args = ap.parse_args()
+    args.rerun = set(C.csv_list(args.rerun))
     out = C.RESULTS_DIR / f"{args.out}.json"
     payload = {"configs": json.loads(out.read_text())["configs"] if out.is_file() else {}}
     if not args.plot_only:
