@@ -20,9 +20,10 @@ Per configuration: pass@1, accepted length per round (AAL, WISV eq. 20, no bonus
 per problem (eq. 21), mismatches the head accepted, and end-to-end time per token on each link
 (draft time + verifier time + the link's time for the round's exchanges and bytes; a greedy
 round's bytes do not depend on the link, so one run gives all four). Results accumulate in
-results/semantic.json (a run resumes: done problems are skipped; records of another head are
-dropped, by its identity); the figure is redrawn each time. Each semantic configuration records
-the threshold it ran at, and the figure's second row plots pass@1, AAL and rounds against it.
+results/semantic.json (a run resumes: done problems are skipped; configurations of another head
+are dropped, by its identity, whether they run again or not); the figure is redrawn each time.
+Each semantic configuration records the threshold it ran at, and the figure's second row plots
+pass@1, AAL and rounds against it.
 
     python benchmarks/semantic.py --configs target-only,greedy,semantic:good,semantic:poor,nocsi:poor
     python benchmarks/semantic.py --configs semantic:poor@0.2,semantic:poor@0.6 --limit 40
@@ -281,6 +282,18 @@ class _Verifiers:
         self._close_bed()
 
 
+def _drop_other_heads(payload: dict, heads: dict[str, str]) -> None:
+    """Every configuration of a head that is no longer the one named goes, run or not: the figure
+    and the tables only ever show the current heads."""
+    current = {kind: SemanticHead(path).identity for kind, path in heads.items() if Path(path).is_file()}
+    for spec in list(payload["configs"]):
+        kind = _parse(spec)[0]
+        had = payload["configs"][spec].get("head_identity")
+        if kind in current and had != current[kind]:
+            C.progress(f"{spec}: dropped, its records came from another head ({had}; now {current[kind]})")
+            del payload["configs"][spec]
+
+
 def _run_config(spec: str, payload: dict, tasks: list, draft: LlamaDraftModel, verifiers: _Verifiers,
                 args: argparse.Namespace) -> None:
     kind, link, threshold, bed = _parse(spec)
@@ -290,11 +303,7 @@ def _run_config(spec: str, payload: dict, tasks: list, draft: LlamaDraftModel, v
         gen = GenerationConfig(max_tokens=320, drafting="fixed", draft_k=args.draft_k, mode="semantic",
                                upload="fh", semantic_threshold=threshold)
     entry = payload["configs"].setdefault(spec, {"records": []})
-    identity = SemanticHead(head).identity if head else None
-    if entry.get("head_identity") != identity and entry["records"]:
-        C.progress(f"{spec}: its {len(entry['records'])} records came from another head "
-                   f"({entry.get('head_identity')}); starting again with {identity}")
-        entry["records"] = []
+    identity = SemanticHead(head).identity if head else None  # records of another head: gone (_drop_other_heads)
     if spec in args.rerun and entry["records"]:  # measured again from the first problem (resume: no --rerun)
         C.progress(f"{spec}: dropping its {len(entry['records'])} records to measure it again")
         entry["records"] = []
@@ -337,6 +346,7 @@ def main() -> None:
     args.rerun = set(C.csv_list(args.rerun))
     out = C.RESULTS_DIR / f"{args.out}.json"
     payload = {"configs": json.loads(out.read_text())["configs"] if out.is_file() else {}}
+    _drop_other_heads(payload, {"semantic": args.head, "nocsi": args.nocsi_head})
     if not args.plot_only:
         threads = C.apply_threads(args.threads)
         C.print_machine()
