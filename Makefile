@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
 
-.PHONY: chat test test-all lint typecheck install models-test models-chat predictors traces figures clean
+.PHONY: chat test test-all test-numerics-avx2 lint typecheck install models-test models-chat predictors traces figures clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,27 @@ test: lint typecheck models-test
 
 test-all: lint typecheck models-test models-chat
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Every test on the real models (the `numerics` ones among them compare numbers from different
+# llama.cpp paths) on a llama.cpp built for AVX2 only (GGML_NATIVE=OFF, no AVX-512), as on older CPUs: other kernels,
+# another dependence on the batch size. A venv of its own; llama.cpp compiles again (~8 min).
+AVX2_VENV := .venv-avx2
+AVX2_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
+	-DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+$(AVX2_VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(AVX2_VENV)
+	$(AVX2_VENV)/bin/python -m pip install --quiet --upgrade pip
+	@echo "compiling llama.cpp for AVX2 only (~8 min on 2 cores; not cached: pip's cache holds the native build)"
+	CMAKE_ARGS="$(AVX2_CMAKE_ARGS)" $(AVX2_VENV)/bin/python -m pip install --quiet --no-cache-dir \
+		"$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml | head -1)"
+	$(AVX2_VENV)/bin/python -m pip install --quiet -e '.[api,train,bench,server,test]'
+	touch $@
+
+test-numerics-avx2: models-test $(AVX2_VENV)/.installed
+	$(AVX2_VENV)/bin/python -c "import llama_cpp, sys; info = llama_cpp.llama_print_system_info().decode(); \
+		print(info); sys.exit('not an AVX2-only build' if 'AVX512 = 1' in info or 'AVX2 = 1' not in info else 0)"
+	$(AVX2_VENV)/bin/python -m pytest -m "(models or numerics) and not slow" -q $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -11,9 +11,10 @@ therefore records, per task (an *episode*):
 2. one teacher-forced pass of the draft over the prompt and that answer: at
    each position the draft's greedy token and its final-layer hidden state (the
    row an FH/SH upload carries for that offset);
-3. one teacher-forced pass of the target over the same answer: at each mismatch
-   its confidence (`confidence.TARGET_FEATURES`, from its logits row and the
-   draft's token), optional head inputs;
+3. the target teacher-forced over the same answer one row at a time (the rows of
+   step 1 again, bit for bit): at each mismatch its confidence
+   (`confidence.TARGET_FEATURES`, from its logits row and the draft's token),
+   optional head inputs;
 4. the answer's outcome under the task's check.
 
 This evaluates the draft at every position greedy speculative decoding could
@@ -81,6 +82,18 @@ class _Greedy:
         self.ctx.set_embeddings(False)
         self.ctx.decode_sequence(prompt[:-1], 0, 0, last_output=False)
 
+    def replay(self, tokens: list[int], start: int, at: Callable[[int], None] | None = None) -> None:
+        """Decodes `tokens` from position `start` one row at a time, as `run` decodes, so that the
+        KV and each row's logits are the ones greedy decoding computed there, bit for bit (a batch
+        takes other kernels, whose last bits differ by CPU: on an AMD EPYC a batched pass over a
+        200-token gemma answer moved its logits by up to 3 and flipped an argmax). `at(i)` is
+        called once row i's logits are in `ctx.logits(0)` (without it no logits are computed: the
+        KV is the same either way)."""
+        for i, tok in enumerate(tokens):
+            self.ctx.decode([tok], [start + i], [0], [at is not None])
+            if at is not None:
+                at(i)
+
     def run(
         self, start: int, first: int, done: list[int], task: Task, *, hidden: bool
     ) -> tuple[list[int], list[np.ndarray]]:
@@ -113,23 +126,23 @@ class _Greedy:
 def _target_features_at(
     target: _Greedy, prompt: list[int], answer: list[int], offsets: Iterable[int], draft_tokens: Iterable[int]
 ) -> np.ndarray:
-    """`TARGET_FEATURES` at these answer offsets: the target teacher-forced over the answer, its
-    logits kept only where they are asked for."""
+    """`TARGET_FEATURES` at these answer offsets: the target teacher-forced over the answer as
+    `_Greedy.run` decoded it (`replay`), so each row's logits are the ones that chose the answer's
+    token there, as the verifier's exact numerics give them (one batched pass is ~2x cheaper, but
+    its features were up to 0.9 off). Only the rows up to the last asked-for offset run."""
     want = dict(zip((int(o) for o in offsets), (int(t) for t in draft_tokens)))
     out = np.zeros((len(want), len(TARGET_FEATURES)), dtype=np.float32)
     if not want:
         return out
     row_of = {o: i for i, o in enumerate(want)}
+
+    def keep(offset: int) -> None:
+        if offset in want:
+            out[row_of[offset]] = target_features(target.ctx.logits(0)[None, :], [want[offset]])[0]
+
     target.prefill(prompt)
-    feed = [prompt[-1], *answer[:-1]]
-    start = len(prompt) - 1
-    for lo in range(0, len(feed), 256):
-        chunk = feed[lo : lo + 256]
-        flags = [lo + i in want for i in range(len(chunk))]
-        target.ctx.decode(chunk, range(start + lo, start + lo + len(chunk)), [0] * len(chunk), flags)
-        for i, asked in enumerate(flags):
-            if asked:
-                out[row_of[lo + i]] = target_features(target.ctx.logits(i)[None, :], [want[lo + i]])[0]
+    target.ctx.set_embeddings(True)  # as the reference answer was decoded (hidden rows on)
+    target.replay([prompt[-1], *answer[: max(want)]], len(prompt) - 1, keep)
     return out
 
 
@@ -360,9 +373,11 @@ def label(
             answer = ep["answer"]
             p = len(prompt)  # answer[j] sits at position p + j
             runner.prefill(prompt)
-            # The reference answer's KV once; each continuation overwrites it from its position on, and
-            # the reference is decoded again up to the next one (mismatches come in ascending order).
-            runner.ctx.decode_sequence([prompt[-1], *answer[:-1]], p - 1, 0, last_output=False)
+            # The reference answer's KV once, one row at a time as it was decoded (so a continuation
+            # is what greedy decoding after that prefix writes, bit for bit); each continuation
+            # overwrites it from its position on, and the reference is decoded again up to the next
+            # one (mismatches come in ascending order).
+            runner.replay([prompt[-1], *answer[:-1]], p - 1)
             reference_upto = len(answer) - 1  # answer[:reference_upto] is in the KV
             for pos, tok in sorted(todo):
                 if (limit is not None and added >= limit) or (
@@ -371,7 +386,7 @@ def label(
                     return added
                 if reference_upto < pos:
                     runner.ctx.truncate(0, p + reference_upto)
-                    runner.ctx.decode_sequence(answer[reference_upto:pos], p + reference_upto, 0, last_output=False)
+                    runner.replay(answer[reference_upto:pos], p + reference_upto)
                 t0 = time.perf_counter()
                 head = [*answer[:pos], tok]
                 if target_m.is_eog(tok) or (task.stops and _cut(target_m.detokenize(head[-24:]), task.stops)[1]):

@@ -16,6 +16,16 @@ from edgekit import ClientConfig, LlamaDraftModel, ModelNotFoundError, ServerCon
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
 
+_MODEL_FIXTURES = frozenset({"gemma_paths", "gemma_server", "gemma_draft"})  # and whatever uses them
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that loads the gemma pair through a fixture is a `models` test, marked or not:
+    `-m models` then selects all of them (as `make test-numerics-avx2` does)."""
+    for item in items:
+        if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("models") is None:
+            item.add_marker(pytest.mark.models)
+
 
 def _paths(pair: str):
     from edgekit.models import pair_paths
