@@ -223,6 +223,8 @@ class Fleet:
     prefix cache: every round opens a session on the whole context), or
     "centralized" (target-only Generate streams). `controller` builds each
     device's window policy (fixed K, or a predictor) for speculative modes.
+    `min_responses`: a device goes on past `duration` until it has finished that
+    many responses (tests: every device finishes one, however long it took to start).
     """
 
     address: str
@@ -236,6 +238,7 @@ class Fleet:
     seed: int = 0
     token: str | None = None
     timeout: float = 120.0
+    min_responses: int = 0
     rounds: list[RoundLog] = field(default_factory=list)
     responses: list[ResponseLog] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -258,13 +261,15 @@ class Fleet:
         try:
             with GrpcTransport(self.address, ClientConfig(timeout=self.timeout, token=self.token)) as transport:
                 transport.handshake(self.draft_fingerprint, draft_model="fleet", draft_hidden_size=0)
-                while time.perf_counter() < self._end:
+                done = 0
+                while time.perf_counter() < self._end or done < self.min_responses:
                     pool = spec.pool(time.perf_counter() - self._t0)
                     trace = self.traces[rng.choice(pool)] if pool else rng.choice(self.traces)
                     if self.mode == "centralized":
                         self._centralized(i, spec, transport, trace)
                     else:
                         self._speculative(i, spec, transport, trace)
+                    done += 1
         except FaithfulnessError as exc:
             with self._lock:
                 self.errors.append(f"device {i}: {exc}")

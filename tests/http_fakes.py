@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.server
 import json
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -20,11 +19,13 @@ TextOf = Callable[[int], str]
 class _LocalJSONServer:
     """A local HTTP server answering JSON through `get(path)` and `post(path, request)`,
     each returning (status, body). `fault` makes it misbehave for error tests:
-    "http500", "not-json", "slow" (sleeps `delay` seconds first)."""
+    "http500", "not-json", "slow" (holds the answer `delay` seconds first, or until the server
+    closes: a wait the client's deadline is sure to end, that ends when the test does)."""
 
     def __init__(self) -> None:
         self.fault: str | None = None
         self.delay = 0.0
+        self.closing = threading.Event()
         self.requests: list[dict] = []
         server = self
 
@@ -54,7 +55,7 @@ class _LocalJSONServer:
                 req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 server.requests.append(req)
                 if server.fault == "slow":
-                    time.sleep(server.delay)
+                    server.closing.wait(server.delay)
                 if server.fault == "http500":
                     self._send(500, b'{"error": {"message": "CUDA out of memory"}}')
                 elif server.fault == "not-json":
@@ -77,6 +78,7 @@ class _LocalJSONServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.closing.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -95,7 +97,7 @@ class FakeSGLangServer(_LocalJSONServer):
     output_top_logprobs as (logprob, token_id, text) entries.
 
     `fault` makes it misbehave for error tests: "http500", "not-json",
-    "no-logprobs", "slow" (sleeps `delay` seconds).
+    "no-logprobs", "slow" (holds the answer `delay` seconds).
     """
 
     def __init__(self, lm: ToyLanguageModel, text_of: TextOf, *, name: str = "toy-target") -> None:

@@ -36,6 +36,20 @@ class GatedEngine(ToyEngine):
         return super().run_batch(feeds)
 
 
+def _until(condition, what: str, timeout: float = 30.0) -> None:
+    """Waits for `condition()` to hold (the event itself, polled), failing with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(0.001)
+
+
+def _joined(*threads: threading.Thread) -> None:
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), f"{t.name} did not finish within 30 s"
+
+
 def _work(seq: int, start: int, n: int, n_out: int = 1) -> Work:
     return Work(Feed(seq, start, tuple(range(2, 2 + n)), n_out))
 
@@ -79,13 +93,11 @@ def test_works_that_wait_together_run_in_one_batch_and_each_gets_its_own_rows():
     others = [threading.Thread(target=run, args=(seq,)) for seq in (1, 2)]
     for t in others:
         t.start()
-    while core.scheduler.waiting() < 2:  # ... while the other two queue
-        time.sleep(0.001)
+    _until(lambda: core.scheduler.waiting() >= 2, "the other two works queued")  # ... while the other two queue
     engine.gate.release()
-    engine.entered.acquire()
+    assert engine.entered.acquire(timeout=30)
     engine.gate.release()
-    for t in (first, *others):
-        t.join(5)
+    _joined(first, *others)
     assert [len(b) for b in engine.ran] == [1, 2]  # the two that waited together ran together
     assert core.batch_sizes == {1: 1, 2: 1}
     for seq, prompt in prompts.items():
@@ -106,20 +118,21 @@ def test_a_long_prefill_lets_another_sessions_round_through_between_its_chunks()
 
     first = threading.Thread(target=open_session, args=("short", "hi"))
     first.start()
-    engine.entered.acquire()
+    assert engine.entered.acquire(timeout=30)
     engine.gate.release()
-    first.join(5)
+    _joined(first)
     short = opened["short"]
     long = threading.Thread(target=open_session, args=("long", "x" * 60))  # a 60-token prefill: 4 chunks of 16
     long.start()
-    engine.entered.acquire()  # its first chunk runs (held) while the short session sends a round
+    assert engine.entered.acquire(timeout=30)  # its first chunk runs (held) while the short session sends a round
     block = BlockRequest(session_id=short.session_id, base_position=short.committed_length, draft_tokens=[5, 6])
     rounder = threading.Thread(target=v.verify, args=(block,))
     rounder.start()
-    while v.service.core.scheduler.waiting() < 1:
-        time.sleep(0.001)
+    _until(lambda: v.service.core.scheduler.waiting() >= 1, "the round queued")
     engine.gate.release()
+    deadline = time.monotonic() + 30
     while long.is_alive() or rounder.is_alive():  # let every later batch through
+        assert time.monotonic() < deadline, "the prefill and the round did not finish within 30 s"
         if engine.entered.acquire(timeout=0.05):
             engine.gate.release()
     short_seq = v.service.sessions.get(short.session_id).seq
@@ -136,12 +149,12 @@ def test_work_still_queued_at_its_deadline_is_withdrawn_and_never_runs():
     core = EngineCore(engine, FcfsScheduler())
     holder = threading.Thread(target=lambda: core.run(Feed(0, 0, (2, 3, 4), 1)))
     holder.start()
-    engine.entered.acquire()  # the engine is busy with the first work
+    assert engine.entered.acquire(timeout=30)  # the engine is busy with the first work (held until released)
     with pytest.raises(LimitExceededError, match="before the call's deadline") as info:
         core.run(Feed(1, 0, (5, 6), 1), deadline=time.monotonic() + 0.05)
     assert info.value.code == "DEADLINE_EXCEEDED"
     engine.gate.release()
-    holder.join(5)
+    _joined(holder)
     assert engine.ran == [[(0, 0, 3)]] and engine.cached(1) == 0  # the withdrawn work never ran
     core.close()
 
@@ -149,8 +162,8 @@ def test_work_still_queued_at_its_deadline_is_withdrawn_and_never_runs():
 def test_closing_runs_what_is_queued_then_refuses_new_work():
     core = EngineCore(ToyEngine(TARGET, n_seq=1, max_context=64), FcfsScheduler(), idle_s=0.05)
     assert core.run(Feed(0, 0, (2, 3), 1)).logits.shape == (1, TARGET.vocab_size)
-    time.sleep(0.2)  # idle: the engine thread has left, and comes back with the next work
-    assert core.run(Feed(0, 2, (4,), 1)).logits.shape == (1, TARGET.vocab_size)
+    _until(lambda: core._thread is None, "the idle engine thread left")  # idle: the engine thread leaves ...
+    assert core.run(Feed(0, 2, (4,), 1)).logits.shape == (1, TARGET.vocab_size)  # ... and comes back with work
     core.close()
     with pytest.raises(VerifierUnavailableError, match="shutting down"):
         core.run(Feed(0, 3, (5,), 1))

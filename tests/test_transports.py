@@ -39,9 +39,13 @@ def sglang():
         yield server
 
 
-def _client(url: str, draft=None, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
+TIMEOUT = 30.0  # a deadline for calls that answer in milliseconds: generous, so a loaded machine never meets it
+
+
+def _client(url: str, draft=None, *, client: ClientConfig | None = None, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
     config = GenerationConfig(**({"max_tokens": 48, "stop_at_eos": False, "drafting": "fixed", "draft_k": 5} | gen))
-    return EdgeClient(url, draft_model=draft or _draft(), generation=config, config=ClientConfig(timeout=2.0))
+    client = client or ClientConfig(timeout=TIMEOUT)
+    return EdgeClient(url, draft_model=draft or _draft(), generation=config, config=client)
 
 
 def _speculates_to_the_targets_own_decoding(url: str) -> ServerInfo:
@@ -80,7 +84,7 @@ def test_stock_backends_offer_no_semantic_mode(sglang):
     with _client(f"sglang+{sglang.url}", mode="semantic", upload="fh") as client:
         with pytest.raises(ConfigError, match="does not support 'semantic' acceptance"):
             client.generate("x").until_done()
-    transport = connect(f"sglang+{sglang.url}", ClientConfig(timeout=2.0), _draft())
+    transport = connect(f"sglang+{sglang.url}", ClientConfig(timeout=TIMEOUT), _draft())
     with pytest.raises(ConfigError, match="offers no semantic mode"):
         transport.open_session([1, 2], mode="semantic", temperature=1.0, seed=0, draft=_draft().fingerprint())
 
@@ -106,9 +110,10 @@ def test_a_different_tokenizer_is_refused_naming_the_server():
     ],
 )
 def test_server_failures_map_into_the_error_tree(sglang, fault, error, message):
-    with _client(f"sglang+{sglang.url}") as client:
+    # "slow" holds the answer past the 2 s deadline (until the server closes); the first failure is the answer
+    with _client(f"sglang+{sglang.url}", client=ClientConfig(timeout=2.0, retry_for=0)) as client:
         client.server_info()
-        sglang.fault, sglang.delay = fault, 3.0
+        sglang.fault, sglang.delay = fault, 60.0
         with pytest.raises(error, match=message):
             client.generate("x").until_done()
 
@@ -170,7 +175,7 @@ def test_greedy_through_a_vllm_style_server_reads_tokens_by_id(vllm):
 
 def _handshake(url: str) -> OpenAITransport:
     draft = _draft()
-    transport = OpenAITransport(url, draft, timeout=2.0)
+    transport = OpenAITransport(url, draft, timeout=TIMEOUT)
     transport.handshake(draft.fingerprint(), draft_model="toy", draft_hidden_size=0)
     return transport
 

@@ -11,7 +11,6 @@ in test_verifier_errors.py and test_uploads_gemma.py.
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import numpy as np
@@ -30,7 +29,7 @@ from edgekit import (
     StaleRoundError,
 )
 from edgekit.protocol import BlockRequest, encode_hidden, fingerprint_to_pb, hidden_to_pb, pb, status_of
-from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_verifier
+from edgekit.testing import FakeDraftModel, InProcessTransport, SimulatedLink, ToyLanguageModel, toy_verifier
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import FcfsScheduler, ToyEngine, VerifierServer, VerifierService
 
@@ -185,13 +184,33 @@ def test_unknown_and_closed_sessions_are_not_found():
         v.close_session(opened.session_id)
 
 
+class _Clock:
+    """A virtual clock for the session table: idleness is what the test says, never how fast it ran."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _clocked(clock: _Clock, **config) -> InProcessTransport:
+    """`_verifier`, its session idleness measured on `clock`."""
+    c = ServerConfig(**({"port": 0, "max_block": 8, "max_context": 64, "max_sessions": 2} | config))
+    engine = ToyEngine(TARGET, n_seq=c.max_sessions, max_context=c.max_context, hidden_size=16)
+    return InProcessTransport(VerifierService(engine, c, clock=clock), link=SimulatedLink())
+
+
 def test_a_full_table_refuses_then_evicts_the_idle_session():
-    v = _verifier(idle_timeout=0.3)
+    clock = _Clock()
+    v = _clocked(clock, idle_timeout=0.3)
     a = _open(v)
+    clock.now += 0.1
     _open(v)
+    clock.now += 0.1
     with pytest.raises(LimitExceededError, match="maximum of 2 sessions"):
         _open(v)  # both sessions are fresh: nothing is idle yet
-    time.sleep(0.4)
+    clock.now += 0.4  # both idle past the timeout now
     c = _open(v)  # evicts the least recently used idle session: a
     with pytest.raises(SessionNotFoundError):
         v.verify(BlockRequest(session_id=a.session_id, base_position=a.committed_length, draft_tokens=[5]))
@@ -199,10 +218,12 @@ def test_a_full_table_refuses_then_evicts_the_idle_session():
 
 
 def test_the_reaper_evicts_idle_sessions_only():
-    v = _verifier(idle_timeout=0.3)
+    clock = _Clock()
+    v = _clocked(clock, idle_timeout=0.3)
     old = _open(v)
-    time.sleep(0.4)
+    clock.now += 0.4
     fresh = _open(v)
+    clock.now += 0.29  # fresh is still within its idle timeout
     assert v.service.sessions.reap() == 1
     with pytest.raises(SessionNotFoundError):
         v.verify(BlockRequest(session_id=old.session_id, base_position=old.committed_length, draft_tokens=[]))

@@ -29,11 +29,30 @@ DRAFT = FakeDraftModel(ToyLanguageModel(seed=1, noise=1.0))
 FP = fingerprint_to_pb(DRAFT.fingerprint())
 
 
-def _server(tmp_path, **config) -> VerifierServer:
+def _server(tmp_path, *, clock=time.monotonic, **config) -> VerifierServer:
     file = tmp_path / "tokens"
     file.write_text("".join(f"{name} {token}  # {name}'s devices\n" for name, token in TOKENS.items()))
     c = ServerConfig(**({"port": 0, "max_sessions": 4, "max_context": 256, "tokens_file": str(file)} | config))
-    return VerifierServer(ToyEngine(ToyLanguageModel(seed=1), n_seq=c.max_sessions, max_context=c.max_context), c)
+    engine = ToyEngine(ToyLanguageModel(seed=1), n_seq=c.max_sessions, max_context=c.max_context)
+    return VerifierServer(engine, c, clock=clock)
+
+
+class _Clock:
+    """A virtual clock for the verifier's idleness and draining: time passes when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _until(condition, what: str, timeout: float = 30.0) -> None:
+    """Waits for `condition()` to hold (the event itself, polled), failing with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(0.01)
 
 
 def _client(server: VerifierServer, tenant: str | None) -> GrpcTransport:
@@ -109,7 +128,7 @@ def test_a_round_waiting_on_a_session_that_closes_is_refused_never_run_on_its_se
             sess = super().get(session_id, owner)
             if threading.current_thread().name == "round":
                 got.set()
-                go.wait(5)
+                go.wait(30)
             return sess
 
     table = Paused(2, 900.0)
@@ -125,10 +144,11 @@ def test_a_round_waiting_on_a_session_that_closes_is_refused_never_run_on_its_se
 
     worker = threading.Thread(target=round_, name="round")
     worker.start()
-    assert got.wait(5)  # the round found the session ...
+    assert got.wait(30)  # the round found the session ...
     assert table.close(sess.id)  # ... which closed before the round took its lock
     go.set()
-    worker.join(5)
+    worker.join(30)
+    assert not worker.is_alive()
     assert isinstance(outcome[0], SessionNotFoundError) and "closed" in str(outcome[0])
     assert len(table) == 0
 
@@ -203,13 +223,14 @@ def test_a_bug_is_answered_internal_with_a_message_and_the_verifier_goes_on(monk
 
 
 def test_draining_refuses_new_sessions_serves_open_ones_and_stops_when_quiet(tmp_path):
-    server = _server(tmp_path).start()
+    clock = _Clock()  # quiet time is the test's to pass: the drain never outruns a slow machine's calls
+    server = _server(tmp_path, clock=clock).start()
     with _client(server, "alice") as alice:
         opened = _open(alice)
         took: list[float] = []
         drainer = threading.Thread(target=lambda: took.append(server.drain(timeout=20.0, quiet=1.0)))
         drainer.start()
-        time.sleep(0.2)
+        _until(lambda: server.service.draining is not None, "the drain began")
         assert alice.health() == "NOT_SERVING"
         with pytest.raises(VerifierUnavailableError, match="draining") as info:
             _open(alice)
@@ -217,9 +238,12 @@ def test_draining_refuses_new_sessions_serves_open_ones_and_stops_when_quiet(tmp
         base = opened.committed_length
         for _ in range(3):  # the open session is still served, and keeps the verifier up
             base = alice.verify(BlockRequest(opened.session_id, base, [4])).committed_length
-            time.sleep(0.5)
-        drainer.join(10)
-        assert took and 2.0 <= took[0] < 10  # stopped a second after the last call (about 1.2 s in), not at 20 s
+            clock.now += 0.5
+        assert drainer.is_alive()  # 1.5 s into the drain, a call every half second: still up
+        clock.now += 0.5  # a second since the last call
+        drainer.join(30)
+        assert not drainer.is_alive()
+        assert took == [pytest.approx(2.0)]  # stopped a second after the last call (1 s in), not at 20 s
         with pytest.raises(VerifierUnavailableError):
             alice.verify(BlockRequest(opened.session_id, base, [4]))
 
@@ -305,10 +329,7 @@ def test_a_generate_stream_nobody_reads_ends_at_its_deadline_and_holds_nothing(t
             sid = _open(alice).session_id
             target = ToyLanguageModel(seed=1).greedy([1, 2, 3], 3)
             assert alice.verify(BlockRequest(sid, 3, target[:2])).accepted == 2
-        deadline = time.monotonic() + 10
-        while server.service.quiet_for() == 0.0 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert server.service.quiet_for() > 0.0  # the unread stream's handler is gone
+        _until(lambda: server.service.quiet_for() > 0.0, "the unread stream's handler ended")  # it is gone
         # What it left is in the client's buffers, bounded by max_generate_tokens: all of it (the toy is
         # fast and the messages small), or what came before the deadline.
         got = 0

@@ -13,6 +13,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..link import MIN_RTO_MS
@@ -66,14 +67,28 @@ class DelayProxy:
             self._rng.seed(seed)
 
     def outage(self, kind: str = "reset") -> None:
-        """Loses the link until `restore()`: "reset" or "silent" (see the module's docstring)."""
+        """Loses the link until `restore()`: "reset" or "silent" (see the module's docstring).
+        Returns once the link is down: bytes sent after it are held or refused."""
         if kind not in ("reset", "silent"):
             raise ValueError(f"an outage is 'reset' or 'silent', not {kind!r}")
-        self._loop.call_soon_threadsafe(self._go_down, kind)
+        self._in_loop(self._go_down, kind)
 
     def restore(self) -> None:
-        """Brings the link back; held bytes flow again, in order."""
-        self._loop.call_soon_threadsafe(self._come_up)
+        """Brings the link back; held bytes flow again, in order. Returns once it is up."""
+        self._in_loop(self._come_up)
+
+    def _in_loop(self, change: Callable[..., None], *args: object) -> None:
+        """Runs `change` in the proxy's loop and waits for it: a caller that changes the link
+        and then sends knows which side of the change its bytes fall on, however busy the
+        machine is."""
+        if not self._loop.is_running() or threading.current_thread() is self._thread:
+            change(*args)
+            return
+
+        async def run() -> None:
+            change(*args)
+
+        asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
 
     def close(self) -> None:
         if self._loop.is_running():

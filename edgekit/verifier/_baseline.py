@@ -89,7 +89,7 @@ class TargetOnly:
                     else:
                         p = target_probs(ran.logits[0], temperature)
                         tok = int(sess.rng.choice(p.size, p=p))
-                    sess.last_used = time.monotonic()
+                    sess.last_used = self.sessions.clock()
                     self.stats.record_generated(slo_class)
                     reason = None
                     if self.engine.is_eog(tok) or tok in stops:

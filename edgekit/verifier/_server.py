@@ -115,8 +115,15 @@ class VerifierServer:
     """
 
     def __init__(
-        self, target: str | Path | Engine, config: ServerConfig | None = None, *, name: str | None = None
+        self,
+        target: str | Path | Engine,
+        config: ServerConfig | None = None,
+        *,
+        name: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: seconds, what session idleness and draining are measured on (tests pass a
+        virtual one; see `VerifierService`)."""
         self.config = config or ServerConfig()
         c = self.config
         if c.metrics_port is not None:
@@ -134,7 +141,7 @@ class VerifierServer:
                 recalibrate=c.calibrate == "force",
             )
         self.engine = target
-        self.service = VerifierService(self.engine, c, estimator=self._estimator())
+        self.service = VerifierService(self.engine, c, estimator=self._estimator(), clock=clock)
         tokens = Tokens(c.token, c.tokens_file)
         interceptors: list[grpc.ServerInterceptor] = [_TokenAuth(tokens)] if tokens else []
         # gRPC's hard cap sits a little above ours, so a request just over the limit reaches the
@@ -229,14 +236,15 @@ class VerifierServer:
         (UNAVAILABLE, with a hint to come back in `back_in` seconds), calls on open sessions are
         served until none has come for `quiet` seconds or `timeout` has passed; then the calls
         still in flight get a second to finish. Returns the seconds it took."""
-        t0 = time.monotonic()
+        clock = self.service.clock
+        t0 = clock()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.service.drain(back_in=timeout + back_in)
-        while time.monotonic() - t0 < timeout and self.service.quiet_for() < quiet:
+        while clock() - t0 < timeout and self.service.quiet_for() < quiet:
             time.sleep(0.05)
         self.stop(grace=1.0)
-        return time.monotonic() - t0
+        return clock() - t0
 
     def stop(self, grace: float | None = 1.0) -> None:
         self._stop.set()

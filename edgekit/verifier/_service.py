@@ -83,9 +83,13 @@ class VerifierService:
         scheduler: Scheduler | None = None,
         estimator: VerifyTimeEstimator | None = None,
         semantic_head: DecisionHead | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`semantic_head`: the decision head of the semantic mode (default: the one the config
-        names, loaded here; neither: the mode is not offered)."""
+        names, loaded here; neither: the mode is not offered). `clock`: seconds, what session
+        idleness and draining are measured on (tests pass a virtual one); the engine's
+        deadlines stay on `time.monotonic`."""
+        self.clock = clock
         self.engine = engine
         self.config = config
         self.fingerprint = engine.fingerprint()
@@ -107,6 +111,7 @@ class VerifierService:
             config.idle_timeout,
             reclaim_after=config.reclaim_after,
             max_per_client=config.max_sessions_per_client,
+            clock=clock,
         )
         assert not isinstance(config.slo_classes, str)  # the config parsed it
         self.slo = SpeedClasses(config.slo_classes, budget=config.slo_budget)
@@ -133,9 +138,9 @@ class VerifierService:
         )
         self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo, self.stats)
         # Draining (`drain`): new sessions are refused, calls on open ones still served.
-        self.draining: float | None = None  # when the verifier expects to be back, as a time.monotonic()
+        self.draining: float | None = None  # when the verifier expects to be back, on `clock`
         self._in_flight = 0
-        self._last_call = time.monotonic()
+        self._last_call = clock()
         self._calls = threading.Lock()
         self._unary: dict[str, tuple[type[Message], Callable[[Message, float | None, Caller], Message]]] = {
             "Handshake": (pb.HandshakeRequest, self.handshake),
@@ -153,16 +158,16 @@ class VerifierService:
     def drain(self, back_in: float) -> None:
         """From now on new sessions are refused (UNAVAILABLE, back in about `back_in` seconds);
         calls on open sessions go on being served."""
-        self.draining = time.monotonic() + back_in
+        self.draining = self.clock() + back_in
 
     def quiet_for(self) -> float:
         """Seconds since the last call ended (0 while one is in flight)."""
         with self._calls:
-            return 0.0 if self._in_flight else time.monotonic() - self._last_call
+            return 0.0 if self._in_flight else self.clock() - self._last_call
 
     def _refuse_if_draining(self, what: str) -> None:
         if self.draining is not None:
-            wait = max(1.0, self.draining - time.monotonic())
+            wait = max(1.0, self.draining - self.clock())
             raise VerifierUnavailableError(
                 f"the verifier is draining for a restart and takes no new {what}; try again in {wait:.0f} s",
                 retry_after=wait,
@@ -175,7 +180,7 @@ class VerifierService:
     def _leave(self) -> None:
         with self._calls:
             self._in_flight -= 1
-            self._last_call = time.monotonic()
+            self._last_call = self.clock()
 
     # -- the service on bytes ------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -74,7 +74,7 @@ class Session:
     # began and the tokens committed since, for response budgets.
     began: float = 0.0
     done: int = 0
-    last_used: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)  # on the table's clock
     lock: threading.Lock = field(default_factory=threading.Lock)
     # (request keys, answer) of the last applied round, for idempotent retries: the keys of its
     # request and, under SH, of its second half.
@@ -105,8 +105,16 @@ class PendingRound:
 
 class SessionTable:
     def __init__(
-        self, max_sessions: int, idle_timeout: float, *, reclaim_after: float | None = None, max_per_client: int = 0
+        self,
+        max_sessions: int,
+        idle_timeout: float,
+        *,
+        reclaim_after: float | None = None,
+        max_per_client: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: seconds, what idleness is measured on (tests pass a virtual one)."""
+        self.clock = clock
         self._max = max_sessions
         self._idle_timeout = idle_timeout
         self._reclaim_after = idle_timeout if reclaim_after is None else min(reclaim_after, idle_timeout)
@@ -166,6 +174,7 @@ class SessionTable:
             speed=speed,
             owner=caller.tenant,
             client=client,
+            last_used=self.clock(),
         )
         with self._lock:
             self._sessions[sess.id] = sess
@@ -177,7 +186,7 @@ class SessionTable:
             sess = self._sessions.get(session_id)
         if sess is None or sess.owner != owner:
             raise SessionNotFoundError(f"session {clip(session_id)} is unknown or was evicted; open a new session")
-        sess.last_used = time.monotonic()
+        sess.last_used = self.clock()
         return sess
 
     @contextmanager
@@ -188,7 +197,7 @@ class SessionTable:
             if sess.closed:
                 raise SessionNotFoundError(f"session {clip(session_id)} was closed or evicted; open a new session")
             yield sess
-            sess.last_used = time.monotonic()
+            sess.last_used = self.clock()
 
     def close(self, session_id: str, owner: str = "") -> bool:
         with self._lock:
@@ -203,7 +212,7 @@ class SessionTable:
 
     def reap(self) -> int:
         """Evicts sessions idle longer than the idle timeout; returns how many."""
-        now = time.monotonic()
+        now = self.clock()
         freed = []
         with self._lock:
             for sess in sorted(self._sessions.values(), key=lambda s: s.last_used):
@@ -218,15 +227,15 @@ class SessionTable:
     def _until_evictable(self) -> float:
         """Seconds until the least recently used session may be reclaimed (at least 1)."""
         with self._lock:
-            oldest = min((s.last_used for s in self._sessions.values()), default=time.monotonic())
-        return max(1.0, self._reclaim_after - (time.monotonic() - oldest))
+            oldest = min((s.last_used for s in self._sessions.values()), default=self.clock())
+        return max(1.0, self._reclaim_after - (self.clock() - oldest))
 
     def _recycle(self, seq: int) -> None:
         with self._lock:
             self._free_seqs.append(seq)
 
     def _evict_lru_locked(self) -> int | None:
-        now = time.monotonic()
+        now = self.clock()
         for sess in sorted(self._sessions.values(), key=lambda s: s.last_used):
             if now - sess.last_used < self._reclaim_after:
                 return None
