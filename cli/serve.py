@@ -52,6 +52,10 @@ def serve(
         10.0, "--drain-timeout", min=0,
         help="On SIGTERM or Ctrl-C, serve open sessions (refusing new ones) for at most this many seconds, then exit.",
     ),
+    drain_quiet: float = typer.Option(
+        2.0, "--drain-quiet", min=0,
+        help="While draining, exit once every session is closed, or none has called for this many seconds.",
+    ),
     reclaim_after: float = typer.Option(
         60.0, "--reclaim-after", min=0, help="With every session taken, one idle this many seconds makes room."
     ),
@@ -223,8 +227,9 @@ def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    note(f"draining: no new sessions; serving the open ones until they go quiet, {drain_timeout:g} s at most")
-    took = server.drain(timeout=drain_timeout)
+    note(f"draining: no new sessions; serving the open ones until they close or go quiet for {drain_quiet:g} s, "
+         f"{drain_timeout:g} s at most")
+    took = server.drain(timeout=drain_timeout, quiet=drain_quiet)
     note(f"stopped after {took:.1f} s")
 
 

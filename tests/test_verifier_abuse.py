@@ -228,7 +228,7 @@ def test_draining_refuses_new_sessions_serves_open_ones_and_stops_when_quiet(tmp
     with _client(server, "alice") as alice:
         opened = _open(alice)
         took: list[float] = []
-        drainer = threading.Thread(target=lambda: took.append(server.drain(timeout=20.0, quiet=1.0)))
+        drainer = threading.Thread(target=lambda: took.append(server.drain(timeout=20.0, quiet=1.0)), daemon=True)
         drainer.start()
         _until(lambda: server.service.draining is not None, "the drain began")
         assert alice.health() == "NOT_SERVING"
@@ -246,6 +246,25 @@ def test_draining_refuses_new_sessions_serves_open_ones_and_stops_when_quiet(tmp
         assert took == [pytest.approx(2.0)]  # stopped a second after the last call (1 s in), not at 20 s
         with pytest.raises(VerifierUnavailableError):
             alice.verify(BlockRequest(opened.session_id, base, [4]))
+
+
+def test_draining_gives_a_quiet_session_its_quiet_time_and_stops_once_every_session_closed(tmp_path):
+    clock = _Clock()
+    server = _server(tmp_path, clock=clock).start()
+    with _client(server, "alice") as alice:
+        opened = _open(alice)
+        clock.now += 5.0  # the device last called 5 s before the drain (drafting on a busy core, say)
+        took: list[float] = []
+        drainer = threading.Thread(target=lambda: took.append(server.drain(timeout=20.0, quiet=1.0)), daemon=True)
+        drainer.start()
+        _until(lambda: server.service.draining is not None, "the drain began")
+        clock.now += 0.9
+        assert drainer.is_alive()  # quiet is counted from the drain's start: its next round is still served
+        base = alice.verify(BlockRequest(opened.session_id, opened.committed_length, [4])).committed_length
+        assert base > opened.committed_length
+        alice.close_session(opened.session_id)  # the answer is done: nothing is left to serve
+        drainer.join(30)
+        assert not drainer.is_alive() and took == [pytest.approx(0.9)]  # at once: no quiet time passed
 
 
 def test_no_token_and_no_prompt_reach_the_logs_even_at_debug(tmp_path, caplog):

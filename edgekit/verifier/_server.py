@@ -231,17 +231,21 @@ class VerifierServer:
     def wait(self) -> None:
         self._server.wait_for_termination()
 
-    def drain(self, timeout: float = 10.0, *, quiet: float = 0.5, back_in: float = 2.0) -> float:
+    def drain(self, timeout: float = 10.0, *, quiet: float = 2.0, back_in: float = 2.0) -> float:
         """Drains for a restart, then stops: health turns NOT_SERVING, new sessions are refused
         (UNAVAILABLE, with a hint to come back in `back_in` seconds), calls on open sessions are
-        served until none has come for `quiet` seconds or `timeout` has passed; then the calls
-        still in flight get a second to finish. Returns the seconds it took."""
+        served until every session is closed, or none has called for `quiet` seconds since the
+        drain began (a device between two rounds when it does, drafting on a busy core, gets
+        `quiet` seconds to send the next), or `timeout` has passed; then the calls still in
+        flight get a second to finish. Returns the seconds it took."""
         clock = self.service.clock
         t0 = clock()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.service.drain(back_in=timeout + back_in)
-        while clock() - t0 < timeout and self.service.quiet_for() < quiet:
+        while clock() - t0 < timeout and min(self.service.quiet_for(), clock() - t0) < quiet:
+            if self.service.idle():
+                break  # every session closed, no call in flight
             time.sleep(0.05)
         self.stop(grace=1.0)
         return clock() - t0

@@ -165,6 +165,11 @@ class VerifierService:
         with self._calls:
             return 0.0 if self._in_flight else self.clock() - self._last_call
 
+    def idle(self) -> bool:
+        """No session open and no call in flight: nothing left to serve."""
+        with self._calls:
+            return not self._in_flight and not len(self.sessions)
+
     def _refuse_if_draining(self, what: str) -> None:
         if self.draining is not None:
             wait = max(1.0, self.draining - self.clock())
