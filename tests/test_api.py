@@ -158,8 +158,16 @@ def test_requests_beyond_the_queue_are_answered_429():
     from edgekit.verifier import Coefficients, VerifyTimeEstimator
 
     lm = ToyLanguageModel(seed=4, eos_bias=-9.0)
-    slow = ToyEngine(lm, n_seq=4, max_context=512, cost=VerifyTimeEstimator(Coefficients(c=150.0)).predict)
-    server = VerifierServer(slow, ServerConfig(port=0, max_sessions=4)).start()  # 150 ms a target pass
+    started, answered = threading.Event(), threading.Event()
+    pass_ms = VerifyTimeEstimator(Coefficients(c=150.0)).predict  # 150 ms a target pass
+
+    def cost(feeds):  # the first request's target passes wait until the second has been answered
+        started.set()
+        answered.wait(60)
+        return pass_ms(feeds)
+
+    slow = ToyEngine(lm, n_seq=4, max_context=512, cost=cost)
+    server = VerifierServer(slow, ServerConfig(port=0, max_sessions=4)).start()
     client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=4, noise=0.5)))
     served = _Served(create_app(client, concurrency=1, queue=0))
     try:
@@ -175,8 +183,9 @@ def test_requests_beyond_the_queue_are_answered_429():
 
         first = threading.Thread(target=ask)
         first.start()
-        time.sleep(0.5)  # the first holds the only slot for over a second
+        assert started.wait(60)  # the first holds the only slot: its verifier is at work
         ask()
+        answered.set()
         first.join(60)
         assert sorted(statuses) == [200, 429]
     finally:

@@ -29,7 +29,14 @@ from edgekit import (
     StaleRoundError,
 )
 from edgekit.protocol import BlockRequest, encode_hidden, fingerprint_to_pb, hidden_to_pb, pb, status_of
-from edgekit.testing import FakeDraftModel, InProcessTransport, SimulatedLink, ToyLanguageModel, toy_verifier
+from edgekit.testing import (
+    FakeDraftModel,
+    InProcessTransport,
+    ManualClock,
+    SimulatedLink,
+    ToyLanguageModel,
+    toy_verifier,
+)
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import FcfsScheduler, ToyEngine, VerifierServer, VerifierService
 
@@ -184,17 +191,8 @@ def test_unknown_and_closed_sessions_are_not_found():
         v.close_session(opened.session_id)
 
 
-class _Clock:
-    """A virtual clock for the session table: idleness is what the test says, never how fast it ran."""
 
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _clocked(clock: _Clock, **config) -> InProcessTransport:
+def _clocked(clock: ManualClock, **config) -> InProcessTransport:
     """`_verifier`, its session idleness measured on `clock`."""
     c = ServerConfig(**({"port": 0, "max_block": 8, "max_context": 64, "max_sessions": 2} | config))
     engine = ToyEngine(TARGET, n_seq=c.max_sessions, max_context=c.max_context, hidden_size=16)
@@ -202,7 +200,7 @@ def _clocked(clock: _Clock, **config) -> InProcessTransport:
 
 
 def test_a_full_table_refuses_then_evicts_the_idle_session():
-    clock = _Clock()
+    clock = ManualClock()
     v = _clocked(clock, idle_timeout=0.3)
     a = _open(v)
     clock.now += 0.1
@@ -218,7 +216,7 @@ def test_a_full_table_refuses_then_evicts_the_idle_session():
 
 
 def test_the_reaper_evicts_idle_sessions_only():
-    clock = _Clock()
+    clock = ManualClock()
     v = _clocked(clock, idle_timeout=0.3)
     old = _open(v)
     clock.now += 0.4

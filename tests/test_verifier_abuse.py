@@ -19,7 +19,7 @@ from edgekit.errors import (
     SessionNotFoundError,
 )
 from edgekit.protocol import BlockRequest, fingerprint_to_pb, pb
-from edgekit.testing import FakeDraftModel, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ManualClock, ToyLanguageModel
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import ToyEngine, VerifierServer, VerifierService
 from edgekit.verifier._sessions import SessionTable
@@ -36,15 +36,6 @@ def _server(tmp_path, *, clock=time.monotonic, **config) -> VerifierServer:
     engine = ToyEngine(ToyLanguageModel(seed=1), n_seq=c.max_sessions, max_context=c.max_context)
     return VerifierServer(engine, c, clock=clock)
 
-
-class _Clock:
-    """A virtual clock for the verifier's idleness and draining: time passes when the test says."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _until(condition, what: str, timeout: float = 30.0) -> None:
@@ -223,7 +214,7 @@ def test_a_bug_is_answered_internal_with_a_message_and_the_verifier_goes_on(monk
 
 
 def test_draining_refuses_new_sessions_serves_open_ones_and_stops_when_quiet(tmp_path):
-    clock = _Clock()  # quiet time is the test's to pass: the drain never outruns a slow machine's calls
+    clock = ManualClock()  # quiet time is the test's to pass: the drain never outruns a slow machine's calls
     server = _server(tmp_path, clock=clock).start()
     with _client(server, "alice") as alice:
         opened = _open(alice)
@@ -249,7 +240,7 @@ def test_draining_refuses_new_sessions_serves_open_ones_and_stops_when_quiet(tmp
 
 
 def test_draining_gives_a_quiet_session_its_quiet_time_and_stops_once_every_session_closed(tmp_path):
-    clock = _Clock()
+    clock = ManualClock()
     server = _server(tmp_path, clock=clock).start()
     with _client(server, "alice") as alice:
         opened = _open(alice)

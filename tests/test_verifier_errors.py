@@ -22,6 +22,7 @@ from edgekit import (
     VerifierUnavailableError,
 )
 from edgekit.protocol import BlockRequest, pb
+from edgekit.testing import ManualClock
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
 
@@ -36,7 +37,8 @@ def small_server(gemma_paths):
     config = ServerConfig(
         port=0, max_sessions=2, max_context=512, idle_timeout=1.0, max_message_bytes=64 * 1024, max_block=8, token=TOKEN
     )
-    server = VerifierServer(gemma_paths[1], config, name="gemma-3-270m").start()
+    # idleness on a clock the tests move: whether a session is idle never depends on the machine's speed
+    server = VerifierServer(gemma_paths[1], config, name="gemma-3-270m", clock=ManualClock()).start()
     yield server
     server.stop()
 
@@ -83,12 +85,12 @@ def test_unknown_session_is_not_found(transport):
     assert info.value.code == "NOT_FOUND" and info.value.address == transport.address
 
 
-def test_full_table_refuses_then_evicts_the_idle_session(small, gemma_draft):
+def test_full_table_refuses_then_evicts_the_idle_session(small, small_server, gemma_draft):
     a = _open(small, gemma_draft)
     _open(small, gemma_draft)
     with pytest.raises(LimitExceededError, match="maximum of 2 sessions"):
         _open(small, gemma_draft)  # both sessions are fresh: nothing is idle yet
-    time.sleep(1.2)
+    small_server.service.clock.now += 1.2  # past the 1 s idle timeout
     c = _open(small, gemma_draft)  # evicts the least recently used idle session: a
     with pytest.raises(SessionNotFoundError):
         small.verify(BlockRequest(session_id=a.session_id, base_position=a.committed_length, draft_tokens=[5]))
