@@ -69,9 +69,9 @@ def test_greedy_through_the_openai_server_is_its_own_target_only_decoding(llama_
         assert (info.backend, info.modes, info.prefix_cache) == ("openai", ("greedy",), False)
         assert info.tokenizer_check == "probe text through /extras/tokenize"
         assert client.transport.prompt_ids is False  # llama-cpp-python's server takes text prompts only
-        for prompt in PROMPTS:
-            alone = client.generate_target_only(prompt).until_done()
-            spec = client.generate(prompt).until_done()
+        for prompt in PROMPTS[:2]:  # the server reads each round's context a row at a time: two answers suffice
+            alone = client.generate_target_only(prompt, max_tokens=16).until_done()
+            spec = client.generate(prompt, max_tokens=16).until_done()
             assert spec.token_ids == alone.token_ids, prompt
             assert spec.stats.accepted > 0 and spec.stats.rounds < len(spec.token_ids)
 
