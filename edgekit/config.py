@@ -10,7 +10,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from .errors import ConfigError
 
@@ -274,8 +274,8 @@ class ServerConfig:
             raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
         if self.numerics not in ("exact", "fast"):
             raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
-        if self.policy not in ("fcfs", "wisp"):
-            raise ConfigError(f"policy must be 'fcfs' or 'wisp', got {self.policy!r}")
+        if self.policy not in get_args(Policy):  # each has a scheduler in verifier.scheduler.SCHEDULERS
+            raise ConfigError(f"policy must be one of {', '.join(get_args(Policy))}, got {self.policy!r}")
         if self.slo_budget not in ("round", "response"):
             raise ConfigError(f"slo_budget must be 'round' or 'response', got {self.slo_budget!r}")
         if self.calibrate not in ("auto", "force", "off"):

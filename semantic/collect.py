@@ -199,7 +199,7 @@ class TraceSet:
 def _prompt_tokens(model: LlamaModel, task: Task) -> list[int]:
     if not task.chat:
         return model.tokenize(task.prompt)
-    from edgekit.client._chat import ChatTemplate
+    from edgekit import ChatTemplate
 
     template = ChatTemplate(model.chat_template())
     text = template.render([{"role": "user", "content": task.prompt}], add_generation_prompt=True)

@@ -178,3 +178,19 @@ def test_a_minimum_efficiency_lets_a_batch_outgrow_a_tight_deadline_while_its_co
     # At least half work (n rows / (n + 5 ms)): a fourth row still leaves the constant the larger
     # share, so it joins (9 ms, past the deadline); a fifth would make the batch efficient and late.
     assert batch_with(0.5) == ["tight", "w0", "w1", "w2"]
+
+
+def test_every_policy_the_config_takes_has_a_scheduler_by_name():
+    from typing import get_args
+
+    from edgekit import ConfigError, ServerConfig
+    from edgekit.config import Policy
+    from edgekit.verifier import VerifyTimeEstimator
+    from edgekit.verifier.scheduler import SCHEDULERS
+
+    assert set(SCHEDULERS) == set(get_args(Policy))
+    for name in SCHEDULERS:
+        config = ServerConfig(policy=name)
+        assert SCHEDULERS[name](VerifyTimeEstimator(), config).name == name
+    with pytest.raises(ConfigError, match="policy must be one of fcfs, wisp"):
+        ServerConfig(policy="lifo")  # type: ignore[arg-type]

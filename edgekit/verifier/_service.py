@@ -62,7 +62,7 @@ from ._slo import BEST_EFFORT, SpeedClasses
 from ._stats import ServingStats
 from ._validation import RequestChecks, clip
 from .engine import Engine
-from .scheduler import FcfsScheduler, Scheduler, WispScheduler
+from .scheduler import SCHEDULERS, Scheduler
 
 __all__ = ["VerifierService"]
 
@@ -95,16 +95,7 @@ class VerifierService:
         self.fingerprint = engine.fingerprint()
         self.estimator = estimator or VerifyTimeEstimator()
         if scheduler is None:
-            scheduler = (
-                WispScheduler(
-                    self.estimator,
-                    guard_ms=config.guard_ms,
-                    starvation_s=config.starvation_s,
-                    min_efficiency=config.min_efficiency,
-                )
-                if config.policy == "wisp"
-                else FcfsScheduler()
-            )
+            scheduler = SCHEDULERS[config.policy](self.estimator, config)
         self.policy = scheduler.name
         self.sessions = SessionTable(
             config.max_sessions,

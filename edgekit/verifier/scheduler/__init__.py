@@ -1,7 +1,30 @@
-"""Which work the verifier's engine runs next: the `Scheduler` seam and its policies."""
+"""Which work the verifier's engine runs next: the `Scheduler` seam and its policies, by name
+in `SCHEDULERS` (what `ServerConfig.policy` and `edgekit serve --policy` name)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ._base import Batch, Objective, Scheduler, Work, WorkResult
 from ._fcfs import FcfsScheduler
 from ._wisp import WispScheduler
 
-__all__ = ["Batch", "FcfsScheduler", "Objective", "Scheduler", "WispScheduler", "Work", "WorkResult"]
+if TYPE_CHECKING:
+    from ...config import ServerConfig
+    from .._estimator import VerifyTimeEstimator
+
+__all__ = ["SCHEDULERS", "Batch", "FcfsScheduler", "Objective", "Scheduler", "WispScheduler", "Work", "WorkResult"]
+
+
+def _wisp(estimator: VerifyTimeEstimator, config: ServerConfig) -> Scheduler:
+    return WispScheduler(
+        estimator, guard_ms=config.guard_ms, starvation_s=config.starvation_s, min_efficiency=config.min_efficiency
+    )
+
+
+# A policy by name: built from the verifier's time estimator and its config.
+SCHEDULERS: dict[str, Callable[[VerifyTimeEstimator, ServerConfig], Scheduler]] = {
+    "fcfs": lambda estimator, config: FcfsScheduler(),
+    "wisp": _wisp,
+}
