@@ -33,12 +33,10 @@ import _common as C
 import numpy as np
 
 from edgekit import ConfidenceThreshold, EdgeClient, FixedWindow, GenerationConfig, ServerConfig
-from edgekit.drafting import PredictorController
+from edgekit.drafting import OnnxPredictor, PredictorController, shipped_cards
 from edgekit.models import get_pair
 from edgekit.predictors.collect import Trace, TraceRecorder
 from edgekit.predictors.profile import profile_drafting
-from edgekit.predictors.runtime import OnnxPredictor
-from edgekit.predictors.shipped import shipped_cards
 from edgekit.predictors.train import classification_metrics
 
 

@@ -223,8 +223,7 @@ def controller_factory(drafting: str, pair: str, max_window: int, k: int):  # ty
         return lambda: FixedWindow(max_window)
     if drafting != "predictor":
         return lambda: FixedWindow(k)
-    from edgekit.predictors.runtime import OnnxPredictor
-    from edgekit.predictors.shipped import shipped_predictor
+    from edgekit.drafting import OnnxPredictor, shipped_predictor
 
     spec = get_pair(pair)
     path = shipped_predictor(spec.draft, spec.target, "greedy")

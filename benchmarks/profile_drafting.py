@@ -39,10 +39,9 @@ def main() -> None:
     parser.add_argument("--out", default="profile_drafting")
     args = parser.parse_args()
     from edgekit import LlamaDraftModel
+    from edgekit.drafting import OnnxPredictor, shipped_predictor
     from edgekit.models import get_pair, model_path
     from edgekit.predictors.profile import profile_drafting
-    from edgekit.predictors.runtime import OnnxPredictor
-    from edgekit.predictors.shipped import shipped_predictor
     from edgekit.runtime import current_kernel, use_kernel
 
     kernels = C.csv_list(args.kernels) if args.kernels else [current_kernel()]

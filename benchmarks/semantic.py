@@ -51,12 +51,10 @@ from edgekit.client import FinalStats, RoundEvent, TextDelta
 from edgekit.linkemu import LinkProfile, Testbed
 from edgekit.models import pair_paths
 from edgekit.semantic.collect import _cut
-from edgekit.semantic.csi import channel_quality
-from edgekit.semantic.runtime import SemanticHead
 from edgekit.semantic.tasks import humaneval_tasks
 from edgekit.testing import InProcessTransport, SimulatedLink
 from edgekit.transport import GrpcTransport
-from edgekit.verifier import LlamaEngine, VerifierService
+from edgekit.verifier import LlamaEngine, SemanticHead, VerifierService, channel_quality
 
 LINKS = {
     "good": SimulatedLink(rtt_ms=5, uplink_mbps=500, downlink_mbps=500),

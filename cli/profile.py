@@ -25,15 +25,15 @@ def profile(
     if threads:
         os.environ["EDGEKIT_THREADS"] = str(threads)
     from edgekit import LlamaDraftModel
+    from edgekit.drafting import shipped_predictor
     from edgekit.errors import ConfigError
     from edgekit.models import get_pair, model_path
     from edgekit.predictors.profile import profile_drafting
-    from edgekit.predictors.shipped import shipped_predictor
 
     spec = get_pair(pair)
     pred = None
     if predictor != "none":
-        from edgekit.predictors.runtime import OnnxPredictor
+        from edgekit.drafting import OnnxPredictor
 
         path = predictor or shipped_predictor(spec.draft, spec.target)
         if path is None:

@@ -9,12 +9,12 @@ every request goes as the protobuf bytes gRPC would carry, through the same
 checks, rounds and acceptance as `edgekit serve`, so speculative output through
 the fakes equals the toy target's own decoding. `SimulatedLink` gives each
 exchange the time a modelled link would take, without waiting.
-`link_only_head` writes a semantic decision head that reads only the link.
+(A semantic decision head that reads only the link: `edgekit.semantic.head.link_only_head`,
+with the training tooling.)
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -38,7 +38,6 @@ __all__ = [
     "SimulatedLink",
     "ToyLanguageModel",
     "ToyPoolBackend",
-    "link_only_head",
     "toy_verifier",
 ]
 
@@ -268,34 +267,3 @@ def toy_verifier(
 
 def _now_ms() -> float:
     return time.perf_counter() * 1e3
-
-
-def link_only_head(
-    path: str | os.PathLike[str],
-    *,
-    draft_hidden: int,
-    target_hidden: int,
-    slope: float = 10.0,
-    bias: float = -5.0,
-    threshold: float = 0.5,
-    csi: bool = True,
-    pair: str = "test",
-) -> Any:
-    """A semantic decision head (ONNX, `edgekit.semantic.SemanticHead`) whose P(reject) is
-    sigmoid(slope * q + bias), q the link's channel quality: by default strict on a good link
-    (q ~ 0.9: P ~ 0.98) and lenient on a poor one (q ~ 0.33: P ~ 0.15), whatever the hidden
-    states. Without `csi`, P = sigmoid(bias) everywhere. Needs the `onnx` package."""
-    from .predictors.train import Mlp
-    from .semantic.csi import CSI_FEATURES
-    from .semantic.head import export_head
-    from .semantic.runtime import SemanticHead
-
-    width = draft_hidden + target_hidden + (len(CSI_FEATURES) if csi else 0)
-    w0 = np.zeros((width, 2))
-    if csi:
-        w0[draft_hidden + target_hidden, 0] = slope  # the quality feature
-    b0 = np.array([0.0, 1.0])  # unit 1 is the constant 1
-    model = Mlp(np.zeros(width), np.ones(width), [w0, np.array([[1.0], [bias]])], [b0, np.zeros(1)])
-    export_head(model, path, draft_hidden=draft_hidden, target_hidden=target_hidden, csi=csi,
-                threshold=threshold, metadata={"edgekit.pair": pair})
-    return SemanticHead(path)

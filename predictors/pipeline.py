@@ -60,8 +60,9 @@ def train_from_trace(
     hidden: tuple[int, ...] = (32, 16),
     seed: int = 0,
 ) -> dict:
+    from edgekit.drafting import OnnxPredictor
+
     from .export import export_onnx
-    from .runtime import OnnxPredictor
 
     header = trace.header
     window = int(header.get("window", 8))

@@ -23,9 +23,8 @@ import time
 
 import numpy as np
 
+from edgekit.drafting import OnnxPredictor
 from edgekit.runtime import ALL_COLUMNS, FEATURE_NAMES, LlamaDraftModel, current_kernel
-
-from .runtime import OnnxPredictor
 
 __all__ = ["profile_drafting"]
 

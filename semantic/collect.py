@@ -47,8 +47,8 @@ import numpy as np
 
 from edgekit.errors import ConfigError
 from edgekit.runtime import LlamaContext, LlamaModel
+from edgekit.verifier import TARGET_FEATURES, target_features
 
-from .confidence import TARGET_FEATURES, target_features
 from .tasks import Task, is_heldout
 
 __all__ = ["Episode", "TraceSet", "collect", "label"]

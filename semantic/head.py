@@ -39,15 +39,26 @@ import numpy as np
 from edgekit.predictors.export import export_onnx
 from edgekit.predictors.train import Mlp, auc, standardiser, train_mlp
 from edgekit.protocol import LinkState
+from edgekit.verifier import CSI_FEATURES, TARGET_FEATURES, SemanticHead, channel_quality, csi_features
 
 from .collect import TraceSet
-from .confidence import TARGET_FEATURES
-from .csi import CSI_FEATURES, channel_quality, csi_features, sample_links
+from .csi import sample_links
 from .relabel import RelabelConfig, relabel_episode, sample_actions
 
 __all__ = [
-    "GOOD_LINK", "PERFECT_LINK", "POOR_LINK", "HeadData", "Projection", "evaluate", "export_head",
-    "labelled_episodes", "make_dataset", "pick_threshold", "split_episodes", "train_head",
+    "GOOD_LINK",
+    "PERFECT_LINK",
+    "POOR_LINK",
+    "HeadData",
+    "Projection",
+    "evaluate",
+    "export_head",
+    "labelled_episodes",
+    "link_only_head",
+    "make_dataset",
+    "pick_threshold",
+    "split_episodes",
+    "train_head",
 ]
 
 # A link that costs nothing (q = 1): where the threshold is chosen.
@@ -295,3 +306,29 @@ def export_head(
         model, path, feature_names=described, threshold=threshold, metadata=meta,
         output_name="p_reject", graph_name="edgekit-semantic-head",
     )
+
+
+def link_only_head(
+    path: str | os.PathLike[str],
+    *,
+    draft_hidden: int,
+    target_hidden: int,
+    slope: float = 10.0,
+    bias: float = -5.0,
+    threshold: float = 0.5,
+    csi: bool = True,
+    pair: str = "test",
+) -> SemanticHead:
+    """A semantic decision head (ONNX, `edgekit.verifier.SemanticHead`), for tests, whose P(reject) is
+    sigmoid(slope * q + bias), q the link's channel quality: by default strict on a good link
+    (q ~ 0.9: P ~ 0.98) and lenient on a poor one (q ~ 0.33: P ~ 0.15), whatever the hidden
+    states. Without `csi`, P = sigmoid(bias) everywhere. Needs the `onnx` package."""
+    width = draft_hidden + target_hidden + (len(CSI_FEATURES) if csi else 0)
+    w0 = np.zeros((width, 2))
+    if csi:
+        w0[draft_hidden + target_hidden, 0] = slope  # the quality feature
+    b0 = np.array([0.0, 1.0])  # unit 1 is the constant 1
+    model = Mlp(np.zeros(width), np.ones(width), [w0, np.array([[1.0], [bias]])], [b0, np.zeros(1)])
+    export_head(model, path, draft_hidden=draft_hidden, target_hidden=target_hidden, csi=csi,
+                threshold=threshold, metadata={"edgekit.pair": pair})
+    return SemanticHead(path)

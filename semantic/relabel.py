@@ -2,7 +2,7 @@
 
 An episode's mismatches, in order, at answer offsets p_1 < ... < p_m, carry base
 labels c_i (1: critical, the task's outcome changes if the draft's token is
-kept). For a channel quality q (`edgekit.semantic.csi.channel_quality`):
+kept). For a channel quality q (`edgekit.verifier.channel_quality`):
 
 - eq. 28, smoothed importance with exponential decay over token distance:
   s_i = sum_j c_j k_ij / sum_j k_ij, k_ij = exp(-|p_i - p_j| / L), the

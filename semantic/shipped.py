@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edgekit.drafting import read_cards
 from edgekit.errors import SemanticHeadError
-from edgekit.predictors.shipped import read_cards
 
 __all__ = ["SHIPPED_DIR", "shipped_head", "shipped_head_cards"]
 

@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.predictors.train import auc
+from edgekit.verifier import TARGET_FEATURES, channel_quality
 
 from .collect import TraceSet
-from .confidence import TARGET_FEATURES
-from .csi import channel_quality
 from .head import (
     GOOD_LINK,
     PERFECT_LINK,

@@ -233,3 +233,44 @@ def test_only_the_runtime_touches_ctypes_and_llama_cpp():
             if any(n.split(".")[0] in ("ctypes", "llama_cpp") for n in names):
                 users.append(name)
     assert users and all(u.startswith("edgekit.runtime.") for u in users), users
+
+
+
+_TOOLING = ("edgekit.predictors", "edgekit.semantic", "edgekit.cli")
+
+
+def _tooling_imports(source: str, package: tuple[str, ...]) -> list[str]:
+    """The tooling modules `source` (a module of `package`) imports, anywhere in it."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = list(package[: len(package) - node.level + 1]) if node.level else []
+            names = [".".join([*base, *(node.module.split(".") if node.module else [])])]
+            names += [f"{names[0]}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found += [f"{node.lineno}: {n}" for n in names if any(n == t or n.startswith(t + ".") for t in _TOOLING)]
+    return found
+
+
+def test_the_core_never_imports_its_tooling():
+    """`predictors/`, `semantic/` and `cli/` (installed as edgekit.predictors, edgekit.semantic,
+    edgekit.cli) import the core; no module of the core (`edgekit/`) imports them, at its top or
+    inside a function (a lazy import is an import too)."""
+    from pathlib import Path
+
+    # the check sees both spellings of such an import, and not the core's own client package
+    assert _tooling_imports("def f():\n    from ..semantic.shipped import SHIPPED_DIR\n", ("edgekit", "client"))
+    assert _tooling_imports("import edgekit.predictors.train\n", ("edgekit",))
+    assert not _tooling_imports("from .client import EdgeClient\nfrom . import cli_tools\n", ("edgekit",))
+    core = Path(__file__).resolve().parent.parent / "edgekit"
+    found = []
+    for path in sorted(core.rglob("*.py")):
+        parts = path.relative_to(core.parent).with_suffix("").parts
+        package = parts[:-1]  # a module's package; an __init__'s is its own folder
+        found += [f"{path.relative_to(core.parent)}:{hit}" for hit in _tooling_imports(path.read_text(), package)]
+    assert not found, "\n".join(found)

@@ -7,12 +7,10 @@ import numpy as np
 import pytest
 
 from edgekit import ConfidenceThreshold, EdgeClient, GenerationConfig
-from edgekit.drafting import AcceptanceTracker, PredictorController
+from edgekit.drafting import AcceptanceTracker, OnnxPredictor, PredictorController, shipped_cards
 from edgekit.errors import PredictorError
 from edgekit.predictors.collect import Trace, TraceRecorder, collect, label_round
 from edgekit.predictors.features import FEATURE_NAMES, LogitFeatures
-from edgekit.predictors.runtime import OnnxPredictor
-from edgekit.predictors.shipped import shipped_cards
 from edgekit.predictors.train import (
     CostModel,
     auc,
@@ -209,10 +207,10 @@ def test_generation_config_picks_the_policy():
 def test_auto_without_a_loadable_onnxruntime_says_it_falls_back_to_the_fixed_window(monkeypatch, tmp_path):
     import sys
 
-    import edgekit.predictors.shipped as shipped
+    from edgekit.drafting import _factory
 
     client, _, _ = fake_client(max_tokens=20)
-    monkeypatch.setattr(shipped, "shipped_predictor", lambda *a, **k: tmp_path / "shipped.onnx")
+    monkeypatch.setattr(_factory, "shipped_predictor", lambda *a, **k: tmp_path / "shipped.onnx")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # importing it raises ImportError
     with pytest.warns(RuntimeWarning, match="onnxruntime cannot be loaded.*fixed 5 tokens"):
         assert client.controller_for(GenerationConfig(drafting="auto", draft_k=5)).name == "fixed-5"

@@ -11,10 +11,9 @@ import pytest
 
 from edgekit import ConfigError, EdgeClient, GenerationConfig, ProtocolError, SemanticHeadError
 from edgekit.protocol import LinkState, accept_semantic, mismatch_positions
-from edgekit.semantic.csi import CSI_FEATURES, channel_quality, csi_features
-from edgekit.semantic.head import GOOD_LINK, POOR_LINK
-from edgekit.semantic.runtime import SemanticHead
-from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, link_only_head, toy_verifier
+from edgekit.semantic.head import GOOD_LINK, POOR_LINK, link_only_head
+from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, toy_verifier
+from edgekit.verifier import CSI_FEATURES, SemanticHead, channel_quality, csi_features
 from edgekit.verifier._semantic import SemanticMode
 
 D_DRAFT, D_TARGET = 16, 8  # the fake draft's and the toy engine's hidden sizes
@@ -100,7 +99,7 @@ def test_the_head_reads_the_rows_of_the_mismatches_fh_and_sh():
 
 
 def test_target_features_read_the_targets_distribution_at_the_mismatch():
-    from edgekit.semantic.confidence import TARGET_FEATURES, target_features
+    from edgekit.verifier import TARGET_FEATURES, target_features
 
     uniform = np.zeros(8)
     peaked = np.array([10.0, 0, 0, 0, 0, 0, 0, -1e4])

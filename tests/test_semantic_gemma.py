@@ -9,7 +9,7 @@ import pytest
 
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
 from edgekit.runtime import LlamaContext, LlamaModel
-from edgekit.testing import link_only_head
+from edgekit.semantic.head import link_only_head
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
 from edgekit.verifier.engine import Feed, LlamaEngine
@@ -130,8 +130,8 @@ def test_traces_keep_the_targets_confidence_and_add_it_to_older_ones(gemma_paths
     """Each mismatch's target features are the target's own distribution after the reference prefix,
     and an episode traced without them (before they were kept) gets them on the next collect."""
     from edgekit.semantic.collect import TraceSet, collect
-    from edgekit.semantic.confidence import TARGET_FEATURES, target_features
     from edgekit.semantic.tasks import Task
+    from edgekit.verifier import TARGET_FEATURES, target_features
 
     task = Task("toy/fib", PROMPT, lambda text: "return" in text, ("\ndef ",), 40)
     out = tmp_path / "traces"
@@ -175,9 +175,9 @@ def test_traces_keep_the_targets_confidence_and_add_it_to_older_ones(gemma_paths
 
 def test_a_local_verifier_loads_the_pairs_shipped_head_unless_told_not_to(gemma_paths, gemma_draft, tmp_path,
                                                                           monkeypatch):
-    from edgekit.semantic import shipped
+    from edgekit import drafting
 
-    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)  # a head "shipped" for the gemma pair
+    monkeypatch.setattr(drafting, "shipped_dir", lambda package: tmp_path)  # a head "shipped" for the gemma pair
     model = LlamaModel(str(gemma_paths[1]))
     head = link_only_head(tmp_path / "gemma-270m.onnx", draft_hidden=gemma_draft.n_embd, target_hidden=model.n_embd)
     small = ServerConfig(port=0, max_sessions=1, max_context=256, max_block=8)

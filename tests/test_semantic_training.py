@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 from edgekit.cli.app import app
 from edgekit.semantic import tasks as T
 from edgekit.semantic.collect import TraceSet
-from edgekit.semantic.csi import channel_quality, sample_links
+from edgekit.semantic.csi import sample_links
 from edgekit.semantic.head import GOOD_LINK, POOR_LINK, labelled_episodes, make_dataset, pick_threshold
 from edgekit.semantic.relabel import RelabelConfig, relabel_episode, repair_budget, smoothed_importance
-from edgekit.semantic.runtime import SemanticHead
+from edgekit.verifier import SemanticHead, channel_quality
 
 # -- tasks ------------------------------------------------------------------------------------
 

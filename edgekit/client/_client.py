@@ -159,9 +159,9 @@ class EdgeClient:
         spec = get_pair(self.pair)
         cfg = server_config or ServerConfig(port=0, max_sessions=4)
         if cfg.semantic_head is None:  # the pair's shipped head, where there is one ("" opts out)
-            from ..semantic.shipped import SHIPPED_DIR
+            from .. import drafting  # the file, found without importing the semantic tooling
 
-            head = SHIPPED_DIR / f"{self.pair}.onnx"
+            head = drafting.shipped_dir("semantic") / f"{self.pair}.onnx"
             if head.is_file():
                 cfg = replace(cfg, semantic_head=str(head))
         return VerifierServer(model_path(spec.target), replace(cfg, host="127.0.0.1"), name=spec.target).start()

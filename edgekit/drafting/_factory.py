@@ -10,6 +10,8 @@ from ..link import LinkPolicy
 from ._controller import Controller, FixedWindow
 from ._gate import PlainWhenFaster
 from ._latency_window import LatencyWindow
+from ._onnx import OnnxPredictor
+from ._shipped import shipped_predictor
 from ._stop_at_rejection import AcceptancePredictor, ConfidenceThreshold, PredictorController
 
 __all__ = ["ControllerFactory"]
@@ -49,8 +51,6 @@ class ControllerFactory:
             return ConfidenceThreshold(config.p_min, config.max_window)
         if config.drafting == "latency":
             return LatencyWindow(policy, config.max_window)
-        from edgekit.predictors.shipped import shipped_predictor
-
         path = config.predictor or shipped_predictor(self.draft, self.target, config.mode)
         if config.drafting == "auto":
             if path is None:
@@ -74,7 +74,5 @@ class ControllerFactory:
 
     def _predictor(self, path: str) -> AcceptancePredictor:
         if path not in self._predictors:
-            from edgekit.predictors.runtime import OnnxPredictor
-
             self._predictors[path] = OnnxPredictor(path)
         return self._predictors[path]

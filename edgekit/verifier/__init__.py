@@ -16,14 +16,20 @@ Its parts, each in its own module:
   accepted tokens, goodput), recorded by the engine core, the rounds and the baseline.
 - `VerifyTimeEstimator` (`_estimator`): a batch's run time (WISP eqs. 18-19), fitted
   by `calibrated_estimator` (`_calibration`) and refitted online.
+- `SemanticHead` (`_semantic_head`): the semantic mode's ONNX decision head, on the CSI
+  (`_csi`) and, where it reads them, the target's confidence (`_confidence`); trained by
+  the tooling in `edgekit.semantic`.
 - `scheduler/`: what runs next (`Scheduler`: `FcfsScheduler`, `WispScheduler`).
   `engine/`: what runs it (`Engine`: `LlamaEngine` on llama.cpp, `ToyEngine` for tests).
 """
 
 from ._budgets import BUDGET_POLICIES, Budgets, BudgetState, FixedShare, GoodSpeed, RandomShare, capacity_within
 from ._calibration import calibrated_estimator, default_calibration_dir, profile_batches
+from ._confidence import TARGET_FEATURES, target_features
 from ._core import EngineCore
+from ._csi import CSI_FEATURES, channel_quality, csi_features, round_cost_ms
 from ._estimator import Coefficients, FitReport, VerifyTimeEstimator, batch_features, fit_coefficients, fit_report
+from ._semantic_head import SemanticHead
 from ._server import VerifierServer
 from ._service import VerifierService
 from ._slo import BEST_EFFORT, SpeedClasses
@@ -34,6 +40,8 @@ from .scheduler import Batch, FcfsScheduler, Objective, Scheduler, WispScheduler
 __all__ = [
     "BEST_EFFORT",
     "BUDGET_POLICIES",
+    "CSI_FEATURES",
+    "TARGET_FEATURES",
     "Batch",
     "BudgetState",
     "Budgets",
@@ -50,6 +58,7 @@ __all__ = [
     "Objective",
     "RandomShare",
     "Scheduler",
+    "SemanticHead",
     "ServingStats",
     "SpeedClasses",
     "StatsSnapshot",
@@ -63,8 +72,12 @@ __all__ = [
     "batch_features",
     "calibrated_estimator",
     "capacity_within",
+    "channel_quality",
+    "csi_features",
     "default_calibration_dir",
     "fit_coefficients",
     "fit_report",
     "profile_batches",
+    "round_cost_ms",
+    "target_features",
 ]

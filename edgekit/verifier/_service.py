@@ -120,7 +120,7 @@ class VerifierService:
         self.checks = RequestChecks(config, self.fingerprint)
         self.budgets = _budgets(config, self.estimator, self.sessions)
         if semantic_head is None and config.semantic_head:
-            from ..semantic.runtime import SemanticHead  # onnxruntime, loaded only for a head
+            from ._semantic_head import SemanticHead  # onnxruntime, loaded only for a head
 
             semantic_head = SemanticHead(config.semantic_head)
         self.semantic = SemanticMode(semantic_head, engine.n_embd)

@@ -21,11 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.errors import DependencyMissingError, SemanticHeadError
-from edgekit.protocol import LinkState
-
-from .confidence import TARGET_FEATURES, target_features
-from .csi import CSI_FEATURES, csi_features
+from ..errors import DependencyMissingError, SemanticHeadError
+from ..protocol import LinkState
+from ._confidence import TARGET_FEATURES, target_features
+from ._csi import CSI_FEATURES, csi_features
 
 __all__ = ["SemanticHead"]
 

@@ -1,15 +1,25 @@
-"""The predictors shipped with edgekit, one per model pair, each an ONNX file
-with a metric card (`<pair>.json`, and `<pair>.md` for people) in `shipped/`."""
+"""The rejection predictors shipped with edgekit, one per model pair: an ONNX file with a
+metric card (`<pair>.json`, and `<pair>.md` for people) in the `shipped/` folder of the
+training tooling's package (`edgekit.predictors`, which writes them). Found here without
+importing that package: the core reads the files, never the tooling's code."""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 from pathlib import Path
 
-__all__ = ["SHIPPED_DIR", "read_cards", "shipped_cards", "shipped_predictor"]
+__all__ = ["read_cards", "shipped_cards", "shipped_dir", "shipped_predictor"]
 
-SHIPPED_DIR = Path(__file__).parent / "shipped"
+
+def shipped_dir(package: str) -> Path:
+    """`shipped/` inside an edgekit subpackage (`"predictors"`, `"semantic"`), located without
+    running the package's code."""
+    spec = importlib.util.find_spec(f"edgekit.{package}")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"edgekit.{package} is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "shipped"
 
 
 def read_cards(directory: Path) -> list[dict]:
@@ -25,7 +35,7 @@ def read_cards(directory: Path) -> list[dict]:
 
 def shipped_cards() -> list[dict]:
     """Every shipped predictor's card, with its ONNX path under "path"."""
-    return read_cards(SHIPPED_DIR)
+    return read_cards(shipped_dir("predictors"))
 
 
 def shipped_predictor(draft: str, target: str, mode: str = "greedy") -> Path | None:

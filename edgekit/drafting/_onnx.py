@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgekit.errors import DependencyMissingError, PredictorError
-from edgekit.runtime import FEATURE_NAMES, LogitStats
+from ..errors import DependencyMissingError, PredictorError
+from ..runtime import FEATURE_NAMES, LogitStats
 
-if TYPE_CHECKING:  # the drafting package loads this module: no import back at run time
-    from edgekit.drafting import StopRule
+if TYPE_CHECKING:
+    from ._controller import StopRule
 
 __all__ = ["OnnxPredictor"]
 
