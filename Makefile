@@ -70,6 +70,8 @@ typecheck: install
 	for f in edgekit/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK_TREE)/edgekit/; done
 	for d in models predictors semantic cli; do ln -s "$(CURDIR)/$$d" $(TYPECHECK_TREE)/edgekit/$$d; done
 	MYPYPATH=$(TYPECHECK_TREE) $(BIN)/mypy --cache-dir build/mypy-cache -p edgekit
+	# what users write against the public types (never run): tests/typing/
+	MYPYPATH=$(TYPECHECK_TREE) $(BIN)/mypy --cache-dir build/mypy-cache tests/typing
 
 # Every figure the README shows, redrawn from benchmarks/results/*.json (no model runs).
 figures: install

@@ -1,8 +1,10 @@
-"""Typed events of a generation stream."""
+"""Typed events of a generation stream. Each names its kind in `type`, a literal, so a check
+on it narrows an `Event` to that class for a type checker (as openai-python's stream events)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ._metrics import GenerationStats, RoundStats
 
@@ -15,7 +17,7 @@ class TextDelta:
 
     text: str
     token_ids: tuple[int, ...]
-    type: str = "text"
+    type: Literal["text"] = "text"
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class RoundEvent:
     """One speculate-verify round finished."""
 
     stats: RoundStats
-    type: str = "round"
+    type: Literal["round"] = "round"
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Resumed:
     attempts: int
     reprefilled_tokens: int
     causes: tuple[str, ...]
-    type: str = "resumed"
+    type: Literal["resumed"] = "resumed"
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Provisional:
 
     text: str
     token_ids: tuple[int, ...]
-    type: str = "provisional"
+    type: Literal["provisional"] = "provisional"
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class FinalStats:
     stats: GenerationStats
     token_ids: tuple[int, ...]
     text: str
-    type: str = "final"
+    type: Literal["final"] = "final"
 
 
 Event = TextDelta | RoundEvent | Resumed | Provisional | FinalStats
