@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from _wait import until
 
 from edgekit import LimitExceededError, ServerConfig, VerifierUnavailableError
 from edgekit.protocol import BlockRequest
@@ -34,14 +35,6 @@ class GatedEngine(ToyEngine):
         self.gate.acquire()
         self.ran.append([(f.seq, f.start, len(f.tokens)) for f in feeds])
         return super().run_batch(feeds)
-
-
-def _until(condition, what: str, timeout: float = 30.0) -> None:
-    """Waits for `condition()` to hold (the event itself, polled), failing with `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
-        time.sleep(0.001)
 
 
 def _joined(*threads: threading.Thread) -> None:
@@ -93,7 +86,7 @@ def test_works_that_wait_together_run_in_one_batch_and_each_gets_its_own_rows():
     others = [threading.Thread(target=run, args=(seq,)) for seq in (1, 2)]
     for t in others:
         t.start()
-    _until(lambda: core.scheduler.waiting() >= 2, "the other two works queued")  # ... while the other two queue
+    until(lambda: core.scheduler.waiting() >= 2, "the other two works queued")  # ... while the other two queue
     engine.gate.release()
     assert engine.entered.acquire(timeout=30)
     engine.gate.release()
@@ -128,7 +121,7 @@ def test_a_long_prefill_lets_another_sessions_round_through_between_its_chunks()
     block = BlockRequest(session_id=short.session_id, base_position=short.committed_length, draft_tokens=[5, 6])
     rounder = threading.Thread(target=v.verify, args=(block,))
     rounder.start()
-    _until(lambda: v.service.core.scheduler.waiting() >= 1, "the round queued")
+    until(lambda: v.service.core.scheduler.waiting() >= 1, "the round queued")
     engine.gate.release()
     deadline = time.monotonic() + 30
     while long.is_alive() or rounder.is_alive():  # let every later batch through
@@ -162,7 +155,7 @@ def test_work_still_queued_at_its_deadline_is_withdrawn_and_never_runs():
 def test_closing_runs_what_is_queued_then_refuses_new_work():
     core = EngineCore(ToyEngine(TARGET, n_seq=1, max_context=64), FcfsScheduler(), idle_s=0.05)
     assert core.run(Feed(0, 0, (2, 3), 1)).logits.shape == (1, TARGET.vocab_size)
-    _until(lambda: core._thread is None, "the idle engine thread left")  # idle: the engine thread leaves ...
+    until(lambda: core._thread is None, "the idle engine thread left")  # idle: the engine thread leaves ...
     assert core.run(Feed(0, 2, (4,), 1)).logits.shape == (1, TARGET.vocab_size)  # ... and comes back with work
     core.close()
     with pytest.raises(VerifierUnavailableError, match="shutting down"):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
+from _wait import until
 
 from edgekit import AsyncEdgeClient, EdgeClient, GenerationConfig
 from edgekit.errors import EdgekitError
@@ -20,16 +20,6 @@ from edgekit.testing import FakeDraftModel, ToyLanguageModel, ToyPoolBackend, to
 TARGET = ToyLanguageModel(seed=21, eos_bias=-8.0)
 DRAFT_LM = ToyLanguageModel(seed=21, noise=1.0)  # a draft that mostly agrees with the target
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12], [13, 14, 15]]
-
-
-def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Waits for `condition()` to hold (the event itself, polled); after `timeout` s the test fails
-    (`pytest.fail`: an error the pool passes on to every task, not one it retries)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.001)
 
 
 class _HeldBackend(ToyPoolBackend):
@@ -44,7 +34,7 @@ class _HeldBackend(ToyPoolBackend):
     def run(self, steps):
         if not self.held:
             self.held = True
-            _until(lambda: self.ready(self.pool, steps), self.what)
+            until(lambda: self.ready(self.pool, steps), self.what)
         return super().run(steps)
 
 

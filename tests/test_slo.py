@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 
 import grpc
 import numpy as np
 import pytest
+from _wait import until
 
 import edgekit.verifier._validation as validation
 from edgekit import ConfigError, EdgeClient, GenerationConfig, LimitExceededError, ProtocolError
@@ -31,14 +31,6 @@ from edgekit.verifier import EngineCore, FcfsScheduler, Feed, ToyEngine
 TARGET = ToyLanguageModel(seed=5)
 DRAFT = FakeDraftModel(ToyLanguageModel(seed=5, noise=2.0), n_embd=8)
 PROMPT = DRAFT.tokenize("a prompt for the toy target")
-
-
-def _until(condition, what: str, timeout: float = 30.0) -> None:
-    """Waits for `condition()` to hold (the event itself, polled), failing with `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
-        time.sleep(0.002)
 
 
 def _verifier(**config) -> InProcessTransport:
@@ -238,7 +230,7 @@ def test_a_full_queue_is_refused_with_a_back_off_and_never_stalls_the_engine():
     assert running.wait(30)  # the engine holds the first work
     second = threading.Thread(target=call, args=(1,))
     second.start()
-    _until(lambda: core.scheduler.waiting() == 1, "the second work queued")  # the queue is full
+    until(lambda: core.scheduler.waiting() == 1, "the second work queued")  # the queue is full
     with pytest.raises(LimitExceededError, match="queue is full") as err:
         core.run(Feed(2, 0, (1, 2), 1))
     assert err.value.retry_after > 0
@@ -265,7 +257,7 @@ def test_under_the_wisp_policy_concurrent_sessions_get_the_targets_own_tokens():
     def hold_the_first(feeds):
         if not held:
             held.append(len(feeds))
-            _until(lambda: len(feeds) >= 2 or core.scheduler.waiting() >= 2, "two more works queued")
+            until(lambda: len(feeds) >= 2 or core.scheduler.waiting() >= 2, "two more works queued")
         return real(feeds)
 
     engine.run_batch = hold_the_first
@@ -352,5 +344,5 @@ def test_a_slow_or_vanished_client_never_stalls_the_engine():
         slow.close()
         table = server.service.sessions
         # the stream's session goes; the vanished client's waits for idle eviction
-        _until(lambda: not any(sid.startswith("g-") for sid in table._sessions), "the stream's session closed")
+        until(lambda: not any(sid.startswith("g-") for sid in table._sessions), "the stream's session closed")
         assert len(table) == 2 and not any(sid.startswith("g-") for sid in table._sessions)

@@ -10,6 +10,7 @@ import time
 
 import grpc
 import pytest
+from _wait import until
 
 from edgekit import ClientConfig, ServerConfig, VerifierUnavailableError
 from edgekit.errors import (
@@ -36,14 +37,6 @@ def _server(tmp_path, *, clock=time.monotonic, **config) -> VerifierServer:
     engine = ToyEngine(ToyLanguageModel(seed=1), n_seq=c.max_sessions, max_context=c.max_context)
     return VerifierServer(engine, c, clock=clock)
 
-
-
-def _until(condition, what: str, timeout: float = 30.0) -> None:
-    """Waits for `condition()` to hold (the event itself, polled), failing with `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
-        time.sleep(0.01)
 
 
 def _client(server: VerifierServer, tenant: str | None) -> GrpcTransport:
@@ -221,7 +214,7 @@ def test_draining_refuses_new_sessions_serves_open_ones_and_stops_when_quiet(tmp
         took: list[float] = []
         drainer = threading.Thread(target=lambda: took.append(server.drain(timeout=20.0, quiet=1.0)), daemon=True)
         drainer.start()
-        _until(lambda: server.service.draining is not None, "the drain began")
+        until(lambda: server.service.draining is not None, "the drain began")
         assert alice.health() == "NOT_SERVING"
         with pytest.raises(VerifierUnavailableError, match="draining") as info:
             _open(alice)
@@ -248,7 +241,7 @@ def test_draining_gives_a_quiet_session_its_quiet_time_and_stops_once_every_sess
         took: list[float] = []
         drainer = threading.Thread(target=lambda: took.append(server.drain(timeout=20.0, quiet=1.0)), daemon=True)
         drainer.start()
-        _until(lambda: server.service.draining is not None, "the drain began")
+        until(lambda: server.service.draining is not None, "the drain began")
         clock.now += 0.9
         assert drainer.is_alive()  # quiet is counted from the drain's start: its next round is still served
         base = alice.verify(BlockRequest(opened.session_id, opened.committed_length, [4])).committed_length
@@ -339,7 +332,7 @@ def test_a_generate_stream_nobody_reads_ends_at_its_deadline_and_holds_nothing(t
             sid = _open(alice).session_id
             target = ToyLanguageModel(seed=1).greedy([1, 2, 3], 3)
             assert alice.verify(BlockRequest(sid, 3, target[:2])).accepted == 2
-        _until(lambda: server.service.quiet_for() > 0.0, "the unread stream's handler ended")  # it is gone
+        until(lambda: server.service.quiet_for() > 0.0, "the unread stream's handler ended")  # it is gone
         # What it left is in the client's buffers, bounded by max_generate_tokens: all of it (the toy is
         # fast and the messages small), or what came before the deadline.
         got = 0
