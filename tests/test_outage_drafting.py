@@ -18,7 +18,7 @@ from scipy.stats import chisquare
 
 from edgekit import ClientConfig, EdgeClient, FinalStats, GenerationConfig, Provisional, Resumed, TextDelta
 from edgekit.client._ahead import DraftChain, DraftedBlock
-from edgekit.client._session import SpeculativeSession
+from edgekit.client._drafter import Drafter
 from edgekit.errors import VerifierUnavailableError
 from edgekit.protocol import SparseDistribution, accept_sampling, target_probs
 from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_verifier
@@ -39,6 +39,7 @@ class Outage(InProcessTransport):
     def __init__(self, target: ToyLanguageModel, config: ClientConfig, *, at: int, kind: str,
                  refusals: int | None = None):
         super().__init__(toy_verifier(target).service, config=config)
+        _OUTAGES.append(self)
         self.at, self.kind, self.refusals = at, kind, refusals
         self.calls = 0
         self.refused = 0
@@ -82,19 +83,25 @@ class Outage(InProcessTransport):
         return answer
 
 
+_OUTAGES: list[Outage] = []  # this test's
+
+
 @pytest.fixture(autouse=True)
 def _chain_full_ends_the_outage(monkeypatch):
-    """Tells an `Outage` when the device has drafted all it may ahead: `_draft_ahead` found the
+    """Tells an `Outage` when the device has drafted all it may ahead: `Drafter.ahead` found the
     chain as long as it may be (`ahead` tokens, the context, an end of text)."""
-    draft_ahead = SpeculativeSession._draft_ahead
+    draft_ahead = Drafter.ahead
 
     def watched(self, limit, ahead):
         event = draft_ahead(self, limit, ahead)
-        if event is None and isinstance(self.transport, Outage):
-            self.transport.drafted_all()
+        if event is None:
+            for outage in _OUTAGES:
+                outage.drafted_all()
         return event
 
-    monkeypatch.setattr(SpeculativeSession, "_draft_ahead", watched)
+    monkeypatch.setattr(Drafter, "ahead", watched)
+    yield
+    _OUTAGES.clear()
 
 
 def _target() -> ToyLanguageModel:
@@ -411,8 +418,8 @@ def test_the_shared_draft_is_free_while_the_consumer_holds_a_provisional_event()
     stream = session.stream()
     first = next(e for e in stream if isinstance(e, Provisional))
     assert first.token_ids
-    assert session._shared.lock.acquire(timeout=1.0)  # another session of the client could draft now
-    session._shared.lock.release()
+    assert session.drafter.shared.lock.acquire(timeout=1.0)  # another session of the client could draft now
+    session.drafter.shared.lock.release()
     rest = list(stream)
     assert rest[-1].token_ids[-5:] == _reference()[-5:]
 
@@ -443,9 +450,8 @@ def test_new_upload_settings_void_what_was_drafted_ahead():
     client, _ = _session()
     session = client.session()
     session.open(client.tokenize("through the outage"))
-    with session._shared.lock:
-        session._hold_draft()
-        session._chain.add(session._draft_block(4))
-    assert len(session._chain) and not session._chain.rows
+    with session.drafter.held():
+        session.drafter.chain.add(session.drafter.block(4))
+    assert len(session.drafter.chain) and not session.drafter.chain.rows
     session.reconfigure(upload="fh")
-    assert len(session._chain) == 0 and session.draft.n_past <= len(session.tokens)
+    assert len(session.drafter.chain) == 0 and session.draft.n_past <= len(session.tokens)

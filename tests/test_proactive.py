@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from edgekit import EdgeClient, GenerationConfig
-from edgekit.client import _session as session_module
+from edgekit.client import _round as round_module
 from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 
 TARGET = ToyLanguageModel(seed=41, eos_bias=-8.0)
@@ -43,7 +43,7 @@ def _watch(monkeypatch, *, hold: bool) -> SimpleNamespace:
     that, it drafts while the call is out, however the machine schedules the two threads."""
     calls = SimpleNamespace(out=None)
 
-    class Watched(session_module._Background):
+    class Watched(round_module.Background):
         def __init__(self, call):
             self.asked = threading.Event()
 
@@ -65,7 +65,7 @@ def _watch(monkeypatch, *, hold: bool) -> SimpleNamespace:
             calls.out = None
             return super().result()
 
-    monkeypatch.setattr(session_module, "_Background", Watched)
+    monkeypatch.setattr(round_module, "Background", Watched)
     return calls
 
 

@@ -22,7 +22,7 @@ from edgekit import (
     Resumed,
     VerifierUnavailableError,
 )
-from edgekit.client._retry import Backoff, retryable
+from edgekit.client._resilience import Backoff, retryable
 from edgekit.errors import ProtocolError, SessionNotFoundError
 from edgekit.protocol import BlockRequest, LinkState
 from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_verifier
@@ -130,8 +130,8 @@ def test_a_session_survives_a_failed_round_when_nothing_retries():
     with pytest.raises(VerifierUnavailableError):
         session.round(4)  # the verifier applied it; its verdict was lost
     # The draft holds the committed tokens and the block in flight, nothing else: it is re-sent as it was.
-    assert client.draft.evaluated == (session.tokens + session._chain.tokens)[: client.draft.n_past]
-    assert session._chain.tokens == list(session._inflight.request.draft_tokens)
+    assert client.draft.evaluated == session.drafter.sequence()[: client.draft.n_past]
+    assert session.drafter.chain.tokens == list(session.rounds.inflight.request.draft_tokens)
     for _ in range(5):  # the next round re-sends the lost one, and the session goes on in step
         committed += session.round(4)[0]
     (sess,) = transport.service.sessions._sessions.values()

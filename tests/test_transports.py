@@ -211,7 +211,7 @@ def test_probing_a_stock_server_loads_the_draft_once_and_calibrates(vllm, monkey
     from typer.testing import CliRunner
 
     import edgekit
-    import edgekit.client._client
+    import edgekit.client._setup
     import edgekit.models
     from cli.app import app
 
@@ -222,7 +222,7 @@ def test_probing_a_stock_server_loads_the_draft_once_and_calibrates(vllm, monkey
         return _draft()
 
     monkeypatch.setattr(edgekit, "LlamaDraftModel", draft)  # where the probe loads it
-    monkeypatch.setattr(edgekit.client._client, "LlamaDraftModel", draft)  # where a client would
+    monkeypatch.setattr(edgekit.client._setup, "LlamaDraftModel", draft)  # where a client would
     monkeypatch.setattr(edgekit.models, "model_path", lambda name: name)
     r = CliRunner().invoke(app, ["probe", f"openai+{vllm.url}", "--pair", "gemma-270m", "--json",
                                  "--calibration-tokens", "16", "--pings", "3", "--tries", "1"])

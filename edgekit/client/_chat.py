@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, EdgekitError, SessionNotFoundError
-from ._events import Event, FinalStats, RoundEvent, TextDelta
+from ._events import Event, FinalStats, TextDelta
 from ._metrics import GenerationStats
 from ._session import SpeculativeSession
 from ._stream import GenerationStream
@@ -119,30 +119,18 @@ class Conversation:
 
         def events() -> Iterator[Event]:
             session, prefill_ms = self._prepare(user)
-            reply: list[str] = []
-            # Figures of a reply stopped early (no FinalStats comes), from its rounds.
-            partial = GenerationStats(
-                mode=session.config.mode,
-                draft_k=session.config.draft_k,
-                drafting=session.controller.name,
-                prefill_ms=prefill_ms,
-            )
-            final = None
+            stream = session.stream(prefill_ms=prefill_ms)
+            progress, reply, final = session.progress, [], None
             try:
-                for ev in session.stream(prefill_ms=prefill_ms):
+                for ev in stream:
                     if isinstance(ev, TextDelta):
                         reply.append(ev.text)
-                        partial.completion_tokens += len(ev.token_ids)
-                    elif isinstance(ev, RoundEvent):
-                        partial.add_round(ev.stats)
                     elif isinstance(ev, FinalStats):
                         final = ev.stats
                     yield ev
             finally:
-                if final is None and partial.rounds:
-                    partial.finish_reason = "stopped"
-                    partial.elapsed_s = (partial.draft_ms + partial.round_trip_ms) / 1e3
-                    final = partial
+                # A reply stopped early has no FinalStats: its figures are those counted so far.
+                final = final or (progress.stopped() if progress is not None else None)
                 if final is not None:
                     self.last_stats = final
                     self.totals.append(final)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,17 +20,15 @@ from ..runtime import (
     DraftModel,
     DraftPool,
     DraftSlot,
-    LlamaDraftModel,
-    LlamaPoolBackend,
-    device_load,
-    process_cpu_seconds,
 )
-from ..transport import VerifierTransport, connect, needs_tokenizer
+from ..transport import VerifierTransport, connect
+from ._accumulator import StatsAccumulator
 from ._chat import ChatTemplate, Conversation
 from ._discover import discover_pair
-from ._events import Event, FinalStats, TextDelta
+from ._events import Event, FinalStats
 from ._metrics import GenerationStats
 from ._session import SharedDraft, SpeculativeSession
+from ._setup import discovery_transport, load_draft, start_local
 from ._stream import GenerationStream
 from ._text import TextDecoder
 
@@ -96,11 +93,11 @@ class EdgeClient:
         transport: VerifierTransport | None = None
         try:
             if pair is None and draft_model is None and target is not None:  # the draft follows the verifier
-                transport = target if not isinstance(target, str) else self._discovery_transport(target)
+                transport = target if not isinstance(target, str) else discovery_transport(target, self.config)
                 self.pair, _ = discover_pair(transport)
-            self._draft = self._load_draft(draft_model, draft_slots, draft_context, draft_threads)
+            self._draft, self._pool = load_draft(self.pair, draft_model, draft_slots, draft_context, draft_threads)
             if target is None:
-                self._local = self._start_local(local_server)
+                self._local = start_local(self.pair, local_server)
                 target = self._local.address
             if transport is None:
                 transport = connect(target, self.config, self._draft) if isinstance(target, str) else target
@@ -114,57 +111,6 @@ class EdgeClient:
         self._shared = SharedDraft(self.draft)  # the draft model serves one round at a time
         self._factory: ControllerFactory | None = None  # made at the handshake: it needs the target's name
         self.link = LinkEstimator()  # this device's view of its link to the verifier
-
-    def _discovery_transport(self, url: str) -> VerifierTransport:
-        """A transport to ask the verifier which target it serves, before a draft is loaded: ours
-        (gRPC) answer that; a stock server's transport needs the draft's tokenizer first."""
-        if needs_tokenizer(url):
-            raise ConfigError(
-                f"a stock verifier ({url}) cannot say which target it serves before a draft is loaded; "
-                "name the pair (pair=..., --pair)"
-            )
-        return connect(url, self.config, None)
-
-    def _load_draft(
-        self, draft_model: str | Path | DraftModel | DraftPool | None, slots: int, n_ctx: int, threads: int | None
-    ) -> DraftModel:
-        """The draft model; with several slots (or a pool given), the pool's first slot, which
-        sessions share when every other slot is taken."""
-        name = None
-        if draft_model is None:
-            from ..models import get_pair, model_path
-
-            spec = get_pair(self.pair)
-            draft_model, name = model_path(spec.draft), spec.draft
-        if isinstance(draft_model, (str, Path)):
-            if slots == 1:
-                return LlamaDraftModel(draft_model, name=name, n_ctx=n_ctx, n_threads=threads)
-            draft_model = DraftPool(
-                LlamaPoolBackend(draft_model, slots=slots, n_ctx_seq=n_ctx, name=name, n_threads=threads)
-            )
-        if isinstance(draft_model, DraftPool):
-            self._pool = draft_model
-            first = draft_model.acquire()
-            if first is None:
-                raise ValueError("the draft pool has no free slot")
-            return first
-        if slots > 1:
-            raise ValueError("draft_slots > 1 needs a model path (or a DraftPool), not a draft model object")
-        return draft_model
-
-    def _start_local(self, server_config: ServerConfig | None) -> VerifierServer:
-        from ..models import get_pair, model_path
-        from ..verifier import VerifierServer
-
-        spec = get_pair(self.pair)
-        cfg = server_config or ServerConfig(port=0, max_sessions=4)
-        if cfg.semantic_head is None:  # the pair's shipped head, where there is one ("" opts out)
-            from .. import drafting  # the file, found without importing the semantic tooling
-
-            head = drafting.shipped_dir("semantic") / f"{self.pair}.onnx"
-            if head.is_file():
-                cfg = replace(cfg, semantic_head=str(head))
-        return VerifierServer(model_path(spec.target), replace(cfg, host="127.0.0.1"), name=spec.target).start()
 
     @property
     def draft(self) -> DraftModel:
@@ -337,10 +283,8 @@ class EdgeClient:
 
         def events() -> Iterator[Event]:
             stats = GenerationStats(mode=gen.mode, draft_k=0, prompt_tokens=len(tokens))
-            decoder = TextDecoder(self.draft)
-            out: list[int] = []
-            parts: list[str] = []
-            start, cpu_start = time.perf_counter(), process_cpu_seconds()
+            progress = StatsAccumulator(stats, TextDecoder(self.draft))
+            finish = None
             for t in self.transport.generate(
                 tokens,
                 mode=gen.mode,
@@ -349,20 +293,13 @@ class EdgeClient:
                 max_tokens=gen.max_tokens,
                 slo=SpeedObjective(gen.slo_class, gen.target_speed),
             ):
-                out.append(t.token)
-                stats.rounds += 1
-                stats.server_verify_ms += t.decode_ms
-                if stats.time_to_first_token_ms is None:
-                    stats.time_to_first_token_ms = (time.perf_counter() - start) * 1e3
-                text = decoder.feed([t.token])
-                parts.append(text)
-                yield TextDelta(text, (t.token,))
-                stats.finish_reason = t.finish_reason or stats.finish_reason
-            parts.append(decoder.flush())
-            stats.completion_tokens = len(out)
-            stats.elapsed_s = time.perf_counter() - start
-            stats.device = device_load(cpu_start, stats.elapsed_s).as_dict()
-            yield FinalStats(stats, tuple(out), "".join(parts))
+                progress.add_target_token(t.decode_ms)
+                yield progress.output([t.token])
+                finish = t.finish_reason or finish
+            tail = progress.flush()
+            if tail is not None:  # streamed, as a session's stream does
+                yield tail
+            yield progress.finish(finish)
 
         return GenerationStream(events())
 

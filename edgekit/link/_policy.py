@@ -4,7 +4,8 @@ how long its window is, from the latency model over the measured link.
 `LinkPolicy` owns a session's cost estimates (`CostTracker`) and reads the
 client's `LinkEstimator` as it stands each round. Its settings are the upload
 rule, the RTT rule's threshold and the hidden-state encoding of a
-`GenerationConfig`; `configure` takes a changed one.
+`GenerationConfig`; `configure` takes a changed one. `needs_rates` says whether
+those settings need the link's rates measured first.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ class LinkPolicy:
         self.upload = config.upload
         self.rtt_rule_ms = config.rtt_rule_ms
         self.encoding = config.hidden_encoding
+        # The latency model weighs payloads by the link's rates; the semantic head's CSI is made of them.
+        self._uses_rates = config.upload == "auto" or config.drafting == "latency" or config.mode == "semantic"
+
+    def needs_rates(self) -> bool:
+        """Whether the link's rates should be measured before a session opens: the settings use
+        them and nobody measured them yet. Once per client: a server without an echo endpoint (or
+        a link too fast to time) leaves them at 0, and probing again would not change that."""
+        link = self.link
+        return self._uses_rates and not link.probed and not (link.uplink_mbps and link.downlink_mbps)
 
     def model(self) -> LatencyModel:
         return LatencyModel(self._payloads[self.encoding], self.link.state(), self.costs)

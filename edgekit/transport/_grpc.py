@@ -4,7 +4,7 @@ Every call carries a deadline; gRPC failures are mapped into the edgekit
 error tree here, with the verifier's address in the message. Nothing is
 retried here: a round that fails is the session's to re-send (the verifier
 recognises a retry of the last round and answers it again), after its own
-back-off (`edgekit.client._retry`).
+back-off (`edgekit.client._resilience`).
 """
 
 from __future__ import annotations
