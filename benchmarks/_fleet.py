@@ -36,7 +36,7 @@ import numpy as np
 
 from edgekit import ClientConfig
 from edgekit.drafting import Controller, Decision, FixedWindow
-from edgekit.protocol import BlockRequest, Fingerprint, SpeedObjective
+from edgekit.protocol import BlockRequest, Fingerprint, OpenRequest, SpeedObjective
 from edgekit.runtime import ALL_COLUMNS, DraftModel
 from edgekit.transport import GrpcTransport
 
@@ -289,8 +289,8 @@ class Fleet:
         base = len(trace.prompt)
         link_ms = self._link_ms(spec, 4 * base, 64)
         if self.mode == "speculative":
-            opened = transport.open_session(trace.prompt, mode="greedy", temperature=1.0, seed=0, slo=slo,
-                                            draft=self.draft_fingerprint, client_id=f"device-{i}")
+            opened = transport.open_session(OpenRequest(trace.prompt, mode="greedy", temperature=1.0, seed=0, slo=slo,
+                                            draft=self.draft_fingerprint, client_id=f"device-{i}"))
             sid, budget = opened.session_id, opened.next_budget
         try:
             while pos < len(trace.target):
@@ -305,8 +305,10 @@ class Fleet:
                 net_ms = self._link_ms(spec, up, 32)
                 time.sleep(net_ms / 2e3)
                 if self.mode == "reprefill":  # SLED without a prefix cache: the whole context, every round
-                    opened = transport.open_session(context, mode="greedy", temperature=1.0, seed=0, slo=slo,
-                                                    draft=self.draft_fingerprint, client_id=f"device-{i}")
+                    opened = transport.open_session(
+                        OpenRequest(context, mode="greedy", temperature=1.0, seed=0, slo=slo,
+                                    draft=self.draft_fingerprint, client_id=f"device-{i}")
+                    )
                     sid = opened.session_id
                 assert sid is not None
                 t_call = time.perf_counter()

@@ -90,7 +90,8 @@ def main() -> None:
         raw_ms, loop_ms = (runs[n][0] / args.steps * 1e3 for n in ("raw", "drafter"))
         rows.append({"repeat": r, "raw_ms_per_step": raw_ms, "drafter_ms_per_step": loop_ms,
                      "ratio": raw_ms / loop_ms})
-        C.progress(f"  repeat {r}: raw {raw_ms:.3f} ms/step, drafter {loop_ms:.3f} ms/step, ratio {raw_ms / loop_ms:.3f}")
+        C.progress(f"  repeat {r}: raw {raw_ms:.3f} ms/step, drafter {loop_ms:.3f} ms/step, "
+                   f"ratio {raw_ms / loop_ms:.3f}")
     ratios = [row["ratio"] for row in rows]
     summary = {
         "median_ratio": statistics.median(ratios),

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from edgekit import EdgeClient, GenerationConfig
-from edgekit.protocol import BlockRequest, SparseDistribution, acceptance_ratios, target_probs
+from edgekit.protocol import BlockRequest, OpenRequest, SparseDistribution, acceptance_ratios, target_probs
 from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 from edgekit.verifier._budgets import (
     BudgetState,
@@ -101,7 +101,9 @@ def _budgeted(**config):
 
 
 def _open(v, prompt):
-    return v.open_session(prompt, mode="greedy", temperature=1.0, seed=0, draft=FakeDraftModel(TARGET).fingerprint())
+    return v.open_session(
+        OpenRequest(prompt, mode="greedy", temperature=1.0, seed=0, draft=FakeDraftModel(TARGET).fingerprint())
+    )
 
 
 def test_budgets_are_assigned_announced_and_carried_by_every_answer():
@@ -226,26 +228,26 @@ def test_the_verifier_carries_a_clients_estimates_across_its_sessions_and_refuse
 
     v = _budgeted(budget_eta=0.5)
     fp = FakeDraftModel(TARGET).fingerprint()
-    opened = v.open_session([1, 2, 3], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev")
+    opened = v.open_session(OpenRequest([1, 2, 3], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev"))
     tokens, budget = [1, 2, 3], opened.next_budget
     for _ in range(6):
         tokens, budget = _play(v, opened.session_id, tokens, budget, good=False)
     low = v.service.budgets.states()[opened.session_id].alpha
     v.close_session(opened.session_id)
-    again = v.open_session([4, 5, 6], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev")
-    other = v.open_session([4, 5, 6], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev2")
+    again = v.open_session(OpenRequest([4, 5, 6], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev"))
+    other = v.open_session(OpenRequest([4, 5, 6], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev2"))
     states = v.service.budgets.states()
     assert low < 0.1 and states[again.session_id].alpha == low
     assert states[other.session_id].alpha == BudgetState().alpha
     with pytest.raises(ProtocolError, match="client_id"):
-        v.open_session([1, 2], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="x" * 300)
+        v.open_session(OpenRequest([1, 2], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="x" * 300))
 
 
 def test_an_edge_client_sends_one_id_for_all_its_sessions():
     v = _budgeted()
     sent = []
     opener = v.open_session
-    v.open_session = lambda *a, **k: sent.append(k["client_id"]) or opener(*a, **k)  # type: ignore[method-assign]
+    v.open_session = lambda r: sent.append(r.client_id) or opener(r)  # type: ignore[method-assign]
     with EdgeClient(v, draft_model=FakeDraftModel(TARGET)) as client:
         for prompt in ([1, 2, 3], [4, 5, 6]):
             list(client.generate(prompt, max_tokens=4))

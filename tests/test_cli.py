@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from edgekit.cli.app import app
+from edgekit.protocol import OpenRequest
 
 runner = CliRunner()
 
@@ -124,7 +125,9 @@ def test_serve_announces_its_address_serves_and_stops_on_sigterm(gemma_draft):
         with GrpcTransport(match.group(1)) as t:
             assert t.health() == "SERVING"
             assert t.handshake(gemma_draft.fingerprint(), draft_model="d", draft_hidden_size=640).max_sessions == 2
-            t.open_session([2, 3, 4], mode="greedy", temperature=1.0, seed=0, draft=gemma_draft.fingerprint())
+            t.open_session(
+                OpenRequest([2, 3, 4], mode="greedy", temperature=1.0, seed=0, draft=gemma_draft.fingerprint())
+            )
         with urllib.request.urlopen(metrics, timeout=10) as response:
             assert "edgekit:sessions 1.0" in response.read().decode().splitlines()
         proc.send_signal(sig.SIGTERM)

@@ -12,7 +12,7 @@ import pytest
 from _wait import until
 
 from edgekit import LimitExceededError, ServerConfig, VerifierUnavailableError
-from edgekit.protocol import BlockRequest
+from edgekit.protocol import BlockRequest, OpenRequest
 from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel
 from edgekit.verifier import EngineCore, FcfsScheduler, Feed, ToyEngine, VerifierService
 from edgekit.verifier.scheduler import Work
@@ -106,8 +106,8 @@ def test_a_long_prefill_lets_another_sessions_round_through_between_its_chunks()
     opened = {}
 
     def open_session(name: str, text: str) -> None:
-        opened[name] = v.open_session(DRAFT.tokenize(text), mode="greedy", temperature=1.0, seed=0,
-                                      draft=DRAFT.fingerprint())
+        opened[name] = v.open_session(OpenRequest(DRAFT.tokenize(text), mode="greedy", temperature=1.0, seed=0,
+                                      draft=DRAFT.fingerprint()))
 
     first = threading.Thread(target=open_session, args=("short", "hi"))
     first.start()

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
-from edgekit.protocol import fingerprint_to_pb
+from edgekit.protocol import OpenRequest, fingerprint_to_pb
 from edgekit.testing import FakeDraftModel, ToyLanguageModel
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import ToyEngine, VerifierServer
@@ -38,7 +38,7 @@ def fuzzed(tmp_path_factory):
     with GrpcTransport(server.address, ClientConfig(token=TOKENS["fuzz"])) as t:
         t.handshake(fp, draft_model="fuzz", draft_hidden_size=8)
         for prompt in ([1, 2, 3], [7, 8, 9, 10, 11]):
-            t.open_session(prompt, mode="greedy", temperature=0.0, seed=0, draft=fp, draft_hidden_size=8)
+            t.open_session(OpenRequest(prompt, mode="greedy", temperature=0.0, seed=0, draft=fp, draft_hidden_size=8))
     yield server, channel, auth
     channel.close()
     server.stop()

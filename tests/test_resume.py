@@ -24,7 +24,7 @@ from edgekit import (
 )
 from edgekit.client._resilience import Backoff, retryable
 from edgekit.errors import ProtocolError, SessionNotFoundError
-from edgekit.protocol import BlockRequest, LinkState
+from edgekit.protocol import BlockRequest, LinkState, OpenRequest
 from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_verifier
 
 FAST = ClientConfig(retry_for=5.0, retry_initial=0.001, retry_max=0.002)
@@ -192,7 +192,9 @@ def test_back_off_doubles_with_jitter_honours_the_verifiers_hint_and_stops_in_ti
 def test_a_retry_is_known_by_what_decides_its_verdict_not_by_the_link_figures_it_carries():
     transport = toy_verifier(_target())
     draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5))
-    opened = transport.open_session([1, 2, 3], mode="greedy", temperature=0.0, seed=0, draft=draft.fingerprint())
+    opened = transport.open_session(
+        OpenRequest([1, 2, 3], mode="greedy", temperature=0.0, seed=0, draft=draft.fingerprint())
+    )
     block = BlockRequest(opened.session_id, 3, [4, 5, 6], link=LinkState(rtt_ms=20.0), draft_ms=3.0, network_ms=20.0)
     first = transport.verify(block)
     again = transport.verify(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgekit import ConfigError, EdgeClient, GenerationConfig, ProtocolError, SemanticHeadError
-from edgekit.protocol import LinkState, accept_semantic, mismatch_positions
+from edgekit.protocol import LinkState, OpenRequest, accept_semantic, mismatch_positions
 from edgekit.semantic.head import GOOD_LINK, POOR_LINK, link_only_head
 from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, toy_verifier
 from edgekit.verifier import CSI_FEATURES, SemanticHead, channel_quality, csi_features
@@ -246,8 +246,10 @@ def test_a_verifier_without_a_head_refuses_the_mode_clearly():
     info = verifier.handshake(client.draft.fingerprint(), draft_model="x", draft_hidden_size=D_DRAFT)
     assert "semantic" not in info.modes
     with pytest.raises(ProtocolError, match="--semantic-head"):
-        verifier.open_session([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=client.draft.fingerprint(),
-                              draft_hidden_size=D_DRAFT, semantic_threshold=0.5)
+        verifier.open_session(
+            OpenRequest([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=client.draft.fingerprint(),
+                        draft_hidden_size=D_DRAFT, semantic_threshold=0.5)
+        )
 
 
 def test_bad_semantic_sessions_are_refused_and_nothing_is_opened(head):
@@ -255,11 +257,11 @@ def test_bad_semantic_sessions_are_refused_and_nothing_is_opened(head):
     fp = client.draft.fingerprint()
     open_ = dict(mode="semantic", temperature=1.0, seed=0, draft=fp)
     with pytest.raises(ProtocolError, match=r"\[0, 1\]"):
-        verifier.open_session([1, 2, 3], **open_, draft_hidden_size=D_DRAFT, semantic_threshold=1.5)
+        verifier.open_session(OpenRequest([1, 2, 3], **open_, draft_hidden_size=D_DRAFT, semantic_threshold=1.5))
     with pytest.raises(ProtocolError, match="draft_hidden_size"):
-        verifier.open_session([1, 2, 3], **open_, draft_hidden_size=0, semantic_threshold=0.5)
+        verifier.open_session(OpenRequest([1, 2, 3], **open_, draft_hidden_size=0, semantic_threshold=0.5))
     with pytest.raises(ProtocolError, match="16-wide draft") as err:
-        verifier.open_session([1, 2, 3], **open_, draft_hidden_size=640, semantic_threshold=0.5)
+        verifier.open_session(OpenRequest([1, 2, 3], **open_, draft_hidden_size=640, semantic_threshold=0.5))
     assert "trained for toy" in str(err.value) and err.value.code == "FAILED_PRECONDITION"
     assert len(verifier.service.sessions) == 0
     # the client with a draft of the wrong width hears the same
@@ -273,8 +275,8 @@ def test_a_tokens_only_round_is_refused_and_the_session_stays_usable(head):
     from edgekit.protocol import BlockRequest
 
     fp = client.draft.fingerprint()
-    opened = verifier.open_session([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=fp,
-                                   draft_hidden_size=D_DRAFT, semantic_threshold=0.5)
+    opened = verifier.open_session(OpenRequest([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=fp,
+                                   draft_hidden_size=D_DRAFT, semantic_threshold=0.5))
     with pytest.raises(ProtocolError, match="not tokens only"):
         verifier.verify(BlockRequest(opened.session_id, 3, [4, 5], upload="tokens"))
     rows = np.ones((2, D_DRAFT), dtype=np.float32)
@@ -382,8 +384,8 @@ def test_an_sh_second_half_that_fails_can_be_sent_again():
     head = _FlakyHead([])
     client, verifier = _client(head)
     fp = client.draft.fingerprint()
-    opened = verifier.open_session([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=fp,
-                                   draft_hidden_size=D_DRAFT, semantic_threshold=0.5)
+    opened = verifier.open_session(OpenRequest([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=fp,
+                                   draft_hidden_size=D_DRAFT, semantic_threshold=0.5))
     target = ToyLanguageModel(seed=5)
     best = int(np.argmax(target.logits([1, 2, 3])))
     block = [(best + 1) % target.vocab_size, 4]  # a mismatch at offset 0

@@ -18,6 +18,7 @@ from edgekit import ConfigError, EdgeClient, GenerationConfig, LimitExceededErro
 from edgekit.protocol import (
     RETRY_AFTER_MS_KEY,
     BlockRequest,
+    OpenRequest,
     SpeedObjective,
     error_from_status,
     fingerprint_to_pb,
@@ -39,7 +40,9 @@ def _verifier(**config) -> InProcessTransport:
 
 def _open(v: InProcessTransport, slo: SpeedObjective = SpeedObjective()):
     v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-    return v.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=slo, draft=DRAFT.fingerprint())
+    return v.open_session(
+        OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=slo, draft=DRAFT.fingerprint())
+    )
 
 
 def _raw(v: InProcessTransport, method: str, msg):
@@ -76,11 +79,11 @@ def test_an_slo_to_a_version_1_verifier_is_refused_before_anything_is_sent(monke
     v = _verifier()
     assert v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8).protocol_version == 1
     with pytest.raises(ConfigError, match="protocol version 1, which has no token-speed SLOs"):
-        v.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=SpeedObjective("standard"),
-                       draft=DRAFT.fingerprint())
+        v.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=SpeedObjective("standard"),
+                       draft=DRAFT.fingerprint()))
     assert len(v.service.sessions) == 0
     # Best effort works, and rounds carry no version 2 field.
-    opened = v.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint())
+    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint()))
     sent: list[pb.VerifyRequest] = []
     call = v.service.call
     v.service.call = lambda m, raw, d=None: (sent.append(pb.VerifyRequest.FromString(raw)) if m == "Verify" else None,
@@ -287,8 +290,8 @@ def test_under_the_wisp_policy_concurrent_sessions_get_the_targets_own_tokens():
 def test_an_sh_round_reports_its_deadline_in_the_verdict_too():
     v = _verifier()
     v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-    opened = v.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=SpeedObjective("relaxed"),
-                            draft=DRAFT.fingerprint(), draft_hidden_size=8)
+    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=SpeedObjective("relaxed"),
+                            draft=DRAFT.fingerprint(), draft_hidden_size=8))
     block = [3, 4, 5, 6]
     r = v.verify(BlockRequest(opened.session_id, opened.committed_length, block, upload="sh",
                               hidden=np.ones((4, 8), dtype=np.float32), draft_ms=10.0, network_ms=10.0))
@@ -330,11 +333,13 @@ def test_a_slow_or_vanished_client_never_stalls_the_engine():
         next(stream)  # one token read, then the client stops reading
         gone = GrpcTransport(server.address, ClientConfig(timeout=30))
         gone.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-        gone.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint())
+        gone.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint()))
         gone.close()  # a client that opened a session and vanished
         with GrpcTransport(server.address, ClientConfig(timeout=10)) as t:
             t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-            opened = t.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint())
+            opened = t.open_session(
+                OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint())
+            )
             base = opened.committed_length
             for _ in range(10):  # rounds go through while the others hold their sessions
                 v = t.verify(BlockRequest(opened.session_id, base, [3, 4]))

@@ -18,7 +18,7 @@ from edgekit import (
     VerifierError,
     VerifierUnavailableError,
 )
-from edgekit.protocol import BlockRequest, ServerInfo
+from edgekit.protocol import BlockRequest, OpenRequest, ServerInfo
 from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 from edgekit.transport import GrpcTransport, OpenAITransport, SGLangTransport, connect
 
@@ -86,7 +86,9 @@ def test_stock_backends_offer_no_semantic_mode(sglang):
             client.generate("x").until_done()
     transport = connect(f"sglang+{sglang.url}", ClientConfig(timeout=TIMEOUT), _draft())
     with pytest.raises(ConfigError, match="offers no semantic mode"):
-        transport.open_session([1, 2], mode="semantic", temperature=1.0, seed=0, draft=_draft().fingerprint())
+        transport.open_session(
+            OpenRequest([1, 2], mode="semantic", temperature=1.0, seed=0, draft=_draft().fingerprint())
+        )
 
 
 def test_a_different_tokenizer_is_refused_naming_the_server():
@@ -198,8 +200,8 @@ def test_a_server_that_names_tokens_by_text_only_is_asked_once():
 def test_a_wrong_token_id_is_a_protocol_error(vllm, fault, message):
     transport = _handshake(vllm.url)
     prompt = _draft().tokenize("speculate")
-    opened = transport.open_session(prompt, mode="greedy", temperature=0, seed=0,
-                                    draft=_draft().fingerprint())
+    opened = transport.open_session(OpenRequest(prompt, mode="greedy", temperature=0, seed=0,
+                                    draft=_draft().fingerprint()))
     vllm.fault = fault
     with pytest.raises(ProtocolError, match=message):
         transport.verify(BlockRequest(session_id=opened.session_id, base_position=len(prompt), draft_tokens=(5, 6)))
@@ -237,5 +239,5 @@ def test_a_stock_server_takes_no_token_speed_slo(vllm):
 
     transport = _handshake(vllm.url)
     with pytest.raises(ConfigError, match="does not schedule by token-speed SLOs"):
-        transport.open_session(_draft().tokenize("hi"), mode="greedy", temperature=0, seed=0,
-                               slo=SpeedObjective(tokens_per_s=4.0), draft=_draft().fingerprint())
+        transport.open_session(OpenRequest(_draft().tokenize("hi"), mode="greedy", temperature=0, seed=0,
+                               slo=SpeedObjective(tokens_per_s=4.0), draft=_draft().fingerprint()))

@@ -28,7 +28,7 @@ from edgekit import (
     SessionNotFoundError,
     StaleRoundError,
 )
-from edgekit.protocol import BlockRequest, encode_hidden, fingerprint_to_pb, hidden_to_pb, pb, status_of
+from edgekit.protocol import BlockRequest, OpenRequest, encode_hidden, fingerprint_to_pb, hidden_to_pb, pb, status_of
 from edgekit.testing import (
     FakeDraftModel,
     InProcessTransport,
@@ -52,7 +52,7 @@ def _verifier(**config) -> InProcessTransport:
 def _open(v: InProcessTransport, prompt=PROMPT, **kw):
     args = {"mode": "greedy", "temperature": 1.0, "seed": 0, "draft": DRAFT.fingerprint(),
             "draft_hidden_size": 16} | kw
-    return v.open_session(prompt, **args)
+    return v.open_session(OpenRequest(prompt, **args))
 
 
 
@@ -501,8 +501,8 @@ def test_over_grpc_refusals_keep_their_status_auth_is_required_and_health_answer
     with GrpcTransport(grpc_server.address, ClientConfig(token=TOKEN, timeout=5)) as t:
         info = t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=16)
         assert (info.target_model, info.max_block, info.exact_numerics) == ("toy", 8, True) and t.health() == "SERVING"
-        opened = t.open_session(PROMPT, mode="greedy", temperature=1.0, seed=0,
-                                draft=DRAFT.fingerprint(), draft_hidden_size=16)
+        opened = t.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0,
+                                draft=DRAFT.fingerprint(), draft_hidden_size=16))
         sid, base = opened.session_id, opened.committed_length
         first = t.verify(BlockRequest(session_id=sid, base_position=base, draft_tokens=[5]))
         with pytest.raises(StaleRoundError) as info:  # the committed length crosses gRPC in the trailers

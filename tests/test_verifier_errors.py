@@ -21,7 +21,7 @@ from edgekit import (
     StaleRoundError,
     VerifierUnavailableError,
 )
-from edgekit.protocol import BlockRequest, pb
+from edgekit.protocol import BlockRequest, OpenRequest, pb
 from edgekit.testing import ManualClock
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
@@ -51,9 +51,9 @@ def small(small_server):
 
 
 def _open(transport, draft, prompt="Hello there, general"):
-    return transport.open_session(
+    return transport.open_session(OpenRequest(
         draft.tokenize(prompt), mode="greedy", temperature=1.0, seed=0, draft=draft.fingerprint()
-    )
+    ))
 
 
 def _raw(address, method, payload: bytes, metadata=()):

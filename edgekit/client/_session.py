@@ -32,7 +32,7 @@ from ..config import ClientConfig, GenerationConfig
 from ..drafting import Controller, ControllerFactory
 from ..errors import ConfigError, EdgekitError, IncompatibleModelsError, ProtocolError
 from ..link import LinkEstimator, LinkPolicy, probe
-from ..protocol import ServerInfo, SpeedObjective
+from ..protocol import OpenRequest, ServerInfo, SpeedObjective
 from ..runtime import DraftModel
 from ..transport import VerifierTransport
 from ._accumulator import StatsAccumulator
@@ -165,15 +165,17 @@ class SpeculativeSession:
     def _open_remote(self, tokens: Sequence[int]) -> None:
         """Opens the verifier's side of the session on `tokens` (it prefills them)."""
         opened = self.transport.open_session(
-            tokens,
-            mode=self.config.mode,
-            temperature=self.config.temperature,
-            seed=self._verifier_seed,
-            slo=SpeedObjective(self.config.slo_class, self.config.target_speed),
-            draft=self.draft.fingerprint(),
-            draft_hidden_size=self.draft.n_embd,
-            client_id=self.retry.client_id,
-            semantic_threshold=self.semantic_threshold,
+            OpenRequest(
+                tokens,
+                mode=self.config.mode,
+                temperature=self.config.temperature,
+                seed=self._verifier_seed,
+                draft=self.draft.fingerprint(),
+                draft_hidden_size=self.draft.n_embd,
+                slo=SpeedObjective(self.config.slo_class, self.config.target_speed),
+                client_id=self.retry.client_id,
+                semantic_threshold=self.semantic_threshold,
+            )
         )
         self.session_id = opened.session_id
         self.rounds.budget = opened.next_budget

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import LimitExceededError
-from ..protocol import BlockRequest, Fingerprint, VerifyResult
+from ..protocol import BlockRequest, Fingerprint, OpenRequest, VerifyResult
 from ..runtime import LlamaPoolBackend, Step
 from ..transport import VerifierTransport
 from ._cost import ModelShape, Runtime
@@ -98,7 +98,9 @@ def calibrate_verify(
     try:
         for _ in range(max(concurrency)):
             try:
-                opened = transport.open_session(prompt, mode="greedy", temperature=1.0, seed=0, draft=draft)
+                opened = transport.open_session(
+                    OpenRequest(prompt, mode="greedy", temperature=1.0, seed=0, draft=draft)
+                )
             except LimitExceededError:  # a verifier with fewer free sessions: calibrate on those
                 if not sessions:
                     raise

@@ -2,8 +2,9 @@
 
 - `pb`, `pb_grpc`: the code generated from proto/verifier.proto
   (`python proto/generate.py`), which documents every message.
-- Python values of the protocol (`BlockRequest`, `VerifyResult`, `ServerInfo`, ...)
-  and their protobuf conversions (`*_to_pb`, `*_from_pb`).
+- Python values of the protocol (`OpenRequest`, `BlockRequest`, `VerifyResult`,
+  `ServerInfo`, ...) and, for each message, the pair of conversions both ends use
+  (`*_to_pb`, `*_from_pb`): a field is mapped here and nowhere else.
 - The acceptance rules (greedy, lossless speculative sampling, a stock server's
   top-1 tokens) and `decide`, the verdict every verifier path applies.
 - The hidden-state codec of FH and SH uploads.
@@ -33,8 +34,11 @@ from ._types import (
     Exchange,
     Fingerprint,
     GeneratedToken,
+    HiddenRequest,
     LinkState,
     OpenedSession,
+    OpenRequest,
+    ReceivedBlock,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
@@ -52,14 +56,26 @@ from ._wire import (
     distributions_from_pb,
     fingerprint_from_pb,
     fingerprint_to_pb,
+    generated_from_pb,
+    generated_to_pb,
     hidden_answer_to_pb,
     hidden_from_pb,
     hidden_to_pb,
     link_from_pb,
     link_to_pb,
+    mode_from_pb,
+    open_request_from_pb,
+    open_request_to_pb,
+    opened_from_pb,
+    opened_to_pb,
+    round_key,
     sampling_to_pb,
     server_info_from_pb,
+    server_info_to_pb,
+    verify_request_from_pb,
     verify_request_to_pb,
+    verify_response_from_pb,
+    verify_response_to_pb,
 )
 
 SERVICE_NAME = "edgekit.verifier.v1.Verifier"
@@ -84,8 +100,11 @@ __all__ = [
     "Exchange",
     "Fingerprint",
     "GeneratedToken",
+    "HiddenRequest",
     "LinkState",
+    "OpenRequest",
     "OpenedSession",
+    "ReceivedBlock",
     "ServerInfo",
     "SparseDistribution",
     "SpeedObjective",
@@ -108,18 +127,30 @@ __all__ = [
     "error_from_status",
     "fingerprint_from_pb",
     "fingerprint_to_pb",
+    "generated_from_pb",
+    "generated_to_pb",
     "hidden_answer_to_pb",
     "hidden_from_pb",
     "hidden_to_pb",
     "link_from_pb",
     "link_to_pb",
     "mismatch_positions",
+    "mode_from_pb",
+    "open_request_from_pb",
+    "open_request_to_pb",
+    "opened_from_pb",
+    "opened_to_pb",
     "pb",
     "pb_grpc",
+    "round_key",
     "sampling_to_pb",
     "server_info_from_pb",
+    "server_info_to_pb",
     "status_of",
     "target_probs",
     "top1_mismatches",
+    "verify_request_from_pb",
     "verify_request_to_pb",
+    "verify_response_from_pb",
+    "verify_response_to_pb",
 ]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._acceptance import SparseDistribution
+from ._hidden import EncodedHidden
 
 __all__ = [
     "MIN_PROTOCOL_VERSION",
@@ -17,8 +18,11 @@ __all__ = [
     "Exchange",
     "Fingerprint",
     "GeneratedToken",
+    "HiddenRequest",
     "LinkState",
+    "OpenRequest",
     "OpenedSession",
+    "ReceivedBlock",
     "ServerInfo",
     "SpeedObjective",
     "VerifyResult",
@@ -102,6 +106,24 @@ class ServerInfo:
     tokenizer_check: str = "fingerprint"  # how the target's tokenizer was matched to the draft's
     semantic_head: str = ""  # the decision head of its semantic mode (identity); empty: no semantic mode
     semantic_threshold: float = 0.0  # that head's shipped operating threshold
+    hidden_encodings: tuple[str, ...] = ()  # "fp16", "int8": how it takes hidden states
+    max_message_bytes: int = 0  # the largest request it reads; 0: not said
+
+
+@dataclass(frozen=True)
+class OpenRequest:
+    """An OpenSession request: the prompt the verifier prefills and the session's settings.
+    `seed` seeds the verifier's acceptance draws; `slo`: the session's token-speed objective."""
+
+    prompt_tokens: Sequence[int]
+    mode: str  # "greedy", "sample", "semantic"; from the wire, the name of one it does not know
+    temperature: float
+    seed: int
+    draft: Fingerprint
+    draft_hidden_size: int = 0  # width of the hidden states the session may upload (FH, SH)
+    slo: SpeedObjective = SpeedObjective()
+    client_id: str = ""
+    semantic_threshold: float = 0.0  # semantic mode: the threshold asked for (0: the head's own)
 
 
 @dataclass(frozen=True)
@@ -135,6 +157,27 @@ class BlockRequest:
 
 
 @dataclass(frozen=True)
+class ReceivedBlock:
+    """A Verify request as the verifier reads it: the block, and its hidden rows as they
+    travelled (decoded once the session says their width). `key` names the round for retries
+    (`round_key`); `link`: None when the request carried no link state."""
+
+    session_id: str
+    base_position: int
+    round_index: int
+    draft_tokens: tuple[int, ...]
+    distributions: Sequence[SparseDistribution]
+    upload: str  # "tokens", "fh", "sh", or the wire's name of one this verifier does not know
+    hidden: EncodedHidden | None  # rows sent with this request, if any
+    hidden_encoding: str  # the encoding an SH round will answer in
+    continue_after_eog: bool
+    key: bytes  # what identifies the request: a retry has the same key
+    draft_ms: float = 0.0  # the device's drafting time for the block (WISP eq. 6)
+    network_ms: float = 0.0  # the device's expected link time for the round
+    link: LinkState | None = None  # the device's link estimate (WISV's CSI); semantic mode reads it
+
+
+@dataclass(frozen=True)
 class Exchange:
     """One request and its answer, as the client saw it."""
 
@@ -146,6 +189,10 @@ class Exchange:
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """A round's verdict and the figures that come with it, as the verifier answers it and
+    the client reads it (the client adds what it measured: `exchanges`, `hidden_requested`,
+    and, over SH's two exchanges, the sum of their queue and verify times)."""
+
     accepted: int
     next_token: int | None  # None: the accepted block ended the text
     bonus: bool
@@ -168,6 +215,22 @@ class VerifyResult:
     semantic_accepted: int = 0
     semantic_threshold: float = 0.0
     semantic_head: str = ""
+    estimated_ms: float = field(default=0.0, compare=False)  # the verifier's forecast for the batch it ran in
+
+
+@dataclass(frozen=True)
+class HiddenRequest:
+    """SH's first answer: the verifier asks for the hidden states at `positions` (block
+    offsets, its mismatches) in `encoding`, and says what the target pass took."""
+
+    positions: tuple[int, ...]
+    encoding: str = "fp16"
+    queue_ms: float = 0.0
+    verify_ms: float = 0.0
+    batch_size: int = 1
+    budget_ms: float | None = None
+    deadline_met: bool | None = None
+    estimated_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,24 @@
-"""Conversions between edgekit's types and edgekit.verifier.v1 messages, used by both ends."""
+"""Conversions between edgekit's values and edgekit.verifier.v1 messages: for each message,
+the pair both ends use (`*_to_pb` where it is written, `*_from_pb` where it is read). A field
+added to a message is written and read here, and nowhere else: the client's transport and
+the verifier's service only call these.
+
+| message                          | value                        |
+|----------------------------------|------------------------------|
+| HandshakeResponse                | `ServerInfo`                 |
+| OpenSessionRequest / Response    | `OpenRequest` / `OpenedSession` |
+| VerifyRequest                    | `BlockRequest` out, `ReceivedBlock` in |
+| VerifyResponse                   | `VerifyResult` or `HiddenRequest` |
+| GenerateResponse                 | `GeneratedToken`             |
+
+The smaller requests (Handshake, Ping, ExtendSession, CloseSession, Generate) carry a few
+scalars, read and written where they are used.
+"""
 
 from __future__ import annotations
+
+import hashlib
+from typing import Any
 
 import numpy as np
 
@@ -8,7 +26,19 @@ from ..errors import ConfigError
 from ._acceptance import SparseDistribution
 from ._hidden import EncodedHidden, encode_hidden
 from ._pb import verifier_pb2 as pb
-from ._types import BlockRequest, Fingerprint, LinkState, ServerInfo
+from ._types import (
+    BlockRequest,
+    Fingerprint,
+    GeneratedToken,
+    HiddenRequest,
+    LinkState,
+    OpenedSession,
+    OpenRequest,
+    ReceivedBlock,
+    ServerInfo,
+    SpeedObjective,
+    VerifyResult,
+)
 
 # Enum values arrive as ints (an unknown one too): the maps from the wire are keyed by int.
 MODE_TO_PB: dict[str, pb.AcceptanceMode] = {
@@ -75,6 +105,38 @@ def server_info_from_pb(r: pb.HandshakeResponse) -> ServerInfo:
         scheduling_policy=c.scheduling_policy,
         semantic_head=c.semantic_head,
         semantic_threshold=c.semantic_threshold,
+        hidden_encodings=tuple(ENCODING_FROM_PB[e] for e in c.hidden_encodings if e in ENCODING_FROM_PB),
+        max_message_bytes=c.max_message_bytes,
+    )
+
+
+def server_info_to_pb(info: ServerInfo) -> pb.HandshakeResponse:
+    """A handshake's answer (the target, and what the verifier does)."""
+    return pb.HandshakeResponse(
+        protocol_version=info.protocol_version,
+        target_tokenizer=fingerprint_to_pb(info.target_fingerprint),
+        target_model=info.target_model,
+        target_hidden_size=info.target_hidden_size,
+        capabilities=pb.Capabilities(
+            acceptance_modes=[MODE_TO_PB[m] for m in info.modes],
+            upload_protocols=[UPLOAD_TO_PB[u] for u in info.upload_protocols],
+            hidden_encodings=[ENCODING_TO_PB[e] for e in info.hidden_encodings],
+            max_block=info.max_block,
+            max_context=info.max_context,
+            max_sessions=info.max_sessions,
+            assigns_budgets=info.assigns_budgets,
+            max_draft_top_k=info.max_draft_top_k,
+            prefix_cache=info.prefix_cache,
+            max_message_bytes=info.max_message_bytes,
+            exact_numerics=info.exact_numerics,
+            invariant_batch=info.invariant_batch,
+            slo_classes=info.slo_classes,
+            scheduling_policy=info.scheduling_policy,
+            semantic_head=info.semantic_head,
+            semantic_threshold=info.semantic_threshold,
+        ),
+        server_version=info.server_version,
+        chat_template=info.chat_template or "",
     )
 
 
@@ -100,6 +162,63 @@ def link_from_pb(m: pb.LinkState) -> LinkState:
 def sampling_to_pb(mode: str, temperature: float, seed: int, semantic_threshold: float = 0.0) -> pb.SamplingParams:
     return pb.SamplingParams(
         mode=MODE_TO_PB[mode], temperature=temperature, seed=seed, semantic_threshold=semantic_threshold
+    )
+
+
+def mode_from_pb(value: int) -> str:
+    """The acceptance mode as edgekit names it; the wire's name for one it does not verify (for the refusal)."""
+    mode = MODE_FROM_PB.get(value)
+    if mode is not None:
+        return mode
+    return pb.AcceptanceMode.Name(value) if value in pb.AcceptanceMode.values() else str(value)
+
+
+def open_request_to_pb(r: OpenRequest) -> pb.OpenSessionRequest:
+    return pb.OpenSessionRequest(
+        prompt_tokens=r.prompt_tokens,
+        sampling=sampling_to_pb(r.mode, r.temperature, r.seed, r.semantic_threshold),
+        draft_tokenizer=fingerprint_to_pb(r.draft),
+        draft_hidden_size=r.draft_hidden_size,
+        slo_name=r.slo.slo_class or "",
+        target_tokens_per_s=r.slo.tokens_per_s or 0.0,
+        client_id=r.client_id,
+    )
+
+
+def open_request_from_pb(m: pb.OpenSessionRequest) -> OpenRequest:
+    """The request as values; the prompt stays the message's sequence (its length is checked before a copy)."""
+    return OpenRequest(
+        prompt_tokens=m.prompt_tokens,
+        mode=mode_from_pb(m.sampling.mode),
+        temperature=float(m.sampling.temperature),
+        seed=m.sampling.seed,
+        draft=fingerprint_from_pb(m.draft_tokenizer),
+        draft_hidden_size=m.draft_hidden_size,
+        slo=SpeedObjective(m.slo_name or None, m.target_tokens_per_s or None),
+        client_id=m.client_id,
+        semantic_threshold=float(m.sampling.semantic_threshold),
+    )
+
+
+def opened_to_pb(o: OpenedSession) -> pb.OpenSessionResponse:
+    return pb.OpenSessionResponse(
+        session_id=o.session_id,
+        committed_length=o.committed_length,
+        max_context=o.max_context,
+        next_budget=o.next_budget,
+        prefill_ms=o.prefill_ms,
+        target_tokens_per_s=o.target_speed,
+    )
+
+
+def opened_from_pb(m: pb.OpenSessionResponse) -> OpenedSession:
+    return OpenedSession(
+        session_id=m.session_id,
+        committed_length=m.committed_length,
+        max_context=m.max_context,
+        next_budget=m.next_budget,
+        prefill_ms=m.prefill_ms,
+        target_speed=m.target_tokens_per_s,
     )
 
 
@@ -174,4 +293,124 @@ def hidden_answer_to_pb(block: BlockRequest, hidden: EncodedHidden) -> pb.Verify
         round_index=block.round_index,
         upload_protocol=pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN,
         hidden=hidden_to_pb(hidden),
+    )
+
+
+def verify_request_from_pb(m: pb.VerifyRequest) -> ReceivedBlock:
+    """A Verify request as the verifier reads it (the hidden rows still encoded)."""
+    h = m.hidden
+    upload = m.upload_protocol or pb.UPLOAD_PROTOCOL_TOKENS_ONLY
+    return ReceivedBlock(
+        session_id=m.session_id,
+        base_position=m.base_position,
+        round_index=m.round_index,
+        draft_tokens=tuple(m.draft_tokens),
+        distributions=distributions_from_pb(m.draft_distributions),
+        upload=UPLOAD_FROM_PB.get(upload, str(upload)),
+        hidden=hidden_from_pb(h) if h.count or h.data else None,
+        hidden_encoding=ENCODING_FROM_PB.get(h.encoding, "fp16"),
+        continue_after_eog=m.continue_after_eog,
+        key=round_key(m),
+        draft_ms=m.draft_ms,
+        network_ms=m.network_ms,
+        link=link_from_pb(m.link) if m.HasField("link") else None,
+    )
+
+
+def round_key(m: pb.VerifyRequest) -> bytes:
+    """What identifies a round for retries: a hash of the request without what a client
+    measures afresh when it sends the round again (its link state and timings)."""
+    stable = pb.VerifyRequest()
+    stable.CopyFrom(m)
+    for name in ("link", "draft_ms", "network_ms"):
+        stable.ClearField(name)
+    return hashlib.sha256(stable.SerializeToString(deterministic=True)).digest()
+
+
+def _timings_to_pb(a: VerifyResult | HiddenRequest) -> pb.ServerTimings:
+    return pb.ServerTimings(
+        queue_ms=a.queue_ms,
+        verify_ms=a.verify_ms,
+        batch_size=a.batch_size,
+        has_deadline=a.budget_ms is not None,
+        budget_ms=a.budget_ms or 0.0,
+        deadline_met=bool(a.deadline_met),
+        estimated_ms=a.estimated_ms,
+    )
+
+
+def verify_response_to_pb(a: VerifyResult | HiddenRequest) -> pb.VerifyResponse:
+    """A round's answer: its verdict, or (SH) the request for hidden states."""
+    if isinstance(a, HiddenRequest):
+        encoding = ENCODING_TO_PB.get(a.encoding, pb.HIDDEN_ENCODING_UNSPECIFIED)
+        request = pb.HiddenRequest(positions=a.positions, encoding=encoding)
+        return pb.VerifyResponse(hidden_request=request, timings=_timings_to_pb(a))
+    return pb.VerifyResponse(
+        verdict=pb.Verdict(
+            accepted=a.accepted,
+            next_token=a.next_token if a.next_token is not None else -1,
+            bonus=a.bonus,
+            committed_length=a.committed_length,
+            context_full=a.context_full,
+            ended=a.next_token is None,
+            hidden_rows=a.hidden_rows,
+            next_budget=a.next_budget,
+            semantic_accepted=a.semantic_accepted,
+            semantic_threshold=a.semantic_threshold,
+            semantic_head=a.semantic_head,
+        ),
+        timings=_timings_to_pb(a),
+    )
+
+
+def verify_response_from_pb(m: pb.VerifyResponse) -> VerifyResult | HiddenRequest | None:
+    """The answer as values; None for one that holds neither a verdict nor a request."""
+    t = m.timings
+    timings: dict[str, Any] = dict(
+        queue_ms=t.queue_ms,
+        verify_ms=t.verify_ms,
+        batch_size=max(1, t.batch_size),
+        budget_ms=t.budget_ms if t.has_deadline else None,
+        deadline_met=t.deadline_met if t.has_deadline else None,
+        estimated_ms=t.estimated_ms,
+    )
+    kind = m.WhichOneof("result")
+    if kind == "hidden_request":
+        h = m.hidden_request
+        return HiddenRequest(tuple(h.positions), ENCODING_FROM_PB.get(h.encoding, "fp16"), **timings)
+    if kind != "verdict":
+        return None
+    v = m.verdict
+    return VerifyResult(
+        accepted=v.accepted,
+        next_token=None if v.ended else v.next_token,
+        bonus=v.bonus,
+        committed_length=v.committed_length,
+        next_budget=v.next_budget,
+        context_full=v.context_full,
+        hidden_rows=v.hidden_rows,
+        semantic_accepted=v.semantic_accepted,
+        semantic_threshold=v.semantic_threshold,
+        semantic_head=v.semantic_head,
+        **timings,
+    )
+
+
+def generated_to_pb(t: GeneratedToken) -> pb.GenerateResponse:
+    return pb.GenerateResponse(
+        token=t.token,
+        index=t.index,
+        decode_ms=t.decode_ms,
+        prefill_ms=t.prefill_ms,
+        finish_reason=FINISH_TO_PB.get(t.finish_reason or "", pb.FINISH_REASON_UNSPECIFIED),
+    )
+
+
+def generated_from_pb(m: pb.GenerateResponse) -> GeneratedToken:
+    return GeneratedToken(
+        token=m.token,
+        index=m.index,
+        decode_ms=m.decode_ms,
+        prefill_ms=m.prefill_ms,
+        finish_reason=FINISH_FROM_PB.get(m.finish_reason),
     )

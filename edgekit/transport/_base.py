@@ -17,6 +17,7 @@ from ..protocol import (
     Fingerprint,
     GeneratedToken,
     OpenedSession,
+    OpenRequest,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
@@ -37,19 +38,9 @@ class VerifierTransport(Protocol):
 
     def handshake(self, draft: Fingerprint, *, draft_model: str, draft_hidden_size: int) -> ServerInfo: ...
 
-    def open_session(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        mode: str,
-        temperature: float,
-        seed: int,
-        slo: SpeedObjective = SpeedObjective(),
-        draft: Fingerprint,
-        draft_hidden_size: int = 0,
-        client_id: str = "",
-        semantic_threshold: float = 0.0,
-    ) -> OpenedSession: ...
+    def open_session(self, request: OpenRequest) -> OpenedSession:
+        """Opens a session on the request's prompt (the verifier prefills it)."""
+        ...
 
     def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int: ...
 

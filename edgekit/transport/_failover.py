@@ -23,6 +23,7 @@ from ..protocol import (
     Fingerprint,
     GeneratedToken,
     OpenedSession,
+    OpenRequest,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
@@ -110,25 +111,8 @@ class FailoverTransport:
     def ping(self, payload_bytes: int = 0, reply_bytes: int = 0) -> float:
         return self._call(lambda t: t.ping(payload_bytes, reply_bytes))
 
-    def open_session(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        mode: str,
-        temperature: float,
-        seed: int,
-        slo: SpeedObjective = SpeedObjective(),
-        draft: Fingerprint,
-        draft_hidden_size: int = 0,
-        client_id: str = "",
-        semantic_threshold: float = 0.0,
-    ) -> OpenedSession:
-        return self._call(
-            lambda t: t.open_session(
-                prompt_tokens, mode=mode, temperature=temperature, seed=seed, slo=slo, draft=draft,
-                draft_hidden_size=draft_hidden_size, client_id=client_id, semantic_threshold=semantic_threshold,
-            )
-        )
+    def open_session(self, request: OpenRequest) -> OpenedSession:
+        return self._call(lambda t: t.open_session(request))
 
     def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int:
         return self._call(lambda t: t.extend_session(session_id, base_position, tokens))

@@ -1,7 +1,7 @@
 """`MessageTransport`: the client side of edgekit.verifier.v1, whatever carries it.
 
-Everything but how one message travels: building each request, reading each
-answer, and SH's second exchange. A subclass provides `_unary` (one request,
+Everything but how one message travels: each request built and each answer read
+by `edgekit.protocol`'s conversions, and SH's second exchange. A subclass provides `_unary` (one request,
 its answer and the round trip) and `_stream` (a server-streaming call):
 `GrpcTransport` over gRPC, `edgekit.testing.InProcessTransport` into a verifier
 service in this process. Failures arrive from both as the same edgekit errors
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from google.protobuf.message import Message
 
 from ..config import ClientConfig
 from ..errors import ConfigError, HiddenStateError, ProtocolError
 from ..protocol import (
-    FINISH_FROM_PB,
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     BlockRequest,
@@ -26,17 +26,23 @@ from ..protocol import (
     Exchange,
     Fingerprint,
     GeneratedToken,
+    HiddenRequest,
     OpenedSession,
+    OpenRequest,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
     encode_hidden,
     fingerprint_to_pb,
+    generated_from_pb,
     hidden_answer_to_pb,
+    open_request_to_pb,
+    opened_from_pb,
     pb,
     sampling_to_pb,
     server_info_from_pb,
     verify_request_to_pb,
+    verify_response_from_pb,
 )
 
 __all__ = ["MessageTransport"]
@@ -91,42 +97,11 @@ class MessageTransport:
         request = pb.PingRequest(payload=bytes(payload_bytes), reply_bytes=reply_bytes, client_send_time=time.time())
         return self._unary("Ping", request, during="a ping")[1]
 
-    def open_session(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        mode: str,
-        temperature: float,
-        seed: int,
-        slo: SpeedObjective = SpeedObjective(),
-        draft: Fingerprint,
-        draft_hidden_size: int = 0,
-        client_id: str = "",
-        semantic_threshold: float = 0.0,
-    ) -> OpenedSession:
-        self._check_slo(slo)
-        r, _ = self._unary(
-            "OpenSession",
-            pb.OpenSessionRequest(
-                prompt_tokens=prompt_tokens,
-                sampling=sampling_to_pb(mode, temperature, seed, semantic_threshold),
-                draft_tokenizer=fingerprint_to_pb(draft),
-                draft_hidden_size=draft_hidden_size,
-                slo_name=slo.slo_class or "",
-                target_tokens_per_s=slo.tokens_per_s or 0.0,
-                client_id=client_id,
-            ),
-            during="opening a session",
-        )
+    def open_session(self, request: OpenRequest) -> OpenedSession:
+        self._check_slo(request.slo)
+        r, _ = self._unary("OpenSession", open_request_to_pb(request), during="opening a session")
         assert isinstance(r, pb.OpenSessionResponse)
-        return OpenedSession(
-            session_id=r.session_id,
-            committed_length=r.committed_length,
-            max_context=r.max_context,
-            next_budget=r.next_budget,
-            prefill_ms=r.prefill_ms,
-            target_speed=r.target_tokens_per_s,
-        )
+        return opened_from_pb(r)
 
     def _check_slo(self, slo: SpeedObjective) -> None:
         if not slo.best_effort and self._version < 2:
@@ -150,52 +125,44 @@ class MessageTransport:
             req.ClearField("draft_ms")
             req.ClearField("network_ms")
         exchanges: list[Exchange] = []
-        timings: list[tuple[float, float]] = []  # (queue, verify) of each answer
-        r = self._exchange(req, block, exchanges, timings)
+        answers: list[VerifyResult | HiddenRequest] = []
+        answer = self._exchange(req, block, exchanges, answers)
         requested: tuple[int, ...] = ()
-        if r.WhichOneof("result") == "hidden_request":
-            requested = tuple(r.hidden_request.positions)
-            answer = hidden_answer_to_pb(block, self._requested_rows(block, requested))
-            r = self._exchange(answer, block, exchanges, timings)
-            if r.WhichOneof("result") != "verdict":
+        if isinstance(answer, HiddenRequest):
+            requested = answer.positions
+            rows = hidden_answer_to_pb(block, self._requested_rows(block, requested))
+            answer = self._exchange(rows, block, exchanges, answers)
+            if not isinstance(answer, VerifyResult):
                 raise ProtocolError(
                     f"verifier at {self.address} asked for hidden states twice in round {block.round_index}",
                     address=self.address,
                 )
-        elif r.WhichOneof("result") != "verdict":
-            raise ProtocolError(
-                f"verifier at {self.address} sent neither a verdict nor a request", address=self.address
-            )
-        v = r.verdict
-        return VerifyResult(
-            accepted=v.accepted,
-            next_token=None if v.ended else v.next_token,
-            bonus=v.bonus,
-            committed_length=v.committed_length,
-            next_budget=v.next_budget,
-            context_full=v.context_full,
-            queue_ms=sum(q for q, _ in timings),
-            verify_ms=sum(t for _, t in timings),
+        # The round's time on the server is both exchanges' (under SH with mismatches).
+        return replace(
+            answer,
+            queue_ms=sum(a.queue_ms for a in answers),
+            verify_ms=sum(a.verify_ms for a in answers),
             exchanges=tuple(exchanges),
-            hidden_rows=v.hidden_rows,
             hidden_requested=requested,
-            budget_ms=r.timings.budget_ms if r.timings.has_deadline else None,
-            deadline_met=r.timings.deadline_met if r.timings.has_deadline else None,
-            batch_size=max(1, r.timings.batch_size),
-            semantic_accepted=v.semantic_accepted,
-            semantic_threshold=v.semantic_threshold,
-            semantic_head=v.semantic_head,
         )
 
     def _exchange(
-        self, req: pb.VerifyRequest, block: BlockRequest, exchanges: list[Exchange], timings: list[tuple[float, float]]
-    ) -> pb.VerifyResponse:
+        self,
+        req: pb.VerifyRequest,
+        block: BlockRequest,
+        exchanges: list[Exchange],
+        answers: list[VerifyResult | HiddenRequest],
+    ) -> VerifyResult | HiddenRequest:
         r, ms = self._unary("Verify", req, during=f"round {block.round_index}")
         assert isinstance(r, pb.VerifyResponse)
-        t = r.timings
-        exchanges.append(Exchange(ms, t.queue_ms + t.verify_ms, req.ByteSize(), r.ByteSize()))
-        timings.append((t.queue_ms, t.verify_ms))
-        return r
+        answer = verify_response_from_pb(r)
+        if answer is None:
+            raise ProtocolError(
+                f"verifier at {self.address} sent neither a verdict nor a request", address=self.address
+            )
+        exchanges.append(Exchange(ms, answer.queue_ms + answer.verify_ms, req.ByteSize(), r.ByteSize()))
+        answers.append(answer)
+        return answer
 
     def _requested_rows(self, block: BlockRequest, positions: tuple[int, ...]) -> EncodedHidden:
         """The rows an SH verifier asked for, encoded; a request the block cannot answer is the verifier's fault."""
@@ -240,10 +207,4 @@ class MessageTransport:
         deadline = self.config.timeout + max_tokens * 2.0
         for r in self._stream("Generate", req, during="generation", timeout=deadline):
             assert isinstance(r, pb.GenerateResponse)
-            yield GeneratedToken(
-                token=r.token,
-                index=r.index,
-                decode_ms=r.decode_ms,
-                prefill_ms=r.prefill_ms,
-                finish_reason=FINISH_FROM_PB.get(r.finish_reason),
-            )
+            yield generated_from_pb(r)

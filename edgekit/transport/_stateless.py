@@ -30,6 +30,7 @@ from ..protocol import (
     Fingerprint,
     GeneratedToken,
     OpenedSession,
+    OpenRequest,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
@@ -122,19 +123,8 @@ class StatelessTransport:
             tokenizer_check=self.tokenizer_check,
         )
 
-    def open_session(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        mode: str,
-        temperature: float,
-        seed: int,
-        slo: SpeedObjective = SpeedObjective(),
-        draft: Fingerprint,
-        draft_hidden_size: int = 0,
-        client_id: str = "",
-        semantic_threshold: float = 0.0,
-    ) -> OpenedSession:
+    def open_session(self, request: OpenRequest) -> OpenedSession:
+        mode = request.mode
         if mode == "semantic":
             raise ConfigError(
                 f"the {self.kind} at {self.address} offers no semantic mode: semantic verification reads the "
@@ -146,10 +136,10 @@ class StatelessTransport:
                 f"the {self.kind} at {self.address} returns top-1 log-probabilities only, which verify greedy "
                 f"decoding but carry no target distribution for {mode!r}; use mode='greedy' or an edgekit verifier"
             )
-        self._no_slo(slo)
+        self._no_slo(request.slo)
         sid = f"{self.backend}-{next(self._ids)}"
-        self._sessions[sid] = list(prompt_tokens)
-        return OpenedSession(sid, len(prompt_tokens), self.max_context)
+        self._sessions[sid] = list(request.prompt_tokens)
+        return OpenedSession(sid, len(request.prompt_tokens), self.max_context)
 
     def _no_slo(self, slo: SpeedObjective) -> None:
         if not slo.best_effort:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -31,10 +31,11 @@ from ..config import ServerConfig
 from ..errors import HiddenStateError, ProtocolError
 from ..protocol import (
     EncodedHidden,
-    Fingerprint,
-    LinkState,
-    SparseDistribution,
-    Verdict,
+    HiddenRequest,
+    OpenedSession,
+    OpenRequest,
+    ReceivedBlock,
+    VerifyResult,
     accept_greedy,
     accept_sampling,
     acceptance_ratios,
@@ -53,57 +54,7 @@ from ._validation import RequestChecks
 from .engine import Feed
 from .scheduler import Objective, WorkResult
 
-__all__ = ["Opened", "RoundAnswer", "RoundRequest", "Rounds"]
-
-
-@dataclass(frozen=True)
-class RoundRequest:
-    """A Verify request, as the service read it."""
-
-    session_id: str
-    base_position: int
-    round_index: int
-    draft_tokens: tuple[int, ...]
-    distributions: Sequence[SparseDistribution]
-    upload: str  # "tokens", "fh", "sh", or the wire's name of one this verifier does not know
-    hidden: EncodedHidden | None  # rows sent with this request, if any
-    hidden_encoding: str  # the encoding an SH round will answer in
-    continue_after_eog: bool
-    key: bytes  # what identifies the request: a retry has the same key
-    draft_ms: float = 0.0  # the device's drafting time for the block (WISP eq. 6)
-    network_ms: float = 0.0  # the device's expected link time for the round
-    arrived: float = 0.0  # time.perf_counter() when the request arrived (eq. 12's a); 0: when read here
-    link: LinkState | None = None  # the device's link estimate (WISV's CSI); semantic mode reads it
-
-
-@dataclass(frozen=True)
-class RoundAnswer:
-    """A verdict, or (SH) a request for the hidden states at `hidden_request`."""
-
-    verdict: Verdict | None
-    hidden_request: tuple[int, ...] = ()
-    hidden_encoding: str = "fp16"
-    hidden_rows: int = 0  # hidden rows received and checked in this round
-    queue_ms: float = 0.0
-    verify_ms: float = 0.0
-    batch_size: int = 1
-    budget_ms: float | None = None  # tau (eq. 6); None: best effort
-    deadline_met: bool | None = None
-    estimated_ms: float = 0.0  # the estimator's forecast for the batch the round ran in
-    next_budget: int = 0  # the session's draft budget for its next round (0: none assigned)
-    # Semantic mode: mismatches the head accepted, the threshold and the head that decided.
-    semantic_accepted: int = 0
-    semantic_threshold: float = 0.0
-    semantic_head: str = ""
-
-
-@dataclass(frozen=True)
-class Opened:
-    session_id: str
-    committed_length: int
-    prefill_ms: float
-    target_speed: float | None  # tokens/s the session is held to; None: best effort
-    next_budget: int = 0
+__all__ = ["Rounds"]
 
 
 class Rounds:
@@ -131,50 +82,37 @@ class Rounds:
     # -- session lifecycle ------------------------------------------------------------------
 
     def open(
-        self,
-        prompt: Sequence[int],
-        *,
-        mode: str,
-        temperature: float,
-        seed: int,
-        draft: Fingerprint,
-        draft_hidden_size: int,
-        slo_name: str = "",
-        target_speed: float = 0.0,
-        client_id: str = "",
-        deadline: float | None = None,
-        caller: Caller = Caller(),
-        semantic_threshold: float = 0.0,
-    ) -> Opened:
+        self, r: OpenRequest, *, deadline: float | None = None, caller: Caller = Caller()
+    ) -> OpenedSession:
         arrived = time.perf_counter()
-        self.checks.tokenizer(draft)
-        if mode == "semantic":
-            self.semantic.check_open(draft_hidden_size, semantic_threshold)
+        self.checks.tokenizer(r.draft)
+        if r.mode == "semantic":
+            self.semantic.check_open(r.draft_hidden_size, r.semantic_threshold)
         else:
-            self.checks.sampling(mode, temperature)
-        slo_class, speed = self.slo.resolve(slo_name, target_speed)
-        self.checks.client_id(client_id)
-        self.checks.prompt(prompt)  # its length before its ids, and before a copy
-        tokens = list(prompt)
+            self.checks.sampling(r.mode, r.temperature)
+        slo_class, speed = self.slo.resolve(r.slo.slo_class or "", r.slo.tokens_per_s or 0.0)
+        self.checks.client_id(r.client_id)
+        self.checks.prompt(r.prompt_tokens)  # its length before its ids, and before a copy
+        tokens = list(r.prompt_tokens)
         sess = self.sessions.create(
-            mode=mode, temperature=temperature, seed=seed, slo_class=slo_class, speed=speed, caller=caller
+            mode=r.mode, temperature=r.temperature, seed=r.seed, slo_class=slo_class, speed=speed, caller=caller
         )
         try:
             with sess.lock:
                 feed = Feed(sess.seq, 0, tuple(tokens[:-1]), 0)
                 ran = self._run(sess, feed, deadline, self.slo.prefill(speed, arrived))
                 sess.tokens = tokens
-                sess.hidden_size = draft_hidden_size
-                sess.semantic_threshold = semantic_threshold
+                sess.hidden_size = r.draft_hidden_size
+                sess.semantic_threshold = r.semantic_threshold
                 sess.began, sess.done = arrived, 0
         except BaseException:
             self.sessions.close(sess.id, caller.tenant)
             raise
         budget = 0
         if self.budgets is not None:  # a client's estimates are its tenant's: another cannot pose as it
-            client = f"{caller.tenant}\0{client_id}" if client_id else ""
+            client = f"{caller.tenant}\0{r.client_id}" if r.client_id else ""
             budget = self.budgets.opened(sess.id, context=len(tokens), epoch=self.core.epochs, client=client)
-        return Opened(sess.id, len(tokens), ran.run_ms, speed, budget)
+        return OpenedSession(sess.id, len(tokens), self.config.max_context, budget, ran.run_ms, speed or 0.0)
 
     def extend(
         self,
@@ -210,9 +148,12 @@ class Rounds:
 
     # -- rounds ---------------------------------------------------------------------------
 
-    def verify(self, r: RoundRequest, *, deadline: float | None = None, caller: Caller = Caller()) -> RoundAnswer:
-        """One round; under SH, one half of one."""
-        arrived = r.arrived or time.perf_counter()
+    def verify(
+        self, r: ReceivedBlock, *, arrived: float = 0.0, deadline: float | None = None, caller: Caller = Caller()
+    ) -> VerifyResult | HiddenRequest:
+        """One round; under SH, one half of one. `arrived`: time.perf_counter() when the request
+        arrived (eq. 12's a); 0: now."""
+        arrived = arrived or time.perf_counter()
         with self.sessions.acquire(r.session_id, caller.tenant) as sess:
             if sess.last_round is not None and r.key in sess.last_round[0]:
                 return sess.last_round[1]  # a retry of the applied round: same verdict, applied once
@@ -260,8 +201,8 @@ class Rounds:
                 positions = tuple(mismatch_positions(ran.logits, block))
                 if positions:
                     budget_ms, met = _outcome(objective)
-                    answer = RoundAnswer(
-                        None, positions, r.hidden_encoding, queue_ms=ran.queue_ms, verify_ms=verify_ms,
+                    answer = HiddenRequest(
+                        positions, r.hidden_encoding, queue_ms=ran.queue_ms, verify_ms=verify_ms,
                         batch_size=ran.batch_size, estimated_ms=ran.estimated_ms, budget_ms=budget_ms,
                         deadline_met=met,
                     )
@@ -269,7 +210,7 @@ class Rounds:
                     return answer
             return self._finish(sess, r, ran, verify_ms, hidden, r.key, objective)
 
-    def _second_half(self, sess: Session, r: RoundRequest, pending: PendingRound | None) -> RoundAnswer:
+    def _second_half(self, sess: Session, r: ReceivedBlock, pending: PendingRound | None) -> VerifyResult:
         """SH's second half: only the requested rows, naming the round by base and index."""
         if pending is None or (r.base_position, r.round_index) != (
             pending.request.base_position,
@@ -293,14 +234,14 @@ class Rounds:
     def _finish(
         self,
         sess: Session,
-        r: RoundRequest,
+        r: ReceivedBlock,
         ran: WorkResult,
         verify_ms: float,
         hidden: tuple[tuple[int, ...], np.ndarray] | None,
         key: bytes,
         objective: Objective | None,
-        first_half: RoundAnswer | None = None,
-    ) -> RoundAnswer:
+        first_half: HiddenRequest | None = None,
+    ) -> VerifyResult:
         """Accepts a verified block: the verdict, the session's tokens and KV. `objective`: the
         round's SLO, whose deadline the answer reports on (None: an SH second half, which reports
         what its first half, `first_half`, found)."""
@@ -350,8 +291,12 @@ class Rounds:
                 sess.id, drafted=len(block), ratios=ratios, committed=len(verdict.committed), epoch=self.core.epochs,
                 context=len(sess.tokens), slo_budget_ms=budget_ms,
             )
-        answer = RoundAnswer(
-            verdict,
+        answer = VerifyResult(
+            accepted=verdict.accepted,
+            next_token=verdict.next_token,
+            bonus=verdict.bonus,
+            committed_length=verdict.committed_length,
+            context_full=verdict.context_full,
             hidden_rows=n_hidden,
             queue_ms=ran.queue_ms,
             verify_ms=verify_ms + accept_ms,

@@ -4,7 +4,8 @@ Requests arrive as raw bytes and are parsed here, so a message that is not
 valid protobuf, or larger than the configured limit, is refused with
 INVALID_ARGUMENT (gRPC's own deserializer would answer INTERNAL). Each RPC
 converts its message into the values the verifier's parts take (`Rounds`,
-`TargetOnly`, `RequestChecks`) and their answer back into a message. A refusal
+`TargetOnly`, `RequestChecks`) and their answer back into a message, with the
+conversions `edgekit.protocol` holds for both ends: no field is mapped here. A refusal
 is an edgekit error, turned into its gRPC status by `edgekit.protocol.status_of`;
 no refusal touches another session.
 
@@ -14,16 +15,14 @@ behind gRPC and an in-process transport calls directly. Each call is made by a
 the tenant that opened them. An error that is not an edgekit error (a bug) is
 logged and answered INTERNAL with a message, never left to gRPC as UNKNOWN.
 
-A round is known again by its key, a hash of what decides its verdict (session,
-base position, round index, block, distributions, upload, hidden rows, flags),
-not of the link figures and timings a client measures afresh when it re-sends
-the round after a failure: so a verdict applied before the failure is answered
-again, never applied twice.
+A round is known again by its key (`edgekit.protocol.round_key`), a hash of what
+decides its verdict, not of the link figures and timings a client measures afresh
+when it re-sends the round after a failure: so a verdict applied before the
+failure is answered again, never applied twice.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -37,25 +36,25 @@ from ..__version__ import __version__
 from ..config import ServerConfig
 from ..errors import EdgekitError, InternalError, ProtocolError, SessionNotFoundError, VerifierUnavailableError
 from ..protocol import (
-    ENCODING_FROM_PB,
-    ENCODING_TO_PB,
-    FINISH_TO_PB,
-    MODE_FROM_PB,
+    PROTOCOL_VERSION,
     SERVICE_NAME,
-    UPLOAD_FROM_PB,
-    distributions_from_pb,
+    ServerInfo,
     fingerprint_from_pb,
-    fingerprint_to_pb,
-    hidden_from_pb,
-    link_from_pb,
+    generated_to_pb,
+    mode_from_pb,
+    open_request_from_pb,
+    opened_to_pb,
     pb,
+    server_info_to_pb,
     status_of,
+    verify_request_from_pb,
+    verify_response_to_pb,
 )
 from ._baseline import TargetOnly
 from ._budgets import BUDGET_POLICIES, Budgets, BudgetState, capacity_within
 from ._core import EngineCore
 from ._estimator import VerifyTimeEstimator
-from ._rounds import RoundAnswer, RoundRequest, Rounds
+from ._rounds import Rounds
 from ._semantic import DecisionHead, SemanticMode
 from ._sessions import Caller, SessionTable
 from ._slo import BEST_EFFORT, SpeedClasses
@@ -263,37 +262,34 @@ class VerifierService:
         draft = fingerprint_from_pb(req.draft_tokenizer)
         if draft.vocab_size:  # an empty fingerprint only asks which target this is (nothing is opened)
             self.checks.tokenizer(draft)
+        return server_info_to_pb(self.server_info(version))
+
+    def server_info(self, version: int = PROTOCOL_VERSION) -> ServerInfo:
+        """What this verifier is and does, as a handshake at protocol `version` tells it."""
         c = self.config
-        return pb.HandshakeResponse(
+        return ServerInfo(
             protocol_version=version,
-            target_tokenizer=fingerprint_to_pb(self.fingerprint),
             target_model=self.engine.name,
+            target_fingerprint=self.fingerprint,
             target_hidden_size=self.engine.n_embd,
-            capabilities=pb.Capabilities(
-                acceptance_modes=[pb.ACCEPTANCE_MODE_GREEDY, pb.ACCEPTANCE_MODE_SAMPLING]
-                + ([pb.ACCEPTANCE_MODE_SEMANTIC] if self.rounds.semantic.offered else []),
-                upload_protocols=[
-                    pb.UPLOAD_PROTOCOL_TOKENS_ONLY,
-                    pb.UPLOAD_PROTOCOL_FULL_HIDDEN,
-                    pb.UPLOAD_PROTOCOL_SELECTIVE_HIDDEN,
-                ],
-                hidden_encodings=[pb.HIDDEN_ENCODING_FP16, pb.HIDDEN_ENCODING_INT8],
-                max_block=c.max_block,
-                max_context=c.max_context,
-                max_sessions=c.max_sessions,
-                assigns_budgets=self.budgets is not None,
-                max_draft_top_k=c.max_draft_top_k,
-                prefix_cache=True,
-                max_message_bytes=c.max_message_bytes,
-                exact_numerics=self.engine.exact,
-                invariant_batch=self.engine.invariant_batch,
-                slo_classes=self.slo.classes if version >= 2 else {},
-                scheduling_policy=self.policy if version >= 2 else "",
-                semantic_head=self.rounds.semantic.identity,
-                semantic_threshold=self.rounds.semantic.default_threshold,
-            ),
+            modes=("greedy", "sample", *(("semantic",) if self.rounds.semantic.offered else ())),
+            upload_protocols=("tokens", "fh", "sh"),
+            hidden_encodings=("fp16", "int8"),
+            max_block=c.max_block,
+            max_context=c.max_context,
+            max_sessions=c.max_sessions,
+            assigns_budgets=self.budgets is not None,
+            prefix_cache=True,
+            max_draft_top_k=c.max_draft_top_k,
+            max_message_bytes=c.max_message_bytes,
+            exact_numerics=self.engine.exact,
+            invariant_batch=self.engine.invariant_batch,
+            slo_classes=dict(self.slo.classes) if version >= 2 else {},
+            scheduling_policy=self.policy if version >= 2 else "",
+            semantic_head=self.rounds.semantic.identity,
+            semantic_threshold=self.rounds.semantic.default_threshold,
             server_version=__version__,
-            chat_template=self.engine.chat_template() or "",
+            chat_template=self.engine.chat_template() or None,
         )
 
     def ping(self, req: Message, deadline: float | None = None, caller: Caller = Caller()) -> pb.PingResponse:
@@ -308,28 +304,7 @@ class VerifierService:
     ) -> pb.OpenSessionResponse:
         assert isinstance(req, pb.OpenSessionRequest)
         self._refuse_if_draining("sessions")
-        opened = self.rounds.open(
-            req.prompt_tokens,
-            mode=_mode(req.sampling.mode),
-            temperature=float(req.sampling.temperature),
-            seed=req.sampling.seed,
-            draft=fingerprint_from_pb(req.draft_tokenizer),
-            draft_hidden_size=req.draft_hidden_size,
-            slo_name=req.slo_name,
-            target_speed=req.target_tokens_per_s,
-            client_id=req.client_id,
-            deadline=deadline,
-            caller=caller,
-            semantic_threshold=float(req.sampling.semantic_threshold),
-        )
-        return pb.OpenSessionResponse(
-            session_id=opened.session_id,
-            committed_length=opened.committed_length,
-            max_context=self.config.max_context,
-            prefill_ms=opened.prefill_ms,
-            target_tokens_per_s=opened.target_speed or 0.0,
-            next_budget=opened.next_budget,
-        )
+        return opened_to_pb(self.rounds.open(open_request_from_pb(req), deadline=deadline, caller=caller))
 
     def extend_session(
         self, req: Message, deadline: float | None = None, caller: Caller = Caller()
@@ -346,29 +321,8 @@ class VerifierService:
         arrived = time.perf_counter()
         # Sizes before anything is copied out of the message.
         self.checks.block_size(len(req.draft_tokens), len(req.draft_distributions))
-        h = req.hidden
-        upload = req.upload_protocol or pb.UPLOAD_PROTOCOL_TOKENS_ONLY
-        answer = self.rounds.verify(
-            RoundRequest(
-                session_id=req.session_id,
-                base_position=req.base_position,
-                round_index=req.round_index,
-                draft_tokens=tuple(req.draft_tokens),
-                distributions=distributions_from_pb(req.draft_distributions),
-                upload=UPLOAD_FROM_PB.get(upload, str(upload)),
-                hidden=hidden_from_pb(h) if h.count or h.data else None,
-                hidden_encoding=ENCODING_FROM_PB.get(h.encoding, "fp16"),
-                continue_after_eog=req.continue_after_eog,
-                key=_round_key(req),
-                draft_ms=req.draft_ms,
-                network_ms=req.network_ms,
-                arrived=arrived,
-                link=link_from_pb(req.link) if req.HasField("link") else None,
-            ),
-            deadline=deadline,
-            caller=caller,
-        )
-        return _verify_response(answer)
+        answer = self.rounds.verify(verify_request_from_pb(req), arrived=arrived, deadline=deadline, caller=caller)
+        return verify_response_to_pb(answer)
 
     def close_session(
         self, req: Message, deadline: float | None = None, caller: Caller = Caller()
@@ -383,7 +337,7 @@ class VerifierService:
     ) -> Iterator[pb.GenerateResponse]:
         for t in self.baseline.generate(
             req.prompt_tokens,
-            mode=_mode(req.sampling.mode),
+            mode=mode_from_pb(req.sampling.mode),
             temperature=float(req.sampling.temperature),
             seed=req.sampling.seed,
             max_tokens=req.max_tokens,
@@ -393,21 +347,7 @@ class VerifierService:
             target_speed=req.target_tokens_per_s,
             caller=caller,
         ):
-            yield pb.GenerateResponse(
-                token=t.token,
-                index=t.index,
-                decode_ms=t.decode_ms,
-                prefill_ms=t.prefill_ms,
-                finish_reason=FINISH_TO_PB.get(t.finish_reason or "", pb.FINISH_REASON_UNSPECIFIED),
-            )
-
-
-def _mode(value: int) -> str:
-    """The acceptance mode as edgekit names it; the wire's name for one it does not verify (for the refusal)."""
-    mode = MODE_FROM_PB.get(value)
-    if mode in ("greedy", "sample", "semantic"):
-        return mode
-    return pb.AcceptanceMode.Name(value) if value in pb.AcceptanceMode.values() else str(value)
+            yield generated_to_pb(t)
 
 
 def _budgets(config: ServerConfig, estimator: VerifyTimeEstimator, sessions: SessionTable) -> Budgets | None:
@@ -428,48 +368,6 @@ def _budgets(config: ServerConfig, estimator: VerifyTimeEstimator, sessions: Ses
         BUDGET_POLICIES[config.budgets](), capacity=capacity, lo=lo, hi=hi, eta=config.budget_eta,
         beta=config.budget_beta, is_live=sessions.__contains__,
     )
-
-
-def _verify_response(a: RoundAnswer) -> pb.VerifyResponse:
-    timings = pb.ServerTimings(
-        queue_ms=a.queue_ms,
-        verify_ms=a.verify_ms,
-        batch_size=a.batch_size,
-        has_deadline=a.budget_ms is not None,
-        budget_ms=a.budget_ms or 0.0,
-        deadline_met=bool(a.deadline_met),
-        estimated_ms=a.estimated_ms,
-    )
-    v = a.verdict
-    if v is None:
-        encoding = ENCODING_TO_PB.get(a.hidden_encoding, pb.HIDDEN_ENCODING_UNSPECIFIED)
-        request = pb.HiddenRequest(positions=a.hidden_request, encoding=encoding)
-        return pb.VerifyResponse(hidden_request=request, timings=timings)
-    return pb.VerifyResponse(
-        verdict=pb.Verdict(
-            accepted=v.accepted,
-            next_token=v.next_token if v.next_token is not None else -1,
-            bonus=v.bonus,
-            committed_length=v.committed_length,
-            context_full=v.context_full,
-            ended=v.next_token is None,
-            hidden_rows=a.hidden_rows,
-            next_budget=a.next_budget,
-            semantic_accepted=a.semantic_accepted,
-            semantic_threshold=a.semantic_threshold,
-            semantic_head=a.semantic_head,
-        ),
-        timings=timings,
-    )
-
-
-def _round_key(req: pb.VerifyRequest) -> bytes:
-    """What identifies a round for retries: the request without what a client measures afresh."""
-    stable = pb.VerifyRequest()
-    stable.CopyFrom(req)
-    for name in ("link", "draft_ms", "network_ms"):
-        stable.ClearField(name)
-    return hashlib.sha256(stable.SerializeToString(deterministic=True)).digest()
 
 
 def _peer_host(peer: str) -> str:

@@ -39,7 +39,7 @@ from ..errors import LimitExceededError, SessionNotFoundError
 from ._validation import clip
 
 if TYPE_CHECKING:  # the rounds keep their requests and answers here
-    from ._rounds import RoundAnswer, RoundRequest
+    from ..protocol import HiddenRequest, ReceivedBlock, VerifyResult
 
 __all__ = ["Caller", "PendingRound", "Session", "SessionTable"]
 
@@ -78,7 +78,7 @@ class Session:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # (request keys, answer) of the last applied round, for idempotent retries: the keys of its
     # request and, under SH, of its second half.
-    last_round: tuple[tuple[bytes, ...], RoundAnswer] | None = None
+    last_round: tuple[tuple[bytes, ...], VerifyResult] | None = None
     decoded: int = 0  # tokens run through the target for this session: prefix reuse shows here
     hidden_size: int = 0  # width of the draft hidden states the session may upload; 0: none
     semantic_threshold: float = 0.0  # semantic mode: a mismatch is rejected when the head's P(reject) exceeds it
@@ -96,8 +96,8 @@ class Session:
 @dataclass(frozen=True)
 class PendingRound:
     key: bytes  # hash of the first half's request (a retry of it gets `answer` again)
-    request: RoundRequest  # the first half: block, distributions, flags
-    answer: RoundAnswer  # the request for hidden states, for a retried first half
+    request: ReceivedBlock  # the first half: block, distributions, flags
+    answer: HiddenRequest  # the request for hidden states, for a retried first half
     logits: np.ndarray
     positions: tuple[int, ...]
     target_hidden: np.ndarray | None = None  # semantic mode: the target's hidden rows of the block
