@@ -1,6 +1,8 @@
-"""The verifier's engine loop on the toy engine: batches across sessions in arrival
-order, chunked prefill that lets other sessions' rounds through, deadlines that
-withdraw queued work, and a clean stop."""
+"""The verifier's scheduling and its engine loop. The scheduler alone, no engine: batches
+across sessions in arrival order, chunked prefill (a chunk queued once the one before has
+run), a full queue refused with a back-off hint, and work withdrawn at its call's deadline.
+The engine core on the toy engine: works that wait together run together, a long prefill
+lets other sessions' rounds through, deadlines that withdraw queued work, and a clean stop."""
 
 from __future__ import annotations
 
@@ -69,6 +71,109 @@ def test_a_cancelled_work_is_never_scheduled():
     s.submit(kept)
     assert gone.future.cancel()
     assert [w.feed.seq for w in s.schedule().works] == [1] and s.waiting() == 0
+
+
+def _ran(s: FcfsScheduler, run_ms: float = 1.0):
+    """Schedules the next batch and tells the scheduler it ran (logits of a 4-token vocabulary);
+    the batch's works as (seq, start, rows)."""
+    batch = s.schedule()
+    s.update(batch, [np.zeros((f.n_out, 4), np.float32) for f in batch.feeds], run_ms)
+    return [(w.feed.seq, w.feed.start, w.rows) for w in batch.works]
+
+
+def test_a_long_prefill_runs_in_chunks_each_queued_once_the_one_before_has_run():
+    s = FcfsScheduler(prefill_chunk=4)
+    prefill = _work(0, 3, 10, n_out=0)  # a turn of 10 tokens from position 3: chunks of 4, 4 and 2
+    s.submit(prefill)
+    assert s.waiting() == 1  # one chunk at a time
+    batch = s.schedule()
+    s.submit(_work(1, 0, 2))  # a round arrives while the first chunk runs ...
+    s.update(batch, [np.zeros((0, 4), np.float32)], 3.0)
+    assert _ran(s, 2.0) == [(1, 0, 2), (0, 7, 4)]  # ... and goes before the second
+    assert not prefill.future.done()
+    assert _ran(s, 1.0) == [(0, 11, 2)]
+    done = prefill.future.result(timeout=0)
+    assert done.logits.shape == (0, 4) and done.run_ms == 6.0 and done.batch_size == 1
+    assert s.schedule() is None
+    # A round (it wants logits), or a prefill that fits in one chunk, goes whole.
+    s.submit(_work(2, 0, 9))
+    s.submit(_work(3, 0, 4, n_out=0))
+    assert _ran(s) == [(2, 0, 9), (3, 0, 4)]
+    assert FcfsScheduler().submit(_work(4, 0, 1000, n_out=0)) is not None  # no chunk size: never cut
+    # A chunk that fails fails its prefill, and nothing more of it runs.
+    prefill = _work(5, 0, 8, n_out=0)
+    s.submit(prefill)
+    s.update(s.schedule(), RuntimeError("engine"), 1.0)
+    with pytest.raises(RuntimeError, match="engine"):
+        prefill.future.result(timeout=0)
+    assert s.waiting() == 0
+
+
+def test_a_full_queue_refuses_new_work_with_a_back_off_at_the_engines_recent_pace():
+    s = FcfsScheduler(max_queue=2, prefill_chunk=4)
+    s.submit(_work(0, 0, 50))
+    s.submit(_work(1, 0, 50))
+    with pytest.raises(LimitExceededError, match=r"queue is full \(2 works waiting\)") as err:
+        s.submit(_work(2, 0, 5))
+    assert err.value.retry_after == 0.05  # no batch has run yet: the shortest back-off
+    assert _ran(s, run_ms=10_000.0) == [(0, 0, 50), (1, 0, 50)]  # 100 ms a row: the pace moves 1/5 of the way
+    s.submit(_work(3, 0, 5))
+    s.submit(_work(4, 0, 5))
+
+    def hint(work: Work) -> float:
+        with pytest.raises(LimitExceededError) as err:
+            s.submit(work)
+        return err.value.retry_after
+
+    assert hint(_work(5, 0, 5)) == pytest.approx(2 * 5 * 20.0 / 1e3)  # what waits, at 20 ms a row
+    assert hint(_work(6, 0, 100, n_out=0)) == pytest.approx(2 * 4 * 20.0 / 1e3)  # a long prefill: its first chunk
+    s.update(s.schedule(), RuntimeError("engine"), 1e6)  # a batch that failed says nothing of the pace
+    s.submit(_work(7, 0, 5))
+    s.submit(_work(8, 0, 5))
+    assert hint(_work(9, 0, 5)) == pytest.approx(2 * 5 * 20.0 / 1e3)
+
+
+def test_an_admitted_prefills_later_chunks_are_not_refused():
+    s = FcfsScheduler(max_queue=1, prefill_chunk=4)
+    prefill = _work(0, 0, 8, n_out=0)
+    s.submit(prefill)
+    batch = s.schedule()
+    s.submit(_work(1, 0, 1))  # the queue is full again while the first chunk runs
+    s.update(batch, [np.zeros((0, 4), np.float32)], 1.0)
+    assert s.waiting() == 2  # the second chunk queued all the same
+    assert _ran(s) == [(1, 0, 1), (0, 4, 4)] and prefill.future.done()
+
+
+def test_work_withdrawn_at_its_deadline_runs_no_further():
+    s = FcfsScheduler(prefill_chunk=4)
+    queued, running = _work(0, 0, 2), _work(1, 0, 2)
+    s.submit(running)
+    batch = s.schedule()
+    s.submit(queued)
+    assert s.withdraw(queued) and queued.future.cancelled()  # queued: it never runs
+    assert not s.withdraw(running)  # running: it completes, and its caller gets its result
+    s.update(batch, [np.zeros((1, 4), np.float32)], 1.0)
+    assert running.future.result(timeout=0).logits.shape == (1, 4) and s.schedule() is None
+    # A prefill in chunks: withdrawn while a chunk waits, none of the rest runs ...
+    prefill = _work(2, 0, 12, n_out=0)
+    s.submit(prefill)
+    _ran(s)
+    assert s.withdraw(prefill) and prefill.future.cancelled() and s.schedule() is None
+    # ... while one runs, that one completes and none after it runs ...
+    prefill = _work(3, 0, 12, n_out=0)
+    s.submit(prefill)
+    batch = s.schedule()
+    assert not s.withdraw(prefill)
+    s.update(batch, [np.zeros((0, 4), np.float32)], 1.0)
+    assert prefill.future.cancelled() and s.schedule() is None
+    # ... and while its last one runs, it completes.
+    prefill = _work(4, 0, 8, n_out=0)
+    s.submit(prefill)
+    _ran(s)
+    batch = s.schedule()
+    assert not s.withdraw(prefill)
+    s.update(batch, [np.zeros((0, 4), np.float32)], 1.0)
+    assert prefill.future.result(timeout=0).run_ms == 2.0
 
 
 def test_works_that_wait_together_run_in_one_batch_and_each_gets_its_own_rows():

@@ -1,6 +1,7 @@
 """The package's shape: its public surface, its one error tree, and its imports
-(no cycles, no reaching into another package's private modules, ctypes only in
-the runtime)."""
+(no cycles between modules nor between packages, lazy imports included; the core
+imports neither the facade nor its tooling; no reaching into another package's
+private modules; ctypes only in the runtime)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,17 @@ import pkgutil
 import re
 import types
 from pathlib import Path
+from typing import NamedTuple
 
 import edgekit
 import edgekit.errors
 
 ROOT = Path(__file__).resolve().parents[1]
 # The card's top-level folders, each installed under the edgekit namespace.
-FOLDERS = {"edgekit": "edgekit", "models": "edgekit.models", "predictors": "edgekit.predictors", "cli": "edgekit.cli"}
+FOLDERS = {
+    "edgekit": "edgekit", "models": "edgekit.models", "predictors": "edgekit.predictors",
+    "semantic": "edgekit.semantic", "cli": "edgekit.cli",
+}
 
 EXPORTED = [
     "ApiError",
@@ -112,8 +117,15 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str], bool]]:
-    """(module imported, names taken from it, under TYPE_CHECKING) for every import statement."""
+class Import(NamedTuple):
+    target: str  # the module imported
+    names: list[str]  # the names taken from it (none: the module itself)
+    typing_only: bool  # under TYPE_CHECKING: never at run time
+    line: int
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[Import]:
+    """Every import statement's edgekit modules, at the top or inside a function."""
     tree = ast.parse(path.read_text())
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     typing_only: set[int] = set()
@@ -123,7 +135,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str,
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(a.name, [], id(node) in typing_only) for a in node.names]
+            found += [Import(a.name, [], id(node) in typing_only, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -133,10 +145,10 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str,
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
                 if sub in modules or _compiled(sub):  # `from package import module`
-                    found.append((sub, [], id(node) in typing_only))
+                    found.append(Import(sub, [], id(node) in typing_only, node.lineno))
                 else:
-                    found.append((base, [alias.name], id(node) in typing_only))
-    return [(target, names, typing) for target, names, typing in found if target.startswith("edgekit")]
+                    found.append(Import(base, [alias.name], id(node) in typing_only, node.lineno))
+    return [i for i in found if i.target == "edgekit" or i.target.startswith("edgekit.")]
 
 
 def _compiled(module: str) -> bool:
@@ -154,24 +166,21 @@ def _graph() -> dict[str, set[str]]:
     modules = _modules()
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
-        for target, _, typing in _imports(name, path, modules):
-            if not typing and target in modules and target != name:
-                graph[name].add(target)
+        for i in _imports(name, path, modules):
+            if not i.typing_only and i.target in modules and i.target != name:
+                graph[name].add(i.target)
     return graph
 
 
-def test_no_import_cycles():
-    """Between modules, counting imports inside functions too (an import that only
-    runs later is still a dependency), but not a package's implicit import of its
-    parents, nor annotations under TYPE_CHECKING."""
-    graph = _graph()
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's cycles, as its strongly connected components of more than one node (Tarjan's)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
     cycles: list[list[str]] = []
 
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
+    def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
@@ -192,10 +201,75 @@ def test_no_import_cycles():
             if len(component) > 1:
                 cycles.append(sorted(component))
 
-    for v in graph:
+    for v in sorted(graph):
         if v not in index:
             visit(v)
+    return cycles
+
+
+def test_no_import_cycles():
+    """Between modules, counting imports inside functions too (an import that only
+    runs later is still a dependency), but not a package's implicit import of its
+    parents, nor annotations under TYPE_CHECKING."""
+    cycles = _cycles(_graph())
     assert not cycles, f"import cycles: {cycles}"
+
+
+def _package(module: str) -> str:
+    """The node of the package graph a module belongs to: `edgekit` itself (the facade, its
+    `__init__`), a subpackage (`edgekit.client`), or a top-level module (`edgekit.errors`)."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_import_cycle_between_packages(tmp_path: Path):
+    """The packages import each other in layers, never in a circle, at run time: an edge for every
+    import, the lazy ones inside functions included (an import that runs later still needs its
+    package to be importable then), not annotations under TYPE_CHECKING, nor a package's implicit
+    import of its parents. `edgekit/__init__.py` is a node of its own with its real edges: it is the facade,
+    it re-exports the packages below it and so imports them. An edge into it closes a cycle only
+    from a package the facade reaches: the core (`test_the_core_never_imports_the_facade` keeps
+    that edge out); the tooling above the core (`cli/`, `semantic/`) imports the facade as users
+    do, and the facade never imports the tooling."""
+    modules = _modules()
+    # an import inside a function is an edge; a relative one is resolved from its package
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("def f():\n    from ..verifier import VerifierServer\n")
+    assert [i.target for i in _imports("edgekit.client.lazy", lazy, modules)] == ["edgekit.verifier"]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+    nodes = {_package(m) for m in modules}
+    graph: dict[str, set[str]] = {n: set() for n in nodes}
+    where: dict[tuple[str, str], dict[str, None]] = {}  # each edge's import statements, in order
+    for name, path in modules.items():
+        for i in _imports(name, path, modules):
+            edge = (_package(name), _package(i.target))
+            if i.typing_only or edge[1] not in nodes or edge[0] == edge[1]:
+                continue
+            graph[edge[0]].add(edge[1])
+            where.setdefault(edge, {})[f"{path.relative_to(ROOT)}:{i.line} imports {i.target}"] = None
+    assert {"edgekit", "edgekit.client", "edgekit.verifier", "edgekit.errors", "edgekit.cli"} <= nodes
+    found = []
+    for cycle in _cycles(graph):
+        found.append(f"{', '.join(cycle)} import each other:")
+        found += [f"  {a} -> {b}: {line}" for (a, b), lines in sorted(where.items())
+                  if a in cycle and b in cycle for line in lines]
+    assert not found, "import cycles between packages:\n" + "\n".join(found)
+
+
+def test_the_core_never_imports_the_facade():
+    """No module of the core imports from `edgekit` itself (the facade of `edgekit/__init__.py`),
+    lazily or not: the facade imports the core to re-export it, so such an import is a cycle, or one
+    as soon as the facade re-exports that package. The core imports a name from the package that
+    defines it; the tooling (`cli/`, `semantic/`, `predictors/`) may use the facade."""
+    modules = _modules()
+    found = [
+        f"{path.relative_to(ROOT)}:{i.line} imports {', '.join(i.names) or 'edgekit'} from the facade"
+        for name, path in modules.items()
+        if name != "edgekit" and not name.startswith(_TOOLING)
+        for i in _imports(name, path, modules)
+        if i.target == "edgekit" and not i.typing_only
+    ]
+    assert not found, "\n".join(found)
 
 
 def _private_owner(module: str) -> str | None:
@@ -211,7 +285,7 @@ def test_no_module_imports_another_packages_private_module():
     modules = _modules()
     wrong = []
     for name, path in modules.items():
-        for target, names, _ in _imports(name, path, modules):
+        for target, names, _, _ in _imports(name, path, modules):
             owner = _private_owner(target)
             if owner is not None and not (name == owner or name.startswith(owner + ".")):
                 wrong.append(f"{name} imports {target}")

@@ -222,7 +222,7 @@ def test_a_full_queue_is_refused_with_a_back_off_and_never_stalls_the_engine():
         return real(feeds)
 
     engine.run_batch = held
-    core = EngineCore(engine, FcfsScheduler(max_works=1), max_queue=1)
+    core = EngineCore(engine, FcfsScheduler(max_works=1, max_queue=1))
     results: list = []
 
     def call(seq: int) -> None:

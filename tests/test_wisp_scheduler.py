@@ -6,6 +6,7 @@ deadline (its latest start, eq. 17) and late after."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from edgekit.verifier import Coefficients, Feed, Objective, VerifyTimeEstimator, WispScheduler, Work
@@ -164,6 +165,20 @@ def test_works_whose_caller_gave_up_are_dropped():
     assert _names(s.schedule()) == ["here"] and s.waiting() == 0
 
 
+def test_a_long_prefill_goes_in_chunks_under_wisp_too():
+    clock = Clock()
+    s = _scheduler(clock, prefill_chunk=4)
+    prefill = Work(Feed(0, 0, tuple(range(6)), 0), session_id="prefill", submitted=clock.now)
+    s.submit(prefill)
+    batch = s.schedule()
+    assert [(w.feed.start, w.rows) for w in batch.works] == [(0, 4)]
+    s.update(batch, [np.zeros((0, 8), np.float32)], 4.0)
+    batch = s.schedule()
+    assert [(w.feed.start, w.rows) for w in batch.works] == [(4, 2)]
+    s.update(batch, [np.zeros((0, 8), np.float32)], 2.0)
+    assert prefill.future.result(timeout=0).run_ms == 6.0
+
+
 def test_a_minimum_efficiency_lets_a_batch_outgrow_a_tight_deadline_while_its_constant_dominates():
     def batch_with(min_efficiency: float) -> list[str]:
         clock = Clock()
@@ -190,7 +205,9 @@ def test_every_policy_the_config_takes_has_a_scheduler_by_name():
 
     assert set(SCHEDULERS) == set(get_args(Policy))
     for name in SCHEDULERS:
-        config = ServerConfig(policy=name)
-        assert SCHEDULERS[name](VerifyTimeEstimator(), config).name == name
+        config = ServerConfig(policy=name, prefill_chunk=32, max_queue=7)
+        scheduler = SCHEDULERS[name](VerifyTimeEstimator(), config)
+        assert scheduler.name == name
+        assert (scheduler.prefill_chunk, scheduler.max_queue) == (32, 7)  # the config's bounds
     with pytest.raises(ConfigError, match="policy must be one of fcfs, wisp"):
         ServerConfig(policy="lifo")  # type: ignore[arg-type]

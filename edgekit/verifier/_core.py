@@ -7,14 +7,14 @@ its future; whatever queues while a batch runs goes into the next one, so
 sessions are verified together as soon as they are waiting together. The thread
 starts with the first work and leaves after a while idle.
 
-A prompt or a turn longer than `prefill_chunk` tokens goes in chunks, each a
-work of its own: other sessions' rounds run between them, and no prefill holds
-the engine for more than one chunk (chunked prefill, as vLLM and SGLang do).
-A work still queued when its call's deadline passes is withdrawn, never run;
-with `max_queue` works waiting, new ones are refused with a back-off hint.
-Every batch's run time goes to the verification-time estimator (which the
-SLO-aware policy plans with), to the serving statistics with its size and
-forecast, and, at debug level, to the log beside that forecast.
+The core decides nothing about the work: the scheduler does (`scheduler/`), from
+whether a work is taken at all (a full queue refuses it with a back-off hint) and
+how a long prefill is cut into chunks, to what each batch holds. When a call's
+deadline passes, the core asks the scheduler to withdraw its work, and answers the
+call DEADLINE_EXCEEDED if none of it had started. Every batch's run time goes to
+the verification-time estimator (which the SLO-aware policy plans with), to the
+serving statistics with its size and forecast, to the scheduler with the outputs,
+and, at debug level, to the log beside that forecast.
 """
 
 from __future__ import annotations
@@ -23,11 +23,9 @@ import logging
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
-
-import numpy as np
 
 from ..errors import LimitExceededError, VerifierUnavailableError
 from ._estimator import VerifyTimeEstimator, batch_features
@@ -47,19 +45,14 @@ class EngineCore:
         scheduler: Scheduler,
         *,
         estimator: VerifyTimeEstimator | None = None,
-        prefill_chunk: int = 128,
-        max_queue: int = 256,
         idle_s: float = 5.0,
         stats: ServingStats | None = None,
     ) -> None:
         self.engine = engine
         self.scheduler = scheduler
         self.estimator = estimator or VerifyTimeEstimator()
-        self.prefill_chunk = prefill_chunk
-        self.max_queue = max_queue
         self.idle_s = idle_s
         self.stats = stats if stats is not None else ServingStats(queue_depth=scheduler.waiting)
-        self._ms_per_row = 0.0  # recent engine time per row, for back-off hints
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -85,56 +78,32 @@ class EngineCore:
         deadline: float | None = None,
     ) -> WorkResult:
         """Runs `feed`: its logits and timings, or the engine's error. `objective` is what
-        the policy weighs; `deadline` a `time.monotonic()` by which the work must have
-        started (the call's own deadline)."""
+        the policy weighs; `deadline` a `time.monotonic()` by which the work (each chunk of
+        it, for a prefill the scheduler cuts) must have started (the call's own deadline)."""
         objective = objective or Objective(arrived=time.perf_counter())
-        if feed.n_out == 0 and len(feed.tokens) > self.prefill_chunk:
-            return self._chunked(feed, session_id, slo_class, objective, deadline)
-        return self._wait(self._submit(Work(feed, session_id, slo_class, objective)), deadline)
-
-    def _chunked(
-        self, feed: Feed, session_id: str, slo_class: str, objective: Objective, deadline: float | None
-    ) -> WorkResult:
-        # Every chunk keeps the prefill's arrival: a policy's bound on waiting holds for the whole prefill.
-        queue_ms = run_ms = 0.0
-        batch_size = 1
-        for lo in range(0, len(feed.tokens), self.prefill_chunk):
-            part = Feed(feed.seq, feed.start + lo, feed.tokens[lo : lo + self.prefill_chunk], 0)
-            done = self._wait(self._submit(Work(part, session_id, slo_class, objective)), deadline)
-            queue_ms, run_ms, batch_size = queue_ms + done.queue_ms, run_ms + done.run_ms, done.batch_size
-        return WorkResult(np.empty((0, self.engine.n_vocab), dtype=np.float32), queue_ms, run_ms, batch_size)
-
-    def _submit(self, work: Work) -> Future[WorkResult]:
+        work = Work(feed, session_id, slo_class, objective)
         with self._wake:
             if self._closed:
                 raise VerifierUnavailableError("the verifier is shutting down")
-            waiting = self.scheduler.waiting()
-            if waiting >= self.max_queue:
-                # Back off for about as long as the engine needs to run what waits.
-                rows = waiting * max(work.rows, 1)
-                wait = max(0.05, rows * self._ms_per_row / 1e3)
-                raise LimitExceededError(
-                    f"the verifier's queue is full ({waiting} works waiting); try again in {wait:.2f} s",
-                    retry_after=wait,
-                )
-            future = self.scheduler.submit(work)
+            future = self.scheduler.submit(work)  # or its refusal, LimitExceededError
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="edgekit-engine", daemon=True)
                 self._thread.start()
             self._wake.notify()
-        return future
+        return self._wait(work, future, deadline)
 
-    def _wait(self, future: Future[WorkResult], deadline: float | None) -> WorkResult:
-        if deadline is not None:
-            try:
-                return future.result(timeout=max(deadline - time.monotonic(), 0.0))
-            except FutureTimeout:
-                if future.cancel():  # still queued: it never runs
-                    raise LimitExceededError(
-                        "the verifier could not start this work before the call's deadline", code="DEADLINE_EXCEEDED"
-                    ) from None
-                # already running: its result is applied (a retry of the call finds it)
-        return future.result()
+    def _wait(self, work: Work, future: Future[WorkResult], deadline: float | None) -> WorkResult:
+        try:
+            if deadline is not None:
+                try:
+                    return future.result(timeout=max(deadline - time.monotonic(), 0.0))
+                except FutureTimeout:
+                    if self.scheduler.withdraw(work):  # none of it had started: none of it runs
+                        raise _late() from None
+                    # some of it runs: that completes, and its result is applied (a retry of the call finds it)
+            return future.result()
+        except CancelledError:  # a prefill withdrawn while one of its chunks ran: the rest never starts
+            raise _late() from None
 
     def _loop(self) -> None:
         while True:
@@ -164,7 +133,6 @@ class EngineCore:
         ms = (time.perf_counter() - t0) * 1e3
         rows = sum(len(f.tokens) for f in feeds)
         self.stats.record_batch(len(batch.works), rows, ms, estimated)
-        self._ms_per_row = 0.8 * self._ms_per_row + 0.2 * ms / max(rows, 1)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "batch: %d works, %d rows, %d cached, estimated %.1f ms, ran %.1f ms",
@@ -181,3 +149,9 @@ class EngineCore:
             self._wake.notify()
         if thread is not None:
             thread.join(timeout)
+
+
+def _late() -> LimitExceededError:
+    return LimitExceededError(
+        "the verifier could not start this work before the call's deadline", code="DEADLINE_EXCEEDED"
+    )

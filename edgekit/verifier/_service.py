@@ -71,8 +71,9 @@ log = logging.getLogger("edgekit.verifier")
 class VerifierService:
     """The verifier over `engine`: sessions, rounds and the target-only baseline,
     with the engine's work ordered by `scheduler` (by default the policy the
-    config names) and planned with `estimator` (by default an uncalibrated one,
-    which learns from the batches that run). `stats` counts what it has served."""
+    config names, with its queue bound and prefill chunk) and planned with
+    `estimator` (by default an uncalibrated one, which learns from the batches
+    that run). `stats` counts what it has served."""
 
     def __init__(
         self,
@@ -108,14 +109,7 @@ class VerifierService:
         self.stats = ServingStats(
             classes=[*self.slo.classes, BEST_EFFORT], queue_depth=scheduler.waiting, sessions=self.sessions.__len__
         )
-        self.core = EngineCore(
-            engine,
-            scheduler,
-            estimator=self.estimator,
-            prefill_chunk=config.prefill_chunk,
-            max_queue=config.max_queue,
-            stats=self.stats,
-        )
+        self.core = EngineCore(engine, scheduler, estimator=self.estimator, stats=self.stats)
         self.checks = RequestChecks(config, self.fingerprint)
         self.budgets = _budgets(config, self.estimator, self.sessions)
         if semantic_head is None and config.semantic_head:

@@ -1,5 +1,7 @@
-"""Which work the verifier's engine runs next: the `Scheduler` seam and its policies, by name
-in `SCHEDULERS` (what `ServerConfig.policy` and `edgekit serve --policy` name)."""
+"""Which work the verifier's engine runs next, and whether it is taken at all: the `Scheduler`
+seam and its policies, by name in `SCHEDULERS` (what `ServerConfig.policy` and `edgekit serve
+--policy` name). Each is built with the config's bounds on the queue (`max_queue`) and on a
+prefill's chunk (`prefill_chunk`); the engine core only runs what it schedules."""
 
 from __future__ import annotations
 
@@ -17,14 +19,23 @@ if TYPE_CHECKING:
 __all__ = ["SCHEDULERS", "Batch", "FcfsScheduler", "Objective", "Scheduler", "WispScheduler", "Work", "WorkResult"]
 
 
+def _fcfs(estimator: VerifyTimeEstimator, config: ServerConfig) -> Scheduler:
+    return FcfsScheduler(prefill_chunk=config.prefill_chunk, max_queue=config.max_queue)
+
+
 def _wisp(estimator: VerifyTimeEstimator, config: ServerConfig) -> Scheduler:
     return WispScheduler(
-        estimator, guard_ms=config.guard_ms, starvation_s=config.starvation_s, min_efficiency=config.min_efficiency
+        estimator,
+        guard_ms=config.guard_ms,
+        starvation_s=config.starvation_s,
+        min_efficiency=config.min_efficiency,
+        prefill_chunk=config.prefill_chunk,
+        max_queue=config.max_queue,
     )
 
 
 # A policy by name: built from the verifier's time estimator and its config.
 SCHEDULERS: dict[str, Callable[[VerifyTimeEstimator, ServerConfig], Scheduler]] = {
-    "fcfs": lambda estimator, config: FcfsScheduler(),
+    "fcfs": _fcfs,
     "wisp": _wisp,
 }

@@ -11,14 +11,22 @@ class FcfsScheduler(WorkQueue):
     """Batches works in the order they arrived: each batch takes the oldest
     waiting works while they fit in `max_rows` rows and `max_works` works
     (`max_works=1`: one session at a time). The oldest work always goes, however
-    many rows it has: nothing waits forever."""
+    many rows it has: nothing waits forever. `prefill_chunk`, `max_queue`: as
+    `WorkQueue` takes them."""
 
     name = "fcfs"
 
-    def __init__(self, *, max_rows: int = 512, max_works: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_rows: int = 512,
+        max_works: int | None = None,
+        prefill_chunk: int | None = None,
+        max_queue: int | None = None,
+    ) -> None:
         if max_rows < 1 or (max_works is not None and max_works < 1):
             raise ValueError("a batch needs room for at least one row and one work")
-        super().__init__()
+        super().__init__(prefill_chunk=prefill_chunk, max_queue=max_queue)
         self.max_rows = max_rows
         self.max_works = max_works
 

@@ -65,11 +65,13 @@ class WispScheduler(WorkQueue):
         max_rows: int = 512,
         min_efficiency: float = 0.75,
         clock: Callable[[], float] = time.perf_counter,
+        prefill_chunk: int | None = None,
+        max_queue: int | None = None,
     ) -> None:
         if max_rows < 1 or guard_ms < 0 or starvation_s <= 0 or not 0 <= min_efficiency < 1:
             raise ValueError("max_rows must be >= 1, guard_ms >= 0, starvation_s > 0 and min_efficiency in [0, 1)")
         self.min_efficiency = min_efficiency
-        super().__init__()
+        super().__init__(prefill_chunk=prefill_chunk, max_queue=max_queue)
         self.estimator = estimator
         self.guard_ms = guard_ms
         self.starvation_s = starvation_s
