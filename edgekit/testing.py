@@ -396,7 +396,7 @@ class ScriptedTransport:
                     raise ValueError(f"{method} call {n}: {fault!r} is no fault (\"drop\", \"lose\")")
         self.inner = inner
         self.handler = handler
-        self.script = {method: dict(faults) for method, faults in (script or {}).items()}
+        self.script = script or {}
         self.config: ClientConfig = config or getattr(inner, "config", None) or ClientConfig()
         self.address: str = address or getattr(inner, "address", None) or "scripted"
         self.calls: list[Call] = []
