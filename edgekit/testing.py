@@ -307,19 +307,20 @@ def toy_client(
     >>> client = toy_client(ToyLanguageModel(seed=4), max_tokens=200, draft_k=3, stop_at_eos=False)
 
     The draft is `target` with `noise` (its seed, vocabulary and end of text: a draft that
-    disagrees now and then; 0 agrees always), or `draft`: another toy LM (driven by a
+    disagrees now and then; with 0, never), or `draft`: another toy LM (driven by a
     `FakeDraftModel`), a draft model or a `DraftPool`. `verifier`: a transport in place of
     `toy_verifier(target)` (one with options, a `ScriptedTransport`); `fields`: GenerationConfig's,
     over `generation`. The client's transport and draft are `client.transport` and `client.draft`.
     """
-    target = target or ToyLanguageModel()
+    if target is None:
+        target = ToyLanguageModel()
     if draft is None:
         draft = ToyLanguageModel(target.vocab_size, seed=target.seed, order=target.order, noise=noise,
                                  eos=target.eos, eos_bias=target.eos_bias, name=target.name)
     if isinstance(draft, ToyLanguageModel):
         draft = FakeDraftModel(draft)
     return EdgeClient(
-        verifier or toy_verifier(target),
+        verifier if verifier is not None else toy_verifier(target),
         draft_model=draft,
         generation=replace(generation or GenerationConfig(), **fields),
         config=config,
