@@ -13,9 +13,8 @@ import random
 import numpy as np
 import pytest
 
-from edgekit import EdgeClient, GenerationConfig
 from edgekit.protocol import BlockRequest, OpenRequest, SparseDistribution, acceptance_ratios, target_probs
-from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
+from edgekit.testing import FakeDraftModel, ScriptedTransport, ToyLanguageModel, toy_client, toy_verifier
 from edgekit.verifier._budgets import (
     BudgetState,
     FixedShare,
@@ -176,9 +175,7 @@ def test_a_block_past_its_budget_is_cut_to_it_and_the_output_stays_the_targets()
 @pytest.mark.parametrize("policy", ["goodspeed", "fixed", "random"])
 def test_a_device_that_honours_its_budgets_writes_the_targets_own_output(policy):
     v = _budgeted(budgets=policy)
-    draft = FakeDraftModel(ToyLanguageModel(seed=31, noise=1.0, eos_bias=-8.0))
-    client = EdgeClient(v, draft_model=draft, generation=GenerationConfig(max_tokens=50, draft_k=8,
-                                                                           drafting="fixed", stop_at_eos=False))
+    client = toy_client(TARGET, verifier=v, max_tokens=50, draft_k=8, drafting="fixed", stop_at_eos=False)
     final = client.generate([1, 2, 3, 4]).until_done()
     assert list(final.token_ids) == TARGET.greedy([1, 2, 3, 4], 50)
     assert max(r.drafted for r in final.stats.rounds_detail) <= 8
@@ -244,14 +241,16 @@ def test_the_verifier_carries_a_clients_estimates_across_its_sessions_and_refuse
 
 
 def test_an_edge_client_sends_one_id_for_all_its_sessions():
-    v = _budgeted()
-    sent = []
-    opener = v.open_session
-    v.open_session = lambda r: sent.append(r.client_id) or opener(r)  # type: ignore[method-assign]
-    with EdgeClient(v, draft_model=FakeDraftModel(TARGET)) as client:
+    v = ScriptedTransport(_budgeted())
+
+    def sent() -> list[str]:  # the client ids of the sessions opened so far
+        return [c.arguments["request"].client_id for c in v.calls if c.method == "open_session"]
+
+    with toy_client(TARGET, noise=0.0, verifier=v) as client:
         for prompt in ([1, 2, 3], [4, 5, 6]):
             list(client.generate(prompt, max_tokens=4))
-    assert len(sent) == 2 and sent[0] == sent[1] and len(sent[0]) == 32
-    with EdgeClient(v, draft_model=FakeDraftModel(TARGET)) as other:
+    ids = sent()
+    assert len(ids) == 2 and ids[0] == ids[1] and len(ids[0]) == 32
+    with toy_client(TARGET, noise=0.0, verifier=v) as other:
         list(other.generate([1, 2, 3], max_tokens=2))
-    assert sent[2] != sent[0]  # another client, another id
+    assert sent()[2] != ids[0]  # another client, another id

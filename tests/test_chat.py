@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from edgekit import AsyncEdgeClient, ChatTemplate, EdgeClient, GenerationConfig
 from edgekit.cli import _connect as cli_client
 from edgekit.cli.app import app
-from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_client, toy_verifier
 
 runner = CliRunner()
 
@@ -23,10 +23,7 @@ def fake_client(monkeypatch, tmp_path):
     made = []
 
     def build_client(*, pair, verifier, timeout, token, generation, announce=True, **_):
-        target = ToyLanguageModel(seed=9)
-        client = EdgeClient(
-            toy_verifier(target), draft_model=FakeDraftModel(ToyLanguageModel(seed=9, noise=1.0)), generation=generation
-        )
+        client = toy_client(ToyLanguageModel(seed=9), generation=generation)
         made.append(client)
         return client
 
@@ -140,11 +137,7 @@ def test_chat_transcript_on_the_real_pair(gemma_server, tmp_path, monkeypatch):
 
 
 def test_a_reply_stopped_early_still_counts_in_the_figures():
-    client = EdgeClient(
-        toy_verifier(ToyLanguageModel(seed=4)),
-        draft_model=FakeDraftModel(ToyLanguageModel(seed=4, noise=1.0)),
-        generation=GenerationConfig(max_tokens=200, draft_k=3, stop_at_eos=False),
-    )
+    client = toy_client(ToyLanguageModel(seed=4), max_tokens=200, draft_k=3, stop_at_eos=False)
     conv = client.conversation()
     with conv.send("stop me") as stream:
         for i, event in enumerate(stream):

@@ -12,12 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 import edgekit.runtime._device as device_mod
-from edgekit import EdgeClient, GenerationConfig
 from edgekit.cli.app import app
 from edgekit.errors import InsufficientMemoryError, ModelLoadError
 from edgekit.runtime import LlamaDraftModel, LlamaPoolBackend, default_threads, device_state, model_memory_need
 from edgekit.runtime._gguf import GGUFArray, read_metadata
-from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
+from edgekit.testing import ToyLanguageModel, toy_client
 
 _Mem = namedtuple("_Mem", "total available percent used free")
 
@@ -167,9 +166,7 @@ def test_a_draft_that_does_not_fit_is_refused_before_loading(gemma_paths, monkey
 
 
 def test_the_stats_carry_the_device_load():
-    target = ToyLanguageModel(seed=3, eos_bias=-8.0)
-    with EdgeClient(toy_verifier(target), draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.0)),
-                    generation=GenerationConfig(max_tokens=16)) as client:
+    with toy_client(ToyLanguageModel(seed=3, eos_bias=-8.0), max_tokens=16) as client:
         for stream in (client.generate([1, 2, 3]), client.generate_target_only([1, 2, 3])):
             device = stream.until_done().stats.to_dict()["device"]
             assert device["process_rss_mb"] > 10 and device["memory_available_mb"] > 0

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from edgekit import EdgeClient, GenerationConfig, VerifierUnavailableError
+from edgekit import VerifierUnavailableError
 from edgekit.link import MIN_RTO_MS, LinkEstimator, probe
-from edgekit.testing import FakeDraftModel, InProcessTransport, SimulatedLink, ToyLanguageModel, toy_verifier
+from edgekit.testing import (
+    Call,
+    FakeDraftModel,
+    ScriptedTransport,
+    SimulatedLink,
+    ToyLanguageModel,
+    toy_client,
+    toy_verifier,
+)
 
 
 def test_srtt_and_rttvar_follow_rfc_6298():
@@ -51,11 +59,9 @@ def test_probe_estimates_loss_on_a_lossy_link():
 
 
 def test_rounds_update_the_link_and_carry_it():
-    target = ToyLanguageModel(seed=3)
-    verifier = toy_verifier(target)
-    client = EdgeClient(verifier, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.0)),
-                        generation=GenerationConfig(max_tokens=20, stop_at_eos=False, drafting="fixed"))
+    client = toy_client(ToyLanguageModel(seed=3), max_tokens=20, stop_at_eos=False, drafting="fixed")
     client.generate("link").until_done()
+    verifier = client.transport
     assert client.link.samples == len(verifier.verify_calls)
     # each round carries the estimate as it stood before that round
     assert [b.link.samples for b in verifier.verify_calls] == list(range(len(verifier.verify_calls)))
@@ -65,19 +71,10 @@ def test_probing_a_dead_verifier_fails_within_its_deadline():
     from edgekit import ClientConfig
     from edgekit.transport import GrpcTransport
 
-    t = GrpcTransport("127.0.0.1:9", ClientConfig(timeout=1.0, connect_timeout=1.0))
-    pings = 0
-    ping = t.ping
-
-    def counted(*args, **kwargs):
-        nonlocal pings
-        pings += 1
-        return ping(*args, **kwargs)
-
-    t.ping = counted  # type: ignore[method-assign]
+    t = ScriptedTransport(GrpcTransport("127.0.0.1:9", ClientConfig(timeout=1.0, connect_timeout=1.0)))
     with pytest.raises(VerifierUnavailableError, match="127.0.0.1:9"):
         probe(t)
-    assert pings == 1  # the first ping's failure ends the probe: one deadline spent, not one per ping
+    assert t.count("ping") == 1  # the first ping's failure ends the probe: one deadline spent, not one per ping
     t.close()
 
 
@@ -112,13 +109,10 @@ def test_the_async_client_probes_the_same_way():
 
 
 def test_a_payload_that_cannot_cross_in_time_says_so():
-    from edgekit import VerifierUnavailableError
-
-    class SlowUplink(InProcessTransport):
-        def ping(self, payload_bytes=0, reply_bytes=0):  # type: ignore[no-untyped-def]
-            if payload_bytes:
-                raise VerifierUnavailableError("verifier at fake did not answer a ping within 2 s", address="fake")
-            return 8.0
+    def slow_uplink(call: Call) -> float:  # empty pings cross, a payload up does not
+        if call.arguments["payload_bytes"]:
+            raise VerifierUnavailableError("verifier at fake did not answer a ping within 2 s", address="fake")
+        return 8.0
 
     with pytest.raises(VerifierUnavailableError, match="empty pings took 8 ms but a 64 KiB payload up did not cross"):
-        probe(SlowUplink(toy_verifier(ToyLanguageModel()).service), payload_bytes=64 * 1024)
+        probe(ScriptedTransport(handler=slow_uplink, address="fake"), payload_bytes=64 * 1024)

@@ -15,7 +15,7 @@ from _wait import until
 from edgekit import AsyncEdgeClient, EdgeClient, GenerationConfig
 from edgekit.errors import EdgekitError
 from edgekit.runtime import DraftPool
-from edgekit.testing import FakeDraftModel, ToyLanguageModel, ToyPoolBackend, toy_verifier
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, ToyPoolBackend, toy_client, toy_verifier
 
 TARGET = ToyLanguageModel(seed=21, eos_bias=-8.0)
 DRAFT_LM = ToyLanguageModel(seed=21, noise=1.0)  # a draft that mostly agrees with the target
@@ -56,13 +56,14 @@ def _pool(slots: int, delay_s: float = 0.002, *, batched: bool = False,
     return backend.pool
 
 
-def _client(pool_or_draft, **config) -> EdgeClient:
-    return EdgeClient(toy_verifier(TARGET, max_sessions=16, **config), draft_model=pool_or_draft,
-                      generation=GenerationConfig(max_tokens=24, draft_k=4))
+def _client(draft: DraftPool | ToyLanguageModel, **config) -> EdgeClient:
+    """A client of a toy verifier of 16 sessions (`config`: its other settings) drafting with `draft`."""
+    return toy_client(TARGET, draft=draft, verifier=toy_verifier(TARGET, max_sessions=16, **config), max_tokens=24,
+                      draft_k=4)
 
 
 def test_every_task_of_a_pipelined_batch_writes_what_it_writes_alone():
-    with _client(FakeDraftModel(DRAFT_LM)) as alone:
+    with _client(DRAFT_LM) as alone:
         expected = [alone.generate(p).until_done().token_ids for p in PROMPTS]
     assert all(list(e) == TARGET.greedy(p, 24) for e, p in zip(expected, PROMPTS))
     pool = _pool(4, batched=True)

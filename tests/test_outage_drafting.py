@@ -11,37 +11,36 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from edgekit import ClientConfig, EdgeClient, FinalStats, GenerationConfig, Provisional, Resumed, TextDelta
+from edgekit import ClientConfig, EdgeClient, FinalStats, Provisional, Resumed, TextDelta
 from edgekit.client._ahead import DraftChain, DraftedBlock
 from edgekit.client._drafter import Drafter
 from edgekit.errors import VerifierUnavailableError
 from edgekit.protocol import SparseDistribution, accept_sampling, target_probs
-from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_verifier
+from edgekit.testing import Call, ScriptedTransport, ToyLanguageModel, toy_client, toy_verifier
 
 FAST = dict(retry_for=60.0, retry_initial=0.01, retry_max=0.05)
 HOLD_S = 30.0  # the longest an outage waits for the event that ends it before the test fails
 
 
-class Outage(InProcessTransport):
-    """The toy verifier behind a link that goes away at the `at`-th Verify: "reset" refuses every
-    call meanwhile (a restart, an interface down); "silent" holds the call and answers once the
-    link is back (packets dropped and retransmitted).
+class Outage:
+    """A link to the toy verifier that goes away at the `at`-th Verify, as the handler of a
+    `ScriptedTransport`: "reset" refuses every call meanwhile (a restart, an interface down);
+    "silent" holds the call and answers once the link is back (packets dropped and retransmitted).
 
     The link comes back on an event, never after a while (so much happens during the outage on
     any machine, loaded or not): once the device has drafted all it may ahead (`drafted_all`, told
     by `_chain_full_ends_the_outage`), after `refusals` refused calls where given, or at `restore()`."""
 
-    def __init__(self, target: ToyLanguageModel, config: ClientConfig, *, at: int, kind: str,
-                 refusals: int | None = None):
-        super().__init__(toy_verifier(target).service, config=config)
+    def __init__(self, *, at: int, kind: str, refusals: int | None = None):
         _OUTAGES.append(self)
         self.at, self.kind, self.refusals = at, kind, refusals
-        self.calls = 0
         self.refused = 0
         self.down = False
         self.full = False  # the device's chain was full while the link was down
@@ -64,20 +63,21 @@ class Outage(InProcessTransport):
             self.restored = True
             self._changed.notify_all()
 
-    def verify(self, block):
-        self.calls += 1
+    def __call__(self, call: Call) -> Any:
+        if call.method != "verify":
+            return call.forward()
         with self._changed:
-            if self.calls == self.at:
+            if call.n == self.at:
                 self.down, self._began = True, time.monotonic()
             if self.down and not self._back():
                 if self.kind == "reset":
                     assert time.monotonic() - self._began < HOLD_S, "the outage did not end within 30 s"
                     self.refused += 1
-                    raise VerifierUnavailableError("connection refused", address=self.address)
+                    raise VerifierUnavailableError("connection refused", address=call.transport.address)
                 assert self._changed.wait_for(self._back, timeout=HOLD_S), "the outage did not end within 30 s"
             held, self.down = self.down, False
-        self.blocks.append(len(block.draft_tokens))
-        answer = super().verify(block)
+        self.blocks.append(len(call.arguments["block"].draft_tokens))
+        answer = call.forward()
         if held:
             self.answered.set()
         return answer
@@ -108,20 +108,24 @@ def _target() -> ToyLanguageModel:
     return ToyLanguageModel(seed=3, eos_bias=-4.0)
 
 
+def _client(link: Callable[[Call], Any], *, noise: float, config: dict[str, Any] | None = None, **gen) -> EdgeClient:
+    """A client of the toy verifier behind `link` (an `Outage`, the handler of its transport), drafting
+    ahead through an outage after 50 ms, with a draft of `noise`; it writes past an end of text."""
+    cfg = ClientConfig(**({"on_disconnect": "draft", "draft_ahead_after": 0.05} | FAST | (config or {})))
+    transport = ScriptedTransport(toy_verifier(_target()), handler=link, config=cfg)
+    return toy_client(_target(), noise=noise, verifier=transport, config=cfg, stop_at_eos=False, **gen)
+
+
 def _run(*, noise: float, kind: str = "reset", on_disconnect: str = "draft", refusals: int | None = None,
          max_tokens: int = 60, **config) -> tuple[list, Outage]:
-    cfg = ClientConfig(on_disconnect=on_disconnect, draft_ahead_after=0.05, **(FAST | config))
-    transport = Outage(_target(), cfg, at=3, kind=kind, refusals=refusals)
-    draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=noise, eos_bias=-4.0))
-    gen = GenerationConfig(draft_k=4, max_tokens=max_tokens, stop_at_eos=False)
-    client = EdgeClient(transport, draft_model=draft, generation=gen, config=cfg)
-    return list(client.generate("through the outage")), transport
+    outage = Outage(at=3, kind=kind, refusals=refusals)
+    client = _client(outage, noise=noise, config={"on_disconnect": on_disconnect} | config, draft_k=4,
+                     max_tokens=max_tokens)
+    return list(client.generate("through the outage")), outage
 
 
 def _reference(max_tokens: int = 60) -> tuple[int, ...]:
-    transport = toy_verifier(_target())
-    client = EdgeClient(transport, draft_model=FakeDraftModel(_target()),
-                        generation=GenerationConfig(max_tokens=max_tokens, stop_at_eos=False))
+    client = toy_client(_target(), noise=0.0, max_tokens=max_tokens, stop_at_eos=False)
     return client.generate_target_only("through the outage").until_done().token_ids
 
 
@@ -148,12 +152,12 @@ def test_drafting_through_an_outage_is_lossless(kind, noise):
 
 
 def test_with_a_draft_that_is_always_right_every_provisional_token_is_kept():
-    events, transport = _run(noise=0.0)
+    events, outage = _run(noise=0.0)
     final = events[-1]
     assert final.stats.provisional_tokens > 8
     assert final.stats.provisional_kept == final.stats.provisional_tokens
     # Sent as the controller cut them, one block per round after the outage: no block past draft_k.
-    assert max(transport.blocks) <= 4
+    assert max(outage.blocks) <= 4
     last_provisional = [e for e in events if isinstance(e, Provisional)][-1]
     assert last_provisional.token_ids == ()  # the stream says when nothing is ahead any more
 
@@ -183,10 +187,7 @@ def test_wait_retries_without_drafting_and_fail_gives_up_at_once():
 
 
 def test_a_verifier_that_answers_in_time_never_sees_provisional_tokens():
-    cfg = ClientConfig(on_disconnect="draft", draft_ahead_after=60.0, **FAST)
-    transport = Outage(_target(), cfg, at=10**6, kind="reset")
-    client = EdgeClient(transport, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5)),
-                        generation=GenerationConfig(max_tokens=40, stop_at_eos=False), config=cfg)
+    client = _client(Outage(at=10**6, kind="reset"), noise=1.5, config={"draft_ahead_after": 60.0}, max_tokens=40)
     events = list(client.generate("through the outage"))
     assert not [e for e in events if isinstance(e, Provisional)]
     assert events[-1].stats.provisional_tokens == 0
@@ -195,17 +196,14 @@ def test_a_verifier_that_answers_in_time_never_sees_provisional_tokens():
 def test_the_verify_call_runs_beside_the_drafting():
     """While the call is silent the device drafts: the call is on another thread."""
     seen: list[str] = []
+    outage = Outage(at=2, kind="silent")
 
-    class Spy(Outage):
-        def verify(self, block):
+    def spy(call: Call) -> Any:
+        if call.method == "verify":
             seen.append(threading.current_thread().name)
-            return super().verify(block)
+        return outage(call)
 
-    cfg = ClientConfig(on_disconnect="draft", draft_ahead_after=0.05, **FAST)
-    transport = Spy(_target(), cfg, at=2, kind="silent")
-    client = EdgeClient(transport, draft_model=FakeDraftModel(_target()),
-                        generation=GenerationConfig(max_tokens=30, stop_at_eos=False), config=cfg)
-    client.generate("through the outage").until_done()
+    _client(spy, noise=0.0, max_tokens=30).generate("through the outage").until_done()
     assert seen and all(name == "edgekit-verify" for name in seen)
 
 
@@ -395,12 +393,9 @@ class _StopAtOnce:
         pass
 
 
-def _session(kind: str = "silent", **config):
-    cfg = ClientConfig(on_disconnect="draft", draft_ahead_after=0.05, **(FAST | config))
-    transport = Outage(_target(), cfg, at=3, kind=kind)
-    client = EdgeClient(transport, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5, eos_bias=-4.0)),
-                        generation=GenerationConfig(max_tokens=60, draft_k=4, stop_at_eos=False), config=cfg)
-    return client, transport
+def _session(kind: str = "silent", **config) -> tuple[EdgeClient, Outage]:
+    outage = Outage(at=3, kind=kind)
+    return _client(outage, noise=1.5, config=config, max_tokens=60, draft_k=4), outage
 
 
 def test_a_controller_that_never_drafts_does_not_spin_through_an_outage():
@@ -425,16 +420,16 @@ def test_the_shared_draft_is_free_while_the_consumer_holds_a_provisional_event()
 
 
 def test_a_turn_after_an_answer_stopped_mid_round_reopens_the_session_in_step():
-    client, transport = _session()
+    client, outage = _session()
     session = client.session()
     session.open(client.tokenize("through the outage"))
     stream = session.stream()
     next(e for e in stream if isinstance(e, Provisional))
     stream.close()  # the consumer stops while the verify call is silent: the verifier applies it later
-    transport.restore()
-    assert transport.answered.wait(HOLD_S)  # applied now
+    outage.restore()
+    assert outage.answered.wait(HOLD_S)  # applied now
     session.extend(client.tokenize(" and more", special=False))  # StaleRound: reopened from its tokens
-    server = transport.service.sessions.get(session.session_id)
+    server = client.transport.service.sessions.get(session.session_id)
     assert server.tokens == session.tokens
 
 

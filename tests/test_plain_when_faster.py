@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgekit import EdgeClient, GenerationConfig
 from edgekit.drafting import FixedWindow, PlainWhenFaster
 from edgekit.link import CostTracker
-from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, toy_verifier
+from edgekit.testing import SimulatedLink, ToyLanguageModel, toy_client, toy_verifier
 
 TARGET = ToyLanguageModel(seed=17, eos_bias=-8.0)
 NEVER = ToyLanguageModel(seed=1234, noise=50.0)  # a draft whose tokens the target (almost) never takes
@@ -36,9 +35,8 @@ def modelled_costs(monkeypatch):
 
 
 def _final(draft_lm: ToyLanguageModel, **gen):
-    config = GenerationConfig(max_tokens=80, drafting="latency", **gen)
     verifier = toy_verifier(TARGET, link=SimulatedLink(rtt_ms=5.0))
-    with EdgeClient(verifier, draft_model=FakeDraftModel(draft_lm), generation=config) as client:
+    with toy_client(TARGET, draft=draft_lm, verifier=verifier, max_tokens=80, drafting="latency", **gen) as client:
         stream = client.generate([1, 2, 3])
         return stream.until_done()
 

@@ -106,17 +106,15 @@ def test_a_phaser_lets_a_batch_go_when_all_arrive_or_the_rest_have_left():
 
 
 def test_generate_many_runs_a_plan_and_each_task_writes_its_own_output():
-    from edgekit import EdgeClient, GenerationConfig
     from edgekit.errors import ConfigError
     from edgekit.plan import Plan
     from edgekit.runtime import DraftPool
-    from edgekit.testing import ToyLanguageModel, ToyPoolBackend, toy_verifier
+    from edgekit.testing import ToyLanguageModel, ToyPoolBackend, toy_client, toy_verifier
 
     target = ToyLanguageModel(seed=3, eos_bias=-8.0)
     prompts = [[1, 2], [3, 4, 5], [6], [7, 8, 9, 10]]
     pool = DraftPool(ToyPoolBackend(ToyLanguageModel(seed=3, noise=0.8), slots=5, delay_s=0.002))
-    with EdgeClient(toy_verifier(target, max_sessions=8), draft_model=pool,
-                    generation=GenerationConfig(max_tokens=20)) as client:
+    with toy_client(target, draft=pool, verifier=toy_verifier(target, max_sessions=8), max_tokens=20) as client:
         results = client.generate_many(prompts, plan=Plan(((2, 0), (1, 3)), 3, 0.0))
         assert [list(r.token_ids) for r in results] == [target.greedy(p, 20) for p in prompts]
         assert all(r.stats.drafting == "fixed-3" for r in results)

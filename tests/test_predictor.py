@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgekit import ConfidenceThreshold, EdgeClient, GenerationConfig
+from edgekit import ConfidenceThreshold, GenerationConfig
 from edgekit.drafting import AcceptanceTracker, OnnxPredictor, PredictorController, shipped_cards
 from edgekit.errors import PredictorError
 from edgekit.predictors.collect import Trace, TraceRecorder, collect, label_round
@@ -20,17 +20,15 @@ from edgekit.predictors.train import (
     train_mlp,
 )
 from edgekit.runtime import DraftOutput
-from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
+from edgekit.testing import ToyLanguageModel, toy_client
 
 onnx = pytest.importorskip("onnx")
 from edgekit.predictors.export import export_onnx  # noqa: E402  # only where onnx is installed
 
 
 def fake_client(**gen):
-    target = ToyLanguageModel(seed=3, eos_bias=-6.0)
-    draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5, eos_bias=-6.0))
-    verifier = toy_verifier(target)
-    return EdgeClient(verifier, draft_model=draft, generation=GenerationConfig(**gen)), draft, verifier
+    client = toy_client(ToyLanguageModel(seed=3, eos_bias=-6.0), noise=1.5, **gen)
+    return client, client.draft, client.transport
 
 
 # -- labelling -----------------------------------------------------------------------

@@ -12,27 +12,22 @@ from __future__ import annotations
 import threading
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from edgekit import EdgeClient, GenerationConfig
 from edgekit.client import _round as round_module
-from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
+from edgekit.testing import Call, FakeDraftModel, ScriptedTransport, ToyLanguageModel, toy_client, toy_verifier
 
 TARGET = ToyLanguageModel(seed=41, eos_bias=-8.0)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7], [9]]
 
 
-def _slow(transport, seconds: float = 0.005):
-    """The verifier answering after `seconds` (a round trip): drafting ahead races the verdict."""
-    verify = transport.verify
-
-    def slow_verify(block):
-        time.sleep(seconds)
-        return verify(block)
-
-    transport.verify = slow_verify
-    return transport
+def _round_trip(call: Call) -> Any:
+    """A verdict comes 5 ms after its block was sent (a round trip): drafting ahead races it."""
+    if call.method == "verify":
+        time.sleep(0.005)
+    return call.forward()
 
 
 def _watch(monkeypatch, *, hold: bool) -> SimpleNamespace:
@@ -71,9 +66,9 @@ def _watch(monkeypatch, *, hold: bool) -> SimpleNamespace:
 
 def _run(draft_lm: ToyLanguageModel, proactive: bool, prompt: list[int], *, race: bool = True, **gen):
     """A generation; with `race`, each verdict comes after a 5 ms round trip, racing the drafting ahead."""
-    config = GenerationConfig(max_tokens=40, drafting="fixed", draft_k=4, proactive=proactive, **gen)
-    verifier = _slow(toy_verifier(TARGET)) if race else toy_verifier(TARGET)
-    with EdgeClient(verifier, draft_model=FakeDraftModel(draft_lm), generation=config) as client:
+    verifier = ScriptedTransport(toy_verifier(TARGET), handler=_round_trip) if race else toy_verifier(TARGET)
+    with toy_client(TARGET, draft=draft_lm, verifier=verifier, max_tokens=40, drafting="fixed", draft_k=4,
+                    proactive=proactive, **gen) as client:
         return client.generate(prompt).until_done()
 
 
@@ -112,16 +107,14 @@ def test_the_draft_works_while_the_verify_call_is_out(monkeypatch):
             steps.append(calls.out is not None)
             return super().eval(tokens, hidden=hidden)
 
-    transport = toy_verifier(TARGET)
-    verify = transport.verify
+    def watched(call: Call) -> Any:
+        if call.method == "verify":
+            answered.append(calls.out is None or calls.out.asked.is_set())
+        return call.forward()
 
-    def watched_verify(block):
-        answered.append(calls.out is None or calls.out.asked.is_set())
-        return verify(block)
-
-    transport.verify = watched_verify  # type: ignore[method-assign]
-    config = GenerationConfig(max_tokens=12, drafting="fixed", draft_k=3, proactive=True)
-    with EdgeClient(transport, draft_model=Draft(TARGET), generation=config) as client:
+    transport = ScriptedTransport(toy_verifier(TARGET), handler=watched)
+    with toy_client(TARGET, draft=Draft(TARGET), verifier=transport, max_tokens=12, drafting="fixed", draft_k=3,
+                    proactive=True) as client:
         final = client.generate(PROMPTS[0]).until_done()
     assert list(final.token_ids) == TARGET.greedy(PROMPTS[0], 12)
     assert all(answered)  # no verdict came before the device asked for it ...
@@ -132,9 +125,8 @@ def test_drafting_ahead_through_outages_drafts_proactively_too(monkeypatch):
     from edgekit import ClientConfig
 
     _watch(monkeypatch, hold=True)  # every verdict comes once the next block is drafted
-    config = GenerationConfig(max_tokens=40, drafting="fixed", draft_k=4, proactive=True)
-    with EdgeClient(toy_verifier(TARGET), draft_model=FakeDraftModel(TARGET), generation=config,
-                    config=ClientConfig(on_disconnect="draft", draft_ahead_after=60.0)) as client:
+    with toy_client(TARGET, noise=0.0, config=ClientConfig(on_disconnect="draft", draft_ahead_after=60.0),
+                    max_tokens=40, drafting="fixed", draft_k=4, proactive=True) as client:
         final = client.generate(PROMPTS[0]).until_done()
     assert list(final.token_ids) == TARGET.greedy(PROMPTS[0], 40)
     assert final.stats.proactive_drafted > 20 and final.stats.proactive_used >= final.stats.proactive_drafted - 5
@@ -150,8 +142,8 @@ def test_drafting_ahead_stops_once_the_verdict_is_in(monkeypatch):
                 assert out.wait(30), "no verdict within 30 s"
             return super().eval(tokens, hidden=hidden)
 
-    config = GenerationConfig(max_tokens=24, drafting="fixed", draft_k=4, proactive=True)
-    with EdgeClient(toy_verifier(TARGET), draft_model=SlowDraft(TARGET), generation=config) as client:
+    with toy_client(TARGET, draft=SlowDraft(TARGET), max_tokens=24, drafting="fixed", draft_k=4,
+                    proactive=True) as client:
         final = client.generate(PROMPTS[0]).until_done()
     assert list(final.token_ids) == TARGET.greedy(PROMPTS[0], 24)
     # Each round's verdict comes before the draft's first step ahead is done: at most the guess and

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -16,7 +17,6 @@ from edgekit import (
     ClientConfig,
     EdgeClient,
     FinalStats,
-    GenerationConfig,
     IncompatibleModelsError,
     LimitExceededError,
     Resumed,
@@ -24,49 +24,32 @@ from edgekit import (
 )
 from edgekit.client._resilience import Backoff, retryable
 from edgekit.errors import ProtocolError, SessionNotFoundError
-from edgekit.protocol import BlockRequest, LinkState, OpenRequest
-from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_verifier
+from edgekit.protocol import BlockRequest, LinkState, OpenRequest, VerifyResult
+from edgekit.testing import Call, FakeDraftModel, ScriptedTransport, ToyLanguageModel, toy_client, toy_verifier
 
 FAST = ClientConfig(retry_for=5.0, retry_initial=0.001, retry_max=0.002)
 
 
-class Flaky(InProcessTransport):
-    """The toy verifier with scripted failures: `plan[i]` says what happens at the i-th
-    Verify: "lose" (the verifier applies the round, its answer is lost), "drop" (the
-    request never arrives), "restart" (the verifier restarts, losing its sessions, and the
-    request never arrives), or an exception to raise instead of the call."""
-
-    def __init__(self, make, plan: dict[int, object], config: ClientConfig = FAST) -> None:
-        self._make = make
-        super().__init__(make().service, config=config)
-        self.plan = plan
-        self.calls = 0
-
-    def verify(self, block: BlockRequest):
-        self.calls += 1
-        what = self.plan.get(self.calls)
-        if what == "drop":
-            raise VerifierUnavailableError("dropped", address=self.address)
-        if what == "restart":
-            self.service = self._make().service
-            raise VerifierUnavailableError("restarting", address=self.address)
-        if isinstance(what, Exception):
-            raise what
-        answer = super().verify(block)
-        if what == "lose":
-            raise VerifierUnavailableError("the answer was lost", address=self.address)
-        return answer
+TARGET = ToyLanguageModel(seed=3, eos_bias=-4.0)
 
 
-def _target(seed: int = 3) -> ToyLanguageModel:
-    return ToyLanguageModel(seed=seed, eos_bias=-4.0)
+def _restart(target: ToyLanguageModel = TARGET) -> Callable[[Call], VerifyResult]:
+    """A scripted fault: the verifier restarts (serving `target`), losing its sessions, and the
+    request never arrives."""
+
+    def restart(call: Call) -> VerifyResult:
+        call.transport.inner = toy_verifier(target)
+        raise VerifierUnavailableError("restarting", address=call.transport.address)
+
+    return restart
 
 
-def _client(plan, *, seed: int = 3, config: ClientConfig = FAST, **gen):
-    transport = Flaky(lambda: toy_verifier(_target(seed)), plan, config)
-    draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5, eos_bias=-4.0))
+def _client(plan: dict[int, object], *, config: ClientConfig = FAST, **gen) -> tuple[EdgeClient, ScriptedTransport]:
+    """A client of the toy verifier whose n-th Verify does what `plan[n]` says (a `ScriptedTransport`
+    fault: "lose", "drop", `_restart()`, an exception)."""
+    transport = ScriptedTransport(toy_verifier(TARGET), script={"verify": plan}, config=config)
     gen = {"draft_k": 4, "max_tokens": 60, "stop_at_eos": False} | gen
-    return EdgeClient(transport, draft_model=draft, generation=GenerationConfig(**gen), config=config), transport
+    return toy_client(TARGET, noise=1.5, verifier=transport, config=config, **gen), transport
 
 
 def _events(client: EdgeClient, prompt: str) -> tuple[list, list[int]]:
@@ -99,7 +82,7 @@ def test_a_round_that_fails_is_resent_and_applied_once(failure):
 
 
 def test_a_restarted_verifier_gets_the_session_reopened_from_the_committed_tokens():
-    client, _ = _client({4: "restart"})
+    client, _ = _client({4: _restart()})
     events, held = _events(client, "a verifier that restarts")
     final = events[-1]
     assert final.token_ids == _reference("a verifier that restarts")
@@ -112,9 +95,7 @@ def test_a_restarted_verifier_gets_the_session_reopened_from_the_committed_token
 
 
 def test_a_verifier_that_comes_back_with_another_target_is_refused():
-    client, transport = _client({})
-    transport._make = lambda: toy_verifier(ToyLanguageModel(seed=3, eos_bias=-4.0, name="another-target"))
-    transport.plan = {2: "restart"}
+    client, _ = _client({2: _restart(ToyLanguageModel(seed=3, eos_bias=-4.0, name="another-target"))})
     with pytest.raises(IncompatibleModelsError, match="another-target"):
         client.generate("which target?").until_done()
 
@@ -152,7 +133,7 @@ def test_errors_that_would_come_back_the_same_are_not_retried(error):
     client, transport = _client({2: error})
     with pytest.raises(type(error)) as info:
         client.generate("final").until_done()
-    assert info.value is error and transport.calls == 2
+    assert info.value is error and transport.count("verify") == 2
 
 
 def test_an_outage_longer_than_retry_for_ends_the_answer_saying_how_long_it_tried():
@@ -160,7 +141,7 @@ def test_an_outage_longer_than_retry_for_ends_the_answer_saying_how_long_it_trie
     client, transport = _client({n: "drop" for n in range(2, 100)}, config=config)
     with pytest.raises(VerifierUnavailableError) as info:
         client.generate("gone for good").until_done()
-    assert 2 <= transport.calls <= 12
+    assert 2 <= transport.count("verify") <= 12
     if sys.version_info >= (3, 11):  # notes on exceptions came with 3.11
         assert any("tried again" in note for note in info.value.__notes__)
 
@@ -190,7 +171,7 @@ def test_back_off_doubles_with_jitter_honours_the_verifiers_hint_and_stops_in_ti
 
 
 def test_a_retry_is_known_by_what_decides_its_verdict_not_by_the_link_figures_it_carries():
-    transport = toy_verifier(_target())
+    transport = toy_verifier(TARGET)
     draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5))
     opened = transport.open_session(
         OpenRequest([1, 2, 3], mode="greedy", temperature=0.0, seed=0, draft=draft.fingerprint())
@@ -234,12 +215,10 @@ def test_generate_json_keeps_what_came_before_the_verifier_died(monkeypatch):
 def test_a_lost_verifier_fails_over_to_the_next_serving_the_same_target():
     from edgekit.transport import FailoverTransport
 
-    first = Flaky(lambda: toy_verifier(_target()), {n: "drop" for n in range(4, 1000)})
-    second = toy_verifier(_target(), address="second")
+    first = ScriptedTransport(toy_verifier(TARGET), script={"verify": {n: "drop" for n in range(4, 1000)}}, config=FAST)
+    second = toy_verifier(TARGET, address="second")
     transport = FailoverTransport([first, second], FAST)
-    draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5, eos_bias=-4.0))
-    gen = GenerationConfig(draft_k=4, max_tokens=60, stop_at_eos=False)
-    client = EdgeClient(transport, draft_model=draft, generation=gen, config=FAST)
+    client = toy_client(TARGET, noise=1.5, verifier=transport, config=FAST, draft_k=4, max_tokens=60, stop_at_eos=False)
     events = list(client.generate("fail over"))
     assert events[-1].token_ids == _reference("fail over")
     (resumed,) = [e for e in events if isinstance(e, Resumed)]
@@ -251,11 +230,11 @@ def test_failover_never_uses_a_verifier_of_another_target():
     from edgekit.transport import FailoverTransport
 
     brief = ClientConfig(retry_for=0.3, retry_initial=0.01, retry_max=0.02)
-    first = Flaky(lambda: toy_verifier(_target()), {n: "drop" for n in range(2, 10**6)}, brief)
+    down = {n: "drop" for n in range(2, 10**6)}
+    first = ScriptedTransport(toy_verifier(TARGET), script={"verify": down}, config=brief)
     other = toy_verifier(ToyLanguageModel(seed=3, eos_bias=-4.0, name="another-target"), address="other")
     transport = FailoverTransport([first, other], brief)
-    client = EdgeClient(transport, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5)),
-                        generation=GenerationConfig(max_tokens=40, stop_at_eos=False), config=brief)
+    client = toy_client(TARGET, noise=1.5, verifier=transport, config=brief, max_tokens=40, stop_at_eos=False)
     with pytest.raises(VerifierUnavailableError):
         client.generate("stay on target").until_done()  # the first stays down; the other is never an option
     assert not other.verify_calls and other.service.sessions.evictions == 0 and len(other.service.sessions) == 0

@@ -9,10 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from edgekit import ConfigError, EdgeClient, GenerationConfig, ProtocolError, SemanticHeadError
+from edgekit import ConfigError, GenerationConfig, ProtocolError, SemanticHeadError
 from edgekit.protocol import LinkState, OpenRequest, accept_semantic, mismatch_positions
 from edgekit.semantic.head import GOOD_LINK, POOR_LINK, link_only_head
-from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, toy_verifier
+from edgekit.testing import FakeDraftModel, SimulatedLink, ToyLanguageModel, toy_client, toy_verifier
 from edgekit.verifier import CSI_FEATURES, SemanticHead, channel_quality, csi_features
 from edgekit.verifier._semantic import SemanticMode
 
@@ -25,10 +25,11 @@ def _quality_head(path, *, d_draft: int = D_DRAFT, d_target: int = D_TARGET, **k
 
 
 def _client(head, link: SimulatedLink | None = None, *, n_embd: int = D_DRAFT, **gen):
+    """A client of the toy verifier with this semantic head, its draft's hidden states `n_embd` wide."""
     verifier = toy_verifier(ToyLanguageModel(seed=5), link=link, semantic_head=head)
     draft = FakeDraftModel(ToyLanguageModel(seed=5, noise=2.0), n_embd=n_embd)
-    config = GenerationConfig(**(dict(max_tokens=60, stop_at_eos=False, drafting="fixed", draft_k=6) | gen))
-    return EdgeClient(verifier, draft_model=draft, generation=config), verifier
+    gen = dict(max_tokens=60, stop_at_eos=False, drafting="fixed", draft_k=6) | gen
+    return toy_client(draft=draft, verifier=verifier, **gen), verifier
 
 
 # -- the rule ------------------------------------------------------------------------------
@@ -327,7 +328,7 @@ def cli_clients(monkeypatch, tmp_path):
 
     def build_client(*, generation, with_head=True, **_):
         client, _ = _client(head if with_head else None)
-        client = EdgeClient(client.transport, draft_model=client.draft, generation=generation)
+        client.generation = generation
         made.append(client)
         return client
 

@@ -6,24 +6,22 @@ import pytest
 
 from edgekit import (
     ConfigError,
-    EdgeClient,
     FinalStats,
     GenerationConfig,
     RoundEvent,
     StaleRoundError,
     TextDelta,
 )
-from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
+from edgekit.testing import ToyLanguageModel, toy_client, toy_verifier
 
 PROMPTS = ["hello", "speculative decoding", "x", "a longer prompt with several words in it"]
 
 
 def make_client(*, noise=1.5, max_context=4096, max_block=32, eos_bias=-4.0, **gen):
     target = ToyLanguageModel(seed=3, eos_bias=eos_bias)
-    draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=noise, eos_bias=eos_bias))
     verifier = toy_verifier(target, max_context=max_context, max_block=max_block)
-    client = EdgeClient(verifier, draft_model=draft, generation=GenerationConfig(**gen))
-    return client, draft, verifier
+    client = toy_client(target, noise=noise, verifier=verifier, **gen)
+    return client, client.draft, verifier
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
@@ -145,13 +143,8 @@ def test_sampling_through_the_session_is_distributed_as_the_target():
 
     vocab, runs = 8, 20_000
     target = ToyLanguageModel(vocab, seed=5, order=1, eos_bias=0.0)
-    client = EdgeClient(
-        toy_verifier(target),
-        draft_model=FakeDraftModel(ToyLanguageModel(vocab, seed=5, order=1, noise=2.0, eos_bias=0.0)),
-        generation=GenerationConfig(
-            mode="sample", temperature=1.0, draft_temperature=2.0, draft_k=2, max_tokens=3, stop_at_eos=False
-        ),
-    )
+    client = toy_client(target, noise=2.0, mode="sample", temperature=1.0, draft_temperature=2.0, draft_k=2,
+                        max_tokens=3, stop_at_eos=False)
     prompt = [0, 3]
     counts = np.zeros((vocab, vocab))
     for seed in range(runs):

@@ -14,7 +14,7 @@ import pytest
 from _wait import until
 
 import edgekit.verifier._validation as validation
-from edgekit import ConfigError, EdgeClient, GenerationConfig, LimitExceededError, ProtocolError
+from edgekit import ConfigError, LimitExceededError, ProtocolError
 from edgekit.protocol import (
     RETRY_AFTER_MS_KEY,
     BlockRequest,
@@ -26,7 +26,7 @@ from edgekit.protocol import (
     sampling_to_pb,
     status_of,
 )
-from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_verifier
+from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_client, toy_verifier
 from edgekit.verifier import EngineCore, FcfsScheduler, Feed, ToyEngine
 
 TARGET = ToyLanguageModel(seed=5)
@@ -170,8 +170,8 @@ def test_best_effort_rounds_have_no_budget():
 
 def test_the_client_reports_its_drafting_and_link_time_and_counts_missed_deadlines():
     v = _verifier()
-    config = GenerationConfig(max_tokens=24, slo_class="interactive", drafting="fixed", draft_k=3, stop_at_eos=False)
-    with EdgeClient(v, draft_model=DRAFT, generation=config) as client:
+    with toy_client(TARGET, noise=2.0, verifier=v, max_tokens=24, slo_class="interactive", drafting="fixed", draft_k=3,
+                    stop_at_eos=False) as client:
         result = client.generate(PROMPT).until_done()
     sent = v.verify_calls
     assert len(sent) >= 2 and all(b.draft_ms > 0 for b in sent)
@@ -269,9 +269,8 @@ def test_under_the_wisp_policy_concurrent_sessions_get_the_targets_own_tokens():
     results: dict[int, object] = {}
 
     def run(i: int) -> None:
-        config = GenerationConfig(max_tokens=20, slo_class=classes[i], drafting="fixed", draft_k=3, stop_at_eos=False)
-        draft = FakeDraftModel(ToyLanguageModel(seed=5, noise=2.0), n_embd=8)
-        with EdgeClient(v, draft_model=draft, generation=config) as client:
+        with toy_client(TARGET, noise=2.0, verifier=v, max_tokens=20, slo_class=classes[i], drafting="fixed",
+                        draft_k=3, stop_at_eos=False) as client:
             results[i] = client.generate(prompts[i]).until_done()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]

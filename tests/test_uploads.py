@@ -3,10 +3,14 @@ real message sizes, FH and SH rounds, the latency model and the upload choice.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 import pytest
 
-from edgekit import ConfigError, EdgeClient, GenerationConfig
+from edgekit import ConfigError, EdgeClient
 from edgekit.errors import HiddenStateError
 from edgekit.link import CostTracker, LatencyModel, Overheads, PayloadModel, varint_bits
 from edgekit.protocol import (
@@ -20,7 +24,15 @@ from edgekit.protocol import (
     pb,
     verify_request_to_pb,
 )
-from edgekit.testing import FakeDraftModel, InProcessTransport, SimulatedLink, ToyLanguageModel, toy_verifier
+from edgekit.testing import (
+    Call,
+    FakeDraftModel,
+    ScriptedTransport,
+    SimulatedLink,
+    ToyLanguageModel,
+    toy_client,
+    toy_verifier,
+)
 
 RNG = np.random.default_rng(7)
 
@@ -70,16 +82,12 @@ def test_bits_per_element_are_those_of_eq_3():
     ],
 )
 def test_decoding_refuses_what_does_not_fit_the_round(change, message):
-    from dataclasses import replace
-
     enc = replace(encode_hidden(_rows(4), "fp16"), **change)
     with pytest.raises(HiddenStateError, match=message):
         decode_hidden(enc, dim=640, positions=range(4))
 
 
 def test_int8_scales_and_non_finite_values_are_refused():
-    from dataclasses import replace
-
     enc = encode_hidden(_rows(2), "int8")
     with pytest.raises(HiddenStateError, match="one scale per row"):
         decode_hidden(replace(enc, scales=enc.scales[:1]))
@@ -153,14 +161,14 @@ def test_feedback_is_a_position_a_token_and_overhead():
 
 
 def _client(
-    upload: str, *, link: SimulatedLink | None = None, seed: int = 5, noise: float = 2.0, **gen
-) -> tuple[EdgeClient, InProcessTransport]:
-    verifier = toy_verifier(ToyLanguageModel(seed=seed), link=link)
+    upload: str, *, link: SimulatedLink | None = None, seed: int = 5, noise: float = 2.0,
+    handler: Callable[[Call], Any] | None = None, **gen
+) -> tuple[EdgeClient, ScriptedTransport]:
+    """A client uploading as `upload`; `handler` sees its calls to the verifier (a `ScriptedTransport`'s)."""
+    verifier = ScriptedTransport(toy_verifier(ToyLanguageModel(seed=seed), link=link), handler=handler)
     draft = FakeDraftModel(ToyLanguageModel(seed=seed, noise=noise), n_embd=640)
-    config = GenerationConfig(
-        **(dict(max_tokens=60, stop_at_eos=False, drafting="fixed", draft_k=6, upload=upload) | gen)
-    )
-    return EdgeClient(verifier, draft_model=draft, generation=config), verifier
+    gen = dict(max_tokens=60, stop_at_eos=False, drafting="fixed", draft_k=6, upload=upload) | gen
+    return toy_client(draft=draft, verifier=verifier, **gen), verifier
 
 
 def _run(client: EdgeClient):
@@ -183,17 +191,18 @@ def test_fh_uploads_every_row_and_sh_only_the_mismatches_with_the_same_output():
 
 
 def test_sh_asks_for_the_mismatch_positions():
-    client, verifier = _client("sh")
     answers = []
-    verify = verifier.verify
 
-    def recording(block):  # type: ignore[no-untyped-def]
-        context = list(verifier.service.sessions.get(block.session_id).tokens)
-        result = verify(block)
+    def recording(call: Call) -> Any:
+        if call.method != "verify":
+            return call.forward()
+        block = call.arguments["block"]
+        context = list(call.transport.service.sessions.get(block.session_id).tokens)
+        result = call.forward()
         answers.append((block, context, result))
         return result
 
-    verifier.verify = recording
+    client, verifier = _client("sh", handler=recording)
     _run(client)
     asked = 0
     for block, context, result in answers:
@@ -207,16 +216,12 @@ def test_sh_asks_for_the_mismatch_positions():
     assert asked > 0
 
 
-def test_an_upload_the_verifier_cannot_take_is_refused_not_downgraded(monkeypatch):
-    client, verifier = _client("fh")
-    info = verifier.handshake
+def test_an_upload_the_verifier_cannot_take_is_refused_not_downgraded():
+    def tokens_only(call: Call) -> Any:
+        answer = call.forward()
+        return replace(answer, upload_protocols=("tokens",)) if call.method == "handshake" else answer
 
-    def tokens_only(*a, **kw):
-        from dataclasses import replace
-
-        return replace(info(*a, **kw), upload_protocols=("tokens",))
-
-    monkeypatch.setattr(verifier, "handshake", tokens_only)
+    client, _ = _client("fh", handler=tokens_only)
     with pytest.raises(ConfigError, match="needs FH uploads, which the verifier at in-process does not take"):
         _run(client)
 

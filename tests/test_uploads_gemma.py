@@ -10,6 +10,7 @@ import pytest
 
 from edgekit import EdgeClient, GenerationConfig
 from edgekit.protocol import encode_hidden, fingerprint_to_pb, hidden_to_pb, pb
+from edgekit.testing import Call, ScriptedTransport
 from edgekit.transport import GrpcTransport
 
 pytestmark = pytest.mark.models
@@ -17,23 +18,18 @@ pytestmark = pytest.mark.models
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 
 
-class RecordingTransport(GrpcTransport):
-    """Keeps every block it sent, with the hidden states the (in-process) verifier decoded from it."""
-
-    def __init__(self, server) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(server.address)
-        self.server = server
-        self.rounds = []
-
-    def verify(self, block):  # type: ignore[no-untyped-def]
-        result = super().verify(block)
-        received = self.server.service.sessions.get(block.session_id).last_hidden
-        self.rounds.append((block, received if result.hidden_rows else None))
-        return result
-
-
 def _generate(server, draft, upload: str, encoding: str = "fp16"):
-    transport = RecordingTransport(server)
+    rounds = []  # every block sent, with the hidden states the (in-process) verifier decoded from it
+
+    def record(call: Call) -> object:
+        answer = call.forward()
+        if call.method == "verify":
+            block = call.arguments["block"]
+            received = server.service.sessions.get(block.session_id).last_hidden
+            rounds.append((block, received if answer.hidden_rows else None))
+        return answer
+
+    transport = ScriptedTransport(GrpcTransport(server.address), handler=record)
     config = GenerationConfig(
         max_tokens=40, drafting="fixed", draft_k=6, upload=upload, hidden_encoding=encoding, stop_at_eos=False
     )
@@ -41,7 +37,7 @@ def _generate(server, draft, upload: str, encoding: str = "fp16"):
     session = client.session()  # kept open, so the verifier's side of it can be read
     session.open(client.tokenize(PROMPT))
     *_, final = session.stream()
-    return final, transport, session
+    return final, rounds, session
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +51,7 @@ def tokens_only(gemma_server, gemma_draft):
 def test_hidden_uploads_change_nothing_in_the_output_and_arrive_intact(
     gemma_server, gemma_draft, tokens_only, upload, encoding
 ):
-    result, transport, session = _generate(gemma_server, gemma_draft, upload, encoding)
+    result, rounds, session = _generate(gemma_server, gemma_draft, upload, encoding)
     assert result.token_ids == tokens_only.token_ids
     stats = result.stats
     assert stats.uploads == {upload: stats.rounds}
@@ -68,7 +64,7 @@ def test_hidden_uploads_change_nothing_in_the_output_and_arrive_intact(
     session.close()
     # What the verifier decoded in each round is the draft's hidden states, within the encoding's error.
     checked = 0
-    for block, received in transport.rounds:
+    for block, received in rounds:
         if received is None:
             continue
         positions, rows = received
@@ -79,7 +75,7 @@ def test_hidden_uploads_change_nothing_in_the_output_and_arrive_intact(
         checked += len(positions)
     assert checked == stats.hidden_rows
     # Distinct steps, distinct states: the rows are real hidden states, not a constant.
-    block = max((b for b, _ in transport.rounds), key=lambda b: len(b.draft_tokens))
+    block = max((b for b, _ in rounds), key=lambda b: len(b.draft_tokens))
     assert not np.allclose(block.hidden[0], block.hidden[-1])
 
 

@@ -65,7 +65,7 @@ class EdgeClient:
         verifier: str | Sequence[str] | VerifierTransport | None = None,
         *,
         pair: str | None = None,
-        draft_model: str | Path | DraftModel | None = None,
+        draft_model: str | Path | DraftModel | DraftPool | None = None,
         config: ClientConfig | None = None,
         generation: GenerationConfig | None = None,
         local_server: ServerConfig | None = None,
