@@ -79,9 +79,7 @@ _RULES: tuple[tuple[str, str | Callable[[re.Match[str]], str]], ...] = (
     (r"invariant batch \d+, (sessions batched together|each session's rows apart)",
      "invariant batch <n>, <batching>"),
     # figures with their unit
-    (rf" +{_NUMBER} tok/s", " <tok/s>"),
-    (rf" +{_NUMBER} Mbit/s", " <Mbit/s>"),
-    (rf" +{_NUMBER} (ms|us|s)\b(?!/)", r" <\1>"),
+    (rf"( ?) *\b{_NUMBER} (tok/s|Mbit/s|ms|us|s)\b(?!/)", r"\1<\2>"),
 )
 _COMPILED = tuple((re.compile(p, re.MULTILINE), r) for p, r in _RULES)
 
