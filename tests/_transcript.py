@@ -33,7 +33,7 @@ A test's own rules (say, a real model's text) go in `also`, with a comment sayin
 `normalise_json(text, varying)` is the same for a command's --json output: the document must be
 exactly as the CLI prints it (two-space indent, or one line); the value of each field named in
 `varying` is replaced by its placeholder, and the document printed again with a two-space indent.
-GENERATION names what varies in a generation's metrics. Long JSON transcripts live in
+GENERATION names what varies in a generation's metrics, PROBE_LINK and PROBE in a probe's. Long JSON transcripts live in
 tests/transcripts/ (`transcript(name)`).
 """
 
@@ -109,6 +109,28 @@ GENERATION: Mapping[str, str] = {
     "device.memory_available_mb": "<MB>",
     "device.temperature_c": "<C>",
     "device.throttled": "<bool>",
+}
+
+
+# What varies in `edgekit probe`'s JSON: the link it measured and the choice made on it (PROBE_LINK, for
+# --link-only); with calibration rounds, the costs too, and what the rounds did (PROBE), which follows
+# the models' answers (a real model's vary with llama.cpp's numerics on each CPU).
+PROBE_LINK: Mapping[str, str] = {
+    **{f"link.{k}": "<ms>" for k in ("rtt_ms", "rtt_jitter_ms")},
+    **{f"link.{k}": "<Mbit/s>" for k in ("uplink_mbps", "downlink_mbps")},
+    "link.samples": "<n>", "link.pings": "<n>", "link.probe_seconds": "<s>",
+    "choice.upload": "<upload>", "choice.window": "<k>",
+    **{f"choice.{k}": "<ms>" for k in ("round_ms", "ms_per_token", "rtt_rule_ms_per_token")},
+    **dict.fromkeys(("fh_round_ms", "sh_round_ms", "fh_ms_per_token", "sh_ms_per_token"), "<ms>"),
+}
+PROBE: Mapping[str, str] = {
+    **PROBE_LINK,
+    "choice.rtt_rule_upload": "<upload>",  # the rounds' RTT, with a busy CPU's delays in it, may pass 10 ms
+    **{f"costs.{k}": "<ms>" for k in ("draft_step_ms", "verify_ms.base", "verify_ms.per_token")},
+    "costs.acceptance": "<measured>",
+    **{f"calibration.{k}": "<n>" for k in ("rounds", "drafted", "accepted", "exchanges", "uplink_bytes",
+                                           "downlink_bytes")},
+    "calibration.uploads": "<uploads>",
 }
 
 

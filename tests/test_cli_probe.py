@@ -9,37 +9,16 @@ import time
 from textwrap import dedent
 
 import pytest
-from _transcript import normalise, normalise_json, transcript
+from _transcript import PROBE, PROBE_LINK, normalise, normalise_json, transcript
 from test_cli import edgekit
 
 pytestmark = pytest.mark.models
-
-# What a probe measured: the link, and the choice made on it; with calibration rounds, the costs too
-# (and what the rounds did, which follows gemma's answer: llama.cpp's numerics vary by CPU).
-LINK = {
-    **{f"link.{k}": "<ms>" for k in ("rtt_ms", "rtt_jitter_ms")},
-    **{f"link.{k}": "<Mbit/s>" for k in ("uplink_mbps", "downlink_mbps")},
-    "link.samples": "<n>", "link.pings": "<n>", "link.probe_seconds": "<s>",
-    "choice.upload": "<upload>", "choice.window": "<k>",
-    **{f"choice.{k}": "<ms>" for k in ("round_ms", "ms_per_token", "rtt_rule_ms_per_token")},
-    **dict.fromkeys(("fh_round_ms", "sh_round_ms", "fh_ms_per_token", "sh_ms_per_token"), "<ms>"),
-}
-COSTS = {
-    **LINK,
-    "choice.rtt_rule_upload": "<upload>",  # the rounds' RTT, with a busy CPU's delays in it, may pass 10 ms
-    **{f"costs.{k}": "<ms>" for k in ("draft_step_ms", "verify_ms.base", "verify_ms.per_token")},
-    "costs.acceptance": "<measured>",
-    **{f"calibration.{k}": "<n>" for k in ("rounds", "drafted", "accepted", "exchanges", "uplink_bytes",
-                                           "downlink_bytes")},
-    "calibration.uploads": "<uploads>",
-}
-
 
 def test_probe_measures_the_link_and_the_costs_and_names_a_choice(gemma_server):
     r = edgekit("probe", gemma_server.address, "--pair", "gemma-270m", "--json", "--calibration-tokens", "24")
     assert r.returncode == 0, r.stderr
     address = {gemma_server.address: "<address>"}
-    assert normalise_json(r.stdout, COSTS, address) == transcript("probe-gemma.json") and r.stderr == ""
+    assert normalise_json(r.stdout, PROBE, address) == transcript("probe-gemma.json") and r.stderr == ""
     out = json.loads(r.stdout)
     link, costs, choice = out["link"], out["costs"], out["choice"]
     assert 0 < link["rtt_ms"] < 50 and link["samples"] > 10  # pings and the calibration rounds
@@ -111,7 +90,7 @@ def toy_target_server(request):
 def test_probe_without_a_pair_drafts_with_the_gemma_pair_for_a_gemma_verifier(gemma_server):
     r = edgekit("probe", gemma_server.address, "--json", "--calibration-tokens", "16")
     assert r.returncode == 0, r.stderr
-    assert normalise_json(r.stdout, COSTS, {gemma_server.address: "<address>"}) == transcript("probe-gemma.json")
+    assert normalise_json(r.stdout, PROBE, {gemma_server.address: "<address>"}) == transcript("probe-gemma.json")
     assert json.loads(r.stdout)["calibration"]["rounds"] > 0
     assert r.stderr == "the verifier serves gemma-3-270m: probing with gemma-270m\n"
 
@@ -121,7 +100,7 @@ def test_probe_without_a_pair_picks_the_qwen_pair_for_a_verifier_of_its_target(t
     r = edgekit("probe", toy_target_server.address, "--link-only", "--json", "--plot", str(tmp_path / "probe.png"))
     assert r.returncode == 0, r.stderr
     # the pair is qwen-coder, and the costs are the defaults for the qwen draft's width (896)
-    assert normalise_json(r.stdout, LINK, {toy_target_server.address: "<address>"}) == transcript(
+    assert normalise_json(r.stdout, PROBE_LINK, {toy_target_server.address: "<address>"}) == transcript(
         "probe-qwen-link-only.json"
     )
     assert r.stderr == (
