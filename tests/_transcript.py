@@ -33,7 +33,8 @@ A test's own rules (say, a real model's text) go in `also`, with a comment sayin
 `normalise_json(text, varying)` is the same for a command's --json output: the document must be
 exactly as the CLI prints it (two-space indent, or one line); the value of each field named in
 `varying` is replaced by its placeholder, and the document printed again with a two-space indent.
-GENERATION names what varies in a generation's metrics, PROBE_LINK and PROBE in a probe's. Long JSON transcripts live in
+GENERATION names what varies in a generation's metrics, PROBE_LINK and PROBE in a probe's, PROFILE in
+a profile's. Long JSON transcripts live in
 tests/transcripts/ (`transcript(name)`).
 """
 
@@ -131,6 +132,13 @@ PROBE: Mapping[str, str] = {
     **{f"calibration.{k}": "<n>" for k in ("rounds", "drafted", "accepted", "exchanges", "uplink_bytes",
                                            "downlink_bytes")},
     "calibration.uploads": "<uploads>",
+}
+
+# What varies in `edgekit profile`'s JSON: the times of this device's steps and their shares, its CPU.
+PROFILE: Mapping[str, str] = {
+    **dict.fromkeys(("median", "p99", "mean"), "<us>"),
+    **dict.fromkeys(("added_share", "features_share", "predictor_share", "features_and_predictor_share"), "<share>"),
+    "cpu": "<cpu>",
 }
 
 
