@@ -8,34 +8,33 @@ Only what varies is replaced. Labels, counts, options echoed back and the text o
                         PY_COLORS or GITHUB_ACTIONS is set
   trailing white space  dropped: rich pads each line to the console's width
   box-drawn lines       runs of spaces and of strokes folded to one (tables, panels): a column is
-                        as wide as its widest cell, which may hold a varying figure
+                        as wide as its widest cell, which may hold a varying figure (tests render
+                        on a console too wide to wrap a cell: COLUMNS=2000)
   <time>                a log record's timestamp
   127.0.0.1:<port>      a port the OS picked (4-5 digits; a port a test names, as :9, stays)
   (<grpc detail>)       grpc's own words for a connection it could not make (they vary with its version)
   <tok/s> <ms> <us> <s> <Mbit/s>
-                        a measured figure: a number with a decimal point and its unit (a time
-                        given as an option, as "within 2 s" or "the 10 ms RTT rule", has none and
-                        stays; "ms/step" and "ms/token" are costs, see below), with the padding that
-                        right-aligns it; and the figures that a label, not a unit, names: jitter,
-                        chat's "tokens per second", "time to first token" and link rates, a rate
-                        too fast to time, train's best fixed window's goodput
-  <%> of a step         profile's measured shares
-  <n> pings             a probe's pings (it sends larger payloads until they can be timed)
-  probe's figures       measured costs (defaults with --link-only stay), the window table's times,
-                        and the choice made from them: "<upload> with a window of <k>", the row mark
+                        a measured figure: a number with a decimal point and its unit, with any
+                        padding that right-aligns it folded to one space (an option's value, as
+                        "within 2 s" or "the 10 ms RTT rule", has no decimals and stays; costs in
+                        "ms/step" and "ms/token" stay where they are defaults)
+  figures a label names jitter; chat's "tokens per second", "time to first token" and link rates;
+                        a rate too fast to time; train's best fixed window's goodput; profile's
+                        "<%> of a step"; a probe's "<n> pings", its measured costs, its window
+                        table's times, and the choice made on them ("<upload> with a window of
+                        <k>"; the row it marks loses its mark)
   <device load>         chat's device row (CPU, memory; temperature and throttling where reported)
   invariant batch <n>, <batching>
                         what `edgekit serve` measured of this CPU's kernels at start-up
-  a path                each one given: normalise(text, {tmp_path: "<tmp>"})
+  a path                each one a test gives: normalise(text, {tmp_path: "<tmp>"})
 
-A test's own rules (say, a real model's text) go in `also`, with a comment saying why.
+A test's own rules (say, for a real model's text) go in `also`, with a comment saying why.
 
-`normalise_json(text, varying)` is the same for a command's --json output: the document must be
-exactly as the CLI prints it (two-space indent, or one line); the value of each field named in
-`varying` is replaced by its placeholder, and the document printed again with a two-space indent.
-GENERATION names what varies in a generation's metrics, PROBE_LINK and PROBE in a probe's, PROFILE in
-a profile's. Long JSON transcripts live in
-tests/transcripts/ (`transcript(name)`).
+`normalise_json(text, varying)` is its twin for --json output: the text must be one JSON document
+exactly as the CLI prints it (a two-space indent, or one line); the value of each field named in
+`varying` becomes its placeholder, and the document is printed again with a two-space indent.
+GENERATION names what varies in a generation's metrics, PROBE_LINK and PROBE in a probe's, PROFILE
+in a profile's. Long transcripts live in tests/transcripts/ (`transcript(name)`).
 """
 
 from __future__ import annotations

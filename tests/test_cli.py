@@ -30,6 +30,29 @@ def edgekit(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
     )
 
 
+def test_a_transcript_keeps_what_a_person_reads_and_makes_placeholders_of_what_varies():
+    assert normalise("[12 tokens, 41.8 tok/s, 7 rounds, acceptance 0.30, finish: length]\n") == (
+        "[12 tokens, <tok/s>, 7 rounds, acceptance 0.30, finish: length]\n"
+    )
+    assert normalise("  draft step   median    9033.8 us   p99  16880.6 us   2.94% of a step\n") == (
+        "  draft step   median <us>   p99 <us> <%> of a step\n"
+    )
+    # an option's value and a default cost are no measurement
+    kept = ("did not answer a ping within 2 s", "the 10 ms RTT rule would send SH (18.31 ms)",
+            "draft 10.00 ms/step, verify 10.0 + 5.00 ms/token", "verifier at 127.0.0.1:9 is unavailable")
+    assert [normalise(k) for k in kept] == [*kept[:1], "the 10 ms RTT rule would send SH (<ms>)", *kept[2:]]
+    assert normalise("on 127.0.0.1:41585 (\x1b[2mexact\x1b[0m)  \n┃      ┃ last answer   ┃\n┏━━━━━┳━━━┓") == (
+        "on 127.0.0.1:<port> (exact)\n┃ ┃ last answer ┃\n┏━┳━┓"
+    )
+    assert normalise("wrote /tmp/x/t.npz (0.3 s)", {"/tmp/x": "<tmp>"}) == "wrote <tmp>/t.npz (<s>)"
+    doc = '{\n  "elapsed_s": 0.01,\n  "device": {\n    "cpu_percent": 97.1\n  },\n  "cpu_percent": 3\n}\n'
+    assert normalise_json(doc, {"elapsed_s": "<s>", "device.cpu_percent": "<%>"}) == (
+        '{\n  "elapsed_s": "<s>",\n  "device": {\n    "cpu_percent": "<%>"\n  },\n  "cpu_percent": 3\n}\n'
+    )
+    with pytest.raises(AssertionError, match="not one JSON document as the CLI prints it"):
+        normalise_json('{"elapsed_s": 0.01}\n\n', {})
+
+
 @pytest.mark.parametrize(
     "command",
     [[], ["generate"], ["serve"], ["models"], ["models", "pull"], ["predictor"], ["predictor", "collect"],
