@@ -91,10 +91,10 @@ def normalise(
     each of `paths` by its placeholder, and then each (pattern, replacement) of `also`."""
     for path, placeholder in (paths or {}).items():
         text = text.replace(str(path), placeholder)
-    for pattern, replacement in _COMPILED:
-        text = pattern.sub(replacement, text)
-    for pattern, replacement in also:
-        text = re.sub(pattern, replacement, text, flags=re.MULTILINE)
+    for compiled, replacement in _COMPILED:
+        text = compiled.sub(replacement, text)
+    for pattern, placeholder in also:
+        text = re.sub(pattern, placeholder, text, flags=re.MULTILINE)
     return text
 
 
