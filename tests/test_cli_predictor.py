@@ -75,7 +75,8 @@ def test_collect_then_train_then_generate_with_the_result(fake_client, prompts, 
         return normalise(r.stderr, {tmp_path: "<tmp>"})
 
     stem = tmp_path / "out" / "toy"
-    assert train(stem) == (
+    trained = train(stem)
+    assert trained == (
         "wrote <tmp>/out/toy.onnx (logistic, threshold 0.563): validation AUC 0.674, specificity 0.721, recall on "
         "accepted 0.595; replayed acceptance 0.306, goodput <tok/s> (best fixed window 3: <tok/s>)\n"
     )
@@ -86,7 +87,7 @@ def test_collect_then_train_then_generate_with_the_result(fake_client, prompts, 
     assert "| predictor |" in stem.with_suffix(".md").read_text()
     # training is reproducible: the same trace and options give the same model
     again = tmp_path / "again" / "toy"
-    assert train(again) == train(stem).replace("<tmp>/out/", "<tmp>/again/")
+    assert train(again) == trained.replace("<tmp>/out/", "<tmp>/again/")
     assert again.with_suffix(".onnx").read_bytes() == stem.with_suffix(".onnx").read_bytes()
 
     r = runner.invoke(
