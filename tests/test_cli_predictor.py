@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
+from textwrap import dedent
 
 import pytest
+from _transcript import PROFILE, normalise, normalise_json, transcript
 from typer.testing import CliRunner
 
 from edgekit import EdgeClient, GenerationConfig
@@ -37,14 +41,45 @@ def test_collect_then_train_then_generate_with_the_result(fake_client, prompts, 
     trace = tmp_path / "t.npz"
     r = runner.invoke(app, ["predictor", "collect", "--prompts", str(prompts), "-o", str(trace), "-n", "40", "--json"])
     assert r.exit_code == 0, r.output
-    summary = json.loads(r.stdout[r.stdout.index("{"):])
-    assert summary["prompts"] == 12 and summary["accepted"] > 0 and summary["first_rejections"] > 0
-    assert summary["positions"] == summary["accepted"] + summary["first_rejections"] + summary["after_rejection"]
+    assert normalise_json(r.stdout, {}, {tmp_path: "<tmp>"}) == dedent("""\
+        {
+          "positions": 1735,
+          "accepted": 239,
+          "first_rejections": 230,
+          "after_rejection": 1266,
+          "prompts": 12,
+          "draft": "toy",
+          "target": "toy",
+          "path": "<tmp>/t.npz"
+        }
+        """)
+    assert r.stderr == dedent("""\
+        [1/12] p0: 102 positions
+        [2/12] p1: 145 positions
+        [3/12] p2: 140 positions
+        [4/12] p3: 153 positions
+        [5/12] p4: 165 positions
+        [6/12] p5: 181 positions
+        [7/12] p6: 128 positions
+        [8/12] p7: 160 positions
+        [9/12] p8: 162 positions
+        [10/12] p9: 152 positions
+        [11/12] p10: 102 positions
+        [12/12] p11: 145 positions
+        """)
+
+    def train(out):
+        r = runner.invoke(app, ["predictor", "train", str(trace), "-o", str(out), "--round-ms", "40"])
+        assert r.exit_code == 0 and r.stdout == "", r.output
+        # the goodput is replayed with the trace's measured draft step: a time
+        return normalise(r.stderr, {tmp_path: "<tmp>"})
 
     stem = tmp_path / "out" / "toy"
-    r = runner.invoke(app, ["predictor", "train", str(trace), "-o", str(stem), "--round-ms", "40"])
-    assert r.exit_code == 0, r.output
-    assert "wrote" in r.output and "threshold" in r.output
+    trained = train(stem)
+    assert trained == (
+        "wrote <tmp>/out/toy.onnx (logistic, threshold 0.563): validation AUC 0.674, specificity 0.721, recall on "
+        "accepted 0.595; replayed acceptance 0.306, goodput <tok/s> (best fixed window 3: <tok/s>)\n"
+    )
     card = json.loads(stem.with_suffix(".json").read_text())
     assert card["cost_model"]["round_ms"] == 40.0 and card["features"]
     assert set(card["candidates"]) == {"logistic", "mlp"}
@@ -52,7 +87,7 @@ def test_collect_then_train_then_generate_with_the_result(fake_client, prompts, 
     assert "| predictor |" in stem.with_suffix(".md").read_text()
     # training is reproducible: the same trace and options give the same model
     again = tmp_path / "again" / "toy"
-    runner.invoke(app, ["predictor", "train", str(trace), "-o", str(again), "--round-ms", "40"])
+    assert train(again) == trained.replace("<tmp>/out/", "<tmp>/again/")
     assert again.with_suffix(".onnx").read_bytes() == stem.with_suffix(".onnx").read_bytes()
 
     r = runner.invoke(
@@ -61,41 +96,57 @@ def test_collect_then_train_then_generate_with_the_result(fake_client, prompts, 
          str(stem.with_suffix(".onnx")), "--json"],
     )
     assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout)
-    assert out["drafting"] == "predictor-toy" and len(out["token_ids"]) == 30
+    assert normalise_json(r.stdout) == transcript("generate-predictor-toy.json") and r.stderr == ""
 
 
-def test_train_refuses_what_it_cannot_use(fake_client, tmp_path):
-    bad = tmp_path / "bad.npz"
-    bad.write_bytes(b"nope")
-    r = runner.invoke(app, ["predictor", "train", str(bad), "-o", str(tmp_path / "x")])
-    assert r.exit_code != 0 and "cannot read trace" in str(r.exception)
-    assert not list(tmp_path.glob("x.*"))  # nothing half-written
-
-
-def test_predictor_that_does_not_exist_is_one_clear_error(fake_client, capsys):
-    import sys
-
+def edgekit_main(capsys, *args: str) -> tuple[int, str, str]:
+    """The exit code, stdout and stderr of the real entry point (its error boundary) in this process."""
     from edgekit.cli.app import main
 
     argv = sys.argv
-    sys.argv = ["edgekit", "generate", "--prompt", "x", "--drafting", "predictor", "--predictor", "/nonexistent.onnx"]
+    sys.argv = ["edgekit", *args]
     try:
         with pytest.raises(SystemExit) as exc:
             main()
     finally:
         sys.argv = argv
-    assert exc.value.code == 1
-    assert capsys.readouterr().err.strip() == "edgekit: error: no predictor at /nonexistent.onnx"
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_train_refuses_what_it_cannot_use(fake_client, tmp_path, capsys):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"nope")
+    code, out, err = edgekit_main(capsys, "predictor", "train", str(bad), "-o", str(tmp_path / "x"))
+    assert (code, out) == (1, "")
+    # after the colon, numpy's own words (they vary with its version)
+    assert normalise(err, {tmp_path: "<tmp>"}, also=[(r"(cannot read trace: ).+", r"\1<numpy's words>")]) == (
+        "edgekit: error: cannot read trace: <numpy's words>\n"
+    )
+    assert not list(tmp_path.glob("x.*"))  # nothing half-written
+
+
+def test_predictor_that_does_not_exist_is_one_clear_error(fake_client, capsys):
+    assert edgekit_main(
+        capsys, "generate", "--prompt", "x", "--drafting", "predictor", "--predictor", "/nonexistent.onnx"
+    ) == (1, "", "edgekit: error: no predictor at /nonexistent.onnx\n")
 
 
 @pytest.mark.models
 def test_profile_reports_the_shares_of_a_draft_step(gemma_paths, tmp_path):
+    from edgekit.runtime import KERNEL
+
     r = runner.invoke(app, ["profile", "--pair", "gemma-270m", "--steps", "40", "--threads", "1", "--json",
                             "--plot", str(tmp_path / "steps.png")])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout[r.stdout.index("{"):])
-    assert (tmp_path / "steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "samples_us" not in out
+    assert r.stderr == f"figure: {tmp_path / 'steps.png'}\n"
+    assert (tmp_path / "steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = json.loads(r.stdout)
+    # the kernel this CPU runs, and where the repository is
+    shipped = Path(out["predictor"]).parent
+    assert normalise_json(r.stdout, {**PROFILE, "kernel": "<kernel>"}, {shipped: "<shipped>"}) == transcript(
+        "profile-gemma.json"
+    )
     for key in ("draft_step_us", "deciding_step_us", "features_us", "predictor_us", "features_and_predictor_us"):
         assert out[key]["median"] > 0 and out[key]["p99"] >= out[key]["median"]
     assert 0 < out["features_and_predictor_share"] < 1
@@ -103,7 +154,15 @@ def test_profile_reports_the_shares_of_a_draft_step(gemma_paths, tmp_path):
     assert abs(out["added_share"]) < 0.5 and out["added_us"]["median"] == pytest.approx(
         out["added_share"] * out["draft_step_us"]["median"]
     )
-    assert out["n_vocab"] == 262144 and out["kernel"] in ("baseline", "avx2", "avx512f", "neon")
+    assert out["kernel"] in ("baseline", "avx2", "avx512f", "neon") and out["kernel"] == KERNEL
     r = runner.invoke(app, ["profile", "--pair", "gemma-270m", "--steps", "20", "--threads", "1"])
     assert r.exit_code == 0, r.output
-    assert "added by the decision" in r.output and "% of a step" in r.output
+    assert normalise(r.stdout) == dedent(f"""\
+        gemma-270m: gemma-3-270m-q4_0 (vocab 262144), 20 steps, threads 1, logit kernel {KERNEL}
+          draft step             median <us>   p99 <us>
+          added by the decision  median <us>   p99 <us> <%> of a step
+            features, timed      median <us>   p99 <us> <%> of a step
+            predictor, timed     median <us>   p99 <us> <%> of a step
+          (added: the median difference between neighbouring steps with and without the decision;
+           the timed parts also carry the cache refill after each decode that a plain step pays elsewhere)
+        """) and r.stderr == ""

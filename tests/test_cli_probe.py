@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
+from textwrap import dedent
 
 import pytest
+from _transcript import PROBE, PROBE_LINK, normalise, normalise_json, transcript
 from test_cli import edgekit
 
 pytestmark = pytest.mark.models
 
-
 def test_probe_measures_the_link_and_the_costs_and_names_a_choice(gemma_server):
     r = edgekit("probe", gemma_server.address, "--pair", "gemma-270m", "--json", "--calibration-tokens", "24")
     assert r.returncode == 0, r.stderr
+    address = {gemma_server.address: "<address>"}
+    assert normalise_json(r.stdout, PROBE, address) == transcript("probe-gemma.json") and r.stderr == ""
     out = json.loads(r.stdout)
     link, costs, choice = out["link"], out["costs"], out["choice"]
     assert 0 < link["rtt_ms"] < 50 and link["samples"] > 10  # pings and the calibration rounds
@@ -25,7 +29,26 @@ def test_probe_measures_the_link_and_the_costs_and_names_a_choice(gemma_server):
     assert choice["ms_per_token"] == pytest.approx(min(per_token.values()))
     assert out["calibration"]["rounds"] > 0 and out["calibration"]["uplink_bytes"] > 0
     human = edgekit("probe", gemma_server.address, "--pair", "gemma-270m", "--link-only")
-    assert human.returncode == 0 and "policy:" in human.stdout and "the 10 ms RTT rule" in human.stdout
+    assert human.returncode == 0, human.stderr
+    # the table marks the window the policy chose (the transcript's placeholders hide both)
+    marked = [line.split()[0] for line in human.stdout.splitlines() if line.endswith("  <")]
+    assert marked == re.findall(r"^policy: .. with a window of (\d+) ", human.stdout, re.MULTILINE)
+    assert normalise(human.stdout, address) == dedent("""\
+        verifier <address> (<n> pings, <s>)
+          RTT <ms> (jitter <ms>), uplink <Mbit/s>, downlink <Mbit/s>, loss 0.0%
+          costs (defaults (--link-only)): draft 10.00 ms/step, verify 10.0 + 5.00 ms/token, acceptance 0.70
+          window   FH ms/token   SH ms/token
+               1   <ms>   <ms>
+               2   <ms>   <ms>
+               3   <ms>   <ms>
+               4   <ms>   <ms>
+               5   <ms>   <ms>
+               6   <ms>   <ms>
+               7   <ms>   <ms>
+               8   <ms>   <ms>
+        policy: <upload> with a window of <k> (<ms> per committed token); the 10 ms RTT rule would send SH (<ms>)
+        """)
+    assert human.stderr == "costs are defaults; drop --link-only to measure them on this device and verifier\n"
 
 
 def test_probing_a_dead_verifier_is_one_line_within_the_deadline():
@@ -34,17 +57,21 @@ def test_probing_a_dead_verifier_is_one_line_within_the_deadline():
         port = s.getsockname()[1]  # closed again: nothing listens there
     t0 = time.monotonic()
     r = edgekit("probe", f"127.0.0.1:{port}", "--timeout", "2", "--link-only")
-    assert r.returncode == 1 and time.monotonic() - t0 < 20
-    assert r.stderr.startswith("edgekit: error: verifier at 127.0.0.1:") and "unavailable" in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+    assert (r.returncode, r.stdout) == (1, "") and time.monotonic() - t0 < 20
+    assert normalise(r.stderr, {f"127.0.0.1:{port}": "<address>"}) == (
+        "edgekit: error: verifier at <address> is unavailable (<grpc detail>); is `edgekit serve` running there?\n"
+    )
 
 
 def test_probing_a_silent_verifier_fails_at_its_deadline(silent_address):
     t0 = time.monotonic()
     r = edgekit("probe", silent_address, "--timeout", "2", "--link-only")
     elapsed = time.monotonic() - t0
-    assert r.returncode == 1, r.stdout
-    assert "did not answer a ping within 2 s" in r.stderr
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (
+        f"edgekit: error: verifier at {silent_address} did not answer a ping within 2 s; "
+        "is it overloaded, or the address wrong?\n"
+    )
     assert elapsed < 15  # the process start and one 2 s deadline, not a hang
 
 
@@ -63,29 +90,43 @@ def toy_target_server(request):
 def test_probe_without_a_pair_drafts_with_the_gemma_pair_for_a_gemma_verifier(gemma_server):
     r = edgekit("probe", gemma_server.address, "--json", "--calibration-tokens", "16")
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert out["pair"] == "gemma-270m" and out["costs"]["measured"] and out["calibration"]["rounds"] > 0
-    assert "the verifier serves gemma-3-270m: probing with gemma-270m" in r.stderr
+    assert normalise_json(r.stdout, PROBE, {gemma_server.address: "<address>"}) == transcript("probe-gemma.json")
+    assert json.loads(r.stdout)["calibration"]["rounds"] > 0
+    assert r.stderr == "the verifier serves gemma-3-270m: probing with gemma-270m\n"
 
 
 @pytest.mark.parametrize("toy_target_server", ["qwen2.5-coder-1.5b-instruct"], indirect=True)
 def test_probe_without_a_pair_picks_the_qwen_pair_for_a_verifier_of_its_target(toy_target_server, tmp_path):
     r = edgekit("probe", toy_target_server.address, "--link-only", "--json", "--plot", str(tmp_path / "probe.png"))
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert out["pair"] == "qwen-coder" and out["costs"]["hidden_size"] == 896  # the qwen draft's width
+    # the pair is qwen-coder, and the costs are the defaults for the qwen draft's width (896)
+    assert normalise_json(r.stdout, PROBE_LINK, {toy_target_server.address: "<address>"}) == transcript(
+        "probe-qwen-link-only.json"
+    )
+    assert r.stderr == (
+        "the verifier serves qwen2.5-coder-1.5b-instruct: probing with qwen-coder\n"
+        f"figure: {tmp_path / 'probe.png'}\n"
+    )
     assert (tmp_path / "probe.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # --plot: the windows drawn
 
 
 @pytest.mark.parametrize("toy_target_server", ["mystery-7b"], indirect=True)
 def test_probe_of_a_verifier_no_pair_fits_names_the_pairs_that_would(toy_target_server):
     r = edgekit("probe", toy_target_server.address, "--link-only")
-    assert r.returncode == 1
-    assert "the verifier serves 'mystery-7b', which is not the target of any registered pair" in r.stderr
-    for pair, target in (("gemma-270m", "gemma-3-270m"), ("qwen-coder", "qwen2.5-coder-1.5b-instruct")):
-        assert f"{pair} (target {target}: edgekit models pull {pair})" in r.stderr
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (
+        "edgekit: error: the verifier serves 'mystery-7b', which is not the target of any registered pair, and no "
+        "cached draft shares its tokenizer; registered pairs: gemma-270m (target gemma-3-270m: edgekit models pull "
+        "gemma-270m); qwen-coder (target qwen2.5-coder-1.5b-instruct: edgekit models pull qwen-coder). Run a "
+        "verifier for one of these targets, or, from Python, give a draft model of its family "
+        "(EdgeClient(url, draft_model=PATH))\n"
+    )
 
 
 def test_a_stock_server_needs_the_pair_named():
     r = edgekit("probe", "openai+http://127.0.0.1:9/v1", "--link-only")
-    assert r.returncode == 1 and "name the pair with --pair" in r.stderr
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (
+        "edgekit: error: a stock server (openai+http://, sglang+http://) cannot say which target it serves before "
+        "a draft is loaded: name the pair with --pair\n"
+    )

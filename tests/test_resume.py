@@ -190,6 +190,7 @@ def test_a_retry_is_known_by_what_decides_its_verdict_not_by_the_link_figures_it
 
 def test_generate_json_keeps_what_came_before_the_verifier_died(monkeypatch):
     import json
+    from textwrap import dedent
 
     from typer.testing import CliRunner
 
@@ -204,12 +205,30 @@ def test_generate_json_keeps_what_came_before_the_verifier_died(monkeypatch):
 
     monkeypatch.setattr(_connect, "build_client", build_client)
     result = CliRunner().invoke(app, ["generate", "-p", "partial", "--json", "-n", "40", "--retry-for", "0"])
-    assert result.exit_code == 1
-    out = json.loads(result.stdout)
-    assert out["finish_reason"] == "error" and out["error"]["type"] == "VerifierUnavailableError"
-    assert len(out["token_ids"]) >= 3  # three rounds committed at least one token each
-    assert tuple(out["token_ids"]) == _reference("partial")[: len(out["token_ids"])]
-    assert out["text"]
+    assert result.exit_code == 1 and result.stderr == ""
+    assert result.stdout == dedent("""\
+        {
+          "pair": "gemma-270m",
+          "verifier": null,
+          "prompt": "partial",
+          "token_ids": [
+            27,
+            30,
+            40,
+            54
+          ],
+          "text": "beoc",
+          "finish_reason": "error",
+          "error": {
+            "type": "VerifierUnavailableError",
+            "message": "gone"
+          },
+          "outages": []
+        }
+        """)
+    assert isinstance(result.exception, VerifierUnavailableError)  # main() says it on stderr, as one line
+    # three rounds committed at least one token each: what target-only decoding begins with
+    assert tuple(json.loads(result.stdout)["token_ids"]) == _reference("partial")[:4]
 
 
 def test_a_lost_verifier_fails_over_to_the_next_serving_the_same_target():

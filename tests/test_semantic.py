@@ -3,7 +3,6 @@ mode and every refusal, over a toy engine and small ONNX heads built here."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import numpy as np
@@ -337,8 +336,7 @@ def cli_clients(monkeypatch, tmp_path):
 
 
 def test_generate_and_chat_in_semantic_mode_report_what_the_head_did(cli_clients):
-    import json
-
+    from _transcript import GENERATION, normalise, normalise_json, transcript
     from typer.testing import CliRunner
 
     from edgekit.cli.app import app
@@ -347,18 +345,44 @@ def test_generate_and_chat_in_semantic_mode_report_what_the_head_did(cli_clients
     made, head = cli_clients
     r = runner.invoke(app, ["generate", "-p", "x", "-n", "40", "--mode", "semantic", "--semantic-threshold", "1",
                             "--drafting", "fixed", "-k", "6", "--json"])
-    assert r.exit_code == 0, r.output
-    metrics = json.loads(r.stdout)["metrics"]
-    assert metrics["mode"] == "semantic" and metrics["semantic_accepted"] > 0
-    assert metrics["semantic_threshold"] == 1.0 and metrics["semantic_head"] == head.identity
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    # upload auto sends FH or SH each round, as the latency model expects faster on the measured link
+    uploads = {"uploads": "<uploads>", **dict.fromkeys(("exchanges", "uplink_bytes", "downlink_bytes", "hidden_rows"),
+                                                       "<n>")}
+    assert normalise_json(r.stdout, {**GENERATION, **uploads}, {head.identity: "<head>"}) == transcript(
+        "generate-semantic-toy.json"
+    )
     assert made[-1].generation.upload == "auto"  # semantic mode uploads hidden states by default
     r = runner.invoke(app, ["chat", "--mode", "semantic", "--semantic-threshold", "1", "-n", "30", "--no-history",
-                            "--drafting", "fixed", "--plain"], input="hello\n/stats\n/exit\n")
-    assert r.exit_code == 0, r.output
-    assert "mismatches accepted" in r.output and "semantic, head" in r.output
-    assert re.search(r"rounds · \d+ mismatches accepted \(semantic, head ", r.output)  # the reply's summary line
+                            "--drafting", "fixed", "--plain"], input="hello\n/stats\n/exit\n", env={"COLUMNS": "2000"})
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    assert normalise(r.stdout, {head.identity: "<head>"}) == (
+        "vcmvtoxjiulmxlgyplpfqlgyplplsa\n"
+        "[30 tokens · <tok/s> · acceptance 1.00 · AAL 4.00 · 6 rounds · 14 mismatches accepted (semantic, head <head>, "
+        "threshold 1.000) · finish: length]\n"
+        "┏━┳━┳━┓\n"
+        "┃ ┃ last answer ┃ conversation ┃\n"
+        "┡━╇━╇━┩\n"
+        "│ tokens │ 30 │ 30 │\n"
+        "│ rounds │ 6 │ 6 │\n"
+        "│ acceptance rate │ 1.000 │ 1.000 │\n"
+        "│ accepted length (AAL, no bonus) │ 4.00 │ 4.00 │\n"
+        "│ target passes per token │ 0.200 │ 0.200 │\n"
+        "│ mismatches accepted (semantic: head <head>, threshold 1.000) │ 14 │ 14 │\n"
+        "│ wasted draft tokens │ 0 │ 0 │\n"
+        "│ tokens per second │ <tok/s> │ <tok/s> │\n"
+        "│ time to first token │ <ms> │ │\n"
+        "│ drafting per token │ <ms> │ │\n"
+        "│ device │ <device load> │ │\n"
+        "└─┴─┴─┘\n"
+        "link: in-process · RTT <ms> (jitter <ms>) · up <Mbit/s> / down <Mbit/s> · loss 0.0% · numerics exact\n"
+    )
     r = runner.invoke(app, ["generate", "-p", "x", "--mode", "semantic", "--upload", "tokens"])
-    assert isinstance(r.exception, ConfigError) and "semantic mode reads the draft's hidden states" in str(r.exception)
+    assert (r.stdout, r.stderr) == ("", "") and isinstance(r.exception, ConfigError)
+    assert str(r.exception) == (
+        "semantic mode reads the draft's hidden states at mismatches: set upload to fh, sh, auto or rtt "
+        "(upload='tokens' sends none)"
+    )
 
 
 def test_a_threshold_outside_semantic_mode_is_refused():
@@ -412,7 +436,14 @@ def test_the_shipped_head_fits_its_pair_and_lists_with_its_card():
     card = next(c for c in shipped_head_cards() if c["pair"] == "qwen-coder")
     assert head.threshold == pytest.approx(card["threshold"]) and 0 <= head.threshold <= 1
     assert card["data"]["mismatches"] >= 300 and card["data"]["critical"] > 0
-    out = CliRunner().invoke(app, ["semantic", "list"]).output
-    assert "qwen-coder: threshold" in out
+    r = CliRunner().invoke(app, ["semantic", "list"])
+    # the figures are the card's (a retrained head brings its own)
+    v = card["validation"]
+    assert (r.exit_code, r.stderr) == (0, ""), r.output
+    assert r.stdout == (
+        f"qwen-coder: threshold {card['threshold']:.4f}, {card['data']['mismatches']} labelled mismatches, "
+        f"validation AUC {v['good_link']['auc']:.3f}; accepts {v['good_link']['accepted_share']:.0%} of mismatches on "
+        f"a good link, {v['poor_link']['accepted_share']:.0%} on a poor one ({shipped_head('qwen-coder')})\n"
+    )
     with pytest.raises(SemanticHeadError, match="no semantic head is shipped for pair 'gemma-270m'"):
         shipped_head("gemma-270m")

@@ -4,9 +4,11 @@ datasets, training, threshold, export and the `edgekit semantic` commands, on sy
 from __future__ import annotations
 
 import json
+from textwrap import dedent
 
 import numpy as np
 import pytest
+from _transcript import normalise, normalise_json, transcript
 from typer.testing import CliRunner
 
 from edgekit.cli.app import app
@@ -16,6 +18,11 @@ from edgekit.semantic.csi import sample_links
 from edgekit.semantic.head import GOOD_LINK, POOR_LINK, labelled_episodes, make_dataset, pick_threshold
 from edgekit.semantic.relabel import RelabelConfig, relabel_episode, repair_budget, smoothed_importance
 from edgekit.verifier import SemanticHead, channel_quality
+
+# the head's threshold is one of its own probabilities: its last bits follow numpy's kernels on this CPU
+TRAINED = {"threshold": "<trained>"}
+WIDE = {"COLUMNS": "2000"}  # a console wide enough that an error's panel never wraps
+USAGE = "Usage: edgekit semantic train [OPTIONS] {traces}\nTry 'edgekit semantic train --help' for help.\n"
 
 # -- tasks ------------------------------------------------------------------------------------
 
@@ -148,9 +155,9 @@ def test_train_exports_a_head_and_its_card_from_the_command_line(tmp_path):
     runner = CliRunner()
     out = tmp_path / "head.onnx"
     r = runner.invoke(app, ["semantic", "train", str(traces), "-o", str(out), "--json"])
-    assert r.exit_code == 0, r.output
-    card = json.loads(r.output)
-    assert card["csi"] and card["data"]["episodes"] == 80 and card["pair"] == "synthetic"
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    assert normalise_json(r.stdout, TRAINED) == transcript("semantic-train-synthetic.json")
+    card = json.loads(r.stdout)
     assert card["validation"]["good_link"]["auc"] > 0.85  # the rule is learnable from h_draft
     head = SemanticHead(out)
     assert head.uses_csi and (head.draft_hidden, head.target_hidden) == (6, 4)
@@ -165,8 +172,13 @@ def test_train_exports_a_head_and_its_card_from_the_command_line(tmp_path):
     assert head.p_reject(hi, t, POOR_LINK)[0] < head.p_reject(hi, t, GOOD_LINK)[0]
     ablation = tmp_path / "nocsi.onnx"
     r = runner.invoke(app, ["semantic", "train", str(traces), "-o", str(ablation), "--no-csi"])
-    assert r.exit_code == 0, r.output
-    assert not SemanticHead(ablation).uses_csi and "wrote" in r.output
+    assert r.exit_code == 0 and r.stdout == "", r.output
+    assert normalise(r.stderr, {tmp_path: "<tmp>"}) == dedent("""\
+        wrote <tmp>/nocsi.onnx (threshold 0.3241) and its card <tmp>/nocsi.md
+          good link: AUC 0.957, 75.3% of validation mismatches accepted, critical accepted 1 of 15
+          poor link: AUC 0.957, 75.3% of validation mismatches accepted, critical accepted 1 of 15
+        """)
+    assert not SemanticHead(ablation).uses_csi
 
 
 def test_a_head_trained_on_the_targets_confidence_reads_it(tmp_path):
@@ -174,9 +186,10 @@ def test_a_head_trained_on_the_targets_confidence_reads_it(tmp_path):
     runner = CliRunner()
     out = tmp_path / "conf.onnx"
     r = runner.invoke(app, ["semantic", "train", str(traces), "-o", str(out), "--target-features", "--json"])
-    assert r.exit_code == 0, r.output
-    card = json.loads(r.output)
-    assert card["target_features"] == ["target_entropy", "target_logp_top1", "target_logp_draft", "target_margin"]
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    # with the four target features
+    assert normalise_json(r.stdout, TRAINED) == transcript("semantic-train-target-features.json")
+    card = json.loads(r.stdout)
     assert card["validation"]["good_link"]["auc"] > 0.85  # the rule is learnt from the margin
     head = SemanticHead(out)
     assert head.uses_target_features and head.uses_csi and head.width == 6 + 4 + 4 + 4
@@ -192,8 +205,14 @@ def test_a_head_trained_on_the_targets_confidence_reads_it(tmp_path):
         with np.load(f) as z:
             arrays = {k: z[k] for k in z.files if k != "target_features"}
         np.savez(f, **arrays)
-    r = runner.invoke(app, ["semantic", "train", str(traces), "-o", str(out), "--target-features"])
-    assert r.exit_code != 0 and "edgekit semantic collect" in r.output
+    r = runner.invoke(app, ["semantic", "train", str(traces), "-o", str(out), "--target-features"], env=WIDE)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert normalise(r.stderr) == USAGE + (
+        "╭─ Error ─╮\n"
+        "│ Invalid value: episode 0 (synthetic/0) has no target confidence features: run `edgekit semantic collect` "
+        "on its trace directory again to add them │\n"
+        "╰─╯\n"
+    )
 
 
 def test_a_low_rank_head_folds_its_projection_into_the_first_layer():
@@ -216,11 +235,21 @@ def test_a_low_rank_head_folds_its_projection_into_the_first_layer():
 def test_train_refuses_traces_without_labels(tmp_path):
     root = _synthetic_traces(tmp_path / "t", n_episodes=3)
     (root / "labels.jsonl").unlink()
-    r = CliRunner().invoke(app, ["semantic", "train", str(root), "-o", str(tmp_path / "h.onnx")])
-    flat = " ".join(r.output.replace("│", " ").split())
-    assert r.exit_code != 0 and "0 fully labelled episodes; run `edgekit semantic label`" in flat
-    r = CliRunner().invoke(app, ["semantic", "train", str(tmp_path / "nothing"), "-o", str(tmp_path / "h.onnx")])
-    assert r.exit_code != 0 and "holds no traces" in " ".join(r.output.replace("│", " ").split())
+    r = CliRunner().invoke(app, ["semantic", "train", str(root), "-o", str(tmp_path / "h.onnx")], env=WIDE)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert normalise(r.stderr, {tmp_path: "<tmp>"}) == USAGE + (
+        "╭─ Error ─╮\n"
+        "│ Invalid value: <tmp>/t has 0 fully labelled episodes; run `edgekit semantic label` │\n"
+        "╰─╯\n"
+    )
+    r = CliRunner().invoke(app, ["semantic", "train", str(tmp_path / "nothing"), "-o", str(tmp_path / "h.onnx")],
+                           env=WIDE)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert normalise(r.stderr, {tmp_path: "<tmp>"}) == USAGE + (
+        "╭─ Error ─╮\n"
+        "│ Invalid value: <tmp>/nothing holds no traces (no episodes.jsonl); run `edgekit semantic collect` │\n"
+        "╰─╯\n"
+    )
 
 
 def test_held_out_problems_are_refused_for_tracing_and_training(tmp_path):
