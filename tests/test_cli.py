@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -63,7 +64,14 @@ def test_every_command_explains_its_options(command):
     # a console wide enough that no help wraps: one transcript line per option, whatever the terminal
     result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "2000"})
     assert result.exit_code == 0 and result.stderr == "", result.output
-    assert normalise(result.stdout) == transcript(f"help/{'-'.join(['edgekit', *command])}.txt")
+    expected = transcript(f"help/{'-'.join(['edgekit', *command])}.txt")
+    # Every word in its order; the frame around them (rich's panels, typer's layout, which change
+    # between their releases: CI installs the latest) is not the CLI's to keep.
+    assert _words(normalise(result.stdout)) == _words(expected), normalise(result.stdout)
+
+
+def _words(text: str) -> list[str]:
+    return re.sub(r"[─━═╭╮╰╯│┃]", " ", text).split()
 
 
 def test_unreachable_verifier_is_one_clear_line():

@@ -24,7 +24,8 @@ def test_probe_measures_the_link_and_the_costs_and_names_a_choice(gemma_server):
     assert 0 < link["rtt_ms"] < 50 and link["samples"] > 10  # pings and the calibration rounds
     assert costs["measured"] and costs["draft_step_ms"] > 0 and 0 < costs["acceptance"] < 1
     assert choice["upload"] in ("fh", "sh") and 1 <= choice["window"] <= 8
-    assert choice["rtt_rule_upload"] == "sh"  # loopback: below 10 ms
+    # WISV's rule on the RTT it reports (loopback is below 10 ms, unless a busy CPU delays the rounds)
+    assert choice["rtt_rule_upload"] == ("fh" if link["rtt_ms"] > 10.0 else "sh")
     per_token = {w["window"]: min(w["fh_ms_per_token"], w["sh_ms_per_token"]) for w in out["windows"]}
     assert choice["ms_per_token"] == pytest.approx(min(per_token.values()))
     assert out["calibration"]["rounds"] > 0 and out["calibration"]["uplink_bytes"] > 0
