@@ -64,8 +64,8 @@ def test_chat_transcript(fake_client, tmp_path):
           /help                 this text
           /stats                acceptance, accepted length, rounds, speed, link
           /set KEY VALUE        k (draft window), drafting (auto|fixed|predictor|p-min|latency), max_window,
-                                p_min, upload (tokens|fh|sh|auto|rtt), temperature, mode (greedy|sample),
-                                max_tokens, seed
+                                p_min, upload (tokens|fh|sh|auto|rtt), temperature, mode (greedy|sample|
+                                semantic), max_tokens, seed
           /clear                start a new conversation (keeps the system prompt)
           /exit                 leave (or Ctrl-D); Ctrl-C stops the current answer
         iknwvfpgxsip
