@@ -20,7 +20,8 @@ lie (real GGUFs are not copied). ``faults[path]`` makes the serving of a file mi
 (then every resumed request answers 503), ``"corrupt"`` (other bytes than the sha256 announced,
 same size), ``"stall"`` (the CDN sends the headers and then nothing until the hub closes), ``"huge"`` (the
 listing announces it as `HUGE` bytes);
-``stall_api`` holds every API answer until the hub closes. ``requests`` records every request.
+``stall_api`` holds every API answer until the hub closes; ``after_listing`` runs once, as the next
+listing is answered (a push to the repo between the client's looks). ``requests`` records every request.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import http.server
 import json
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,7 @@ class FakeHub:
         self.repos: dict[str, HubRepo] = {}
         self.faults: dict[str, str] = {}
         self.stall_api = False
+        self.after_listing: Callable[[], None] | None = None
         self.requests: list[Seen] = []
         self.closing = threading.Event()
         self._cut: set[str] = set()
@@ -218,12 +220,16 @@ class FakeHub:
         if rev not in ("main", repo.commit):
             return handler.answer(404, {"error": f"Invalid rev id: {rev}"}, {"X-Error-Code": "RevisionNotFound"})
         blobs = query.get("blobs", ["false"])[0].lower() == "true"
-        handler.answer(200, {
+        listing = {
             "_id": repo.commit[:24], "id": repo.name, "modelId": repo.name, "sha": repo.commit,
             "private": repo.token is not None, "gated": "manual" if repo.gated else False, "disabled": False,
             "tags": ["gguf"], "library_name": "gguf", "lastModified": "2026-11-01T00:00:00.000Z",
             "siblings": [f.sibling(blobs, self._announced_size(f)) for f in repo.files.values()],
-        })
+        }
+        if self.after_listing is not None:  # before the answer leaves: the client's next request sees it done
+            hook, self.after_listing = self.after_listing, None
+            hook()
+        handler.answer(200, listing)
 
     def _resolve(self, handler: _Handler, parts: list[str]) -> None:
         # /{org}/{name}/resolve/{rev}/{path...}
