@@ -10,9 +10,9 @@ where they happen, and the message says what to do about it::
     │   └── SemanticHeadError        a semantic decision head that cannot be used (or does not fit the pair)
     ├── DependencyMissingError       a package edgekit needs is not installed
     ├── ModelError
-    │   ├── ModelNotFoundError       not in the cache: names the pull command
-    │   ├── ModelIntegrityError      a sha256 or size does not match
-    │   ├── ModelFetchError          a package could not be downloaded
+    │   ├── ModelNotFoundError       not in the cache (names the pull command), or not in the Hub repo named
+    │   ├── ModelIntegrityError      a sha256 or size does not match (a pinned one, or the Hub's)
+    │   ├── ModelFetchError          a package or a Hub file could not be downloaded: says why, what to do
     │   └── ModelLoadError           llama.cpp refused the file
     │       └── InsufficientMemoryError  it would not fit in the memory available: says what would
     ├── IncompatibleModelsError      draft and target tokenizers differ
@@ -101,15 +101,16 @@ class ModelError(EdgekitError):
 
 
 class ModelNotFoundError(ModelError):
-    """The model is not in the cache."""
+    """The model is not in the cache, or the Hub repo named has no such file, quant or revision."""
 
 
 class ModelIntegrityError(ModelError):
-    """An assembled or cached model file does not match its pinned checksum."""
+    """An assembled, cached or downloaded model file does not match its pinned checksum, or the Hub's."""
 
 
 class ModelFetchError(ModelError):
-    """A package carrying model weights could not be downloaded."""
+    """A package or a Hub file carrying model weights could not be downloaded: no access (a private or
+    gated repo), no network, a transfer cut short, a full disk, a server error."""
 
 
 class ModelLoadError(ModelError):
