@@ -1,0 +1,197 @@
+"""Whether a draft can serve a target, from the GGUF headers alone (`edgekit.models.compat`), and the
+padded pair end to end: a target whose vocabulary has more padding entries than its draft's
+verifies losslessly, and no padding id is ever committed.
+
+The files are written with the `gguf` package's GGUFWriter, as llama.cpp's converter writes them:
+padding entries are "[PAD<id>]" of token type UNUSED (convert_hf_to_gguf.py's `get_vocab_base`;
+older conversions: USER_DEFINED; its SentencePiece path numbers them "[PAD1]", "[PAD2]", ...).
+The real pair pads gemma-3-270m Q4_K_M: 128 entries more in its tokenizer and 128 zero rows
+more in its tied token embedding, which llama.cpp loads as a 262,272-entry model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from edgekit.errors import IncompatibleModelsError, ModelLoadError
+from edgekit.models.compat import check_pair, require_pair, tokenizer_of
+
+UNUSED, USER_DEFINED, NORMAL, CONTROL = (
+    gguf.TokenType.UNUSED, gguf.TokenType.USER_DEFINED, gguf.TokenType.NORMAL, gguf.TokenType.CONTROL
+)
+TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b", "c", "ab", "abc", "Ġthe", "Ġa"]
+TYPES = [CONTROL, CONTROL, CONTROL] + [NORMAL] * 7
+MERGES = ["a b", "ab c", "Ġ t", "Ġt he"]
+SPECIAL = {"bos": 0, "eos": 2, "pad": 0, "unk": 0, "eot": 2}
+
+
+def write_gguf(
+    path: Path,
+    *,
+    tokens: list[str] = TOKENS,
+    types: list[int] = TYPES,
+    merges: list[str] | None = MERGES,
+    model: str = "gpt2",
+    pre: str = "qwen2",
+    special: dict[str, int] = SPECIAL,
+    padding: int = 0,
+    pad_type: int = UNUSED,
+    tensor: np.ndarray | None = None,
+) -> Path:
+    """A tokenizer-only GGUF (or one with `tensor` as its token embedding), `padding` entries
+    "[PAD<id>]" at the end as llama.cpp's converter writes them."""
+    n = len(tokens)
+    tokens = tokens + [f"[PAD{n + i}]" for i in range(padding)]
+    types = types + [pad_type] * padding
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_tokenizer_model(model)
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    if merges is not None:
+        w.add_token_merges(merges)
+    adders = {"bos": w.add_bos_token_id, "eos": w.add_eos_token_id, "pad": w.add_pad_token_id,
+              "unk": w.add_unk_token_id, "eot": w.add_eot_token_id}
+    for role, token in special.items():
+        adders[role](token)
+    if tensor is not None:
+        w.add_tensor("token_embd.weight", tensor)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture()
+def draft(tmp_path):
+    return write_gguf(tmp_path / "draft.gguf")
+
+
+def test_the_same_tokenizer_is_a_lossless_pair(draft, tmp_path):
+    target = write_gguf(tmp_path / "target.gguf")
+    check = check_pair(draft, target, draft_name="qwen-0.5b", target_name="qwen-7b")
+    assert check.compatible and check.lossless and check.padding == 0
+    assert check.reason == (
+        "draft qwen-0.5b and target qwen-7b share a tokenizer (10 tokens, BPE model 'gpt2'): lossless"
+    )
+    assert require_pair(draft, target) == check_pair(draft, target)  # names default to the file names
+    assert check_pair(draft, target).draft == "draft.gguf"
+
+
+@pytest.mark.parametrize(
+    "draft_padding, target_padding, pad_type",
+    [(0, 8, UNUSED), (4, 12, UNUSED), (12, 4, UNUSED), (0, 8, USER_DEFINED)],
+)
+def test_vocabularies_that_differ_only_in_trailing_padding_are_a_lossless_pair(
+    tmp_path, draft_padding, target_padding, pad_type
+):
+    """Qwen2.5's case (0.5B: 151,936 entries, 7B: 152,064, over the same 151,665 tokens), both
+    ways round, with the padding typed UNUSED (llama.cpp today) or USER_DEFINED (older conversions)."""
+    d = write_gguf(tmp_path / "d.gguf", padding=draft_padding, pad_type=pad_type)
+    t = write_gguf(tmp_path / "t.gguf", padding=target_padding, pad_type=pad_type)
+    check = check_pair(d, t, draft_name="small", target_name="large")
+    assert check.compatible and check.lossless and check.padding == 8
+    more, fewer = ("large", "small") if target_padding > draft_padding else ("small", "large")
+    assert f"{more} has 8 more padding entries than {fewer} (" in check.reason
+    assert check.reason.endswith("which are never drafted or committed: lossless")
+    a, b = tokenizer_of(d), tokenizer_of(t)
+    assert (a.padding, b.padding, a.real_size, b.real_size) == (draft_padding, target_padding, 10, 10)
+    assert a.vocab_hash == b.vocab_hash and a.tokenizer_hash == b.tokenizer_hash
+
+
+def test_sentencepiece_padding_numbered_from_one_is_padding_too(tmp_path):
+    """convert_hf_to_gguf.py's SentencePiece path writes "[PAD1]", "[PAD2]", ... (type UNUSED)."""
+    spm = ["<unk>", "<s>", "</s>", "▁a", "▁b"]
+    plain = write_gguf(tmp_path / "plain.gguf", tokens=spm, types=[2, 3, 3, 1, 1], merges=None, model="llama",
+                       pre="default", special={"bos": 1, "eos": 2, "unk": 0})
+    padded = tmp_path / "padded.gguf"
+    write_gguf(padded, tokens=spm + ["[PAD1]", "[PAD2]"], types=[2, 3, 3, 1, 1, UNUSED, UNUSED], merges=None,
+               model="llama", pre="default", special={"bos": 1, "eos": 2, "unk": 0})
+    check = check_pair(plain, padded)
+    assert check.lossless and check.padding == 2 and tokenizer_of(padded).padding == 2
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"tokens": TOKENS[:6] + ["xy"] + TOKENS[7:]}, "token 6 is 'ab' in small, 'xy' in large"),
+        ({"types": TYPES[:4] + [USER_DEFINED] + TYPES[5:]},
+         "token 4 ('b') is of type normal in small, user-defined in large"),
+        ({"special": {**SPECIAL, "eos": 1}}, "eos token 2 ('<|im_end|>') in small, 1 ('<|im_start|>') in large"),
+        ({"special": {k: v for k, v in SPECIAL.items() if k != "eot"}},
+         "eot token 2 ('<|im_end|>') in small, not set in large"),
+        ({"merges": MERGES[:2] + ["Ġ th", "Ġth e"]}, "BPE merge 2 is 'Ġ t' in small, 'Ġ th' in large"),
+        ({"merges": MERGES[:3]}, "4 BPE merges in small, 3 in large"),
+        ({"model": "llama"}, "tokenizer model 'gpt2' in small, 'llama' in large; 10 and 10 entries"),
+        ({"tokens": TOKENS + ["<|new|>"], "types": TYPES + [CONTROL]},
+         "large has 11 tokens, small 10, and token 10 ('<|new|>' of type control) is no padding"),
+        ({"tokens": TOKENS + ["[PAD10]"], "types": TYPES + [NORMAL]},  # the text alone makes no padding
+         "large has 11 tokens, small 10, and token 10 ('[PAD10]' of type normal) is no padding"),
+    ],
+)
+def test_anything_else_is_refused_naming_both_models_and_what_differs(tmp_path, draft, change, expected):
+    target = write_gguf(tmp_path / "target.gguf", **change)
+    check = check_pair(draft, target, draft_name="small", target_name="large")
+    assert not check.compatible and not check.lossless and check.padding == 0
+    assert check.reason == (
+        f"draft small cannot draft for target large: their tokenizers differ ({expected}); "
+        "use a draft from the target's family"
+    )
+    with pytest.raises(IncompatibleModelsError) as info:
+        require_pair(draft, target, draft_name="small", target_name="large")
+    assert str(info.value) == check.reason
+
+
+def test_a_different_pre_tokenizer_name_alone_is_said_but_not_refused(draft, tmp_path):
+    """Ids mean the same text on both sides; the device splits text with its own tokenizer."""
+    target = write_gguf(tmp_path / "target.gguf", pre="gpt2")
+    check = check_pair(draft, target)
+    assert check.lossless
+    assert "their pre-tokenizers are named differently ('qwen2' vs 'gpt2'): text is split by the draft's" in (
+        check.reason
+    )
+
+
+def test_files_without_a_readable_tokenizer_are_a_clear_error(tmp_path, draft):
+    with pytest.raises(ModelLoadError, match="model file not found"):
+        check_pair(tmp_path / "absent.gguf", draft)
+    (tmp_path / "text.gguf").write_text("not a model")
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        check_pair(draft, tmp_path / "text.gguf")
+    w = gguf.GGUFWriter(tmp_path / "bare.gguf", "qwen2")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match="holds no tokenizer"):
+        tokenizer_of(tmp_path / "bare.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(draft.read_bytes()[:-40])  # the merges run past the end
+    with pytest.raises(ModelLoadError, match="damaged GGUF metadata"):
+        tokenizer_of(cut)
+
+
+def test_no_tensor_data_is_read(tmp_path):
+    """A model's header alone answers: the file cut where its tensor data begins reads the same,
+    and one whose data is 64 GiB (a sparse file: reading it would take minutes) reads as fast."""
+    embd = np.ones((len(TOKENS), 256), dtype=np.float32)
+    model = write_gguf(tmp_path / "model.gguf", tensor=embd)
+    whole = tokenizer_of(model)
+    data_at = os.path.getsize(model) - embd.nbytes
+    assert model.read_bytes()[data_at:] == embd.tobytes()
+    headless = tmp_path / "header-only.gguf"
+    headless.write_bytes(model.read_bytes()[:data_at])
+    assert tokenizer_of(headless).tokenizer_hash == whole.tokenizer_hash
+    huge = tmp_path / "huge.gguf"
+    huge.write_bytes(model.read_bytes())
+    os.truncate(huge, 64 << 30)
+    t0 = time.perf_counter()
+    check = check_pair(huge, model)
+    elapsed = time.perf_counter() - t0
+    assert check.lossless and elapsed < 2.0, elapsed  # measured: 2 ms
