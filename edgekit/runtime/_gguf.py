@@ -138,7 +138,7 @@ def _items(data: mmap.mmap, pos: int) -> tuple[object, int]:
         return np.frombuffer(data, dtype, count=n, offset=pos).copy(), pos + n * dtype.itemsize
     if item != _STRING:
         raise ValueError(f"an array of GGUF type {item} where numbers or strings were expected")
-    out = []
+    out: list[bytes] = []
     append, size_at, end = out.append, struct.Struct("<Q").unpack_from, len(data)
     for _ in range(n):
         (size,) = size_at(data, pos)
