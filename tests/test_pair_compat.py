@@ -18,9 +18,16 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from http_fakes import FakeSGLangServer
+from scipy.stats import chisquare
 
-from edgekit.errors import IncompatibleModelsError, ModelLoadError
+from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
+from edgekit.errors import IncompatibleModelsError, ModelLoadError, ProtocolError
 from edgekit.models.compat import check_pair, require_pair, tokenizer_of
+from edgekit.protocol import BlockRequest, fingerprint_from_pb, fingerprint_to_pb, target_probs
+from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel
+from edgekit.verifier import ToyEngine, VerifierService
+from edgekit.verifier._semantic import SemanticMode
 
 UNUSED, USER_DEFINED, NORMAL, CONTROL = (
     gguf.TokenType.UNUSED, gguf.TokenType.USER_DEFINED, gguf.TokenType.NORMAL, gguf.TokenType.CONTROL
@@ -195,3 +202,145 @@ def test_no_tensor_data_is_read(tmp_path):
     check = check_pair(huge, model)
     elapsed = time.perf_counter() - t0
     assert check.lossless and elapsed < 2.0, elapsed  # measured: 2 ms
+
+
+# -- the runtime side, on toys: fingerprints, verification, target-only decoding ---------------
+
+V = 8  # the toys' tokens; a padded toy has PAD entries more
+PAD = 4
+
+
+class FeedRecordingEngine(ToyEngine):
+    """A toy engine that keeps every token it was fed."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.fed: list[int] = []
+
+    def run_batch(self, feeds):  # type: ignore[no-untyped-def]
+        self.fed += [t for f in feeds for t in f.tokens]
+        return super().run_batch(feeds)
+
+
+def _padded_pair(side: str, padding_logit: float, *, noise: float = 0.0) -> tuple[ToyLanguageModel, ToyLanguageModel]:
+    """(target, draft) over the same V tokens, `side` ("target" or "draft") with PAD padding
+    entries more, whose logits are `padding_logit` (0: what zero rows give; 50: always its top-1)."""
+    padded = {"vocab_size": V + PAD, "padding": PAD, "padding_logit": padding_logit}
+    target = ToyLanguageModel(**(padded if side == "target" else {"vocab_size": V}), seed=4, eos_bias=-8.0)
+    draft = ToyLanguageModel(**(padded if side == "draft" else {"vocab_size": V}), seed=4, eos_bias=-8.0, noise=noise)
+    return target, draft
+
+
+def _client_of(target: ToyLanguageModel, draft: ToyLanguageModel, **generation) -> EdgeClient:  # type: ignore[no-untyped-def]
+    config = ServerConfig(port=0, max_block=16, max_context=512, max_sessions=4)
+    engine = FeedRecordingEngine(target, n_seq=config.max_sessions, max_context=config.max_context)
+    return EdgeClient(
+        InProcessTransport(VerifierService(engine, config)),
+        draft_model=FakeDraftModel(draft),
+        generation=GenerationConfig(**({"drafting": "fixed", "draft_k": 4, "stop_at_eos": False} | generation)),
+    )
+
+
+def test_fingerprints_of_vocabularies_that_differ_in_padding_share_a_tokenizer():
+    plain, padded = ToyLanguageModel(V), ToyLanguageModel(V + PAD, padding=PAD)
+    a, b = plain.fingerprint(), padded.fingerprint()
+    assert (a.vocab_size, b.vocab_size, a.padding, b.padding, b.real_vocab_size) == (V, V + PAD, 0, PAD, V)
+    assert a.same_tokenizer(b) and b.same_tokenizer(a)
+    assert not ToyLanguageModel(V + PAD).fingerprint().same_tokenizer(a)  # 12 tokens are not 8 and padding
+    assert padded.logits([0, 3])[:V].tolist() == plain.logits([0, 3]).tolist()
+    # On the wire the hash travels as it is; the padding count is each end's own.
+    back = fingerprint_from_pb(fingerprint_to_pb(b))
+    assert back.same_tokenizer(a) and (back.vocab_size, back.padding) == (V + PAD, 0)
+
+
+@pytest.mark.parametrize("side", ["target", "draft"])
+@pytest.mark.parametrize("padding_logit", [0.0, 50.0])
+def test_a_padded_pair_decodes_greedily_as_the_target_and_never_commits_padding(side, padding_logit):
+    """Either side may have the padding. With logits of 0 (zero rows) the padding is never a
+    model's top-1; with 50 it always is, the worst case: a padded target is judged over its tokens
+    (its own target-only decoding too), and a padded draft's padding proposals are rejected, the
+    target never running them."""
+    target, draft = _padded_pair(side, padding_logit, noise=1.0)
+    with _client_of(target, draft, max_tokens=40) as client:
+        prompt = client.tokenize("speculate")
+        spec = client.generate(prompt).until_done()
+        alone = client.generate_target_only(prompt, max_tokens=40).until_done()
+        engine = client.transport.service.engine
+    assert list(spec.token_ids) == list(alone.token_ids) == target.greedy(prompt, 40)
+    assert max(spec.token_ids) < V and max(engine.fed) < V
+    if side == "draft" and padding_logit:
+        assert spec.stats.accepted == 0 and spec.stats.rounds == 40  # every proposal was padding
+    else:
+        assert spec.stats.accepted > 0
+
+
+@pytest.mark.parametrize("side", ["target", "draft"])
+def test_a_padded_pair_samples_as_the_target_over_its_tokens(side):
+    """Speculative sampling stays lossless: the first token after a prompt, over 600 seeds, is
+    distributed as the target's softmax over its tokens (chi-square at 0.001), whichever side has
+    the padding, the padding given real mass (logit 2 against N(0, 3) tokens, at temperature 8: a third of
+    the padded side's probability)."""
+    target, draft = _padded_pair(side, 2.0, noise=1.5)
+    with _client_of(target, draft, max_tokens=1, mode="sample", temperature=8.0, draft_top_k=V + PAD) as client:
+        prompt = client.tokenize("sample")
+        firsts = [client.generate(prompt, seed=seed).until_done().token_ids[0] for seed in range(600)]
+        alone = [client.generate_target_only(prompt, seed=seed).until_done().token_ids[0] for seed in range(300)]
+    assert max(firsts) < V and max(alone) < V
+    p = target_probs(target.logits(prompt)[:V], 8.0)
+    assert p.min() * 300 > 5  # every cell expects enough draws for the test to hold
+    for seen in (firsts, alone):
+        counts = np.bincount(seen, minlength=V)
+        assert chisquare(counts, p * len(seen)).pvalue > 1e-3, (counts, p)
+
+
+def test_the_verifier_takes_the_padding_of_the_draft_it_was_opened_with():
+    """A draft token past the draft's own vocabulary is a protocol error; one past the target's
+    (a padding entry only the draft has) is a draft token like another, and rejected."""
+    target, draft = _padded_pair("draft", 0.0)
+    with _client_of(target, draft) as client:
+        session = client.session()
+        session.open(client.tokenize("hi"))
+        t = client.transport
+        with pytest.raises(ProtocolError, match=f"outside the vocabulary of {V + PAD}"):
+            t.verify(BlockRequest(session_id=session.session_id, base_position=len(session.tokens),
+                                  draft_tokens=[3, V + PAD]))
+        verdict = t.verify(BlockRequest(session_id=session.session_id, base_position=len(session.tokens),
+                                        draft_tokens=[V + 1, 3]))
+        assert verdict.accepted == 0 and verdict.next_token < V and not verdict.bonus
+
+
+class _AcceptingHead:
+    """A decision head that would accept every mismatch."""
+
+    identity, threshold, draft_hidden, target_hidden = "accept-all", 1.0, 4, 4
+
+    def check_pair(self, draft_hidden: int, target_hidden: int) -> None:
+        pass
+
+    def p_reject(self, h_draft, h_target, link, logits=None, draft_tokens=None):  # type: ignore[no-untyped-def]
+        assert draft_tokens is None or max(draft_tokens) < logits.shape[1]  # it never reads a padding id
+        return np.zeros(len(h_draft))
+
+
+def test_semantic_mode_never_accepts_a_padding_id_whatever_its_head_says():
+    mode = SemanticMode(_AcceptingHead(), 4)
+    logits = np.zeros((4, V), dtype=np.float32)
+    logits[:, 5] = 1.0  # the target's top-1 is 5 everywhere
+    rows = ((0, 1, 2), np.zeros((3, 4), np.float32))
+    hidden = np.zeros((4, 4), np.float32)
+    # mismatches at 0 (accepted by the head) and 1 (padding: rejected at threshold 1, where the head rejects nothing)
+    assert mode.decide(logits[:3], [2, V + 1, 6], rows, hidden[:3], 1.0, None) == (1, 5, 1)
+    assert mode.decide(logits, [2, 3, 6], rows, hidden, 1.0, None) == (3, 5, 3)
+
+
+def test_a_stock_server_choosing_a_token_the_draft_lacks_is_a_clear_error():
+    """SGLang's server judges over every entry of its vocabulary: a target that prefers its padding
+    names an id the draft does not have, which the client refuses to commit."""
+    target, draft = _padded_pair("target", 50.0)
+    fake = FakeDraftModel(draft)
+    with FakeSGLangServer(target, lambda t: fake.token_bytes(t).decode()) as server:
+        config = GenerationConfig(max_tokens=8, stop_at_eos=False, drafting="fixed", draft_k=2)
+        with EdgeClient(f"sglang+{server.url}", draft_model=fake, generation=config,
+                        config=ClientConfig(timeout=30)) as client:
+            with pytest.raises(ProtocolError, match=f"chose token {V}, outside the draft's {V}-token vocabulary"):
+                client.generate("hi").until_done()
