@@ -100,12 +100,14 @@ class FakeDraftModel:
         return self.lm.fingerprint()
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        ids = [2 + (b % (self.n_vocab - 2)) for b in text.encode()]
+        ids = [2 + (b % (self.lm.real_vocab_size - 2)) for b in text.encode()]  # never a padding entry
         return ([0] if add_special else []) + ids
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         if token < 2:
             return (b"<bos>", b"<eos>")[token] if special else b""
+        if token >= self.lm.real_vocab_size:  # a padding entry: a placeholder, no text
+            return f"[PAD{token}]".encode() if special else b""
         return bytes([ord("a") + token % 26])
 
     def detokenize(self, tokens: Sequence[int]) -> str:
@@ -316,7 +318,8 @@ def toy_client(
         target = ToyLanguageModel()
     if draft is None:
         draft = ToyLanguageModel(target.vocab_size, seed=target.seed, order=target.order, noise=noise,
-                                 eos=target.eos, eos_bias=target.eos_bias, name=target.name)
+                                 eos=target.eos, eos_bias=target.eos_bias, name=target.name,
+                                 padding=target.padding, padding_logit=target.padding_logit)
     if isinstance(draft, ToyLanguageModel):
         draft = FakeDraftModel(draft)
     return EdgeClient(

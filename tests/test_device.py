@@ -8,6 +8,7 @@ import struct
 from collections import namedtuple
 from textwrap import dedent
 
+import numpy as np
 import psutil
 import pytest
 from _transcript import normalise_json
@@ -131,6 +132,22 @@ def test_the_gguf_reader_reads_scalars_strings_and_array_lengths_and_stops_where
     path.write_bytes(b"not a model")
     with pytest.raises(ModelLoadError, match="not a GGUF"):
         read_metadata(path)
+
+
+def test_the_gguf_reader_reads_the_items_of_the_arrays_it_is_asked_for(tmp_path):
+    kvs = [
+        ("toy.sizes", 9, struct.pack("<IQ", 5, 3) + struct.pack("<3i", 1, -2, 3)),
+        ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + _str("a") + _str("bc")),
+        ("tokenizer.ggml.merges", 9, struct.pack("<IQ", 8, 1) + _str("a b")),
+    ]
+    path = tmp_path / "toy.gguf"
+    path.write_bytes(_gguf(kvs))
+    meta = read_metadata(path, items=("toy.sizes", "tokenizer.ggml.tokens"))
+    assert meta["tokenizer.ggml.tokens"] == (b"a", b"bc") and meta["tokenizer.ggml.merges"] == GGUFArray(8, 1)
+    assert meta["toy.sizes"].dtype == np.int32 and meta["toy.sizes"].tolist() == [1, -2, 3]
+    path.write_bytes(_gguf(kvs)[:-6])  # the last string runs past the end
+    with pytest.raises(ModelLoadError, match="damaged"):
+        read_metadata(path, items=("tokenizer.ggml.merges",))
 
 
 def test_a_draft_is_sized_from_its_file(gemma_paths, tmp_path):

@@ -21,6 +21,7 @@ from edgekit.protocol import (
     SparseDistribution,
     accept_greedy,
     accept_sampling,
+    acceptance_ratios,
     draft_distribution,
     target_probs,
 )
@@ -127,3 +128,24 @@ def test_sampling_with_identical_draft_accepts_everything(temperature):
     accepted = [accept_sampling(logits, draft, dists, temperature, rng)[0] for _ in range(200)]
     # p/q is 1 up to float32 rounding of q: rejection only by rounding, if ever.
     assert sum(a == 2 for a in accepted) >= 198
+
+
+def test_draft_ids_past_the_targets_logits_have_target_probability_zero():
+    """A verifier judges over its target's tokens; a draft whose vocabulary has more padding
+    entries may propose one past the logits (ids 5 and 6 here, of q's mass 0.3): never accepted,
+    never drawn, and the committed token is still distributed as p (chi-square at 0.001)."""
+    vocab, trials = 5, 40_000
+    rng = np.random.default_rng(11)
+    logits = rng.normal(0, 1.5, (2, vocab)).astype(np.float32)
+    q = SparseDistribution(np.array([6, 0, 2, 5, 3], dtype=np.int32),
+                           np.array([0.2, 0.3, 0.2, 0.1, 0.2], dtype=np.float32))
+    counts = np.zeros(vocab)
+    for _ in range(trials):
+        x = q.sample(rng)
+        accepted, nxt = accept_sampling(logits, [x], [q], 1.0, rng)
+        if x >= vocab:
+            assert accepted == 0
+        counts[x if accepted else nxt] += 1
+    assert chisquare(counts, target_probs(logits[0], 1.0) * trials).pvalue > ALPHA
+    assert accept_greedy(logits, [6]) == (0, int(np.argmax(logits[0])))
+    assert acceptance_ratios(logits, [6], [q]).tolist() == [0.0]

@@ -17,6 +17,13 @@ head's P(reject) is compared with a threshold; a mismatch it does not reject
 is accepted as if it matched, and the first one it rejects ends the block with
 the target's token. The head runs on the verifier; this rule only applies its
 probabilities.
+
+The target's logits may be narrower than the draft's ids reach: a verifier judges
+over its target's tokens alone (`Fingerprint.padding`), and a draft whose
+vocabulary has more padding entries may propose one. A draft token past the
+logits' width has p = 0: never the argmax, accepted with probability 0, and the
+residual max(0, p - q) gives it nothing, so the rule stays lossless and never
+draws an id the target has no logit for.
 """
 
 from __future__ import annotations
@@ -125,10 +132,15 @@ def acceptance_ratios(
         return (np.argmax(target_logits[:k], axis=1) == tokens).astype(np.float64)
     out = np.empty(k)
     for j in range(k):
-        p = target_probs(target_logits[j], temperature)[tokens[j]]
+        p = _prob_of(target_probs(target_logits[j], temperature), int(tokens[j]))
         q = draft_dists[j].prob_of(int(tokens[j]))
         out[j] = 1.0 if q <= p else p / q
     return out
+
+
+def _prob_of(p: np.ndarray, token: int) -> float:
+    """p[token], or 0 for an id past the target's logits (a padding entry only the draft has)."""
+    return float(p[token]) if token < p.size else 0.0
 
 
 def mismatch_positions(target_logits: np.ndarray, draft_tokens: Sequence[int]) -> list[int]:
@@ -175,10 +187,12 @@ def accept_sampling(
         p = target_probs(target_logits[i], temperature)
         x = int(draft_tokens[i])
         q_x = draft_dists[i].prob_of(x)
-        if rng.random() * q_x < p[x]:  # u < p/q without dividing by a tiny q
+        if rng.random() * q_x < _prob_of(p, x):  # u < p/q without dividing by a tiny q
             continue
         residual = p
-        residual[draft_dists[i].ids] -= draft_dists[i].probs
+        ids, probs = draft_dists[i].ids, draft_dists[i].probs
+        inside = ids < p.size  # q's mass past the target's logits meets p = 0 there: nothing to take off
+        residual[ids[inside]] -= probs[inside]
         np.maximum(residual, 0.0, out=residual)
         total = residual.sum()
         if total <= 0.0:

@@ -48,22 +48,37 @@ class SpeedObjective:
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """What makes two tokenizers interchangeable: same ids for the same text."""
+    """What makes two tokenizers interchangeable: same ids for the same text.
+
+    `vocab_size` is the model's vocabulary as its logits are wide, padding included;
+    `token_hash` covers the entries before the trailing padding (`edgekit.runtime.trailing_padding`:
+    the "[PADn]" placeholders a converter adds up to the embedding's rows), so two models whose
+    vocabularies differ only in padding (Qwen2.5 0.5B and 7B) have the same tokenizer. Both ends
+    compute the hash the same way from their own model; the wire carries it as it is.
+    `padding`, how many of `vocab_size` are padding, is the model's own: it does not travel
+    (a fingerprint from the wire says 0), and only the verifier reads it, of its own target.
+    """
 
     vocab_size: int
     token_hash: bytes
     bos_token: int
     eos_token: int
     model_name: str
+    padding: int = 0
 
     @classmethod
     def unknown(cls) -> Fingerprint:
         """No tokenizer: a handshake with it only asks which target the verifier serves."""
         return cls(0, b"", -1, -1, "")
 
+    @property
+    def real_vocab_size(self) -> int:
+        """The ids that are tokens: those below it (what a verifier may commit)."""
+        return self.vocab_size - self.padding
+
     def same_tokenizer(self, other: Fingerprint) -> bool:
-        return (self.vocab_size, self.token_hash, self.bos_token, self.eos_token) == (
-            other.vocab_size,
+        """Same tokens and special tokens; the vocabulary sizes may differ by padding."""
+        return (self.token_hash, self.bos_token, self.eos_token) == (
             other.token_hash,
             other.bos_token,
             other.eos_token,

@@ -2,7 +2,8 @@
 is the only place that touches ctypes), the draft model seam, the compiled
 logit-statistics kernel, the draft pool (several tasks on one draft, their steps
 batched), the requantizer, the device's resources (psutil), and a toy language
-model for tests."""
+model for tests; a GGUF file's metadata read without llama.cpp, and the padding entries a
+vocabulary may end with."""
 
 from ._device import (
     DeviceLoad,
@@ -16,6 +17,7 @@ from ._device import (
     process_cpu_seconds,
 )
 from ._draft import DraftModel, DraftOutput, LlamaDraftModel
+from ._gguf import GGUFArray, read_metadata
 from ._llama import LlamaContext, LlamaModel, default_threads, llama_build
 from ._logits import (
     ALL_COLUMNS,
@@ -31,11 +33,14 @@ from ._logits import (
 from ._pool import DraftPool, DraftSlot, LlamaPoolBackend, PoolBackend, Step
 from ._quantize import quantizer_command
 from ._toy import ToyLanguageModel
+from ._vocab import GGUF_PADDING_TYPES, LLAMA_PADDING_ATTRS, is_padding_text, trailing_padding
 
 __all__ = [
     "ALL_COLUMNS",
     "FEATURE_NAMES",
+    "GGUF_PADDING_TYPES",
     "KERNEL",
+    "LLAMA_PADDING_ATTRS",
     "TAIL_NATS",
     "DeviceLoad",
     "DeviceState",
@@ -43,6 +48,7 @@ __all__ = [
     "DraftOutput",
     "DraftPool",
     "DraftSlot",
+    "GGUFArray",
     "LlamaContext",
     "LlamaDraftModel",
     "LlamaModel",
@@ -59,10 +65,13 @@ __all__ = [
     "default_threads",
     "device_load",
     "device_state",
+    "is_padding_text",
     "llama_build",
     "model_memory_need",
     "physical_cores",
     "process_cpu_seconds",
     "quantizer_command",
+    "read_metadata",
+    "trailing_padding",
     "use_kernel",
 ]

@@ -4,7 +4,10 @@ GGUF (llama.cpp's gguf.md): "GGUF", a version, the tensor and key counts, then t
 key-value pairs, each a string key, a type and a value. Reading stops once the keys
 asked for are found, or at the first key that starts with `until` (keys come grouped:
 general.*, then the architecture's, then the tokenizer's hundreds of thousands of
-strings); an array's value is a `GGUFArray` (its item type and length; the items are skipped).
+strings); an array's value is a `GGUFArray` (its item type and length; the items are skipped),
+unless its key is one of `items`: then its items are read, strings as bytes (a tokenizer's
+vocabulary: 262,144 of them in 0.3 s, where the `gguf` package's GGUFReader, which parses every
+array and tensor header into numpy views, takes 9 s on the same file). Tensor data is never read.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import os
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import ModelLoadError
 
@@ -33,10 +38,15 @@ _STRING, _ARRAY = 8, 9
 
 
 def read_metadata(
-    path: str | os.PathLike[str], keys: Collection[str] | None = None, *, until: str | None = None
+    path: str | os.PathLike[str],
+    keys: Collection[str] | None = None,
+    *,
+    until: str | None = None,
+    items: Collection[str] = (),
 ) -> dict[str, object]:
     """The metadata of `path` (only `keys`, if given), up to the first key starting with `until`;
-    ModelLoadError if it is not a GGUF file or is cut short."""
+    the arrays named in `items` with their items (a tuple of bytes for strings, a numpy array for
+    numbers), any other array as a `GGUFArray`. ModelLoadError if it is not a GGUF file or is cut short."""
     wanted = set(keys) if keys is not None else None
     with open(path, "rb") as f:
         try:
@@ -44,10 +54,12 @@ def read_metadata(
         except ValueError as exc:  # an empty file
             raise ModelLoadError(f"{path}: not a GGUF file (empty)") from exc
     with data:
-        return _read(data, wanted, until, str(path))
+        return _read(data, wanted, until, frozenset(items), str(path))
 
 
-def _read(data: mmap.mmap, wanted: set[str] | None, until: str | None, name: str) -> dict[str, object]:
+def _read(
+    data: mmap.mmap, wanted: set[str] | None, until: str | None, items: frozenset[str], name: str
+) -> dict[str, object]:
     if data[:4] != b"GGUF":
         raise ModelLoadError(f"{name}: not a GGUF file")
     pos = 4
@@ -65,7 +77,10 @@ def _read(data: mmap.mmap, wanted: set[str] | None, until: str | None, name: str
                 break
             (kind,) = struct.unpack_from("<I", data, pos)
             pos += 4
-            value, pos = _value(data, pos, kind)
+            if kind == _ARRAY and key in items:
+                value, pos = _items(data, pos)
+            else:
+                value, pos = _value(data, pos, kind)
             if wanted is None or key in wanted:
                 out[key] = value
                 if wanted is not None and wanted <= out.keys():
@@ -107,3 +122,29 @@ def _value(data: mmap.mmap, pos: int, kind: int) -> tuple[object, int]:
             raise ValueError("an array runs past the end of the file")
         return GGUFArray(item, n), pos
     raise ValueError(f"unknown GGUF value type {kind}")
+
+
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+
+
+def _items(data: mmap.mmap, pos: int) -> tuple[object, int]:
+    """An array's items: numbers as a numpy array (a copy), strings as a tuple of bytes."""
+    item, n = struct.unpack_from("<IQ", data, pos)
+    pos += 12
+    if item in _NUMPY:
+        dtype = np.dtype(_NUMPY[item])
+        if pos + n * dtype.itemsize > len(data):
+            raise ValueError("an array runs past the end of the file")
+        return np.frombuffer(data, dtype, count=n, offset=pos).copy(), pos + n * dtype.itemsize
+    if item != _STRING:
+        raise ValueError(f"an array of GGUF type {item} where numbers or strings were expected")
+    out: list[bytes] = []
+    append, size_at, end = out.append, struct.Struct("<Q").unpack_from, len(data)
+    for _ in range(n):
+        (size,) = size_at(data, pos)
+        pos += 8
+        if pos + size > end:
+            raise ValueError("a string runs past the end of the file")
+        append(data[pos : pos + size])
+        pos += size
+    return tuple(out), pos

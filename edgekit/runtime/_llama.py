@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import DependencyMissingError, InferenceError, KVCacheFullError, ModelLoadError
 from ..protocol import Fingerprint
 from ._device import physical_cores
+from ._vocab import LLAMA_PADDING_ATTRS, trailing_padding
 
 try:
     import llama_cpp as _lc
@@ -163,15 +164,26 @@ class LlamaModel:
         return b"".join(self.token_bytes(t, special=special) for t in tokens).decode("utf-8", errors="replace")
 
     def fingerprint(self) -> Fingerprint:
+        """The vocabulary's fingerprint: its hash covers each token's text and attributes up to the
+        trailing padding entries, which it counts (`Fingerprint.padding`)."""
         if self._fingerprint is None:
-            h = hashlib.sha256()
-            for tok in range(self.n_vocab):
+
+            def entry(tok: int) -> tuple[bytes, int]:
                 text = _lc.llama_vocab_get_text(self._vocab, tok) or b""
-                attr = int(_lc.llama_vocab_get_attr(self._vocab, tok))
+                return text, int(_lc.llama_vocab_get_attr(self._vocab, tok))
+
+            def placeholder(tok: int) -> tuple[bytes, bool]:
+                text, attr = entry(tok)
+                return text, bool(attr & LLAMA_PADDING_ATTRS)
+
+            padding = trailing_padding(self.n_vocab, placeholder)
+            h = hashlib.sha256()
+            for tok in range(self.n_vocab - padding):
+                text, attr = entry(tok)
                 h.update(len(text).to_bytes(4, "little"))
                 h.update(text)
                 h.update(attr.to_bytes(4, "little", signed=True))
-            self._fingerprint = Fingerprint(self.n_vocab, h.digest(), self.bos, self.eos, self.name)
+            self._fingerprint = Fingerprint(self.n_vocab, h.digest(), self.bos, self.eos, self.name, padding)
         return self._fingerprint
 
     def meta(self, key: str) -> str | None:

@@ -170,7 +170,7 @@ class StatelessTransport:
                 f"a block of {len(draft)} on {len(toks)} tokens exceeds the context of {self.max_context}"
             )
         t0 = time.perf_counter()
-        best = self._top1(toks + draft, len(toks))
+        best = self._known(self._top1(toks + draft, len(toks)))
         ms = (time.perf_counter() - t0) * 1e3
         accepted, nxt = accept_top1(best, draft)
         if nxt is None:
@@ -193,6 +193,20 @@ class StatelessTransport:
             exchanges=(Exchange(ms, None, *self.http.last_sizes),),
         )
 
+    def _known(self, ids: list[int]) -> list[int]:
+        """The server's tokens, each one the draft has: a target whose vocabulary has more padding
+        entries than the draft's could name one (a stock server judges over all of its entries),
+        which the device could neither run nor print."""
+        n = self.tokenizer.n_vocab
+        bad = next((t for t in ids if not 0 <= t < n), None)
+        if bad is not None:
+            raise ProtocolError(
+                f"the {self.kind} at {self.address} chose token {bad}, outside the draft's {n}-token vocabulary "
+                "(a padding entry of the target's?); this pair cannot continue the text through it",
+                address=self.address,
+            )
+        return ids
+
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 
@@ -210,7 +224,7 @@ class StatelessTransport:
             raise ConfigError(f"the {self.kind} at {self.address} is driven greedily here; use mode='greedy'")
         self._no_slo(slo)
         t0 = time.perf_counter()
-        ids = self._generate_ids(list(prompt_tokens), max_tokens)
+        ids = self._known(self._generate_ids(list(prompt_tokens), max_tokens))
         ms = (time.perf_counter() - t0) * 1e3 / max(len(ids), 1)
         for i, tok in enumerate(ids):
             last = i + 1 == len(ids)

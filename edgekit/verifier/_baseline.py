@@ -2,7 +2,8 @@
 
 The same engine, sessions and prefill as speculative rounds, so the two can be
 measured against each other on one server. Each token counts as committed in
-the serving statistics, for goodput.
+the serving statistics, for goodput. Its choices are over the target's tokens, as
+the rounds' are: the padding entries at the end of a vocabulary are never one.
 """
 
 from __future__ import annotations
@@ -84,10 +85,11 @@ class TargetOnly:
                     step = Feed(sess.seq, pos, (last,), 1)
                     ran = self.core.run(step, session_id=sess.id, slo_class=slo_class, objective=objective)
                     pos += 1
+                    logits = ran.logits[0, : self.checks.n_real]  # its tokens: a padding entry is no choice
                     if mode == "greedy":
-                        tok = int(np.argmax(ran.logits[0]))
+                        tok = int(np.argmax(logits))
                     else:
-                        p = target_probs(ran.logits[0], temperature)
+                        p = target_probs(logits, temperature)
                         tok = int(sess.rng.choice(p.size, p=p))
                     sess.last_used = self.sessions.clock()
                     self.stats.record_generated(slo_class)

@@ -17,6 +17,16 @@ its answer says whether the deadline was met: a missed deadline is reported,
 never hidden. Each verdict goes to the serving statistics (`ServingStats`) under
 the session's class: its drafted, accepted and committed tokens, its time on the
 server and whether it met its deadline.
+
+A draft and a target may have vocabularies that differ in their trailing padding
+entries (`Fingerprint.padding`). Every rule judges over the target's tokens alone
+(its logits before the padding columns), so no mode ever commits a padding id,
+which the device's draft may not have: greedy's argmax and speculative sampling's
+p are the target's over its tokens (renormalised: the same p target-only decoding
+uses, see `TargetOnly`), and an id of the draft's that is no token of the target's
+has p = 0. The target runs the block up to that id only; the id itself is judged,
+and rejected whatever the mode (sampling then draws from the residual there, as
+the lossless rule says).
 """
 
 from __future__ import annotations
@@ -102,6 +112,7 @@ class Rounds:
                 feed = Feed(sess.seq, 0, tuple(tokens[:-1]), 0)
                 ran = self._run(sess, feed, deadline, self.slo.prefill(speed, arrived))
                 sess.tokens = tokens
+                sess.draft_vocab = r.draft.vocab_size
                 sess.hidden_size = r.draft_hidden_size
                 sess.semantic_threshold = r.semantic_threshold
                 sess.began, sess.done = arrived, 0
@@ -164,7 +175,9 @@ class Rounds:
                 return self._second_half(sess, r, pending)
             self._drop_pending(sess)
             check_base(r.base_position, len(sess.tokens))
-            self.checks.block(len(sess.tokens), r.draft_tokens, r.upload, sess.mode, r.distributions)
+            self.checks.block(
+                len(sess.tokens), r.draft_tokens, r.upload, sess.mode, r.distributions, sess.draft_vocab
+            )
             block = r.draft_tokens
             hidden = None
             t0 = time.perf_counter()
@@ -194,11 +207,12 @@ class Rounds:
             )
             checks_ms = (time.perf_counter() - t0) * 1e3
             base = len(sess.tokens)
-            feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block), len(block) + 1, hidden=semantic)
+            run = self._tokens_of_target(block)  # the target runs its own tokens only
+            feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block[:run]), run + 1, hidden=semantic)
             ran = self._run(sess, feed, deadline, objective)
             verify_ms = ran.run_ms + checks_ms
             if r.upload == "sh":
-                positions = tuple(mismatch_positions(ran.logits, block))
+                positions = tuple(mismatch_positions(self._judged_logits(ran.logits), block[: run + 1]))
                 if positions:
                     budget_ms, met = _outcome(objective)
                     answer = HiddenRequest(
@@ -246,21 +260,25 @@ class Rounds:
         round's SLO, whose deadline the answer reports on (None: an SH second half, which reports
         what its first half, `first_half`, found)."""
         block = r.draft_tokens
-        logits = ran.logits
+        # The rules see the block as far as the target ran it, and the id after that (no token of
+        # the target's: rejected whatever the mode), over the target's tokens.
+        judged = block[: self._tokens_of_target(block) + 1]
+        logits = self._judged_logits(ran.logits)
         t0 = time.perf_counter()
         semantic_accepted = 0
         if sess.mode == "greedy":
-            accepted, nxt = accept_greedy(logits, block)
+            accepted, nxt = accept_greedy(logits, judged)
         elif sess.mode == "semantic":
             accepted, nxt, semantic_accepted = self.semantic.decide(
-                logits, block, hidden, ran.hidden, sess.semantic_threshold, r.link
+                logits, judged, hidden, ran.hidden, sess.semantic_threshold, r.link
             )
         else:
-            accepted, nxt = accept_sampling(logits, block, r.distributions, sess.temperature, sess.rng)
+            dists = r.distributions[: len(judged)]
+            accepted, nxt = accept_sampling(logits, judged, dists, sess.temperature, sess.rng)
         ratios = 0.0
         if self.budgets is not None and block:
-            dists = r.distributions if sess.mode == "sample" else ()
-            ratios = float(acceptance_ratios(logits, block, dists, sess.temperature).sum())
+            dists = r.distributions[: len(judged)] if sess.mode == "sample" else ()
+            ratios = float(acceptance_ratios(logits, judged, dists, sess.temperature).sum())
         verdict = decide(
             block,
             accepted,
@@ -271,7 +289,7 @@ class Rounds:
             continue_after_eog=r.continue_after_eog,
         )
         if semantic_accepted and verdict.accepted < accepted:  # cut at an accepted end of text: count before it
-            semantic_accepted = sum(1 for i in mismatch_positions(logits, block) if i < verdict.accepted)
+            semantic_accepted = sum(1 for i in mismatch_positions(logits, judged) if i < verdict.accepted)
         accept_ms = (time.perf_counter() - t0) * 1e3
         # The KV keeps every committed token but the last (not yet decoded); the block's
         # rejected rows after them go when the session's next feed runs (it starts there).
@@ -325,6 +343,16 @@ class Rounds:
         return answer
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _tokens_of_target(self, block: Sequence[int]) -> int:
+        """How many of the block's first ids are tokens of the target's (not padding, not past
+        its vocabulary): all of them, unless the draft proposed a padding entry of its own."""
+        n_real = self.checks.n_real
+        return next((i for i, tok in enumerate(block) if not 0 <= tok < n_real), len(block))
+
+    def _judged_logits(self, logits: np.ndarray) -> np.ndarray:
+        """The target's logits over its tokens: its padding columns are never a choice (a view)."""
+        return logits[:, : self.checks.n_real]
 
     def _run(self, sess: Session, feed: Feed, deadline: float | None, objective: Objective) -> WorkResult:
         ran = self.core.run(feed, session_id=sess.id, slo_class=sess.slo_class, objective=objective, deadline=deadline)

@@ -121,9 +121,15 @@ class SemanticMode:
         missing = [m for m in mismatches if m not in where]
         if missing:
             raise ProtocolError(f"no draft hidden states for mismatches at block offsets {missing}")
-        h_draft = rows[[where[m] for m in mismatches]]
-        h_target = target_rows[mismatches]
-        p = self.head.p_reject(
-            h_draft, h_target, link, logits=logits[mismatches], draft_tokens=np.asarray(block)[mismatches]
-        )
-        return accept_semantic(best, block, p.tolist(), threshold)
+        # A draft token past the target's logits (a padding entry only the draft has) is rejected
+        # whatever the head would say: the head reads the mismatches before it, and none after.
+        width = logits.shape[1]
+        heard = next((n for n, m in enumerate(mismatches) if not 0 <= block[m] < width), len(mismatches))
+        read = mismatches[:heard]
+        p: list[float] = []
+        if read:
+            h_draft = rows[[where[m] for m in read]]
+            p = self.head.p_reject(
+                h_draft, target_rows[read], link, logits=logits[read], draft_tokens=np.asarray(block)[read]
+            ).tolist()
+        return accept_semantic(best, block, p + [math.inf] * (len(mismatches) - heard), threshold)

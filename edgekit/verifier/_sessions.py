@@ -81,6 +81,7 @@ class Session:
     last_round: tuple[tuple[bytes, ...], VerifyResult] | None = None
     decoded: int = 0  # tokens run through the target for this session: prefix reuse shows here
     hidden_size: int = 0  # width of the draft hidden states the session may upload; 0: none
+    draft_vocab: int = 0  # the draft's vocabulary, padding included (its fingerprint's); 0: the target's
     semantic_threshold: float = 0.0  # semantic mode: a mismatch is rejected when the head's P(reject) exceeds it
     # SH: a block run and waiting for its hidden states (its KV cells are still in place).
     pending: PendingRound | None = None

@@ -24,10 +24,14 @@ MAX_CLIENT_ID = 256  # characters of OpenSession's client_id
 
 
 class RequestChecks:
+    """`n_vocab`: the ids the target runs (its logits' width); `n_real`: those of them that are
+    tokens, before its padding entries (the ones it may commit)."""
+
     def __init__(self, config: ServerConfig, target: Fingerprint) -> None:
         self.config = config
         self.target = target
         self.n_vocab = target.vocab_size
+        self.n_real = target.real_vocab_size
 
     def protocol_version(self, version: int) -> int:
         """The version both ends speak: the client's highest, if this verifier speaks it, or its own."""
@@ -40,10 +44,11 @@ class RequestChecks:
         return min(version, PROTOCOL_VERSION)
 
     def tokenizer(self, draft: Fingerprint) -> None:
+        """The draft's tokenizer must be the target's; their vocabularies may differ in padding."""
         fp = self.target
         if not fp.same_tokenizer(draft):
             what = (
-                f"vocabulary {draft.vocab_size} vs {fp.vocab_size} tokens"
+                f"vocabulary {draft.vocab_size} vs {fp.vocab_size} entries, and not by padding alone"
                 if draft.vocab_size != fp.vocab_size
                 else "same vocabulary size, different tokens or special tokens"
             )
@@ -60,12 +65,14 @@ class RequestChecks:
         if mode == "sample" and not temperature > 0:
             raise ProtocolError(f"sampling needs a temperature > 0, got {temperature}")
 
-    def tokens(self, tokens: Sequence[int], what: str) -> None:
+    def tokens(self, tokens: Sequence[int], what: str, vocab: int = 0) -> None:
+        """Every id below `vocab` (default: the target's vocabulary)."""
+        vocab = vocab or self.n_vocab
         ids = np.asarray(tokens, dtype=np.int64)
-        bad = np.flatnonzero((ids < 0) | (ids >= self.n_vocab))
+        bad = np.flatnonzero((ids < 0) | (ids >= vocab))
         if bad.size:
             raise ProtocolError(
-                f"{what} holds token id {ids[bad[0]]} (at {bad[0]}), outside the vocabulary of {self.n_vocab}"
+                f"{what} holds token id {ids[bad[0]]} (at {bad[0]}), outside the vocabulary of {vocab}"
             )
 
     def client_id(self, client_id: str) -> None:
@@ -101,12 +108,16 @@ class RequestChecks:
         upload: str,
         mode: str,
         distributions: Sequence[SparseDistribution],
+        draft_vocab: int = 0,
     ) -> None:
+        """`draft_vocab`: the draft's vocabulary, padding included (its fingerprint's; default: the
+        target's), what its tokens and distributions may name: a padding entry the target lacks
+        is a draft token like another, which the round rejects."""
         # An empty block is a plain target step (a controller that predicts the
         # first draft token rejected sends none: WISP eq. 25 allows K = 0).
         if len(block) > self.config.max_block:
             raise ProtocolError(f"draft block of {len(block)} tokens exceeds max_block={self.config.max_block}")
-        self.tokens(block, "the draft block")
+        self.tokens(block, "the draft block", draft_vocab)
         if committed + len(block) + 1 > self.config.max_context:
             raise LimitExceededError(
                 f"a block of {len(block)} on {committed} committed tokens exceeds the context limit of "
@@ -116,9 +127,10 @@ class RequestChecks:
         if upload not in _UPLOADS:
             raise ProtocolError(f"upload protocol {upload} is not one this verifier knows")
         if mode == "sample":
-            self.distributions(distributions, block)
+            self.distributions(distributions, block, draft_vocab)
 
-    def distributions(self, dists: Sequence[SparseDistribution], block: Sequence[int]) -> None:
+    def distributions(self, dists: Sequence[SparseDistribution], block: Sequence[int], draft_vocab: int = 0) -> None:
+        vocab = draft_vocab or self.n_vocab
         if len(dists) != len(block):
             raise ProtocolError(f"sampling needs one draft distribution per draft token: {len(dists)} for {len(block)}")
         for i, (d, tok) in enumerate(zip(dists, block)):
@@ -130,7 +142,7 @@ class RequestChecks:
                 )
             ids = d.ids
             probs = np.asarray(d.probs, dtype=np.float64)
-            if ids.min() < 0 or ids.max() >= self.n_vocab or np.unique(ids).size != ids.size:
+            if ids.min() < 0 or ids.max() >= vocab or np.unique(ids).size != ids.size:
                 raise ProtocolError(f"draft distribution {i} has token ids out of range or repeated")
             if not np.all(np.isfinite(probs)) or probs.min() <= 0 or abs(probs.sum() - 1.0) > 1e-3:
                 raise ProtocolError(f"draft distribution {i} is not a probability distribution (sum {probs.sum():.6f})")
