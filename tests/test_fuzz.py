@@ -65,7 +65,9 @@ def test_every_rpc_answers_hostile_input_with_a_status_and_the_good_client_goes_
     server, channel, auth = fuzzed
     sessions = server.service.sessions
     live = lambda: [s.id for s in list(sessions._sessions.values()) if s.owner == "fuzz"]  # noqa: E731
-    near = lambda: [len(s.tokens) for s in list(sessions._sessions.values())]  # noqa: E731
+    # positions near the fuzzer's own sessions' lengths (the good client's sessions are not its to verify:
+    # counting them made a well-formed round rarer, and the test's "rounds were run" a matter of timing)
+    near = lambda: [len(s.tokens) for s in list(sessions._sessions.values()) if s.owner == "fuzz"]  # noqa: E731
     stop, outcomes = threading.Event(), []
     good = threading.Thread(target=_well_behaved, args=(server.address, stop, outcomes), daemon=True)
     good.start()
@@ -73,7 +75,8 @@ def test_every_rpc_answers_hostile_input_with_a_status_and_the_good_client_goes_
     aim = Aim()
     fingerprint = fingerprint_to_pb(FakeDraftModel(TARGET).fingerprint())
 
-    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+    # 700 examples: with 400, one run in about seven never ran a whole round of some RPC (measured)
+    @settings(max_examples=700, deadline=None, suppress_health_check=list(HealthCheck), database=None,
               phases=[Phase.generate])  # the server's state moves on: no replaying to shrink
     @given(st.data())
     def fuzz(data: st.DataObject) -> None:
