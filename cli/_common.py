@@ -21,6 +21,23 @@ VERIFIER_HELP = (
 )
 
 
+MODEL_REF_FORMS = (
+    "hf:ORG/REPO:QUANT or hf:ORG/REPO/FILE.gguf (the Hugging Face Hub, into its cache), ollama:NAME[:TAG] "
+    "(Ollama's store, read in place), a path to a GGUF file, or a registry model (edgekit models list)"
+)
+DRAFT_HELP = f"The draft model: {MODEL_REF_FORMS}. Default: the pair's draft."
+TARGET_HELP = (
+    f"The target the local verifier serves (no --verifier): {MODEL_REF_FORMS}. Default: the pair's target. "
+    "Checked against the draft's tokenizer before any weights load."
+)
+_DRAFT = typer.Option(None, "--draft", help=DRAFT_HELP)
+_TARGET = typer.Option(None, "--target", help=TARGET_HELP)
+_YES = typer.Option(
+    False, "--yes", "-y", help="With --target and no --draft: draft with the smallest model of the target's "
+    "tokenizer on this machine (without it, that model is only suggested)."
+)
+
+
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")

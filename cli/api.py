@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from ._common import PAIR_HELP, VERIFIER_HELP, note
+from ._common import _DRAFT, _TARGET, PAIR_HELP, VERIFIER_HELP, note
 
 
 def api(
     verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
+    draft: str | None = _DRAFT,
+    target: str | None = _TARGET,
     pair: str | None = typer.Option(None, "--pair", help=PAIR_HELP),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="Port to listen on."),
@@ -38,11 +40,11 @@ def api(
         raise DependencyMissingError("uvicorn", "api") from exc
     config = ClientConfig.from_env(timeout=timeout, connect_timeout=min(10.0, timeout), token=token)
     local = ServerConfig(port=0, max_sessions=slots + 2)  # when no --verifier: room for every slot's session
-    with EdgeClient(verifier, pair=pair if verifier else pair or "qwen-coder", config=config,
-                    draft_slots=slots + 1, local_server=local) as client:
+    with EdgeClient(verifier, pair=pair if verifier else pair or "qwen-coder", draft=draft, target=target,
+                    config=config, draft_slots=slots + 1, local_server=local) as client:
         app = create_app(client, api_key=api_key, concurrency=slots, queue=queue, max_tokens=max_tokens)
         info = client.server_info()
         where = client.local_verifier_address or client.transport.address
-        note(f"edgekit api: {info.target_model} (pair {client.pair}) verified at {where}; "
+        note(f"edgekit api: {info.target_model} verified at {where}, drafted with {client.draft.name}; "
              f"OpenAI API on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
         uvicorn.run(app, host=host, port=port, log_level="warning")

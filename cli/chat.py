@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, cast
 import typer
 
 from ._common import (
+    _DRAFT,
     _DRAFTING,
     _MAX_WINDOW,
     _ON_DISCONNECT,
@@ -22,8 +23,10 @@ from ._common import (
     _RETRY_FOR,
     _SEMANTIC_THRESHOLD,
     _SLO_CLASS,
+    _TARGET,
     _TARGET_SPEED,
     _UPLOAD,
+    _YES,
     MODE_HELP,
     PAIR_HELP,
     VERIFIER_HELP,
@@ -170,6 +173,9 @@ class _Interrupt:
 
 
 def chat(
+    draft: str | None = _DRAFT,
+    target: str | None = _TARGET,
+    yes: bool = _YES,
     pair: str | None = typer.Option(None, "--pair", help=PAIR_HELP),
     verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
     system: str | None = typer.Option(None, "--system", "-s", help="System prompt."),
@@ -223,6 +229,7 @@ def chat(
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
     with _connect.build_client(
         pair=pair if verifier else pair or "qwen-coder", verifier=verifier, timeout=timeout, token=token,
+        draft=draft, target=target, yes=yes,
         generation=gen, retry_for=retry_for, on_disconnect=on_disconnect,
     ) as client:
         pair = client.pair

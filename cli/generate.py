@@ -9,6 +9,7 @@ from typing import cast
 import typer
 
 from ._common import (
+    _DRAFT,
     _DRAFTING,
     _HIDDEN_ENCODING,
     _MAX_WINDOW,
@@ -19,8 +20,10 @@ from ._common import (
     _RETRY_FOR,
     _SEMANTIC_THRESHOLD,
     _SLO_CLASS,
+    _TARGET,
     _TARGET_SPEED,
     _UPLOAD,
+    _YES,
     MODE_HELP,
     PAIR_HELP,
     VERIFIER_HELP,
@@ -43,6 +46,9 @@ class Baseline(str, Enum):
 
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="Prompt text (a raw completion prompt, no chat template)."),
+    draft: str | None = _DRAFT,
+    target: str | None = _TARGET,
+    yes: bool = _YES,
     pair: str | None = typer.Option(None, "--pair", help=PAIR_HELP),
     verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
     max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=1, help="Most tokens to generate."),
@@ -90,6 +96,7 @@ def generate(
     )
     with _connect.build_client(
         pair=pair if verifier else pair or "gemma-270m", verifier=verifier, timeout=timeout, token=token,
+        draft=draft, target=target, yes=yes,
         generation=gen, announce=not json_out,
         retry_for=retry_for, on_disconnect=on_disconnect,
     ) as client:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import PAIR_HELP, VERIFIER_HELP, note, print_json
+from ._common import _DRAFT, _TARGET, PAIR_HELP, VERIFIER_HELP, note, print_json
 
 
 def _prompts(path: Path) -> list[str]:
@@ -32,6 +32,8 @@ def _prompts(path: Path) -> list[str]:
 
 def plan(
     prompts_file: Path = typer.Argument(..., help="Prompts: one per line, or JSON lines with a \"prompt\" field."),
+    draft: str | None = _DRAFT,
+    target: str | None = _TARGET,
     pair: str = typer.Option("gemma-270m", "--pair", help=PAIR_HELP),
     verifier: str | None = typer.Option(None, "--verifier", help=VERIFIER_HELP),
     max_tokens: int = typer.Option(64, "--max-tokens", "-n", min=1, help="Tokens each task is planned for."),
@@ -50,21 +52,23 @@ def plan(
     import math
 
     from edgekit import GenerationConfig
-    from edgekit.models import get_pair, model_path
+    from edgekit.models import get_pair
+    from edgekit.models.refs import resolve_for_use
     from edgekit.plan import ServingModel, calibrate_draft, calibrate_verify, verifier_shape
     from edgekit.plan import plan as make_plan
 
     from . import _connect
 
     texts = _prompts(prompts_file)
-    spec = get_pair(pair)
-    with _connect.build_client(pair=pair, verifier=verifier, timeout=timeout, token=token,
-                               generation=GenerationConfig(max_tokens=max_tokens), announce=not json_out) as client:
+    with _connect.build_client(pair=pair, verifier=verifier, draft=draft, target=target, timeout=timeout,
+                               token=token, generation=GenerationConfig(max_tokens=max_tokens),
+                               announce=not json_out) as client:
         info = client.server_info()
         inputs = [len(client.tokenize(t)) for t in texts]
         if not json_out:
-            note(f"calibrating the draft ({spec.draft}) on this device ...")
-        draft_shape, draft_rt, draft_samples = calibrate_draft(model_path(spec.draft), threads=threads)
+            note(f"calibrating the draft ({client.draft.name}) on this device ...")
+        draft_file = resolve_for_use(draft if draft is not None else get_pair(pair).draft, role="draft").path
+        draft_shape, draft_rt, draft_samples = calibrate_draft(draft_file, threads=threads)
         vshape = verifier_shape(info.target_hidden_size)
         verify_rt, verify_samples = calibrate_verify(client.transport, client.draft.fingerprint(),
                                                      client.tokenize(texts[0]), vshape)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from ._common import note, print_json
+from ._common import _DRAFT, note, print_json
 
 if TYPE_CHECKING:
     from edgekit import ClientConfig, DraftModel, GenerationConfig
@@ -24,6 +24,7 @@ def probe(
         None, "--pair", help="Draft/target pair from the model registry; default: the one whose target the verifier "
         "serves (it is asked; stock servers need --pair)."
     ),
+    draft: str | None = _DRAFT,
     pings: int = typer.Option(10, "--pings", min=1, help="Empty pings for the RTT."),
     tries: int = typer.Option(3, "--tries", min=1, help="Payload pings each way for the rates (the fastest counts)."),
     payload_kib: int = typer.Option(64, "--payload-kib", min=1, help="Payload of a rate ping, KiB."),
@@ -48,15 +49,15 @@ def probe(
     from edgekit.errors import ConfigError
     from edgekit.link import LinkEstimator, LinkPolicy
     from edgekit.link import probe as probe_link
-    from edgekit.models import get_model, get_pair
+    from edgekit.models import get_pair
     from edgekit.transport import connect, needs_tokenizer
 
     if pair is not None:
         get_pair(pair)  # an unknown pair is said before anything is sent
     stock = needs_tokenizer(address)
-    if pair is None and stock:
+    if pair is None and draft is None and stock:
         raise ConfigError("a stock server (openai+http://, sglang+http://) cannot say which target it serves "
-                          "before a draft is loaded: name the pair with --pair")
+                          "before a draft is loaded: name the draft with --draft, or the pair with --pair")
     gen = GenerationConfig(
         max_tokens=calibration_tokens, drafting="latency", max_window=max_window, upload="auto",
         hidden_encoding=cast(HiddenEncoding, hidden_encoding), stop_at_eos=False,
@@ -66,14 +67,11 @@ def probe(
     if stock:
         # a stock server: its transport needs the draft's tokenizer even to ping
         from edgekit import LlamaDraftModel
-        from edgekit.models import model_path
+        from edgekit.models.refs import resolve_for_use
 
-        assert pair is not None
-        spec = get_pair(pair)
+        resolved = resolve_for_use(draft if draft is not None else get_pair(pair or "").draft, role="draft")
         # calibration drafts on it too: room for its prompt, its tokens and a window
-        tokenizer = LlamaDraftModel(
-            model_path(spec.draft), name=spec.draft, n_ctx=256 + calibration_tokens + max_window
-        )
+        tokenizer = LlamaDraftModel(resolved.path, name=resolved.name, n_ctx=256 + calibration_tokens + max_window)
     else:
         tokenizer = None
     transport = connect(address, config, tokenizer)
@@ -81,18 +79,18 @@ def probe(
         gen = replace(gen, upload="tokens")  # stock servers take no hidden states
     try:
         measured = probe_link(transport, link, pings=pings, tries=tries, payload_bytes=payload_kib * 1024)
-        if pair is None:  # the draft follows the verifier: ask which target it serves
+        if pair is None and draft is None:  # the draft follows the verifier: ask which target it serves
             from edgekit.client import discover_pair
 
             pair, info = discover_pair(transport)
             note(f"the verifier serves {info.target_model}: probing with {pair}")
-        spec = get_pair(pair)
-        draft_spec = get_model(spec.draft)
+        pair = pair or "gemma-270m"  # with --draft, only for the defaults a pair gives
+        hidden_size, n_vocab = _draft_shape(draft if draft is not None else get_pair(pair).draft)
         calibration = None
         if link_only:
-            policy = LinkPolicy(gen, link, hidden_dim=draft_spec.hidden_size, n_vocab=draft_spec.vocab_size)
+            policy = LinkPolicy(gen, link, hidden_dim=hidden_size, n_vocab=n_vocab)
         else:
-            policy, calibration = _calibrate(transport, link, pair, gen, config, tokenizer)
+            policy, calibration = _calibrate(transport, link, pair, gen, config, tokenizer or draft)
     finally:
         transport.close()
         if tokenizer is not None:
@@ -123,7 +121,7 @@ def probe(
             "verify_ms": {"base": a, "per_token": b},
             "acceptance": costs.acceptance,
             "mismatch_density": costs.mismatch_density,
-            "hidden_size": draft_spec.hidden_size,
+            "hidden_size": hidden_size,
             "hidden_encoding": hidden_encoding,
         },
         "choice": {
@@ -146,20 +144,39 @@ def probe(
     _print(result)
 
 
+def _draft_shape(ref: str) -> tuple[int, int]:
+    """A draft's hidden size and vocabulary, from the registry or its GGUF header (no weights loaded)."""
+    from edgekit.models import get_model, list_models
+
+    if ref in {m.name for m in list_models()}:
+        spec = get_model(ref)
+        return spec.hidden_size, spec.vocab_size
+    from edgekit.models.refs import resolve_for_use
+    from edgekit.runtime import read_metadata
+
+    path = resolve_for_use(ref, role="draft").path
+    arch = read_metadata(path, ["general.architecture"])["general.architecture"]
+    meta = read_metadata(path, [f"{arch}.embedding_length", "tokenizer.ggml.tokens"])
+    tokens = meta["tokenizer.ggml.tokens"]
+    hidden = meta[f"{arch}.embedding_length"]
+    assert isinstance(hidden, int)
+    return hidden, int(getattr(tokens, "length", 0))
+
+
 def _calibrate(
     transport: VerifierTransport,
     link: LinkEstimator,
     pair: str,
     gen: GenerationConfig,
     config: ClientConfig,
-    draft: DraftModel | None = None,
+    draft: DraftModel | str | None = None,
 ) -> tuple[LinkPolicy, dict]:
     """A short real generation through the verifier, so the costs are this device's and this verifier's
     (on `draft` when one is loaded already, else the pair's, loaded here). It runs on the link just
     probed: the session measures nothing twice, and its rounds keep the estimate current."""
     from edgekit import EdgeClient, FinalStats
 
-    with EdgeClient(transport, pair=pair, draft_model=draft, config=config, generation=gen) as client:
+    with EdgeClient(transport, pair=pair, draft=draft, config=config, generation=gen) as client:
         client.link = link
         session = client.session()
         try:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import typer
 
-from ._common import PAIR_HELP, note, print_json
+from ._common import _DRAFT, PAIR_HELP, note, print_json
 
 
 def profile(
+    draft_ref: str | None = _DRAFT,
     pair: str = typer.Option("gemma-270m", "--pair", help=PAIR_HELP),
     predictor: str | None = typer.Option(
         None, "--predictor", help="ONNX predictor to time; default: the one shipped for the pair; 'none' to skip."
@@ -27,19 +28,24 @@ def profile(
     from edgekit import LlamaDraftModel
     from edgekit.drafting import shipped_predictor
     from edgekit.errors import ConfigError
-    from edgekit.models import get_pair, model_path
+    from edgekit.models import get_pair
+    from edgekit.models.refs import resolve_for_use
     from edgekit.predictors.profile import profile_drafting
 
     spec = get_pair(pair)
+    resolved = resolve_for_use(draft_ref if draft_ref is not None else spec.draft, role="draft")
     pred = None
     if predictor != "none":
         from edgekit.drafting import OnnxPredictor
 
-        path = predictor or shipped_predictor(spec.draft, spec.target)
+        path = predictor or shipped_predictor(resolved.name, spec.target)
         if path is None:
-            raise ConfigError(f"no predictor is shipped for {pair}; pass --predictor PATH or --predictor none")
+            raise ConfigError(
+                f"no predictor is shipped for {resolved.name} with {spec.target}; "
+                "pass --predictor PATH or --predictor none"
+            )
         pred = OnnxPredictor(path)
-    draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=1024)
+    draft = LlamaDraftModel(resolved.path, name=resolved.name, n_ctx=1024)
     try:
         result = profile_drafting(draft, pred, steps=steps, samples=plot is not None)
     finally:

@@ -33,8 +33,10 @@ class LogLevel(str, Enum):
 
 def serve(
     pair: str = typer.Option("gemma-270m", "--pair", help="Serve this pair's target model."),
-    model: Path | None = typer.Option(
-        None, "--model", exists=True, dir_okay=False, help="Serve this GGUF file instead of a pair's target."
+    model: str | None = typer.Option(
+        None, "--model",
+        help="Serve this model instead of a pair's target: hf:ORG/REPO:QUANT or hf:ORG/REPO/FILE.gguf (the Hugging "
+        "Face Hub), ollama:NAME[:TAG] (Ollama's store, read in place), a path to a GGUF file, or a registry model.",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for all interfaces)."),
     port: int = typer.Option(50551, "--port", min=0, max=65535, help="Port to listen on; 0 picks a free one."),
@@ -198,13 +200,11 @@ def serve(
         metrics_port=metrics_port,
         semantic_head=semantic_head,
     )
-    if model is not None:
-        path, name = model, model.stem
-    else:
-        from edgekit.models import get_pair, model_path
+    from edgekit.models import get_pair
+    from edgekit.models.refs import resolve_for_use
 
-        name = get_pair(pair).target
-        path = model_path(name)
+    resolved = resolve_for_use(model if model is not None else get_pair(pair).target, role="target")
+    path, name = resolved.path, resolved.name
     server = VerifierServer(path, config, name=name).start()
     engine = server.engine
     if engine.exact:

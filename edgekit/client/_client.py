@@ -28,7 +28,7 @@ from ._discover import discover_pair
 from ._events import Event, FinalStats
 from ._metrics import GenerationStats
 from ._session import SharedDraft, SpeculativeSession
-from ._setup import discovery_transport, load_draft, start_local
+from ._setup import check_pair, discovery_transport, load_draft, model_file, start_local
 from ._stream import GenerationStream
 from ._text import TextDecoder
 
@@ -49,9 +49,16 @@ class EdgeClient:
     or None to start the pair's target as a verifier on loopback in this process.
 
     pair: a registered draft/target pair. None (the default): with a verifier and no
-    draft_model, the pair whose target the verifier serves (asked in a handshake before
+    draft, the pair whose target the verifier serves (asked in a handshake before
     the draft loads, so the verifier must answer now; `edgekit.client.discover_pair`);
     otherwise DEFAULT_PAIR (gemma-270m).
+
+    draft: the draft model, by reference (`edgekit.models.refs`: a registry name,
+    "hf:ORG/REPO:QUANT", "ollama:NAME", a path to a GGUF), or a loaded `DraftModel` or
+    `DraftPool` (`draft_model` is its older name); default: the pair's. target: the model
+    the local verifier serves (no verifier given), by reference; default: the pair's. A
+    draft and a target named here are checked to share a tokenizer from their GGUF headers
+    before any weights load (`IncompatibleModelsError` names both).
 
     draft_slots: how many generations may draft at once, each on a KV sequence of its
     own in one draft model, their steps batched (`edgekit.runtime.DraftPool`); with one
@@ -65,6 +72,8 @@ class EdgeClient:
         verifier: str | Sequence[str] | VerifierTransport | None = None,
         *,
         pair: str | None = None,
+        draft: str | Path | DraftModel | DraftPool | None = None,
+        target: str | Path | None = None,
         draft_model: str | Path | DraftModel | DraftPool | None = None,
         config: ClientConfig | None = None,
         generation: GenerationConfig | None = None,
@@ -75,6 +84,9 @@ class EdgeClient:
     ) -> None:
         if draft_slots < 1:
             raise ValueError("draft_slots must be at least 1")
+        if draft is not None and draft_model is not None:
+            raise ConfigError("name the draft once: draft= (draft_model= is its older name)")
+        draft_model = draft if draft is not None else draft_model
         self.config = config or ClientConfig()
         if not self.config.client_id:  # one id for this client's sessions (the verifier's budgets follow it)
             self.config = replace(self.config, client_id=uuid.uuid4().hex)
@@ -87,20 +99,38 @@ class EdgeClient:
         # Close only what this client made: a draft model or transport passed in
         # belongs to the caller.
         self._owns_draft = not hasattr(draft_model, "eval") and not isinstance(draft_model, DraftPool)
-        target = ",".join(verifier) if isinstance(verifier, (list, tuple)) else verifier
-        assert not isinstance(target, Sequence) or isinstance(target, str)
-        self._owns_transport = target is None or isinstance(target, str)
+        where = ",".join(verifier) if isinstance(verifier, (list, tuple)) else verifier
+        assert not isinstance(where, Sequence) or isinstance(where, str)
+        if where is not None and target is not None:
+            raise ConfigError("target= names the model of a local verifier; a verifier given serves its own")
+        self._owns_transport = where is None or isinstance(where, str)
         transport: VerifierTransport | None = None
         try:
-            if pair is None and draft_model is None and target is not None:  # the draft follows the verifier
-                transport = target if not isinstance(target, str) else discovery_transport(target, self.config)
+            if pair is None and draft_model is None and where is not None:  # the draft follows the verifier
+                transport = where if not isinstance(where, str) else discovery_transport(where, self.config)
                 self.pair, _ = discover_pair(transport)
-            self._draft, self._pool = load_draft(self.pair, draft_model, draft_slots, draft_context, draft_threads)
-            if target is None:
-                self._local = start_local(self.pair, local_server)
-                target = self._local.address
+            from ..models import get_pair
+
+            name: str | None = None
+            local_target: tuple[Path, str] | None = None
+            source: str | Path | DraftModel | DraftPool
+            if where is None:  # both files are known: their tokenizers are checked before any weights load
+                spec = get_pair(self.pair)
+                if draft_model is None or isinstance(draft_model, (str, Path)):
+                    source, name = model_file(draft_model if draft_model is not None else spec.draft, "draft")
+                    local_target = model_file(target if target is not None else spec.target, "target")
+                    check_pair(source, name, *local_target)
+                else:
+                    source = draft_model
+                    local_target = model_file(target if target is not None else spec.target, "target")
+            else:  # by reference, the registry's when none is given
+                source = draft_model if draft_model is not None else get_pair(self.pair).draft
+            self._draft, self._pool = load_draft(source, draft_slots, draft_context, draft_threads, name=name)
+            if where is None:
+                self._local = start_local(self.pair, local_server, local_target)
+                where = self._local.address
             if transport is None:
-                transport = connect(target, self.config, self._draft) if isinstance(target, str) else target
+                transport = connect(where, self.config, self._draft) if isinstance(where, str) else where
             self.transport: VerifierTransport = transport
         except BaseException:
             if transport is not None and self._owns_transport and not hasattr(self, "transport"):

@@ -1,12 +1,16 @@
 """What a client is made of before its first generation: the draft (a model, or a slot of a
 pool of them), the local verifier of a client given none, and a transport that asks a
-verifier which pair it serves before any draft is loaded."""
+verifier which pair it serves before any draft is loaded.
+
+Models are named by reference (`edgekit.models.refs`: a registry name, `hf:ORG/REPO:QUANT`,
+`ollama:NAME`, a path); a draft and a target named here are checked to share a tokenizer from
+their GGUF headers before any weights load (`edgekit.models.compat`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ..config import ClientConfig, ServerConfig
 from ..errors import ConfigError
@@ -16,7 +20,7 @@ from ..transport import VerifierTransport, connect, needs_tokenizer
 if TYPE_CHECKING:
     from ..verifier import VerifierServer
 
-__all__ = ["discovery_transport", "load_draft", "start_local"]
+__all__ = ["check_pair", "discovery_transport", "load_draft", "model_file", "start_local"]
 
 
 def discovery_transport(url: str, config: ClientConfig) -> VerifierTransport:
@@ -30,23 +34,37 @@ def discovery_transport(url: str, config: ClientConfig) -> VerifierTransport:
     return connect(url, config, None)
 
 
+def model_file(ref: str | Path, role: Literal["draft", "target"]) -> tuple[Path, str]:
+    """The GGUF file a model reference names, and its display name. A Hub model is fetched on first
+    use (into the Hub's cache, as llama.cpp's -hf does); a registry model must have been pulled (its
+    error names the `edgekit models pull` command: its weights come assembled from packages)."""
+    from ..models.refs import resolve_for_use
+
+    resolved = resolve_for_use(ref, role=role)
+    return resolved.path, resolved.name
+
+
+def check_pair(draft: Path, draft_name: str, target: Path, target_name: str) -> None:
+    """Refuses, from the GGUF headers alone, a draft whose tokenizer is not the target's."""
+    from ..models.compat import require_pair
+
+    require_pair(draft, target, draft_name=draft_name, target_name=target_name)
+
+
 def load_draft(
-    pair: str,
-    draft_model: str | Path | DraftModel | DraftPool | None,
+    draft_model: str | Path | DraftModel | DraftPool,
     slots: int,
     n_ctx: int,
     threads: int | None,
+    *,
+    name: str | None = None,
 ) -> tuple[DraftModel, DraftPool | None]:
-    """The draft model (by default the pair's) and the pool it is a slot of, if any: with several
-    slots (or a pool given), the pool's first slot, which sessions share when every other slot is
-    taken."""
-    name = None
-    if draft_model is None:
-        from ..models import get_pair, model_path
-
-        spec = get_pair(pair)
-        draft_model, name = model_path(spec.draft), spec.draft
-    if isinstance(draft_model, (str, Path)):
+    """The draft model (a model reference, a file, a model or a pool) and the pool it is a slot
+    of, if any: with several slots (or a pool given), the pool's first slot, which sessions share
+    when every other slot is taken."""
+    if isinstance(draft_model, str):
+        draft_model, name = model_file(draft_model, "draft")
+    if isinstance(draft_model, Path):
         if slots == 1:
             return LlamaDraftModel(draft_model, name=name, n_ctx=n_ctx, n_threads=threads), None
         draft_model = DraftPool(
@@ -62,18 +80,21 @@ def load_draft(
     return draft_model, None
 
 
-def start_local(pair: str, server_config: ServerConfig | None) -> VerifierServer:
-    """The pair's target as a verifier on loopback, in this process, with the pair's shipped
-    semantic head where there is one (`semantic_head=""` opts out)."""
+def start_local(
+    pair: str, server_config: ServerConfig | None, target: tuple[Path, str] | None = None
+) -> VerifierServer:
+    """A target as a verifier on loopback, in this process: `target` (its file and name), else the
+    pair's, with the pair's shipped semantic head where there is one (`semantic_head=""` opts out)."""
     from ..models import get_pair, model_path
     from ..verifier import VerifierServer
 
     spec = get_pair(pair)
+    path, name = target if target is not None else (model_path(spec.target), spec.target)
     cfg = server_config or ServerConfig(port=0, max_sessions=4)
-    if cfg.semantic_head is None:
+    if cfg.semantic_head is None and name == spec.target:  # the pair's head reads the pair's target
         from .. import drafting  # the file, found without importing the semantic tooling
 
         head = drafting.shipped_dir("semantic") / f"{pair}.onnx"
         if head.is_file():
             cfg = replace(cfg, semantic_head=str(head))
-    return VerifierServer(model_path(spec.target), replace(cfg, host="127.0.0.1"), name=spec.target).start()
+    return VerifierServer(path, replace(cfg, host="127.0.0.1"), name=name).start()
