@@ -136,3 +136,18 @@ def test_models_list_shows_every_source_and_rm_removes_a_hub_model(hub, ollama, 
     assert hub_ref not in {m["ref"] for m in json.loads(r.stdout)["local"]}
     r = runner.invoke(app, ["models", "rm", "ollama:gemma-draft"])
     assert isinstance(r.exception, ConfigError) and "ollama rm gemma-draft" in str(r.exception)
+
+
+def test_chat_drafts_with_a_model_from_the_hub(hub, gemma_server):
+    r = runner.invoke(app, ["chat", "--draft", HUB_DRAFT, "--verifier", gemma_server.address,
+                            "--prompt", "Name a colour.", "--json", "--max-tokens", "8"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.splitlines()[0])["metrics"]["completion_tokens"] > 0
+
+
+def test_profile_times_a_draft_named_by_reference(ollama):
+    r = runner.invoke(app, ["profile", "--draft", "ollama:gemma-draft", "--predictor", "none", "--steps", "20",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["draft"] == "gemma-draft:latest" and out["n_vocab"] == 262144
