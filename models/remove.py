@@ -44,7 +44,7 @@ def _remove_registry(name: str) -> list[str]:
 
 
 def _remove_hub(ref: ModelRef) -> list[str]:
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import constants, scan_cache_dir
 
     from ._gguf_pick import split_info
     from .hub import hub_gguf
@@ -54,7 +54,7 @@ def _remove_hub(ref: ModelRef) -> list[str]:
     info = split_info(first.name)
     stem = info.prefix if info is not None and info.count > 1 else None
     lines: list[str] = []
-    for repo in scan_cache_dir().repos:
+    for repo in scan_cache_dir(constants.HF_HUB_CACHE).repos:  # the cache as configured now (HF_HUB_CACHE)
         if repo.repo_id.lower() != ref.repo.lower() or repo.repo_type != "model":
             continue
         keep = set()  # blobs another file of the repo still links to
