@@ -151,3 +151,36 @@ def test_profile_times_a_draft_named_by_reference(ollama):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["draft"] == "gemma-draft:latest" and out["n_vocab"] == 262144
+
+
+def test_serve_takes_a_model_by_reference(ollama, gemma_draft):
+    """`edgekit serve --model ollama:...`: the verifier serves the blob in Ollama's store, under its name."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from edgekit.transport import GrpcTransport
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgekit.cli.app", "serve", "--model", "ollama:gemma-draft", "--port", "0",
+         "--max-sessions", "1", "--max-context", "256"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+        env={**os.environ},
+    )
+    try:
+        line = ""
+        while not line.startswith("edgekit verifier: "):  # the announcement, once it serves
+            line = proc.stderr.readline()
+            assert line, "serve ended before it announced itself"
+        assert line.startswith("edgekit verifier: gemma-draft:latest on 127.0.0.1:"), line
+        address = re.search(r" on (127\.0\.0\.1:\d+) ", line).group(1)
+        with GrpcTransport(address) as t:
+            info = t.handshake(gemma_draft.fingerprint(), draft_model="d", draft_hidden_size=640)
+            assert info.target_model == "gemma-draft:latest" and info.target_fingerprint.same_tokenizer(
+                gemma_draft.fingerprint())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
