@@ -33,8 +33,6 @@ A test's own rules (say, for a real model's text) go in `also`, with a comment s
 `normalise_json(text, varying)` is its twin for --json output: the text must be one JSON document
 exactly as the CLI prints it (a two-space indent, or one line); the value of each field named in
 `varying` becomes its placeholder, and the document is printed again with a two-space indent.
-`assert_json_close` compares two such documents with a tolerance on their real numbers (for a
-model the test trains: its last bits follow the CPU's BLAS kernels).
 GENERATION names what varies in a generation's metrics, PROBE_LINK and PROBE in a probe's, PROFILE
 in a profile's. Long transcripts live in tests/transcripts/ (`transcript(name)`).
 """
@@ -157,30 +155,6 @@ def normalise_json(
     for path, placeholder in (paths or {}).items():
         out = out.replace(str(path), placeholder)
     return out
-
-
-def assert_json_close(actual: str, expected: str, *, rel: float) -> None:
-    """Two documents from `normalise_json` are the same, their real numbers within `rel` of each
-    other: for the figures of a model trained in the test, whose last bits follow the CPU's BLAS
-    kernels (AVX2 or AVX-512, OpenBLAS's or another's), so that no CPU turns them red. Every
-    key, string, whole number and placeholder must still be as expected."""
-
-    def close(a: Any, b: Any, path: str) -> None:
-        if isinstance(a, float) or isinstance(b, float):
-            assert isinstance(a, (int, float)) and isinstance(b, (int, float)), f"{path}: {a!r} != {b!r}"
-            assert abs(a - b) <= rel * max(abs(a), abs(b)), f"{path}: {a!r} is not within {rel:.0%} of {b!r}"
-        elif isinstance(a, dict) and isinstance(b, dict):
-            assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
-            for k in a:
-                close(a[k], b[k], f"{path}.{k}")
-        elif isinstance(a, list) and isinstance(b, list):
-            assert len(a) == len(b), f"{path}: {len(a)} items != {len(b)}"
-            for i, (x, y) in enumerate(zip(a, b, strict=True)):
-                close(x, y, f"{path}[{i}]")
-        else:
-            assert a == b, f"{path}: {a!r} != {b!r}"
-
-    close(json.loads(actual), json.loads(expected), "$")
 
 
 def _replace(value: Any, path: tuple[str, ...], rules: Mapping[tuple[str, ...], str]) -> Any:

@@ -12,7 +12,6 @@ more in its tied token embedding, which llama.cpp loads as a 262,272-entry model
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import gguf
@@ -195,14 +194,7 @@ def test_no_tensor_data_is_read(tmp_path):
     assert model.read_bytes()[data_at:] == embd.tobytes()
     headless = tmp_path / "header-only.gguf"
     headless.write_bytes(model.read_bytes()[:data_at])
-    assert tokenizer_of(headless).tokenizer_hash == whole.tokenizer_hash
-    huge = tmp_path / "huge.gguf"
-    huge.write_bytes(model.read_bytes())
-    os.truncate(huge, 64 << 30)
-    t0 = time.perf_counter()
-    check = check_pair(huge, model)
-    elapsed = time.perf_counter() - t0
-    assert check.lossless and elapsed < 2.0, elapsed  # measured: 2 ms
+    assert tokenizer_of(headless).tokenizer_hash == whole.tokenizer_hash  # so no tensor byte is read
 
 
 # -- the runtime side, on toys: fingerprints, verification, target-only decoding ---------------
@@ -405,16 +397,13 @@ def padded_server(padded_target):
 
 
 def test_the_padded_pair_checks_lossless_from_its_headers(gemma_paths, padded_target, gemma_draft):
-    t0 = time.perf_counter()
     check = check_pair(gemma_paths[0], padded_target, draft_name="gemma-3-270m-q4_0", target_name="padded")
-    elapsed = time.perf_counter() - t0
     assert check.compatible and check.lossless and check.padding == EXTRA
     assert check.reason == (
         "draft gemma-3-270m-q4_0 and target padded share a tokenizer (262,144 tokens, SentencePiece model "
         "'llama'); padded has 128 more padding entries than gemma-3-270m-q4_0 (262,272 vs 262,144), which are "
         "never drafted or committed: lossless"
     )
-    assert elapsed < 3.0, elapsed  # measured: 0.2 s for both headers (gguf's GGUFReader: 9 s for one)
     # llama.cpp reads the same vocabulary: 262,272 entries, 128 of them padding, the draft's tokens.
     vocab = LlamaModel(padded_target, vocab_only=True)
     fp = vocab.fingerprint()
@@ -473,14 +462,12 @@ def test_a_mismatched_pair_is_refused_before_any_weights_load(gemma_paths, monke
 
     loads: list[bytes] = []
     monkeypatch.setattr(_llama._lc, "llama_model_load_from_file", lambda path, params: loads.append(path))
-    t0 = time.perf_counter()
     with pytest.raises(IncompatibleModelsError) as info:
         require_pair(gemma_paths[0], model_path("smollm2-135m-instruct"), draft_name="gemma-3-270m-q4_0",
                      target_name="smollm2-135m-instruct")
-    elapsed = time.perf_counter() - t0
     assert str(info.value) == (
         "draft gemma-3-270m-q4_0 cannot draft for target smollm2-135m-instruct: their tokenizers differ "
         "(tokenizer model 'llama' in gemma-3-270m-q4_0, 'gpt2' in smollm2-135m-instruct; 262,144 and 49,152 "
         "entries); use a draft from the target's family"
     )
-    assert not loads and elapsed < 3.0, elapsed  # measured: 0.1 s
+    assert not loads  # refused from the headers: llama.cpp never asked to load a model
