@@ -28,7 +28,7 @@ from ._discover import discover_pair
 from ._events import Event, FinalStats
 from ._metrics import GenerationStats
 from ._session import SharedDraft, SpeculativeSession
-from ._setup import check_pair, discovery_transport, load_draft, model_file, start_local
+from ._setup import discovery_transport, load_draft, model_file, start_local
 from ._stream import GenerationStream
 from ._text import TextDecoder
 
@@ -110,6 +110,7 @@ class EdgeClient:
                 transport = where if not isinstance(where, str) else discovery_transport(where, self.config)
                 self.pair, _ = discover_pair(transport)
             from ..models import get_pair
+            from ..models.compat import require_pair
 
             name: str | None = None
             local_target: tuple[Path, str] | None = None
@@ -119,7 +120,7 @@ class EdgeClient:
                 if draft_model is None or isinstance(draft_model, (str, Path)):
                     source, name = model_file(draft_model if draft_model is not None else spec.draft, "draft")
                     local_target = model_file(target if target is not None else spec.target, "target")
-                    check_pair(source, name, *local_target)
+                    require_pair(source, local_target[0], draft_name=name, target_name=local_target[1])
                 else:
                     source = draft_model
                     local_target = model_file(target if target is not None else spec.target, "target")

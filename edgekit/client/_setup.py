@@ -20,7 +20,7 @@ from ..transport import VerifierTransport, connect, needs_tokenizer
 if TYPE_CHECKING:
     from ..verifier import VerifierServer
 
-__all__ = ["check_pair", "discovery_transport", "load_draft", "model_file", "start_local"]
+__all__ = ["discovery_transport", "load_draft", "model_file", "start_local"]
 
 
 def discovery_transport(url: str, config: ClientConfig) -> VerifierTransport:
@@ -42,13 +42,6 @@ def model_file(ref: str | Path, role: Literal["draft", "target"]) -> tuple[Path,
 
     resolved = resolve_for_use(ref, role=role)
     return resolved.path, resolved.name
-
-
-def check_pair(draft: Path, draft_name: str, target: Path, target_name: str) -> None:
-    """Refuses, from the GGUF headers alone, a draft whose tokenizer is not the target's."""
-    from ..models.compat import require_pair
-
-    require_pair(draft, target, draft_name=draft_name, target_name=target_name)
 
 
 def load_draft(

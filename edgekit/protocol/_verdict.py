@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import StaleRoundError
+from ._types import VerifyResult
 
 __all__ = ["Verdict", "check_base", "decide"]
 
@@ -27,6 +29,18 @@ class Verdict:
     committed: tuple[int, ...]  # what the round commits: the accepted prefix and the next token
     committed_length: int
     context_full: bool  # no room for another round (base + a block of 1 + its next token)
+
+    def answer(self, **figures: Any) -> VerifyResult:
+        """The verdict as the answer both ends read, with the figures that come with it (timings,
+        hidden rows, budget, semantic counts: `VerifyResult`'s other fields)."""
+        return VerifyResult(
+            accepted=self.accepted,
+            next_token=self.next_token,
+            bonus=self.bonus,
+            committed_length=self.committed_length,
+            context_full=self.context_full,
+            **figures,
+        )
 
 
 def decide(

@@ -181,12 +181,7 @@ class StatelessTransport:
         v = decide(draft, accepted, nxt, base=len(toks), max_context=self.max_context, is_end=self.tokenizer.is_eog,
                    continue_after_eog=block.continue_after_eog)
         toks.extend(v.committed)
-        return VerifyResult(
-            accepted=v.accepted,
-            next_token=v.next_token,
-            bonus=v.bonus,
-            committed_length=v.committed_length,
-            context_full=v.context_full,
+        return v.answer(
             # These APIs report no server timings: the whole call is charged to verification,
             # and the exchange teaches the link estimate nothing (server_ms unknown).
             verify_ms=ms,

@@ -309,12 +309,7 @@ class Rounds:
                 sess.id, drafted=len(block), ratios=ratios, committed=len(verdict.committed), epoch=self.core.epochs,
                 context=len(sess.tokens), slo_budget_ms=budget_ms,
             )
-        answer = VerifyResult(
-            accepted=verdict.accepted,
-            next_token=verdict.next_token,
-            bonus=verdict.bonus,
-            committed_length=verdict.committed_length,
-            context_full=verdict.context_full,
+        answer = verdict.answer(
             hidden_rows=n_hidden,
             queue_ms=ran.queue_ms,
             verify_ms=verify_ms + accept_ms,
