@@ -44,7 +44,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     """List the registry's pairs and models, and every model on this machine: edgekit's cache, the
     Hugging Face cache and Ollama's store, with its tokenizer and the larger models it can draft for."""
     from edgekit.models import cache_dir, is_present, list_models, list_pairs
-    from edgekit.models.inventory import drafts_for, local_models
+    from edgekit.models.inventory import can_draft_for, local_models
 
     pairs: list[dict[str, Any]] = [
         {"name": p.name, "draft": p.draft, "target": p.target, "chat": p.chat, "description": p.description}
@@ -70,7 +70,7 @@ def list_(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) ->
             "size": m.size,
             "quant": m.quant,
             "tokenizer": m.tokenizer_kind,
-            "drafts_for": [t.ref for t in found if m in drafts_for(t, found)],
+            "drafts_for": [t.ref for t in found if can_draft_for(m, t)],
         }
         for m in found
     ]

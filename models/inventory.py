@@ -20,7 +20,7 @@ from edgekit.errors import EdgekitError
 from .cache import cache_dir, is_present
 from .registry import list_models
 
-__all__ = ["LocalModel", "drafts_for", "local_models", "smallest_draft_for"]
+__all__ = ["LocalModel", "can_draft_for", "drafts_for", "local_models", "smallest_draft_for"]
 
 log = logging.getLogger("edgekit.models")
 
@@ -84,12 +84,14 @@ def _with_tokenizer(ref: str, source: str, path: Path, size: int, quant: str) ->
     return LocalModel(ref, source, path, size, quant, t.tokenizer_hash, t.describe())
 
 
+def can_draft_for(draft: LocalModel, target: LocalModel) -> bool:
+    """Whether `draft` drafts for `target` losslessly (one tokenizer) and is the smaller of the two."""
+    return bool(draft.tokenizer) and draft.tokenizer == target.tokenizer and draft.size < target.size
+
+
 def drafts_for(target: LocalModel, models: Iterable[LocalModel]) -> list[LocalModel]:
-    """The models that can draft for `target` losslessly (its tokenizer), smaller than it, smallest first."""
-    return sorted(
-        (m for m in models if m.tokenizer and m.tokenizer == target.tokenizer and m.size < target.size),
-        key=lambda m: (m.size, m.ref),
-    )
+    """The models that can draft for `target`, smallest first."""
+    return sorted((m for m in models if can_draft_for(m, target)), key=lambda m: (m.size, m.ref))
 
 
 def smallest_draft_for(target_path: Path, models: Iterable[LocalModel] | None = None) -> LocalModel | None:
