@@ -95,6 +95,41 @@ def semantic_summary(stats, sep: str = ", ") -> str:  # GenerationStats
         f"{sep}{stats.semantic_accepted} mismatches accepted (semantic, head {stats.semantic_head}, "
         f"threshold {stats.semantic_threshold:.3f})"
     )
+# The sampler past the temperature (edgekit.Sampler: penalties, then temperature, then the truncations);
+# unset options keep the command's defaults.
+_TOP_K = typer.Option(None, "--top-k", min=0, help="Sample among the K likeliest tokens only (0: all).")
+_TOP_P = typer.Option(
+    None, "--top-p", min=0.0, max=1.0, help="Nucleus sampling: the fewest likeliest tokens whose probability reaches P."
+)
+_MIN_P = typer.Option(
+    None, "--min-p", min=0.0, max=1.0, help="Drop tokens less likely than MIN_P times the likeliest (0: off)."
+)
+_REPEAT_PENALTY = typer.Option(
+    None, "--repeat-penalty", "--repetition-penalty", min=0.0,
+    help="Penalise tokens seen in the last --repeat-last-n tokens (1: off; 1.1 is llama.cpp's and Ollama's usual).",
+)
+_FREQUENCY_PENALTY = typer.Option(
+    None, "--frequency-penalty", min=-2.0, max=2.0, help="Subtract this times a token's count in the window."
+)
+_PRESENCE_PENALTY = typer.Option(
+    None, "--presence-penalty", min=-2.0, max=2.0, help="Subtract this from every token seen in the window."
+)
+_REPEAT_LAST_N = typer.Option(
+    None, "--repeat-last-n", min=-1, help="Tokens of the context the penalties count (default 64; -1: all)."
+)
+
+
+def sampler_options(
+    top_k: int | None, top_p: float | None, min_p: float | None, repeat_penalty: float | None,
+    frequency_penalty: float | None, presence_penalty: float | None, repeat_last_n: int | None,
+) -> dict[str, Any]:
+    """The sampler options given on the command line, by GenerationConfig's names."""
+    given = {"top_k": top_k, "top_p": top_p, "min_p": min_p, "repetition_penalty": repeat_penalty,
+             "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
+             "penalty_last_n": repeat_last_n}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 _SLO_CLASS = typer.Option(
     None, "--slo-class",
     help="A token-speed class the verifier names (by default realtime 8, interactive 6, standard 4, relaxed 2 "

@@ -8,28 +8,36 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
 from ._common import (
     _DRAFT,
     _DRAFTING,
+    _FREQUENCY_PENALTY,
     _MAX_WINDOW,
+    _MIN_P,
     _ON_DISCONNECT,
     _P_MIN,
     _PREDICTOR,
+    _PRESENCE_PENALTY,
     _PROACTIVE,
+    _REPEAT_LAST_N,
+    _REPEAT_PENALTY,
     _RETRY_FOR,
     _SEMANTIC_THRESHOLD,
     _SLO_CLASS,
     _TARGET,
     _TARGET_SPEED,
+    _TOP_K,
+    _TOP_P,
     _UPLOAD,
     _YES,
     MODE_HELP,
     PAIR_HELP,
     VERIFIER_HELP,
+    sampler_options,
     semantic_summary,
     upload_for,
 )
@@ -38,7 +46,7 @@ from .generate import Mode
 if TYPE_CHECKING:  # the command imports them when it runs: `edgekit --help` stays fast
     from rich.console import Console, Group
 
-    from edgekit import Conversation, EdgeClient, GenerationStream
+    from edgekit import Conversation, EdgeClient, GenerationConfig, GenerationStream
 
     from ._history import History
 
@@ -47,14 +55,24 @@ Type a message and press Enter. Commands:
   /help                 this text
   /stats                acceptance, accepted length, rounds, speed, link
   /set KEY VALUE        k (draft window), drafting (auto|fixed|predictor|p-min|latency), max_window,
-                        p_min, upload (tokens|fh|sh|auto|rtt), temperature, mode (greedy|sample|
-                        semantic), max_tokens, seed
+                        p_min, upload (tokens|fh|sh|auto|rtt), mode (greedy|sample|semantic),
+                        temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
+                        presence_penalty, repeat_last_n, max_tokens, seed
   /clear                start a new conversation (keeps the system prompt)
   /exit                 leave (or Ctrl-D); Ctrl-C stops the current answer"""
 
 _SET_KEYS = {"k": "draft_k", "draft_k": "draft_k", "temperature": "temperature", "t": "temperature", "mode": "mode",
              "max_tokens": "max_tokens", "seed": "seed", "drafting": "drafting", "max_window": "max_window",
-             "p_min": "p_min", "upload": "upload"}
+             "p_min": "p_min", "upload": "upload", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+             "repeat_penalty": "repetition_penalty", "repetition_penalty": "repetition_penalty",
+             "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+             "repeat_last_n": "penalty_last_n"}
+_TEXT_KEYS = ("mode", "drafting", "upload")
+_INT_KEYS = ("draft_k", "max_tokens", "seed", "max_window", "top_k", "penalty_last_n")
+
+# How chat samples unless told otherwise (as ollama, llama.cpp's server and LM Studio do: small models
+# loop under greedy decoding); a setting the model's GGUF recommends (general.sampling.*) wins.
+CHAT_SAMPLING = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1}
 
 
 class _MarkdownAnswer:
@@ -184,9 +202,25 @@ def chat(
         False, "--json", help="Machine-readable output only: one JSON object per answer; diagnostics on stderr."
     ),
     max_tokens: int = typer.Option(512, "--max-tokens", "-n", min=1, help="Most tokens per answer."),
-    mode: Mode = typer.Option(Mode.greedy, "--mode", help=MODE_HELP),
+    mode: Mode | None = typer.Option(
+        None, "--mode", help=MODE_HELP + " Default: sample, with temperature 0.7, top-p 0.9, min-p 0.05 and repeat "
+        "penalty 1.1 unless the model's GGUF recommends its own."
+    ),
+    greedy: bool = typer.Option(
+        False, "--greedy",
+        help="Decode greedily (the target's exact argmax, token-identical to it alone): --mode greedy.",
+    ),
     semantic_threshold: float | None = _SEMANTIC_THRESHOLD,
-    temperature: float = typer.Option(0.7, "--temperature", "-t", help="Sampling temperature (mode sample)."),
+    temperature: float | None = typer.Option(
+        None, "--temperature", "-t", help="Sampling temperature (mode sample; default 0.7 or the GGUF's)."
+    ),
+    top_k: int | None = _TOP_K,
+    top_p: float | None = _TOP_P,
+    min_p: float | None = _MIN_P,
+    repeat_penalty: float | None = _REPEAT_PENALTY,
+    frequency_penalty: float | None = _FREQUENCY_PENALTY,
+    presence_penalty: float | None = _PRESENCE_PENALTY,
+    repeat_last_n: int | None = _REPEAT_LAST_N,
     draft_k: int = typer.Option(4, "--draft-k", "-k", min=1, max=64, help="Draft window K: tokens drafted per round."),
     drafting: str = _DRAFTING,
     predictor: str | None = _PREDICTOR,
@@ -215,15 +249,23 @@ def chat(
 
     from edgekit import GenerationConfig
     from edgekit.config import Drafting, Upload
+    from edgekit.config import Mode as ModeName
 
     from . import _connect
     from ._history import History
 
+    chosen = "greedy" if greedy else mode.value if mode is not None else "sample"
+    if greedy and mode not in (None, Mode.greedy):
+        raise typer.BadParameter(f"--greedy and --mode {mode.value} disagree", param_hint="--greedy")
+    explicit = sampler_options(top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n)
+    if temperature is not None:
+        explicit["temperature"] = temperature
     gen = GenerationConfig(
-        max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
+        max_tokens=max_tokens, mode=cast(ModeName, chosen), draft_k=draft_k, seed=seed,
         drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
         slo_class=slo_class, target_speed=target_speed, proactive=proactive,
-        upload=cast(Upload, upload_for(upload, mode.value)), semantic_threshold=semantic_threshold,
+        upload=cast(Upload, upload_for(upload, chosen)), semantic_threshold=semantic_threshold,
+        **({**CHAT_SAMPLING, **explicit} if chosen == "sample" else explicit),
     )
     # With --json, stdout carries only JSON lines; everything for people goes to stderr.
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
@@ -234,7 +276,8 @@ def chat(
     ) as client:
         pair = client.pair
         log = History(history, pair)
-        conv = client.conversation(system=system)
+        recommended: dict[str, float] = getattr(client.draft, "sampling_defaults", dict)() if chosen == "sample" else {}
+        conv = client.conversation(system=system, **{**recommended, **explicit})
         session = _ChatSession(client, conv, out, log, json_out, markdown=not plain)
         try:
             if prompt is not None:
@@ -310,7 +353,8 @@ class _ChatSession:
         self.log.add("assistant", reply)
         stats = stream.final.stats if stream.final else None
         if self.json_out:
-            payload: dict = {"reply": reply, "stopped": stopped}
+            sampler = replace(self.client.generation, **self.conv.overrides).sampler().describe()
+            payload: dict = {"reply": reply, "stopped": stopped, "sampler": sampler}
             if stream.final is not None:
                 payload.update(token_ids=list(stream.final.token_ids), metrics=stream.final.stats.to_dict())
             sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
@@ -336,6 +380,7 @@ class _ChatSession:
                 f"[bold]edgekit chat[/bold] · {pair}: draft [cyan]{self.client.draft.name}[/cyan] on this device, "
                 f"target [cyan]{info.target_model}[/cyan] at {self.client.transport.address}"
             )
+            self.out.print(f"[dim]{_sampling_line(replace(self.client.generation, **self.conv.overrides))}[/dim]")
             self.out.print("[dim]/help for commands · Ctrl-C stops an answer · Ctrl-D exits[/dim]")
             self.log.load_input_history()
         try:
@@ -388,11 +433,10 @@ class _ChatSession:
                 )
                 return True
             key, raw = _SET_KEYS[args[0].lower()], args[1]
+            value: Any
             try:
                 value = (
-                    raw if key in ("mode", "drafting", "upload")
-                    else float(raw) if key in ("temperature", "p_min")
-                    else int(raw)
+                    raw if key in _TEXT_KEYS else int(raw) if key in _INT_KEYS else float(raw)
                 )
                 current = replace(self.client.generation, **self.conv.overrides)
                 replace(current, **{key: value})  # validates
@@ -474,3 +518,12 @@ class _ChatSession:
         info = self.client.server_info()
         link += f" · numerics {'exact' if info.exact_numerics else 'fast'}"
         self.out.print(f"[dim]{link}[/dim]")
+
+
+def _sampling_line(gen: GenerationConfig) -> str:
+    """How the answers are decoded, in words: 'greedy' or the sampler's settings."""
+    if gen.mode != "sample":
+        extra = ", ".join(f"{k} {v}" for k, v in gen.sampler().describe().items() if k != "temperature")
+        return f"decoding: {gen.mode}" + (f" ({extra})" if extra else "")
+    settings = ", ".join(f"{k} {v}" for k, v in gen.sampler().describe().items())
+    return f"sampling: {settings} (--greedy for the target's exact argmax)"

@@ -210,7 +210,8 @@ class InProcessTransport(MessageTransport):
 
     With a `SimulatedLink`, each exchange takes the link's time for its message
     sizes plus the verifier's reported time; without one, the time it took.
-    `verify_calls` keeps every block given to `verify`, for tests to read back.
+    `open_calls` and `verify_calls` keep every session opened and every block given to `verify`,
+    for tests to read back.
     """
 
     def __init__(
@@ -225,7 +226,12 @@ class InProcessTransport(MessageTransport):
         self.link = link
         self.address = address
         self.config = config or ClientConfig()
+        self.open_calls: list[OpenRequest] = []
         self.verify_calls: list[BlockRequest] = []
+
+    def open_session(self, request: OpenRequest) -> OpenedSession:
+        self.open_calls.append(request)
+        return super().open_session(request)
 
     def verify(self, block: BlockRequest) -> VerifyResult:
         self.verify_calls.append(block)

@@ -37,7 +37,8 @@ def fake_client(monkeypatch, tmp_path):
 def test_chat_transcript(fake_client, tmp_path):
     session = "\n".join(["hello there", "/set k 2", "/set mode wrong", "/stats", "/help", "another question", "/clear",
                          "/exit", "never sent"])
-    result = runner.invoke(app, ["chat", "--pair", "gemma-270m", "-n", "12"], input=session + "\n", env=WIDE)
+    result = runner.invoke(app, ["chat", "--pair", "gemma-270m", "-n", "12", "--greedy"], input=session + "\n",
+                           env=WIDE)
     assert result.exit_code == 0 and result.stderr == "", result.output
     # the fake verifier simulates its link
     assert normalise(result.stdout) == dedent("""\
@@ -64,8 +65,9 @@ def test_chat_transcript(fake_client, tmp_path):
           /help                 this text
           /stats                acceptance, accepted length, rounds, speed, link
           /set KEY VALUE        k (draft window), drafting (auto|fixed|predictor|p-min|latency), max_window,
-                                p_min, upload (tokens|fh|sh|auto|rtt), temperature, mode (greedy|sample|
-                                semantic), max_tokens, seed
+                                p_min, upload (tokens|fh|sh|auto|rtt), mode (greedy|sample|semantic),
+                                temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty,
+                                presence_penalty, repeat_last_n, max_tokens, seed
           /clear                start a new conversation (keeps the system prompt)
           /exit                 leave (or Ctrl-D); Ctrl-C stops the current answer
         iknwvfpgxsip
@@ -82,7 +84,7 @@ def test_chat_transcript(fake_client, tmp_path):
 
 
 def test_chat_json_prints_only_json(fake_client, tmp_path):
-    result = runner.invoke(app, ["chat", "--json", "-n", "8", "--no-history"], input="one\ntwo\n")
+    result = runner.invoke(app, ["chat", "--json", "-n", "8", "--no-history", "--greedy"], input="one\ntwo\n")
     assert result.exit_code == 0 and result.stderr == "", result.output
     lines = result.stdout.splitlines(keepends=True)  # a JSON document a line, each printed here with an indent
     assert "".join(normalise_json(line) for line in lines) == transcript("chat-json-toy.txt")
@@ -90,11 +92,46 @@ def test_chat_json_prints_only_json(fake_client, tmp_path):
 
 
 def test_chat_prompt_answers_once(fake_client):
-    result = runner.invoke(app, ["chat", "--prompt", "just once", "-n", "5", "--no-history"])
+    result = runner.invoke(app, ["chat", "--prompt", "just once", "-n", "5", "--no-history", "--greedy"])
     assert result.exit_code == 0 and result.stderr == "", result.output
     assert normalise(result.stdout) == (
         "iknwv\n[5 tokens · <tok/s> · acceptance 0.60 · AAL 1.50 · 2 rounds · finish: length]\n"
     )
+
+
+def test_chat_samples_by_default_and_names_its_sampler(fake_client):
+    result = runner.invoke(app, ["chat", "--json", "-n", "8", "--no-history", "--seed", "3"], input="one\n")
+    assert result.exit_code == 0 and result.stderr == "", result.output
+    answer = json.loads(result.stdout)
+    defaults = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1,
+                "frequency_penalty": 0.0, "presence_penalty": 0.0, "penalty_last_n": 64}
+    assert answer["sampler"] == defaults and answer["metrics"]["sampler"] == defaults
+    assert answer["metrics"]["mode"] == "sample"
+    # the verifier was asked to sample the target with the same settings
+    opened = fake_client[0].transport.open_calls[-1]
+    assert opened.mode == "sample" and opened.sampler.describe() == defaults
+
+
+def test_chat_takes_the_ggufs_recommended_sampler_and_options_win_over_it(fake_client, monkeypatch):
+    from edgekit.testing import FakeDraftModel
+
+    monkeypatch.setattr(FakeDraftModel, "sampling_defaults", lambda self: {"temperature": 1.0, "top_k": 20},
+                        raising=False)
+    args = ["chat", "--json", "-n", "4", "--no-history", "--top-p", "0.5"]
+    result = runner.invoke(app, args, input="one\n/set repeat_penalty 1.3\ntwo\n")
+    assert result.exit_code == 0 and result.stderr == "repetition_penalty = 1.3\n", result.output  # people's: stderr
+    first, second = (json.loads(line)["sampler"] for line in result.stdout.splitlines())
+    assert first == {"temperature": 1.0, "top_k": 20, "top_p": 0.5, "min_p": 0.05, "repetition_penalty": 1.1,
+                     "frequency_penalty": 0.0, "presence_penalty": 0.0, "penalty_last_n": 64}
+    assert second == {**first, "repetition_penalty": 1.3}
+    assert fake_client[0].transport.open_calls[-1].sampler.repetition_penalty == 1.3  # a new verifier session
+
+
+def test_greedy_chat_with_a_bad_option_says_which(fake_client):
+    result = runner.invoke(app, ["chat", "--greedy", "--mode", "sample", "--prompt", "x", "--no-history"])
+    assert result.exit_code != 0 and "--greedy" in result.output
+    result = runner.invoke(app, ["chat", "--prompt", "x", "--no-history"], input="")
+    assert result.exit_code == 0
 
 
 def test_plain_template_extends_turn_by_turn():
@@ -159,7 +196,7 @@ def test_chat_transcript_on_the_real_pair(gemma_server, tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path))
     result = runner.invoke(
         app,
-        ["chat", "--pair", "gemma-270m", "--verifier", gemma_server.address, "-n", "16"],
+        ["chat", "--pair", "gemma-270m", "--verifier", gemma_server.address, "-n", "16", "--greedy"],
         input="Name three colours.\n/stats\n/exit\n", env=WIDE,
     )
     assert result.exit_code == 0 and result.stderr == "", result.output

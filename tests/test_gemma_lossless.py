@@ -17,11 +17,11 @@ import threading
 
 import numpy as np
 import pytest
+from _exact import ExactTarget, pit
 from scipy.stats import chisquare
 
 from edgekit import EdgeClient, GenerationConfig
 from edgekit.protocol import Sampler
-from edgekit.runtime import LlamaContext, LlamaModel
 
 pytestmark = [pytest.mark.models, pytest.mark.numerics]
 
@@ -211,36 +211,6 @@ SAMPLING_RUNS = 300
 ALPHA = 1e-3
 
 
-class _ExactTarget:
-    """Target next-token distributions decoded one token at a time, in this process."""
-
-    def __init__(self, path, prompt_tokens, temperature):
-        self.model = LlamaModel(path, repack=False)
-        self.ctx = LlamaContext(self.model, n_ctx=256, flash_attn=True)
-        self.prompt = list(prompt_tokens)
-        self.temperature = temperature
-        self._cache = {}
-
-    def probs(self, prefix=()):
-        prefix = tuple(prefix)
-        if prefix not in self._cache:
-            self.ctx.remove(0)
-            self.ctx.decode_sequence(self.prompt + list(prefix), 0)
-            self._cache[prefix] = Sampler(temperature=self.temperature).probs(self.ctx.logits(-1))
-        return self._cache[prefix]
-
-    def close(self):
-        self.ctx.close()
-        self.model.close()
-
-
-def _pit(p, x, v):
-    """Randomised probability integral transform: uniform on [0, 1] iff x ~ p."""
-    order = np.argsort(-p, kind="stable")
-    rank = int(np.flatnonzero(order == x)[0])
-    return float(p[order[:rank]].sum() + v * p[x])
-
-
 def test_speculative_sampling_matches_the_target_distribution(client, gemma_paths):
     """300 seeded runs; the first two committed tokens of each are tested against
     the exact target distribution, significance 0.001 for each of two tests:
@@ -259,7 +229,7 @@ def test_speculative_sampling_matches_the_target_distribution(client, gemma_path
     from scipy.stats import kstest
 
     prompt = client.tokenize(SAMPLING_PROMPT)
-    exact = _ExactTarget(gemma_paths[1], prompt, 1.0)
+    exact = ExactTarget(gemma_paths[1], prompt, Sampler())
     rng = np.random.default_rng(12345)
     us, firsts = [], []
     drafted = accepted = 0
@@ -273,8 +243,8 @@ def test_speculative_sampling_matches_the_target_distribution(client, gemma_path
             accepted += final.stats.accepted
             x1, x2 = final.token_ids[0], final.token_ids[1]
             firsts.append(x1)
-            us.append(_pit(exact.probs(), x1, rng.random()))
-            us.append(_pit(exact.probs([x1]), x2, rng.random()))
+            us.append(pit(exact.probs(), x1, rng.random()))
+            us.append(pit(exact.probs([x1]), x2, rng.random()))
         p1 = exact.probs()
     finally:
         exact.close()

@@ -3,9 +3,13 @@
 What a request may ask (https://platform.openai.com/docs/api-reference): `model`, `prompt`
 (completions) or `messages` (chat), `max_tokens` / `max_completion_tokens`, `temperature` (0:
 greedy, the target's exact argmax; above 0: lossless speculative sampling at that
-temperature), `top_p` (1 only: the acceptance modes verify the full distribution), `seed`,
-`stop` (strings, up to 4), `n` (1), `stream`, `stream_options.include_usage`, `user`.
-Anything else is refused with a 400 that names it, rather than silently ignored.
+temperature), `top_p`, `frequency_penalty`, `presence_penalty`, `logit_bias` (token ids as
+strings, -100 to 100), vLLM's `top_k` (-1 or 0: all), `min_p` and `repetition_penalty` (all
+applied by the verifier to the target's logits and by the device to the draft's: the output is
+the target's own sampling with them, see `edgekit.Sampler`; the penalties count the last 64
+tokens of the context, the prompt's included, as llama.cpp's server does), `seed`, `stop`
+(strings, up to 4), `n` (1), `stream`, `stream_options.include_usage`, `user`. Anything else is
+refused with a 400 that names it, rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -13,16 +17,18 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import GenerationStats
 from ..errors import ApiError
+from ..protocol import Sampler
 
 __all__ = ["ApiError", "Request", "chunk", "completion", "error_body", "parse", "usage"]
 
-_COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
-           "stream_options", "user", "logprobs", "echo", "frequency_penalty", "presence_penalty"}
+_SAMPLER = ("top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
+_COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "n", "stream",
+           "stream_options", "user", "logprobs", "echo", *_SAMPLER}
 _FIELDS = {"completion": _COMMON | {"prompt", "suffix", "best_of"}, "chat": _COMMON | {"messages"}}
 
 
@@ -42,11 +48,12 @@ class Request:
     stream: bool
     include_usage: bool
     user: str | None
+    sampling: dict[str, Any] = field(default_factory=dict)  # GenerationConfig's sampler fields asked for
 
     def overrides(self) -> dict[str, Any]:
         """GenerationConfig fields for this request."""
         mode = "greedy" if self.temperature == 0 else "sample"
-        gen: dict[str, Any] = {"max_tokens": self.max_tokens, "mode": mode, "seed": self.seed}
+        gen: dict[str, Any] = {"max_tokens": self.max_tokens, "mode": mode, "seed": self.seed, **self.sampling}
         if mode == "sample":
             gen["temperature"] = self.temperature
         return gen
@@ -67,7 +74,6 @@ def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: in
         raise ApiError(404, f"the model '{model}' does not exist here; available: {', '.join(models)}",
                        param="model", code="model_not_found")
     for name, allowed in (("logprobs", (None, False, 0)), ("echo", (None, False)), ("suffix", (None, "")),
-                          ("frequency_penalty", (None, 0, 0.0)), ("presence_penalty", (None, 0, 0.0)),
                           ("best_of", (None, 1))):
         if body.get(name) not in allowed:
             raise ApiError(400, f"'{name}' is not supported by speculative verification here", param=name)
@@ -101,10 +107,6 @@ def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: in
     temperature = body.get("temperature", 1.0)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
         raise ApiError(400, "'temperature' must be a number from 0 to 2", param="temperature")
-    top_p = body.get("top_p", 1)
-    if top_p != 1:
-        raise ApiError(400, "'top_p' must be 1: lossless verification keeps the target's whole distribution",
-                       param="top_p")
     seed = body.get("seed")
     if seed is not None and not _int(seed):
         raise ApiError(400, "'seed' must be an integer", param="seed")
@@ -119,7 +121,45 @@ def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: in
         raise ApiError(400, "'stream_options' must be an object", param="stream_options")
     user = body.get("user")
     return Request(kind, model, prompt, max_tokens, float(temperature), seed, stops, bool(body.get("stream")),
-                   bool(options.get("include_usage")), user if isinstance(user, str) else None)
+                   bool(options.get("include_usage")), user if isinstance(user, str) else None,
+                   sampling_fields(body, vocab_size))
+
+
+def sampling_fields(body: dict, vocab_size: int, names: dict[str, str] | None = None) -> dict[str, Any]:
+    """The sampler settings of a request body, checked, as GenerationConfig's fields; `names` maps
+    the body's names to those fields (default: OpenAI's and vLLM's, which are the same). ApiError
+    (400, naming the setting) for a value the sampler refuses."""
+    names = names or {n: n for n in _SAMPLER}
+    out: dict[str, Any] = {}
+    for name, field_name in names.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if field_name == "logit_bias":
+            if not isinstance(value, dict):
+                raise ApiError(400, f"'{name}' must map token ids (as strings) to biases", param=name)
+            try:
+                bias = {int(k): float(v) for k, v in value.items() if not isinstance(v, bool)}
+            except (TypeError, ValueError):
+                raise ApiError(400, f"'{name}' must map token ids (as strings) to numbers", param=name) from None
+            if len(bias) != len(value) or any(not 0 <= t < vocab_size for t in bias):
+                raise ApiError(400, f"'{name}' names a token that is not below {vocab_size}", param=name)
+            out[field_name] = bias
+        elif field_name in ("top_k", "penalty_last_n"):
+            if not _int(value):
+                raise ApiError(400, f"'{name}' must be an integer", param=name)
+            out[field_name] = 0 if field_name == "top_k" and value == -1 else value  # vLLM's -1: every token
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ApiError(400, f"'{name}' must be a number", param=name)
+        else:
+            out[field_name] = float(value)
+    settings: dict[str, Any] = {k: tuple(v.items()) if k == "logit_bias" else v for k, v in out.items()}
+    try:
+        Sampler(**settings)
+    except ValueError as e:
+        named = next((n for n, f in names.items() if f in out and f.split("_")[0] in str(e)), next(iter(out)))
+        raise ApiError(400, f"'{named}': {e}", param=named) from None
+    return out
 
 
 def _int(x: object) -> bool:

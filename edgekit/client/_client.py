@@ -313,7 +313,9 @@ class EdgeClient:
         seed = gen.seed if gen.seed is not None else secrets.randbits(63)
 
         def events() -> Iterator[Event]:
-            stats = GenerationStats(mode=gen.mode, draft_k=0, prompt_tokens=len(tokens))
+            stats = GenerationStats(
+                mode=gen.mode, draft_k=0, sampler=gen.sampler().describe(), prompt_tokens=len(tokens)
+            )
             progress = StatsAccumulator(stats, TextDecoder(self.draft))
             finish = None
             for t in self.transport.generate(

@@ -61,6 +61,7 @@ class GenerationStats:
     mode: str
     draft_k: int
     drafting: str = ""  # the controller's name: fixed-4, predictor-gemma-270m, p-min-0.5
+    sampler: dict = field(default_factory=dict)  # the settings sampled by (`Sampler.describe`); greedy: temperature 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     rounds: int = 0

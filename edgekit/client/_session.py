@@ -286,6 +286,7 @@ class SpeculativeSession:
                 mode=self.config.mode,
                 draft_k=self.config.draft_k,
                 drafting=self.controller.name,
+                sampler=self.config.sampler().describe(),
                 prompt_tokens=len(self.tokens),
                 prefill_ms=prefill_ms,
                 target_speed=self.target_speed,

@@ -124,6 +124,10 @@ class LlamaDraftModel:
     def chat_template(self) -> str | None:
         return self._model.chat_template()
 
+    def sampling_defaults(self) -> dict[str, float]:
+        """The sampler settings its GGUF recommends (`LlamaModel.sampling_defaults`)."""
+        return self._model.sampling_defaults()
+
     def eval(self, tokens: Sequence[int], *, hidden: bool = False) -> DraftOutput:
         if not tokens:
             raise ValueError("eval needs at least one token")

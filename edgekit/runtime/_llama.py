@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -28,6 +29,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the depe
     raise DependencyMissingError("llama-cpp-python") from exc
 
 __all__ = ["LlamaContext", "LlamaModel", "default_threads"]
+
+# GGUF's recommended sampler settings (gguf.Keys.General.SAMPLING_*) -> GenerationConfig's names
+_SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                  "penalty_repeat": "repetition_penalty", "penalty_last_n": "penalty_last_n"}
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -198,6 +203,20 @@ class LlamaModel:
 
     def chat_template(self) -> str | None:
         return self.meta("tokenizer.chat_template")
+
+    def sampling_defaults(self) -> dict[str, float]:
+        """The sampler settings the GGUF recommends (`general.sampling.*`, which llama.cpp reads
+        as its defaults), by `GenerationConfig` name; those it does not give are left out."""
+        out: dict[str, float] = {}
+        for key, name in _SAMPLING_KEYS.items():
+            raw = self.meta(f"general.sampling.{key}")
+            try:
+                value = float(raw) if raw is not None else None
+            except ValueError:
+                value = None
+            if value is not None and math.isfinite(value):
+                out[name] = int(value) if name in ("top_k", "penalty_last_n") else value
+        return out
 
 
 class LlamaContext:
