@@ -18,8 +18,9 @@ from typing import Any
 
 from ..client import GenerationStats
 from ..errors import ApiError
+from ._answer import Job, finish_reason
 
-__all__ = ["ApiError", "Request", "chunk", "completion", "error_body", "parse", "usage"]
+__all__ = ["ApiError", "Chunks", "Request", "chunk", "completion", "error_body", "parse", "usage"]
 
 _COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
            "stream_options", "user", "logprobs", "echo", "frequency_penalty", "presence_penalty"}
@@ -50,6 +51,10 @@ class Request:
         if mode == "sample":
             gen["temperature"] = self.temperature
         return gen
+
+    @property
+    def job(self) -> Job:
+        return Job(self.prompt, self.kind == "chat", self.overrides(), self.stop)
 
 
 def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: int, vocab_size: int) -> Request:
@@ -157,22 +162,39 @@ def usage(stats: GenerationStats) -> dict:
     }
 
 
-def _finish(reason: str | None) -> str:
-    """OpenAI's finish reason for edgekit's (eos, length, context, stopped, or a stop string's "stop")."""
-    return "length" if reason in ("length", "context") else "stop"
-
-
-def completion(req: Request, rid: str, text: str, finish: str | None, stats: GenerationStats | None) -> dict:
-    choice: dict = {"index": 0, "finish_reason": _finish(finish), "logprobs": None}
+def completion(req: Request, text: str, stats: GenerationStats | None) -> dict:
+    """The whole answer."""
+    choice: dict = {"index": 0, "finish_reason": finish_reason(stats.finish_reason if stats else None),
+                    "logprobs": None}
     if req.kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
     else:
         choice["text"] = text
-    out: dict[str, Any] = {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion",
-           "created": int(time.time()), "model": req.model, "choices": [choice]}
+    out: dict[str, Any] = {"id": new_id(req.kind),
+                           "object": "chat.completion" if req.kind == "chat" else "text_completion",
+                           "created": int(time.time()), "model": req.model, "choices": [choice]}
     if stats is not None:
         out["usage"] = usage(stats)
     return out
+
+
+class Chunks:
+    """A streamed answer's chunks, piece by piece: the first carries the role (even of an empty
+    answer), the last the finish, and then the usage where it was asked for."""
+
+    def __init__(self, req: Request) -> None:
+        self.req, self.rid, self.first = req, new_id(req.kind), True
+
+    def __call__(self, text: str, stats: GenerationStats | None) -> list[dict]:
+        out = []
+        if text or self.first:
+            out.append(chunk(self.req, self.rid, text=text, first=self.first))
+            self.first = False
+        if stats is not None:
+            out.append(chunk(self.req, self.rid, done=True, finish=stats.finish_reason))
+            if self.req.include_usage:
+                out.append(chunk(self.req, self.rid, stats=stats))
+        return out
 
 
 def chunk(req: Request, rid: str, *, text: str | None = None, first: bool = False, finish: str | None = None,
@@ -184,7 +206,7 @@ def chunk(req: Request, rid: str, *, text: str | None = None, first: bool = Fals
         out["choices"] = []
         out["usage"] = usage(stats)
         return out
-    choice: dict = {"index": 0, "finish_reason": _finish(finish) if done else None, "logprobs": None}
+    choice: dict = {"index": 0, "finish_reason": finish_reason(finish) if done else None, "logprobs": None}
     if req.kind == "chat":
         delta: dict = {}
         if first:
