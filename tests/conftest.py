@@ -73,6 +73,28 @@ def gemma_api(gemma_server):
 
 
 @pytest.fixture()
+def api_verifier_gone():
+    """`edgekit api` over a toy verifier that has stopped since it started: the server, and the
+    name of the model it serves."""
+    from _served import Served
+
+    from edgekit import EdgeClient
+    from edgekit.api import create_app
+    from edgekit.testing import FakeDraftModel, ToyLanguageModel
+    from edgekit.verifier import ToyEngine
+
+    lm = ToyLanguageModel(seed=2)
+    server = VerifierServer(ToyEngine(lm, n_seq=4, max_context=256), ServerConfig(port=0, max_sessions=4)).start()
+    client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=2, noise=0.5)),
+                        config=ClientConfig(timeout=2, connect_timeout=2, retry_for=0))
+    served = Served(create_app(client))
+    server.stop()
+    yield served, lm.name
+    served.stop()
+    client.close()
+
+
+@pytest.fixture()
 def transport(gemma_server):
     t = GrpcTransport(gemma_server.address, ClientConfig(timeout=30))
     yield t

@@ -13,7 +13,7 @@ import openai
 import pytest
 from _served import Served
 
-from edgekit import ClientConfig, EdgeClient, ServerConfig
+from edgekit import EdgeClient, ServerConfig
 from edgekit.api import create_app
 from edgekit.testing import FakeDraftModel, ToyLanguageModel
 from edgekit.verifier import ToyEngine, VerifierServer
@@ -88,21 +88,11 @@ def test_curl_gets_server_sent_events(gemma_api):
     assert all(json.loads(e)["object"] == "text_completion" for e in events[:-1])
 
 
-def test_an_unreachable_verifier_is_a_503_with_retry_after():
-    lm = ToyLanguageModel(seed=2)
-    server = VerifierServer(ToyEngine(lm, n_seq=4, max_context=256), ServerConfig(port=0, max_sessions=4)).start()
-    client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=2, noise=0.5)),
-                        config=ClientConfig(timeout=2, connect_timeout=2, retry_for=0))
-    served = Served(create_app(client))
-    try:
-        server.stop()
-        api = _openai(served.url, key="none")
-        with pytest.raises(openai.APIStatusError) as info:
-            api.completions.create(model=lm.name, prompt=[1, 2, 3], max_tokens=4)
-        assert info.value.status_code == 503 and info.value.response.headers["retry-after"]
-    finally:
-        served.stop()
-        client.close()
+def test_an_unreachable_verifier_is_a_503_with_retry_after(api_verifier_gone):
+    served, model = api_verifier_gone
+    with pytest.raises(openai.APIStatusError) as info:
+        _openai(served.url, key="none").completions.create(model=model, prompt=[1, 2, 3], max_tokens=4)
+    assert info.value.status_code == 503 and info.value.response.headers["retry-after"]
 
 
 def test_concurrent_requests_each_get_their_own_answer(gemma_api):

@@ -1,10 +1,12 @@
-"""The device's OpenAI-compatible endpoint: an ASGI app (Starlette) over an `EdgeClient`.
+"""The device's OpenAI-compatible and Ollama-compatible endpoints: an ASGI app (Starlette) over
+an `EdgeClient`.
 
 Each request drafts on this device and verifies on the client's verifier, on a worker
 thread (llama.cpp and gRPC calls block); requests run `concurrency` at a time, on draft
 slots of their own when the client has them (their drafting batched), and up to `queue`
-more wait; past that a request is answered 429. That path is `_answer`'s; `_openai` reads
-the requests and frames the answers (server-sent events). Greedy text equals `edgekit generate`'s.
+more wait; past that a request is answered 429. Both APIs share that path (`_answer`); each
+reads its requests and frames its answers (`_openai`: /v1, server-sent events; `_ollama`:
+/api, JSON lines). Greedy text equals `edgekit generate`'s.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..client import EdgeClient, GenerationStats
-from . import _openai
+from . import _ollama, _openai
 from ._answer import Gate, Piece, pieces
 from ._openai import ApiError
 
@@ -62,6 +64,8 @@ def create_app(
     """The app; `client` stays the caller's (close it after the server stops)."""
     info = client.server_info()
     models = tuple(dict.fromkeys([info.target_model, client.pair]))  # the target's name first
+    template = client.chat_template()
+    since = _ollama.timestamp()
     # every request in flight holds a worker thread (anyio's pool has 40): keep them fewer
     concurrency = max(1, min(concurrency, MAX_IN_FLIGHT))
     gate = Gate(concurrency, max(0, min(queue, MAX_IN_FLIGHT - concurrency)))
@@ -81,11 +85,18 @@ def create_app(
                     error=_openai.error_body, whole=_openai.completion, frames=_openai.Chunks, frame=_sse,
                     media_type="text/event-stream", end=b"data: [DONE]\n\n")
 
+    def ollama(kind: str) -> _Api:
+        return _Api(read=partial(_ollama.parse, kind, models=models, max_tokens_limit=max_tokens, template=template),
+                    error=_ollama.error_body, whole=_ollama.reply, frames=lambda req: partial(_ollama.lines, req),
+                    frame=_json_line, media_type="application/x-ndjson")
+
     def answering(api: _Api) -> Callable[[HttpRequest], Awaitable[Response]]:
         async def handle(request: HttpRequest) -> Response:
             try:
                 check_key(request)
                 req = api.read(await _body(request))
+                if req.job is None:  # nothing to generate (Ollama's way to load a model)
+                    return JSONResponse(api.whole(req, "", None))
                 gate.admit()
             except ApiError as e:
                 return _error(api, e)
@@ -124,12 +135,23 @@ def create_app(
 
         return handle
 
-    v1 = openai("completion")
+    def show(asked: dict) -> dict:
+        _ollama.served_model(asked.get("model") or asked.get("name"), models)  # older clients send "name"
+        return _ollama.show(info.target_model, target=info.target_model, draft=client.draft.name,
+                            context=info.max_context, since=since)
+
+    v1, ol = openai("completion"), ollama("generate")
     data = [{"id": m, "object": "model", "created": 0, "owned_by": "edgekit"} for m in models]
     routes = [
         Route("/v1/models", listing(v1, lambda _: {"object": "list", "data": data}), methods=["GET"]),
         Route("/v1/completions", answering(v1), methods=["POST"]),
         Route("/v1/chat/completions", answering(openai("chat")), methods=["POST"]),
+        Route("/api/generate", answering(ol), methods=["POST"]),
+        Route("/api/chat", answering(ollama("chat")), methods=["POST"]),
+        Route("/api/tags", listing(ol, lambda _: _ollama.models(models, since)), methods=["GET"]),
+        Route("/api/ps", listing(ol, lambda _: _ollama.ps(models, info.max_context)), methods=["GET"]),
+        Route("/api/show", listing(ol, show, body=True), methods=["POST"]),
+        Route("/api/version", listing(ol, lambda _: _ollama.version()), methods=["GET"]),
     ]
     return Starlette(routes=routes)
 
@@ -144,7 +166,7 @@ def _run_whole(client: EdgeClient, gate: Gate, job: Any) -> tuple[str, Generatio
 
 async def _relay(api: _Api, frames: Frames, answer: Iterator[Piece], head: Piece) -> AsyncIterator[bytes]:
     """A streamed answer: its pieces framed as they come, an error in the stream (the status is
-    sent already, as OpenAI's server does), and the API's end."""
+    sent already, as OpenAI's and Ollama's servers do), and the API's end."""
     try:
         async for piece, stats in _chain(head, answer):
             for obj in frames(piece, stats):
