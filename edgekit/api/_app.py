@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from ..client import EdgeClient, GenerationStats
 from . import _ollama, _openai
-from ._answer import Gate, Piece, pieces
+from ._answer import Gate, Job, Piece, pieces
 from ._openai import ApiError
 
 __all__ = ["MAX_IN_FLIGHT", "create_app"]
@@ -137,7 +137,7 @@ def create_app(
 
     def show(asked: dict) -> dict:
         _ollama.served_model(asked.get("model") or asked.get("name"), models)  # older clients send "name"
-        return _ollama.show(info.target_model, target=info.target_model, draft=client.draft.name,
+        return _ollama.show(target=info.target_model, draft=client.draft.name,
                             context=info.max_context, since=since)
 
     v1, ol = openai("completion"), ollama("generate")
@@ -156,7 +156,7 @@ def create_app(
     return Starlette(routes=routes)
 
 
-def _run_whole(client: EdgeClient, gate: Gate, job: Any) -> tuple[str, GenerationStats | None]:
+def _run_whole(client: EdgeClient, gate: Gate, job: Job) -> tuple[str, GenerationStats | None]:
     parts, stats = [], None
     for piece, done in pieces(client, gate, job):
         parts.append(piece)

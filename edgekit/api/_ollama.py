@@ -277,7 +277,7 @@ def ps(names: tuple[str, ...], context: int) -> dict:
                         "context_length": context} for n in names]}
 
 
-def show(name: str, *, target: str, draft: str, context: int, since: str) -> dict:
+def show(*, target: str, draft: str, context: int, since: str) -> dict:
     """`/api/show`: what is known of a model here. Its `model_info` is under the architecture
     "edgekit", so that a client reading `{architecture}.context_length` finds the context."""
     info = {"general.architecture": "edgekit", "general.name": target, "edgekit.context_length": context,
