@@ -36,7 +36,7 @@ import numpy as np
 
 from edgekit import ClientConfig
 from edgekit.drafting import Controller, Decision, FixedWindow
-from edgekit.protocol import BlockRequest, Fingerprint, OpenRequest, SpeedObjective
+from edgekit.protocol import GREEDY, BlockRequest, Fingerprint, OpenRequest, SpeedObjective
 from edgekit.runtime import ALL_COLUMNS, DraftModel
 from edgekit.transport import GrpcTransport
 
@@ -289,7 +289,7 @@ class Fleet:
         base = len(trace.prompt)
         link_ms = self._link_ms(spec, 4 * base, 64)
         if self.mode == "speculative":
-            opened = transport.open_session(OpenRequest(trace.prompt, mode="greedy", temperature=1.0, seed=0, slo=slo,
+            opened = transport.open_session(OpenRequest(trace.prompt, mode="greedy", seed=0, slo=slo,
                                             draft=self.draft_fingerprint, client_id=f"device-{i}"))
             sid, budget = opened.session_id, opened.next_budget
         try:
@@ -306,7 +306,7 @@ class Fleet:
                 time.sleep(net_ms / 2e3)
                 if self.mode == "reprefill":  # SLED without a prefix cache: the whole context, every round
                     opened = transport.open_session(
-                        OpenRequest(context, mode="greedy", temperature=1.0, seed=0, slo=slo,
+                        OpenRequest(context, mode="greedy", seed=0, slo=slo,
                                     draft=self.draft_fingerprint, client_id=f"device-{i}")
                     )
                     sid = opened.session_id
@@ -343,7 +343,7 @@ class Fleet:
     def _centralized(self, i: int, spec: DeviceSpec, transport: GrpcTransport, trace: Trace) -> None:
         started = time.perf_counter()
         time.sleep(self._link_ms(spec, 4 * len(trace.prompt), 0) / 2e3)
-        out = [t.token for t in transport.generate(trace.prompt, mode="greedy", temperature=1.0, seed=0,
+        out = [t.token for t in transport.generate(trace.prompt, mode="greedy", sampler=GREEDY, seed=0,
                                                    max_tokens=len(trace.target), slo=SpeedObjective(spec.slo_class))]
         time.sleep(spec.rtt_ms / 2e3)
         if out != trace.target[: len(out)]:

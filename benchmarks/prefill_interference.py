@@ -40,7 +40,7 @@ def run(engine: LlamaEngine, chunk: int, prompt: list[int], k: int, config: Serv
     t0 = time.perf_counter()
 
     def rounds_loop() -> None:
-        short = v.open_session(OpenRequest(prompt[:32], mode="greedy", temperature=1.0, seed=0, draft=fp))
+        short = v.open_session(OpenRequest(prompt[:32], mode="greedy", seed=0, draft=fp))
         sid, base = short.session_id, short.committed_length
         while not stop.is_set():
             s = time.perf_counter()
@@ -55,7 +55,7 @@ def run(engine: LlamaEngine, chunk: int, prompt: list[int], k: int, config: Serv
     t0 = time.perf_counter()
     rounds.clear()
     start = time.perf_counter()
-    long = v.open_session(OpenRequest(prompt, mode="greedy", temperature=1.0, seed=0, draft=fp))
+    long = v.open_session(OpenRequest(prompt, mode="greedy", seed=0, draft=fp))
     prefill_s = time.perf_counter() - start
     stop.set()
     worker.join()

@@ -368,7 +368,7 @@ class _ChatSession:
                 self.log.save_input_history()
 
     def command(self, line: str) -> bool:
-        from edgekit import ConfigError, GenerationConfig
+        from edgekit import ConfigError
 
         name, *args = line[1:].split()
         name = name.lower()
@@ -395,7 +395,7 @@ class _ChatSession:
                     else int(raw)
                 )
                 current = replace(self.client.generation, **self.conv.overrides)
-                GenerationConfig(**{**current.__dict__, key: value})  # validates
+                replace(current, **{key: value})  # validates
                 self.conv.configure(**{key: value})  # refuses what the verifier cannot do
             except (ValueError, ConfigError) as exc:
                 self.out.print(f"[red]cannot set {key}: {exc}[/red]")

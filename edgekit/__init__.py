@@ -57,7 +57,7 @@ from .errors import (
     VerifierUnavailableError,
 )
 from .link import LinkEstimator, ProbeResult, RoundPlan
-from .protocol import LinkState
+from .protocol import LinkState, Sampler
 from .runtime import DraftModel, DraftOutput, LlamaDraftModel, LogitStats
 
 __all__ = [
@@ -109,6 +109,7 @@ __all__ = [
     "RoundEvent",
     "RoundPlan",
     "RoundStats",
+    "Sampler",
     "SemanticHeadError",
     "ServerConfig",
     "SessionNotFoundError",

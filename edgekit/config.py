@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 from .errors import ConfigError
+from .protocol import Sampler
 
 __all__ = ["DEFAULT_SLO_CLASSES", "ClientConfig", "GenerationConfig", "ServerConfig"]
 
@@ -44,6 +45,20 @@ class GenerationConfig:
     # mismatch rejected, as greedy; 1: none). None: the head's own operating threshold.
     semantic_threshold: float | None = None
     temperature: float = 0.8
+    # The sampler past the temperature (`edgekit.Sampler` says what each does, and in which
+    # order): applied to the target's logits on the verifier and to the draft's on the device,
+    # so sampling stays exactly the target's with these settings. top_k 0, top_p 1, min_p 0:
+    # no truncation. Penalties count the last penalty_last_n tokens (-1: the whole context, 0:
+    # none), the prompt's among them, as llama.cpp and Ollama do. The penalties and the bias
+    # apply to greedy decoding too (its argmax is taken after them).
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64
+    logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit
     # The draft may sample at its own temperature: speculative sampling stays
     # lossless for any draft distribution, only acceptance changes. None: same.
     draft_temperature: float | None = None
@@ -106,6 +121,18 @@ class GenerationConfig:
             )
         if self.mode == "sample" and not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0 when sampling, got {self.temperature}")
+        try:
+            sampler = self._build_sampler()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        draft = sampler
+        if self.mode == "sample" and self.draft_temperature is not None and self.draft_temperature > 0:
+            draft = replace(sampler, temperature=self.draft_temperature)
+        object.__setattr__(self, "_samplers", (sampler, draft))  # built once: the draft asks every token
+        if self.mode == "semantic" and sampler.adjusts:
+            raise ConfigError(
+                "semantic mode judges the target's plain top-1 token: it takes no penalties or logit_bias"
+            )
         if self.draft_temperature is not None and not self.draft_temperature > 0:
             raise ConfigError(f"draft_temperature must be > 0, got {self.draft_temperature}")
         if not 1 <= self.draft_k <= 64:
@@ -130,6 +157,27 @@ class GenerationConfig:
             raise ConfigError("slo_class must name a class, or be None for best effort")
         if self.target_speed is not None and not (math.isfinite(self.target_speed) and self.target_speed > 0):
             raise ConfigError(f"target_speed must be a positive number of tokens/s, got {self.target_speed}")
+
+    def sampler(self) -> Sampler:
+        """The target's sampler: temperature 0 (greedy) unless the mode samples."""
+        return self._samplers[0]  # type: ignore[attr-defined]
+
+    def draft_sampler(self) -> Sampler:
+        """The draft's: the target's, at the draft's own temperature where one is set."""
+        return self._samplers[1]  # type: ignore[attr-defined]
+
+    def _build_sampler(self) -> Sampler:
+        return Sampler(
+            temperature=self.temperature if self.mode == "sample" else 0.0,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            penalty_last_n=self.penalty_last_n,
+            logit_bias=tuple((self.logit_bias or {}).items()),
+        )
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from .protocol import (
     GeneratedToken,
     OpenedSession,
     OpenRequest,
+    Sampler,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
@@ -464,13 +465,13 @@ class ScriptedTransport:
         prompt_tokens: Sequence[int],
         *,
         mode: str,
-        temperature: float,
+        sampler: Sampler,
         seed: int,
         max_tokens: int,
         slo: SpeedObjective = SpeedObjective(),
     ) -> Iterator[GeneratedToken]:
         # A generator, as the other transports': the call is made when the stream is first read.
-        yield from self._call("generate", prompt_tokens=prompt_tokens, mode=mode, temperature=temperature,
+        yield from self._call("generate", prompt_tokens=prompt_tokens, mode=mode, sampler=sampler,
                               seed=seed, max_tokens=max_tokens, slo=slo)
 
     def close(self) -> None:

@@ -89,6 +89,10 @@ def _scalar(f: FieldDescriptor, vocab: int) -> st.SearchStrategy:
 def _fields(desc: Descriptor, vocab: int, depth: int, long: int) -> st.SearchStrategy:
     parts: dict[str, st.SearchStrategy] = {}
     for f in desc.fields:
+        if _is_map(f):  # token id -> bias: any key, any value, few or many
+            key, value = (_scalar(f.message_type.fields_by_name[n], vocab) for n in ("key", "value"))
+            parts[f.name] = st.dictionaries(key, value, max_size=12) | st.dictionaries(key, value, max_size=long)
+            continue
         if f.type == FieldDescriptor.TYPE_MESSAGE:
             if depth > 3:
                 continue
@@ -99,6 +103,10 @@ def _fields(desc: Descriptor, vocab: int, depth: int, long: int) -> st.SearchStr
             one = st.lists(one, max_size=12) | st.lists(one, min_size=min(200, long), max_size=long)
         parts[f.name] = one
     return st.fixed_dictionaries({}, optional=parts)
+
+
+def _is_map(f: FieldDescriptor) -> bool:
+    return f.type == FieldDescriptor.TYPE_MESSAGE and f.message_type.GetOptions().map_entry
 
 
 def _repeated(f: FieldDescriptor) -> bool:
@@ -115,7 +123,9 @@ def _fill(msg: Message, values: dict, sessions: Sequence[str], near: Sequence[in
 
     for name, value in values.items():
         f = msg.DESCRIPTOR.fields_by_name[name]
-        if f.type == FieldDescriptor.TYPE_MESSAGE:
+        if _is_map(f):
+            getattr(msg, name).update(value)
+        elif f.type == FieldDescriptor.TYPE_MESSAGE:
             if _repeated(f):
                 for v in value:
                     _fill(getattr(msg, name).add(), v, sessions, near)

@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 
-from edgekit.protocol import BlockRequest, OpenRequest, SparseDistribution, acceptance_ratios, target_probs
+from edgekit.protocol import BlockRequest, OpenRequest, Sampler, SparseDistribution, acceptance_ratios
 from edgekit.testing import FakeDraftModel, ScriptedTransport, ToyLanguageModel, toy_client, toy_verifier
 from edgekit.verifier._budgets import (
     BudgetState,
@@ -87,8 +87,9 @@ def test_acceptance_ratios_are_eq_3s_terms():
     block = [int(best[0]), int((best[1] + 1) % 10), int(best[2])]
     assert acceptance_ratios(logits, block).tolist() == [1.0, 0.0, 1.0]  # past the rejection too
     q = [SparseDistribution(np.arange(10, dtype=np.int32), np.full(10, 0.1, dtype=np.float32))] * 3
-    p = [target_probs(logits[j], 0.7)[block[j]] for j in range(3)]
-    assert acceptance_ratios(logits, block, q, 0.7) == pytest.approx([min(1.0, x / 0.1) for x in p])
+    sampler = Sampler(temperature=0.7)
+    p = [sampler.probs(logits[j])[block[j]] for j in range(3)]
+    assert acceptance_ratios(logits, block, q, sampler) == pytest.approx([min(1.0, x / 0.1) for x in p])
 
 
 # -- on the toy verifier -------------------------------------------------------------------
@@ -101,7 +102,7 @@ def _budgeted(**config):
 
 def _open(v, prompt):
     return v.open_session(
-        OpenRequest(prompt, mode="greedy", temperature=1.0, seed=0, draft=FakeDraftModel(TARGET).fingerprint())
+        OpenRequest(prompt, mode="greedy", seed=0, draft=FakeDraftModel(TARGET).fingerprint())
     )
 
 
@@ -225,19 +226,19 @@ def test_the_verifier_carries_a_clients_estimates_across_its_sessions_and_refuse
 
     v = _budgeted(budget_eta=0.5)
     fp = FakeDraftModel(TARGET).fingerprint()
-    opened = v.open_session(OpenRequest([1, 2, 3], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev"))
+    opened = v.open_session(OpenRequest([1, 2, 3], mode="greedy", seed=0, draft=fp, client_id="dev"))
     tokens, budget = [1, 2, 3], opened.next_budget
     for _ in range(6):
         tokens, budget = _play(v, opened.session_id, tokens, budget, good=False)
     low = v.service.budgets.states()[opened.session_id].alpha
     v.close_session(opened.session_id)
-    again = v.open_session(OpenRequest([4, 5, 6], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev"))
-    other = v.open_session(OpenRequest([4, 5, 6], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="dev2"))
+    again = v.open_session(OpenRequest([4, 5, 6], mode="greedy", seed=0, draft=fp, client_id="dev"))
+    other = v.open_session(OpenRequest([4, 5, 6], mode="greedy", seed=0, draft=fp, client_id="dev2"))
     states = v.service.budgets.states()
     assert low < 0.1 and states[again.session_id].alpha == low
     assert states[other.session_id].alpha == BudgetState().alpha
     with pytest.raises(ProtocolError, match="client_id"):
-        v.open_session(OpenRequest([1, 2], mode="greedy", temperature=1.0, seed=0, draft=fp, client_id="x" * 300))
+        v.open_session(OpenRequest([1, 2], mode="greedy", seed=0, draft=fp, client_id="x" * 300))
 
 
 def test_an_edge_client_sends_one_id_for_all_its_sessions():

@@ -174,7 +174,7 @@ def test_serve_announces_its_address_serves_and_stops_on_sigterm(gemma_draft):
             assert t.health() == "SERVING"
             assert t.handshake(gemma_draft.fingerprint(), draft_model="d", draft_hidden_size=640).max_sessions == 2
             t.open_session(
-                OpenRequest([2, 3, 4], mode="greedy", temperature=1.0, seed=0, draft=gemma_draft.fingerprint())
+                OpenRequest([2, 3, 4], mode="greedy", seed=0, draft=gemma_draft.fingerprint())
             )
         with urllib.request.urlopen(metrics, timeout=10) as response:
             assert "edgekit:sessions 1.0" in response.read().decode().splitlines()

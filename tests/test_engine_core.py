@@ -211,7 +211,7 @@ def test_a_long_prefill_lets_another_sessions_round_through_between_its_chunks()
     opened = {}
 
     def open_session(name: str, text: str) -> None:
-        opened[name] = v.open_session(OpenRequest(DRAFT.tokenize(text), mode="greedy", temperature=1.0, seed=0,
+        opened[name] = v.open_session(OpenRequest(DRAFT.tokenize(text), mode="greedy", seed=0,
                                       draft=DRAFT.fingerprint()))
 
     first = threading.Thread(target=open_session, args=("short", "hi"))

@@ -38,7 +38,7 @@ def fuzzed(tmp_path_factory):
     with GrpcTransport(server.address, ClientConfig(token=TOKENS["fuzz"])) as t:
         t.handshake(fp, draft_model="fuzz", draft_hidden_size=8)
         for prompt in ([1, 2, 3], [7, 8, 9, 10, 11]):
-            t.open_session(OpenRequest(prompt, mode="greedy", temperature=0.0, seed=0, draft=fp, draft_hidden_size=8))
+            t.open_session(OpenRequest(prompt, mode="greedy", seed=0, draft=fp, draft_hidden_size=8))
     yield server, channel, auth
     channel.close()
     server.stop()

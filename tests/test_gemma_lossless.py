@@ -20,7 +20,7 @@ import pytest
 from scipy.stats import chisquare
 
 from edgekit import EdgeClient, GenerationConfig
-from edgekit.protocol import target_probs
+from edgekit.protocol import Sampler
 from edgekit.runtime import LlamaContext, LlamaModel
 
 pytestmark = [pytest.mark.models, pytest.mark.numerics]
@@ -226,7 +226,7 @@ class _ExactTarget:
         if prefix not in self._cache:
             self.ctx.remove(0)
             self.ctx.decode_sequence(self.prompt + list(prefix), 0)
-            self._cache[prefix] = target_probs(self.ctx.logits(-1), self.temperature)
+            self._cache[prefix] = Sampler(temperature=self.temperature).probs(self.ctx.logits(-1))
         return self._cache[prefix]
 
     def close(self):

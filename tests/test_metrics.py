@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgekit import ClientConfig, ConfigError, DependencyMissingError, ServerConfig
-from edgekit.protocol import BlockRequest, OpenRequest, SpeedObjective
+from edgekit.protocol import GREEDY, BlockRequest, OpenRequest, SpeedObjective
 from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import Coefficients, ServingStats, ToyEngine, VerifierServer
@@ -74,7 +74,7 @@ def test_the_endpoint_exports_what_the_rounds_did():
         with GrpcTransport(server.address, ClientConfig(timeout=10)) as t:
             t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
             for cls, slo in (("realtime", SpeedObjective("realtime")), ("best-effort", SpeedObjective())):
-                opened = t.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=slo,
+                opened = t.open_session(OpenRequest(PROMPT, mode="greedy", seed=0, slo=slo,
                                         draft=DRAFT.fingerprint()))
                 context, base = list(PROMPT), opened.committed_length
                 for make, draft_ms in PLAN:
@@ -85,7 +85,7 @@ def test_the_endpoint_exports_what_the_rounds_did():
                     rounds[cls].append((block, r))
                     context += committed
                     base = r.committed_length
-            generated = list(t.generate(PROMPT, mode="greedy", temperature=1.0, seed=0, max_tokens=3,
+            generated = list(t.generate(PROMPT, mode="greedy", sampler=GREEDY, seed=0, max_tokens=3,
                                         slo=SpeedObjective("relaxed")))
         everything = rounds["realtime"] + rounds["best-effort"]
         accepted = [r.accepted for _, r in everything]
@@ -179,7 +179,7 @@ def test_the_exported_names_are_the_documented_ones():
 def test_an_sh_round_counts_once_with_its_first_halfs_deadline():
     v = toy_verifier(TARGET, max_block=8, max_context=256, max_sessions=2)
     v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=SpeedObjective("standard"),
+    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", seed=0, slo=SpeedObjective("standard"),
                             draft=DRAFT.fingerprint(), draft_hidden_size=8))
     block = TARGET.greedy(PROMPT, 2) + [_wrong(PROMPT + TARGET.greedy(PROMPT, 2))]
     hidden = np.ones((len(block), 8), dtype=np.float32)
@@ -196,7 +196,7 @@ def test_an_sh_round_counts_once_with_its_first_halfs_deadline():
 def test_a_retried_round_is_counted_once():
     v = toy_verifier(TARGET, max_block=8, max_context=256, max_sessions=2)
     v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint()))
+    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", seed=0, draft=DRAFT.fingerprint()))
     block = BlockRequest(opened.session_id, opened.committed_length, TARGET.greedy(PROMPT, 2))
     assert v.verify(block) == v.verify(block)
     s = v.service.stats.snapshot()
@@ -207,7 +207,7 @@ def test_the_estimators_forecasts_are_set_beside_the_measured_times():
     cost = Coefficients(a=0.2, c=2.0)  # every batch takes (and is forecast) about 2 ms and more
     v = toy_verifier(TARGET, max_block=8, max_context=256, max_sessions=2, cost=cost)
     v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint()))
+    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", seed=0, draft=DRAFT.fingerprint()))
     v.verify(BlockRequest(opened.session_id, opened.committed_length, [3, 4]))
     s = v.service.stats.snapshot()
     assert s.batches == s.estimated_batches == 2
@@ -253,7 +253,7 @@ def test_each_batch_is_logged_at_debug_level(caplog):
     v = toy_verifier(TARGET, max_block=8, max_context=256, max_sessions=2)
     v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
     with caplog.at_level(logging.DEBUG, logger="edgekit.verifier"):
-        opened = v.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint()))
+        opened = v.open_session(OpenRequest(PROMPT, mode="greedy", seed=0, draft=DRAFT.fingerprint()))
         v.verify(BlockRequest(opened.session_id, opened.committed_length, [3, 4]))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch:")]
     assert lines[-1].startswith("batch: 1 works, 3 rows,") and "estimated" in lines[-1] and "ran" in lines[-1]
@@ -282,7 +282,7 @@ def test_two_servers_in_one_process_export_their_own_figures():
         with GrpcTransport(one.address, ClientConfig(timeout=10)) as t:
             t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
             opened = t.open_session(
-                OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint())
+                OpenRequest(PROMPT, mode="greedy", seed=0, draft=DRAFT.fingerprint())
             )
             t.verify(BlockRequest(opened.session_id, opened.committed_length, TARGET.greedy(PROMPT, 2)))
         a, b = _scrape(one.metrics_address), _scrape(two.metrics_address)

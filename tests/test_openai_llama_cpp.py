@@ -83,7 +83,7 @@ def test_what_text_prompts_cannot_carry_is_refused_not_verified_shifted(llama_se
     # "Hello" as two tokens: the server would read the text back as one
     split = gemma_draft.tokenize("Hel") + gemma_draft.tokenize("lo", add_special=False)
     assert gemma_draft.detokenize(split[1:]) == "Hello" and len(gemma_draft.tokenize("Hello")) < len(split)
-    opened = transport.open_session(OpenRequest(split, mode="greedy", temperature=0, seed=0,
+    opened = transport.open_session(OpenRequest(split, mode="greedy", seed=0,
                                     draft=gemma_draft.fingerprint()))
     from edgekit.protocol import BlockRequest
 

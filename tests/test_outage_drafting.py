@@ -22,7 +22,7 @@ from edgekit import ClientConfig, EdgeClient, FinalStats, Provisional, Resumed, 
 from edgekit.client._ahead import DraftChain, DraftedBlock
 from edgekit.client._drafter import Drafter
 from edgekit.errors import VerifierUnavailableError
-from edgekit.protocol import SparseDistribution, accept_sampling, target_probs
+from edgekit.protocol import Sampler, SparseDistribution, accept_sampling
 from edgekit.testing import Call, ScriptedTransport, ToyLanguageModel, toy_client, toy_verifier
 
 FAST = dict(retry_for=60.0, retry_initial=0.01, retry_max=0.05)
@@ -266,7 +266,7 @@ def test_a_chain_kept_when_the_bonus_equals_the_drafted_guess_commits_tokens_dis
 
     def round_(ctx, block, dists, draw):
         rows = np.stack([p_logits(ctx + tuple(block[:i])) for i in range(len(block) + 1)])
-        a, nxt = accept_sampling(rows, block, dists, 1.0, draw)
+        a, nxt = accept_sampling(rows, block, dists, Sampler(temperature=1.0), draw)
         return list(block[:a]) + [nxt], a == len(block)
 
     draw = np.random.default_rng(12)
@@ -288,8 +288,8 @@ def test_a_chain_kept_when_the_bonus_equals_the_drafted_guess_commits_tokens_dis
     for a in range(vocab):
         for b in range(vocab):
             for c in range(vocab):
-                exact[a, b, c] = (target_probs(p_logits(()), 1.0)[a] * target_probs(p_logits((a,)), 1.0)[b]
-                                  * target_probs(p_logits((a, b)), 1.0)[c])
+                exact[a, b, c] = (Sampler().probs(p_logits(()))[a] * Sampler().probs(p_logits((a,)))[b]
+                                  * Sampler().probs(p_logits((a, b)))[c])
     assert chisquare(counts.ravel(), exact.ravel() / exact.sum() * trials).pvalue > 1e-3
 
 

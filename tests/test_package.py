@@ -36,7 +36,8 @@ EXPORTED = [
     "LinkState", "LlamaDraftModel", "LogitStats", "ModelError", "ModelFetchError", "ModelIntegrityError",
     "ModelLoadError", "ModelNotFoundError", "PredictorController", "PredictorError", "ProbeResult", "ProtocolError",
     "Provisional",
-    "Resumed", "RoundEvent", "RoundPlan", "RoundStats", "SemanticHeadError", "ServerConfig", "SessionNotFoundError",
+    "Resumed", "RoundEvent", "RoundPlan", "RoundStats", "Sampler", "SemanticHeadError", "ServerConfig",
+    "SessionNotFoundError",
     "SpeculativeSession",
     "StaleRoundError", "TextDelta", "VerifierError", "VerifierUnavailableError", "__version__",
 ]

@@ -23,7 +23,7 @@ from scipy.stats import chisquare
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
 from edgekit.errors import IncompatibleModelsError, ModelLoadError, ProtocolError
 from edgekit.models.compat import check_pair, require_pair, tokenizer_of
-from edgekit.protocol import BlockRequest, fingerprint_from_pb, fingerprint_to_pb, target_probs
+from edgekit.protocol import BlockRequest, Sampler, fingerprint_from_pb, fingerprint_to_pb
 from edgekit.runtime import LlamaContext, LlamaModel
 from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel
 from edgekit.verifier import ToyEngine, VerifierServer, VerifierService
@@ -279,7 +279,7 @@ def test_a_padded_pair_samples_as_the_target_over_its_tokens(side):
         firsts = [client.generate(prompt, seed=seed).until_done().token_ids[0] for seed in range(600)]
         alone = [client.generate_target_only(prompt, seed=seed).until_done().token_ids[0] for seed in range(300)]
     assert max(firsts) < V and max(alone) < V
-    p = target_probs(target.logits(prompt)[:V], 8.0)
+    p = Sampler(temperature=8.0).probs(target.logits(prompt)[:V])
     assert p.min() * 300 > 5  # every cell expects enough draws for the test to hold
     for seen in (firsts, alone):
         counts = np.bincount(seen, minlength=V)

@@ -174,7 +174,7 @@ def test_a_retry_is_known_by_what_decides_its_verdict_not_by_the_link_figures_it
     transport = toy_verifier(TARGET)
     draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5))
     opened = transport.open_session(
-        OpenRequest([1, 2, 3], mode="greedy", temperature=0.0, seed=0, draft=draft.fingerprint())
+        OpenRequest([1, 2, 3], mode="greedy", seed=0, draft=draft.fingerprint())
     )
     block = BlockRequest(opened.session_id, 3, [4, 5, 6], link=LinkState(rtt_ms=20.0), draft_ms=3.0, network_ms=20.0)
     first = transport.verify(block)

@@ -18,15 +18,16 @@ import pytest
 from scipy.stats import chisquare
 
 from edgekit.protocol import (
+    Sampler,
     SparseDistribution,
     accept_greedy,
     accept_sampling,
     acceptance_ratios,
     draft_distribution,
-    target_probs,
 )
 
 ALPHA = 1e-3
+PLAIN = Sampler()  # softmax at temperature 1
 
 
 def test_greedy_accepts_prefix_and_corrects_first_mismatch():
@@ -41,7 +42,7 @@ def test_greedy_accepts_prefix_and_corrects_first_mismatch():
 def test_draft_distribution_is_renormalised_top_k_softmax():
     rng = np.random.default_rng(1)
     logits = rng.normal(size=1000).astype(np.float32)
-    d = draft_distribution(logits, temperature=0.7, top_k=16)
+    d = draft_distribution(logits, Sampler(temperature=0.7), 16)
     assert d.ids.size == 16 and np.unique(d.ids).size == 16
     assert set(d.ids) == set(np.argsort(logits)[-16:])
     assert d.probs.dtype == np.float32 and abs(float(d.probs.sum()) - 1.0) < 1e-6
@@ -74,7 +75,7 @@ def _speculate(p_logits, q, rng, accept=accept_sampling):
     x1 = q[()].sample(rng)
     x2 = q[(x1,)].sample(rng)
     rows = np.stack([p_logits[()], p_logits[(x1,)], p_logits[(x1, x2)]]).astype(np.float32)
-    a, nxt = accept(rows, [x1, x2], [q[()], q[(x1,)]], 1.0, rng)
+    a, nxt = accept(rows, [x1, x2], [q[()], q[(x1,)]], PLAIN, rng)
     out = [x1, x2][:a] + [nxt]
     if len(out) < 2:  # the round committed one token; the next round starts at position 2
         out.append(SparseDistribution(np.arange(len(rows[0]), dtype=np.int32), _p(p_logits[(out[0],)])).sample(rng))
@@ -82,7 +83,7 @@ def _speculate(p_logits, q, rng, accept=accept_sampling):
 
 
 def _p(logits):
-    return target_probs(np.asarray(logits, dtype=np.float32), 1.0).astype(np.float32)
+    return PLAIN.probs(np.asarray(logits, dtype=np.float32)).astype(np.float32)
 
 
 def _joint_pvalue(accept, trials: int = 60_000, vocab: int = 5, seed: int = 7) -> float:
@@ -92,8 +93,8 @@ def _joint_pvalue(accept, trials: int = 60_000, vocab: int = 5, seed: int = 7) -
     for _ in range(trials):
         x1, x2 = _speculate(p_logits, q, rng, accept)
         counts[x1, x2] += 1
-    p1 = target_probs(p_logits[()].astype(np.float32), 1.0)
-    exact = np.array([[p1[a] * target_probs(p_logits[(a,)].astype(np.float32), 1.0)[b] for b in range(vocab)]
+    p1 = PLAIN.probs(p_logits[()].astype(np.float32))
+    exact = np.array([[p1[a] * PLAIN.probs(p_logits[(a,)].astype(np.float32))[b] for b in range(vocab)]
                       for a in range(vocab)])
     return float(chisquare(counts.ravel(), exact.ravel() * trials).pvalue)
 
@@ -103,14 +104,14 @@ def test_speculative_sampling_commits_tokens_distributed_as_target():
 
 
 def test_the_statistical_test_detects_a_wrong_residual():
-    def resample_from_p(rows, draft, dists, temperature, rng):
+    def resample_from_p(rows, draft, dists, sampler, rng):
         # Wrong: on rejection draw from p itself instead of max(0, p - q).
         for i, x in enumerate(draft):
-            p = target_probs(rows[i], temperature)
+            p = sampler.probs(rows[i])
             if rng.random() * dists[i].prob_of(x) < p[x]:
                 continue
             return i, int(rng.choice(p.size, p=p))
-        return len(draft), int(rng.choice(rows.shape[1], p=target_probs(rows[-1], temperature)))
+        return len(draft), int(rng.choice(rows.shape[1], p=sampler.probs(rows[-1])))
 
     assert _joint_pvalue(resample_from_p) < ALPHA
 
@@ -122,10 +123,11 @@ def test_sampling_with_identical_draft_accepts_everything(temperature):
     draft = []
     dists = []
     for row in logits[:2]:
-        full = SparseDistribution(np.arange(50, dtype=np.int32), target_probs(row, temperature).astype(np.float32))
+        probs = Sampler(temperature=temperature).probs(row).astype(np.float32)
+        full = SparseDistribution(np.arange(50, dtype=np.int32), probs)
         dists.append(full)
         draft.append(full.sample(rng))
-    accepted = [accept_sampling(logits, draft, dists, temperature, rng)[0] for _ in range(200)]
+    accepted = [accept_sampling(logits, draft, dists, Sampler(temperature=temperature), rng)[0] for _ in range(200)]
     # p/q is 1 up to float32 rounding of q: rejection only by rounding, if ever.
     assert sum(a == 2 for a in accepted) >= 198
 
@@ -142,10 +144,10 @@ def test_draft_ids_past_the_targets_logits_have_target_probability_zero():
     counts = np.zeros(vocab)
     for _ in range(trials):
         x = q.sample(rng)
-        accepted, nxt = accept_sampling(logits, [x], [q], 1.0, rng)
+        accepted, nxt = accept_sampling(logits, [x], [q], Sampler(temperature=1.0), rng)
         if x >= vocab:
             assert accepted == 0
         counts[x if accepted else nxt] += 1
-    assert chisquare(counts, target_probs(logits[0], 1.0) * trials).pvalue > ALPHA
+    assert chisquare(counts, PLAIN.probs(logits[0]) * trials).pvalue > ALPHA
     assert accept_greedy(logits, [6]) == (0, int(np.argmax(logits[0])))
     assert acceptance_ratios(logits, [6], [q]).tolist() == [0.0]

@@ -247,7 +247,7 @@ def test_a_verifier_without_a_head_refuses_the_mode_clearly():
     assert "semantic" not in info.modes
     with pytest.raises(ProtocolError, match="--semantic-head"):
         verifier.open_session(
-            OpenRequest([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=client.draft.fingerprint(),
+            OpenRequest([1, 2, 3], mode="semantic", seed=0, draft=client.draft.fingerprint(),
                         draft_hidden_size=D_DRAFT, semantic_threshold=0.5)
         )
 
@@ -255,7 +255,7 @@ def test_a_verifier_without_a_head_refuses_the_mode_clearly():
 def test_bad_semantic_sessions_are_refused_and_nothing_is_opened(head):
     client, verifier = _client(head)
     fp = client.draft.fingerprint()
-    open_ = dict(mode="semantic", temperature=1.0, seed=0, draft=fp)
+    open_ = dict(mode="semantic", seed=0, draft=fp)
     with pytest.raises(ProtocolError, match=r"\[0, 1\]"):
         verifier.open_session(OpenRequest([1, 2, 3], **open_, draft_hidden_size=D_DRAFT, semantic_threshold=1.5))
     with pytest.raises(ProtocolError, match="draft_hidden_size"):
@@ -275,7 +275,7 @@ def test_a_tokens_only_round_is_refused_and_the_session_stays_usable(head):
     from edgekit.protocol import BlockRequest
 
     fp = client.draft.fingerprint()
-    opened = verifier.open_session(OpenRequest([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=fp,
+    opened = verifier.open_session(OpenRequest([1, 2, 3], mode="semantic", seed=0, draft=fp,
                                    draft_hidden_size=D_DRAFT, semantic_threshold=0.5))
     with pytest.raises(ProtocolError, match="not tokens only"):
         verifier.verify(BlockRequest(opened.session_id, 3, [4, 5], upload="tokens"))
@@ -409,7 +409,7 @@ def test_an_sh_second_half_that_fails_can_be_sent_again():
     head = _FlakyHead([])
     client, verifier = _client(head)
     fp = client.draft.fingerprint()
-    opened = verifier.open_session(OpenRequest([1, 2, 3], mode="semantic", temperature=1.0, seed=0, draft=fp,
+    opened = verifier.open_session(OpenRequest([1, 2, 3], mode="semantic", seed=0, draft=fp,
                                    draft_hidden_size=D_DRAFT, semantic_threshold=0.5))
     target = ToyLanguageModel(seed=5)
     best = int(np.argmax(target.logits([1, 2, 3])))

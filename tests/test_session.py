@@ -12,6 +12,7 @@ from edgekit import (
     StaleRoundError,
     TextDelta,
 )
+from edgekit.protocol import Sampler
 from edgekit.testing import ToyLanguageModel, toy_client, toy_verifier
 
 PROMPTS = ["hello", "speculative decoding", "x", "a longer prompt with several words in it"]
@@ -139,8 +140,6 @@ def test_sampling_through_the_session_is_distributed_as_the_target():
     import numpy as np
     from scipy.stats import chisquare
 
-    from edgekit.protocol import target_probs
-
     vocab, runs = 8, 20_000
     target = ToyLanguageModel(vocab, seed=5, order=1, eos_bias=0.0)
     client = toy_client(target, noise=2.0, mode="sample", temperature=1.0, draft_temperature=2.0, draft_k=2,
@@ -150,8 +149,8 @@ def test_sampling_through_the_session_is_distributed_as_the_target():
     for seed in range(runs):
         ids = client.generate(prompt, seed=seed).until_done().token_ids
         counts[ids[0], ids[1]] += 1
-    p1 = target_probs(target.logits(prompt), 1.0)
-    exact = np.array([p1[a] * target_probs(target.logits(prompt + [a]), 1.0) for a in range(vocab)])
+    p1 = Sampler(temperature=1.0).probs(target.logits(prompt))
+    exact = np.array([p1[a] * Sampler(temperature=1.0).probs(target.logits(prompt + [a])) for a in range(vocab)])
     assert chisquare(counts.ravel(), exact.ravel() * runs).pvalue > 1e-3
 
 

@@ -16,6 +16,7 @@ from _wait import until
 import edgekit.verifier._validation as validation
 from edgekit import ConfigError, LimitExceededError, ProtocolError
 from edgekit.protocol import (
+    GREEDY,
     RETRY_AFTER_MS_KEY,
     BlockRequest,
     OpenRequest,
@@ -41,7 +42,7 @@ def _verifier(**config) -> InProcessTransport:
 def _open(v: InProcessTransport, slo: SpeedObjective = SpeedObjective()):
     v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
     return v.open_session(
-        OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=slo, draft=DRAFT.fingerprint())
+        OpenRequest(PROMPT, mode="greedy", seed=0, slo=slo, draft=DRAFT.fingerprint())
     )
 
 
@@ -79,11 +80,11 @@ def test_an_slo_to_a_version_1_verifier_is_refused_before_anything_is_sent(monke
     v = _verifier()
     assert v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8).protocol_version == 1
     with pytest.raises(ConfigError, match="protocol version 1, which has no token-speed SLOs"):
-        v.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=SpeedObjective("standard"),
+        v.open_session(OpenRequest(PROMPT, mode="greedy", seed=0, slo=SpeedObjective("standard"),
                        draft=DRAFT.fingerprint()))
     assert len(v.service.sessions) == 0
     # Best effort works, and rounds carry no version 2 field.
-    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint()))
+    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", seed=0, draft=DRAFT.fingerprint()))
     sent: list[pb.VerifyRequest] = []
     call = v.service.call
     v.service.call = lambda m, raw, d=None: (sent.append(pb.VerifyRequest.FromString(raw)) if m == "Verify" else None,
@@ -104,10 +105,11 @@ def test_an_slo_to_a_version_1_verifier_is_refused_before_anything_is_sent(monke
 def test_an_unknown_class_or_a_bad_speed_is_invalid_argument(name, speed, message):
     v = _verifier()
     for method, msg in (
-        ("OpenSession", pb.OpenSessionRequest(prompt_tokens=PROMPT, sampling=sampling_to_pb("greedy", 1.0, 0),
+        ("OpenSession", pb.OpenSessionRequest(prompt_tokens=PROMPT, sampling=sampling_to_pb("greedy", GREEDY, 0),
                                               draft_tokenizer=fingerprint_to_pb(DRAFT.fingerprint()),
                                               slo_name=name, target_tokens_per_s=speed)),
-        ("Generate", pb.GenerateRequest(prompt_tokens=PROMPT, sampling=sampling_to_pb("greedy", 1.0, 0), max_tokens=3,
+        ("Generate", pb.GenerateRequest(prompt_tokens=PROMPT, sampling=sampling_to_pb("greedy", GREEDY, 0),
+                                        max_tokens=3,
                                         slo_name=name, target_tokens_per_s=speed)),
     ):
         if method == "Generate":
@@ -186,7 +188,7 @@ def test_the_client_reports_its_drafting_and_link_time_and_counts_missed_deadlin
 
 def test_generate_with_a_speed_runs_and_a_best_effort_one_too():
     v = _verifier()
-    req = pb.GenerateRequest(prompt_tokens=PROMPT, sampling=sampling_to_pb("greedy", 1.0, 0), max_tokens=4,
+    req = pb.GenerateRequest(prompt_tokens=PROMPT, sampling=sampling_to_pb("greedy", GREEDY, 0), max_tokens=4,
                              slo_name="realtime")
     with_slo = [m.token for m in v.service.call_stream("Generate", req.SerializeToString())]
     req.slo_name = ""
@@ -289,7 +291,7 @@ def test_under_the_wisp_policy_concurrent_sessions_get_the_targets_own_tokens():
 def test_an_sh_round_reports_its_deadline_in_the_verdict_too():
     v = _verifier()
     v.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, slo=SpeedObjective("relaxed"),
+    opened = v.open_session(OpenRequest(PROMPT, mode="greedy", seed=0, slo=SpeedObjective("relaxed"),
                             draft=DRAFT.fingerprint(), draft_hidden_size=8))
     block = [3, 4, 5, 6]
     r = v.verify(BlockRequest(opened.session_id, opened.committed_length, block, upload="sh",
@@ -328,16 +330,16 @@ def test_a_slow_or_vanished_client_never_stalls_the_engine():
     with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=1024, cost=cost), config) as server:
         slow = GrpcTransport(server.address, ClientConfig(timeout=30))
         slow.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-        stream = slow.generate(PROMPT, mode="greedy", temperature=1.0, seed=0, max_tokens=900)
+        stream = slow.generate(PROMPT, mode="greedy", sampler=GREEDY, seed=0, max_tokens=900)
         next(stream)  # one token read, then the client stops reading
         gone = GrpcTransport(server.address, ClientConfig(timeout=30))
         gone.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-        gone.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint()))
+        gone.open_session(OpenRequest(PROMPT, mode="greedy", seed=0, draft=DRAFT.fingerprint()))
         gone.close()  # a client that opened a session and vanished
         with GrpcTransport(server.address, ClientConfig(timeout=10)) as t:
             t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
             opened = t.open_session(
-                OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0, draft=DRAFT.fingerprint())
+                OpenRequest(PROMPT, mode="greedy", seed=0, draft=DRAFT.fingerprint())
             )
             base = opened.committed_length
             for _ in range(10):  # rounds go through while the others hold their sessions

@@ -18,7 +18,7 @@ from edgekit import (
     VerifierError,
     VerifierUnavailableError,
 )
-from edgekit.protocol import BlockRequest, OpenRequest, ServerInfo
+from edgekit.protocol import GREEDY, BlockRequest, OpenRequest, ServerInfo
 from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 from edgekit.transport import GrpcTransport, OpenAITransport, SGLangTransport, connect
 
@@ -52,8 +52,8 @@ def _speculates_to_the_targets_own_decoding(url: str) -> ServerInfo:
     with _client(url) as client:
         result = client.generate("speculate").until_done()
         info = client.server_info()
-    reference = list(toy_verifier(TARGET).generate(_draft().tokenize("speculate"), mode="greedy", temperature=0,
-                                                     seed=0, max_tokens=48))
+    reference = list(toy_verifier(TARGET).generate(_draft().tokenize("speculate"), mode="greedy", sampler=GREEDY,
+                                                   seed=0, max_tokens=48))
     assert list(result.token_ids) == [g.token for g in reference]
     assert result.stats.rounds < 48 and result.stats.accepted > 0  # drafts were accepted, several per round
     return info
@@ -87,7 +87,7 @@ def test_stock_backends_offer_no_semantic_mode(sglang):
     transport = connect(f"sglang+{sglang.url}", ClientConfig(timeout=TIMEOUT), _draft())
     with pytest.raises(ConfigError, match="offers no semantic mode"):
         transport.open_session(
-            OpenRequest([1, 2], mode="semantic", temperature=1.0, seed=0, draft=_draft().fingerprint())
+            OpenRequest([1, 2], mode="semantic", seed=0, draft=_draft().fingerprint())
         )
 
 
@@ -187,7 +187,7 @@ def test_a_server_that_names_tokens_by_text_only_is_asked_once():
         transport = _handshake(server.url)
         assert transport.prompt_ids and not transport.id_names
         asked = len(server.requests)
-        list(transport.generate(_draft().tokenize("speculate"), mode="greedy", temperature=0, seed=0, max_tokens=2))
+        list(transport.generate(_draft().tokenize("speculate"), mode="greedy", sampler=GREEDY, seed=0, max_tokens=2))
         assert sum(bool(r.get("return_tokens_as_token_ids")) for r in server.requests[:asked]) == 1  # the handshake's
         assert all("return_tokens_as_token_ids" not in r for r in server.requests[asked:])
 
@@ -200,7 +200,7 @@ def test_a_server_that_names_tokens_by_text_only_is_asked_once():
 def test_a_wrong_token_id_is_a_protocol_error(vllm, fault, message):
     transport = _handshake(vllm.url)
     prompt = _draft().tokenize("speculate")
-    opened = transport.open_session(OpenRequest(prompt, mode="greedy", temperature=0, seed=0,
+    opened = transport.open_session(OpenRequest(prompt, mode="greedy", seed=0,
                                     draft=_draft().fingerprint()))
     vllm.fault = fault
     with pytest.raises(ProtocolError, match=message):
@@ -242,5 +242,5 @@ def test_a_stock_server_takes_no_token_speed_slo(vllm):
 
     transport = _handshake(vllm.url)
     with pytest.raises(ConfigError, match="does not schedule by token-speed SLOs"):
-        transport.open_session(OpenRequest(_draft().tokenize("hi"), mode="greedy", temperature=0, seed=0,
+        transport.open_session(OpenRequest(_draft().tokenize("hi"), mode="greedy", seed=0,
                                slo=SpeedObjective(tokens_per_s=4.0), draft=_draft().fingerprint()))

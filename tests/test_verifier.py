@@ -28,7 +28,17 @@ from edgekit import (
     SessionNotFoundError,
     StaleRoundError,
 )
-from edgekit.protocol import BlockRequest, OpenRequest, encode_hidden, fingerprint_to_pb, hidden_to_pb, pb, status_of
+from edgekit.protocol import (
+    GREEDY,
+    BlockRequest,
+    OpenRequest,
+    Sampler,
+    encode_hidden,
+    fingerprint_to_pb,
+    hidden_to_pb,
+    pb,
+    status_of,
+)
 from edgekit.testing import (
     FakeDraftModel,
     InProcessTransport,
@@ -50,7 +60,7 @@ def _verifier(**config) -> InProcessTransport:
 
 
 def _open(v: InProcessTransport, prompt=PROMPT, **kw):
-    args = {"mode": "greedy", "temperature": 1.0, "seed": 0, "draft": DRAFT.fingerprint(),
+    args = {"mode": "greedy", "seed": 0, "draft": DRAFT.fingerprint(),
             "draft_hidden_size": 16} | kw
     return v.open_session(OpenRequest(prompt, **args))
 
@@ -152,7 +162,7 @@ def test_sampling_rounds_take_valid_distributions_and_refuse_the_rest():
     from edgekit.protocol import SparseDistribution
 
     v = _verifier()
-    opened = _open(v, mode="sample", temperature=0.8, seed=3)
+    opened = _open(v, mode="sample", sampler=Sampler(temperature=0.8), seed=3)
     sid, base = opened.session_id, opened.committed_length
 
     def dist(ids, probs):
@@ -172,7 +182,7 @@ def test_sampling_rounds_take_valid_distributions_and_refuse_the_rest():
                               draft_distributions=[dist([5, 6], [0.5, 0.5]), dist([6], [1.0])]))
     assert r.committed_length == base + r.accepted + 1 and _kv_ok(v, sid)
     with pytest.raises(ProtocolError, match="temperature > 0"):
-        _open(v, mode="sample", temperature=0.0)
+        _open(v, mode="sample", sampler=Sampler(temperature=0.0))
 
 
 # -- sessions and limits --------------------------------------------------------------------
@@ -419,15 +429,15 @@ def test_another_request_abandons_a_half_done_sh_round():
 
 def test_target_only_generation_is_the_targets_greedy_decoding_and_ends_as_it_says():
     v = _verifier()
-    tokens = list(v.generate(PROMPT, mode="greedy", temperature=0.0, seed=0, max_tokens=12))
+    tokens = list(v.generate(PROMPT, mode="greedy", sampler=GREEDY, seed=0, max_tokens=12))
     assert [t.token for t in tokens] == TARGET.greedy(PROMPT, 12)
     assert [t.finish_reason for t in tokens] == [None] * 11 + ["length"]
     assert len(v.service.sessions) == 0  # its session is gone with it
     ends = toy_verifier(ToyLanguageModel(seed=21, eos_bias=9.0))
-    last = list(ends.generate(PROMPT, mode="greedy", temperature=0.0, seed=0, max_tokens=50))[-1]
+    last = list(ends.generate(PROMPT, mode="greedy", sampler=GREEDY, seed=0, max_tokens=50))[-1]
     assert (last.token, last.finish_reason) == (TARGET.eos, "eos")
     with pytest.raises(ProtocolError, match="max_tokens must be between 1 and 4096"):
-        list(v.generate(PROMPT, mode="greedy", temperature=0.0, seed=0, max_tokens=0))
+        list(v.generate(PROMPT, mode="greedy", sampler=GREEDY, seed=0, max_tokens=0))
 
 
 # -- the scheduler seam and concurrency -------------------------------------------------------
@@ -501,7 +511,7 @@ def test_over_grpc_refusals_keep_their_status_auth_is_required_and_health_answer
     with GrpcTransport(grpc_server.address, ClientConfig(token=TOKEN, timeout=5)) as t:
         info = t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=16)
         assert (info.target_model, info.max_block, info.exact_numerics) == ("toy", 8, True) and t.health() == "SERVING"
-        opened = t.open_session(OpenRequest(PROMPT, mode="greedy", temperature=1.0, seed=0,
+        opened = t.open_session(OpenRequest(PROMPT, mode="greedy", seed=0,
                                 draft=DRAFT.fingerprint(), draft_hidden_size=16))
         sid, base = opened.session_id, opened.committed_length
         first = t.verify(BlockRequest(session_id=sid, base_position=base, draft_tokens=[5]))

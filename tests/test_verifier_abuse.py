@@ -19,7 +19,7 @@ from edgekit.errors import (
     LimitExceededError,
     SessionNotFoundError,
 )
-from edgekit.protocol import BlockRequest, OpenRequest, fingerprint_to_pb, pb
+from edgekit.protocol import GREEDY, BlockRequest, OpenRequest, fingerprint_to_pb, pb
 from edgekit.testing import FakeDraftModel, ManualClock, ToyLanguageModel
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import ToyEngine, VerifierServer, VerifierService
@@ -46,7 +46,7 @@ def _client(server: VerifierServer, tenant: str | None) -> GrpcTransport:
 
 def _open(t: GrpcTransport, prompt=(1, 2, 3)):
     t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=0)
-    return t.open_session(OpenRequest(list(prompt), mode="greedy", temperature=0.0, seed=0, draft=DRAFT.fingerprint()))
+    return t.open_session(OpenRequest(list(prompt), mode="greedy", seed=0, draft=DRAFT.fingerprint()))
 
 
 def _raw(server: VerifierServer, method: str, message, tenant="alice"):
@@ -116,7 +116,7 @@ def test_a_round_waiting_on_a_session_that_closes_is_refused_never_run_on_its_se
             return sess
 
     table = Paused(2, 900.0)
-    sess = table.create(mode="greedy", temperature=0.0, seed=0)
+    sess = table.create(mode="greedy", sampler=GREEDY, seed=0)
     outcome: list[object] = []
 
     def round_() -> None:

@@ -52,7 +52,7 @@ def small(small_server):
 
 def _open(transport, draft, prompt="Hello there, general"):
     return transport.open_session(OpenRequest(
-        draft.tokenize(prompt), mode="greedy", temperature=1.0, seed=0, draft=draft.fingerprint()
+        draft.tokenize(prompt), mode="greedy", seed=0, draft=draft.fingerprint()
     ))
 
 

@@ -107,8 +107,9 @@ class Conversation:
         return self._session
 
     def configure(self, **overrides: Any) -> None:
-        """Changes generation settings from the next turn on; a new sampling mode,
-        temperature or seed needs a new verifier session, the rest does not."""
+        """Changes generation settings from the next turn on; a new mode, sampler setting
+        (temperature, top_p, penalties, ...) or seed needs a new verifier session, the rest
+        does not."""
         if self._session is not None and not self._session.reconfigure(**overrides):  # may refuse: nothing changes
             self._session.close()
             self._session = None

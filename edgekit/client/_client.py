@@ -319,7 +319,7 @@ class EdgeClient:
             for t in self.transport.generate(
                 tokens,
                 mode=gen.mode,
-                temperature=gen.temperature,
+                sampler=gen.sampler(),
                 seed=seed,
                 max_tokens=gen.max_tokens,
                 slo=SpeedObjective(gen.slo_class, gen.target_speed),

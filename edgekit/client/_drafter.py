@@ -128,12 +128,14 @@ class Drafter:
     # -- drafting a block ---------------------------------------------------------------------
 
     def pick(self, out: DraftOutput, block: DraftedBlock) -> int:
-        """The draft's token from a step (argmax, or a sample whose distribution goes with it)."""
+        """The draft's token from a step: the sampler's greedy choice, or a sample whose
+        distribution goes with it. Its penalties read the sequence and the block so far."""
+        sampler = self.config.draft_sampler()
+        context = [*self.sequence(), *block.tokens] if sampler.penalized else ()
         if self.config.mode != "sample":  # greedy, and semantic (greedy drafting, WISV)
-            tok = out.stats.argmax()
+            tok = sampler.best(out.logits, context) if sampler.adjusts else out.stats.argmax()
         else:
-            temperature = self.config.draft_temperature or self.config.temperature
-            dist = draft_distribution(out.logits, temperature, self.config.draft_top_k)
+            dist = draft_distribution(out.logits, sampler, self.config.draft_top_k, context)
             tok = dist.sample(self._rng)
             block.dists.append(dist)
         block.tokens.append(tok)

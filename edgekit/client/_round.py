@@ -204,6 +204,14 @@ def check_supported(config: GenerationConfig, server: ServerInfo, address: str) 
         )
     if config.mode == "sample" and config.draft_top_k > server.max_draft_top_k:
         raise ConfigError(f"draft_top_k {config.draft_top_k} exceeds the verifier's {server.max_draft_top_k}")
+    lacking = [f for f in config.sampler().features() if f not in server.sampler_features]
+    if lacking:
+        offers = ", ".join(server.sampler_features) or "the temperature only"
+        raise ConfigError(
+            f"the verifier at {address} does not apply {' or '.join(lacking)} to its target's logits "
+            f"(it applies {offers}): speculative decoding with them would not be the target's own sampling; "
+            "drop them, or use a verifier that applies them (edgekit serve does)"
+        )
     needs = {"tokens": (), "fh": ("fh",), "sh": ("sh",), "auto": ("fh", "sh"), "rtt": ("fh", "sh")}[config.upload]
     missing = [u for u in needs if u not in server.upload_protocols]
     if missing:

@@ -99,7 +99,7 @@ class SpeculativeSession:
         self._on_close = on_close
 
     # Settings the verifier knows about: changing one needs a new session.
-    _SERVER_SIDE = ("mode", "temperature", "seed", "slo_class", "target_speed", "semantic_threshold")
+    _SERVER_SIDE = ("mode", "seed", "slo_class", "target_speed", "semantic_threshold")
     _DRAFTING = ("drafting", "draft_k", "max_window", "predictor", "predictor_threshold", "p_min")
 
     @property
@@ -137,6 +137,8 @@ class SpeculativeSession:
         if any(k in self._SERVER_SIDE and changes[k] != getattr(self.config, k) for k in changes):
             return False
         config = replace(self.config, **changes)
+        if config.sampler() != self.config.sampler():  # the verifier samples the target with it
+            return False
         check_supported(config, self.server, self.transport.address)
         if any(k in self._DRAFTING or k == "upload" for k in changes):
             with self.drafter.shared.lock:
@@ -168,7 +170,7 @@ class SpeculativeSession:
             OpenRequest(
                 tokens,
                 mode=self.config.mode,
-                temperature=self.config.temperature,
+                sampler=self.config.sampler(),
                 seed=self._verifier_seed,
                 draft=self.draft.fingerprint(),
                 draft_hidden_size=self.draft.n_embd,

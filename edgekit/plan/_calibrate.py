@@ -99,7 +99,7 @@ def calibrate_verify(
         for _ in range(max(concurrency)):
             try:
                 opened = transport.open_session(
-                    OpenRequest(prompt, mode="greedy", temperature=1.0, seed=0, draft=draft)
+                    OpenRequest(prompt, mode="greedy", seed=0, draft=draft)
                 )
             except LimitExceededError:  # a verifier with fewer free sessions: calibrate on those
                 if not sessions:

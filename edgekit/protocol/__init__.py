@@ -20,12 +20,13 @@ from ._acceptance import (
     acceptance_ratios,
     draft_distribution,
     mismatch_positions,
-    target_probs,
     top1_mismatches,
 )
 from ._hidden import ENCODINGS, EncodedHidden, bits_per_element, decode_hidden, encode_hidden, encoding_error
 from ._pb import verifier_pb2 as pb
 from ._pb import verifier_pb2_grpc as pb_grpc
+from ._sampler import FEATURES as SAMPLER_FEATURES
+from ._sampler import GREEDY, Sampler
 from ._status import COMMITTED_LENGTH_KEY, RETRY_AFTER_MS_KEY, Status, error_from_status, status_of
 from ._types import (
     MIN_PROTOCOL_VERSION,
@@ -69,6 +70,7 @@ from ._wire import (
     opened_from_pb,
     opened_to_pb,
     round_key,
+    sampler_from_pb,
     sampling_to_pb,
     server_info_from_pb,
     server_info_to_pb,
@@ -87,11 +89,13 @@ __all__ = [
     "ENCODING_TO_PB",
     "FINISH_FROM_PB",
     "FINISH_TO_PB",
+    "GREEDY",
     "MIN_PROTOCOL_VERSION",
     "MODE_FROM_PB",
     "MODE_TO_PB",
     "PROTOCOL_VERSION",
     "RETRY_AFTER_MS_KEY",
+    "SAMPLER_FEATURES",
     "SERVICE_NAME",
     "UPLOAD_FROM_PB",
     "UPLOAD_TO_PB",
@@ -105,6 +109,7 @@ __all__ = [
     "OpenRequest",
     "OpenedSession",
     "ReceivedBlock",
+    "Sampler",
     "ServerInfo",
     "SparseDistribution",
     "SpeedObjective",
@@ -143,11 +148,11 @@ __all__ = [
     "pb",
     "pb_grpc",
     "round_key",
+    "sampler_from_pb",
     "sampling_to_pb",
     "server_info_from_pb",
     "server_info_to_pb",
     "status_of",
-    "target_probs",
     "top1_mismatches",
     "verify_request_from_pb",
     "verify_request_to_pb",

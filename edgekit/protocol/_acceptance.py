@@ -8,9 +8,12 @@ Lossless speculative sampling (Leviathan et al.; Chen et al.): draft token x
 drawn from q is accepted with probability min(1, p(x)/q(x)); at the first
 rejection the verifier draws from the residual max(0, p - q) normalised; if all
 are accepted, a bonus token is drawn from p at the next position. Each output
-token is then distributed exactly as p. The draft's q is a top-k truncated,
-renormalised softmax that the device samples from and uploads exactly, so the
-verifier knows q where it matters (see proto/verifier.proto).
+token is then distributed exactly as p. p is the session's sampler (`Sampler`:
+temperature, truncations, penalties, bias) applied to the target's row; q is the
+same sampler applied to the draft's, cut to its most likely few and renormalised,
+which the device samples from and uploads exactly, so the verifier knows q where it
+matters (see proto/verifier.proto). Greedy takes the sampler's argmax (its
+penalties and bias applied), so greedy with penalties is still exactly the target's.
 
 Semantic (WISV, lossy): as greedy, but at each mismatch, in order, a decision
 head's P(reject) is compared with a threshold; a mismatch it does not reject
@@ -29,9 +32,11 @@ draws an id the target has no logit for.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+from ._sampler import Sampler
 
 __all__ = [
     "SparseDistribution",
@@ -42,7 +47,6 @@ __all__ = [
     "acceptance_ratios",
     "draft_distribution",
     "mismatch_positions",
-    "target_probs",
     "top1_mismatches",
 ]
 
@@ -69,31 +73,26 @@ def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     return min(i, len(probs) - 1)
 
 
-def draft_distribution(logits: np.ndarray, temperature: float, top_k: int) -> SparseDistribution:
-    """softmax(logits / T) restricted to the top-k logits and renormalised.
-
-    argpartition keeps this O(V); the softmax runs over k values only.
-    """
-    k = min(top_k, logits.shape[0])
-    ids = np.argpartition(logits, -k)[-k:]
-    z = logits[ids].astype(np.float64) / temperature
-    z -= z.max()
-    w = np.exp(z)
-    probs = (w / w.sum()).astype(np.float32)
+def draft_distribution(
+    logits: np.ndarray, sampler: Sampler, support: int, context: Sequence[int] = ()
+) -> SparseDistribution:
+    """The sampler's distribution of a draft row (`Sampler.probs`), cut to its `support` most
+    likely tokens and renormalised in float32, so what is uploaded is exactly what is sampled
+    from. Greedy settings are sampled at temperature 1 after their adjustments (a draft is only
+    asked for a distribution when the session samples)."""
+    if sampler.greedy:
+        sampler = replace(sampler, temperature=1.0)
+    if not sampler.top_k or sampler.top_k > support:
+        sampler = replace(sampler, top_k=support)  # the same cut before the nucleus: q stays the sampler's
+    p = sampler.probs(logits, context)
+    ids = np.flatnonzero(p)
+    if ids.size > support:  # equals of the k-th kept by the sampler: the cut here is by index
+        ids = ids[np.argpartition(-p[ids], support - 1)[:support]]
+    probs = p[ids].astype(np.float32)
     keep = probs > 0
     ids, probs = ids[keep], probs[keep]
-    # Renormalise in float32 so what is uploaded is exactly what is sampled from.
     probs = probs / probs.sum(dtype=np.float32)
     return SparseDistribution(ids.astype(np.int32), probs.astype(np.float32))
-
-
-def target_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """softmax(logits / T) over the whole vocabulary, in float64."""
-    z = logits.astype(np.float64) / temperature
-    z -= z.max()
-    np.exp(z, out=z)
-    z /= z.sum()
-    return z
 
 
 def accept_greedy(target_logits: np.ndarray, draft_tokens: Sequence[int]) -> tuple[int, int]:
@@ -119,20 +118,23 @@ def acceptance_ratios(
     target_logits: np.ndarray,
     draft_tokens: Sequence[int],
     draft_dists: Sequence[SparseDistribution] = (),
-    temperature: float = 1.0,
+    sampler: Sampler = Sampler(),
+    context: Sequence[int] = (),
 ) -> np.ndarray:
     """min(1, p_j(s_j) / q_j(s_j)) for every token of a block, past the first rejection too
     (GOODSPEED eq. 3's terms): with distributions, the sampling rule's acceptance
-    probabilities; without (greedy), whether each draft token is the target's top-1."""
+    probabilities; without (greedy), whether each draft token is the sampler's greedy choice."""
     k = len(draft_tokens)
     if not k:
         return np.zeros(0)
     tokens = np.asarray(draft_tokens, dtype=np.int64)
     if not draft_dists:
-        return (np.argmax(target_logits[:k], axis=1) == tokens).astype(np.float64)
+        best = sampler.best_of_rows(target_logits[:k], context, draft_tokens)
+        return (np.asarray(best) == tokens).astype(np.float64)
     out = np.empty(k)
+    window = sampler.window(context)
     for j in range(k):
-        p = _prob_of(target_probs(target_logits[j], temperature), int(tokens[j]))
+        p = _prob_of(sampler.probs(target_logits[j], sampler.row_context(window, draft_tokens, j)), int(tokens[j]))
         q = draft_dists[j].prob_of(int(tokens[j]))
         out[j] = 1.0 if q <= p else p / q
     return out
@@ -178,27 +180,28 @@ def accept_sampling(
     target_logits: np.ndarray,
     draft_tokens: Sequence[int],
     draft_dists: Sequence[SparseDistribution],
-    temperature: float,
+    sampler: Sampler,
     rng: np.random.Generator,
+    context: Sequence[int] = (),
 ) -> tuple[int, int]:
-    """(accepted count, next token) by the min(1, p/q) rule and residual resampling."""
+    """(accepted count, next token) by the min(1, p/q) rule and residual resampling, p being the
+    sampler's distribution of the target's row after the context and the block's tokens before it."""
     k = len(draft_tokens)
+    window = sampler.window(context)
     for i in range(k):
-        p = target_probs(target_logits[i], temperature)
+        p = sampler.probs(target_logits[i], sampler.row_context(window, draft_tokens, i))
         x = int(draft_tokens[i])
         q_x = draft_dists[i].prob_of(x)
         if rng.random() * q_x < _prob_of(p, x):  # u < p/q without dividing by a tiny q
             continue
-        residual = p
+        residual = p.copy()
         ids, probs = draft_dists[i].ids, draft_dists[i].probs
         inside = ids < p.size  # q's mass past the target's logits meets p = 0 there: nothing to take off
         residual[ids[inside]] -= probs[inside]
         np.maximum(residual, 0.0, out=residual)
-        total = residual.sum()
-        if total <= 0.0:
+        if residual.sum() <= 0.0:
             # p <= q everywhere means p == q (both sum to 1): rejection had
             # probability zero; only float rounding gets here. Draw from p.
-            residual = target_probs(target_logits[i], temperature)
+            residual = p
         return i, _draw(residual, rng)
-    return k, _draw(target_probs(target_logits[k], temperature), rng)
-
+    return k, _draw(sampler.probs(target_logits[k], sampler.row_context(window, draft_tokens, k)), rng)

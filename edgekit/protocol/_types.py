@@ -10,6 +10,7 @@ import numpy as np
 
 from ._acceptance import SparseDistribution
 from ._hidden import EncodedHidden
+from ._sampler import GREEDY, Sampler
 
 __all__ = [
     "MIN_PROTOCOL_VERSION",
@@ -118,6 +119,7 @@ class ServerInfo:
     backend: str = "edgekit"  # "edgekit" (our gRPC verifier), "openai", "sglang"
     slo_classes: dict[str, float] = field(default_factory=dict)  # named classes, tokens/s (protocol 2)
     scheduling_policy: str = ""  # "fcfs", "wisp"; empty: not said
+    sampler_features: tuple[str, ...] = ()  # what it applies past the temperature (`Sampler.features`)
     tokenizer_check: str = "fingerprint"  # how the target's tokenizer was matched to the draft's
     semantic_head: str = ""  # the decision head of its semantic mode (identity); empty: no semantic mode
     semantic_threshold: float = 0.0  # that head's shipped operating threshold
@@ -128,13 +130,14 @@ class ServerInfo:
 @dataclass(frozen=True)
 class OpenRequest:
     """An OpenSession request: the prompt the verifier prefills and the session's settings.
-    `seed` seeds the verifier's acceptance draws; `slo`: the session's token-speed objective."""
+    `seed` seeds the verifier's acceptance draws; `sampler`: how the target's logits become its
+    distribution (temperature 0 unless the mode samples); `slo`: the session's token-speed objective."""
 
     prompt_tokens: Sequence[int]
     mode: str  # "greedy", "sample", "semantic"; from the wire, the name of one it does not know
-    temperature: float
     seed: int
     draft: Fingerprint
+    sampler: Sampler = GREEDY
     draft_hidden_size: int = 0  # width of the hidden states the session may upload (FH, SH)
     slo: SpeedObjective = SpeedObjective()
     client_id: str = ""

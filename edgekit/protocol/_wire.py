@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ProtocolError
 from ._acceptance import SparseDistribution
 from ._hidden import EncodedHidden, encode_hidden
 from ._pb import verifier_pb2 as pb
+from ._sampler import Sampler
 from ._types import (
     BlockRequest,
     Fingerprint,
@@ -107,6 +108,7 @@ def server_info_from_pb(r: pb.HandshakeResponse) -> ServerInfo:
         semantic_threshold=c.semantic_threshold,
         hidden_encodings=tuple(ENCODING_FROM_PB[e] for e in c.hidden_encodings if e in ENCODING_FROM_PB),
         max_message_bytes=c.max_message_bytes,
+        sampler_features=tuple(c.sampler_features),
     )
 
 
@@ -134,6 +136,7 @@ def server_info_to_pb(info: ServerInfo) -> pb.HandshakeResponse:
             scheduling_policy=info.scheduling_policy,
             semantic_head=info.semantic_head,
             semantic_threshold=info.semantic_threshold,
+            sampler_features=info.sampler_features,
         ),
         server_version=info.server_version,
         chat_template=info.chat_template or "",
@@ -159,10 +162,27 @@ def link_from_pb(m: pb.LinkState) -> LinkState:
     return LinkState(m.rtt_ms, m.rtt_jitter_ms, m.uplink_mbps, m.downlink_mbps, m.loss_rate, m.samples)
 
 
-def sampling_to_pb(mode: str, temperature: float, seed: int, semantic_threshold: float = 0.0) -> pb.SamplingParams:
+def sampling_to_pb(mode: str, sampler: Sampler, seed: int, semantic_threshold: float = 0.0) -> pb.SamplingParams:
     return pb.SamplingParams(
-        mode=MODE_TO_PB[mode], temperature=temperature, seed=seed, semantic_threshold=semantic_threshold
+        mode=MODE_TO_PB[mode], temperature=sampler.temperature, seed=seed, semantic_threshold=semantic_threshold,
+        top_k=sampler.top_k, top_p=sampler.top_p, min_p=sampler.min_p, repetition_penalty=sampler.repetition_penalty,
+        frequency_penalty=sampler.frequency_penalty, presence_penalty=sampler.presence_penalty,
+        penalty_last_n=sampler.penalty_last_n, logit_bias=dict(sampler.logit_bias),
     )
+
+
+def sampler_from_pb(m: pb.SamplingParams) -> Sampler:
+    """The session's sampler (temperature 0 unless the mode samples); ProtocolError for settings
+    out of range."""
+    try:
+        return Sampler(
+            temperature=float(m.temperature) if m.mode == pb.ACCEPTANCE_MODE_SAMPLING else 0.0,
+            top_k=m.top_k, top_p=m.top_p or 1.0, min_p=m.min_p, repetition_penalty=m.repetition_penalty or 1.0,
+            frequency_penalty=m.frequency_penalty, presence_penalty=m.presence_penalty,
+            penalty_last_n=m.penalty_last_n, logit_bias=tuple(m.logit_bias.items()),
+        )
+    except ValueError as e:
+        raise ProtocolError(f"sampling: {e}") from None
 
 
 def mode_from_pb(value: int) -> str:
@@ -176,7 +196,7 @@ def mode_from_pb(value: int) -> str:
 def open_request_to_pb(r: OpenRequest) -> pb.OpenSessionRequest:
     return pb.OpenSessionRequest(
         prompt_tokens=r.prompt_tokens,
-        sampling=sampling_to_pb(r.mode, r.temperature, r.seed, r.semantic_threshold),
+        sampling=sampling_to_pb(r.mode, r.sampler, r.seed, r.semantic_threshold),
         draft_tokenizer=fingerprint_to_pb(r.draft),
         draft_hidden_size=r.draft_hidden_size,
         slo_name=r.slo.slo_class or "",
@@ -190,7 +210,7 @@ def open_request_from_pb(m: pb.OpenSessionRequest) -> OpenRequest:
     return OpenRequest(
         prompt_tokens=m.prompt_tokens,
         mode=mode_from_pb(m.sampling.mode),
-        temperature=float(m.sampling.temperature),
+        sampler=sampler_from_pb(m.sampling),
         seed=m.sampling.seed,
         draft=fingerprint_from_pb(m.draft_tokenizer),
         draft_hidden_size=m.draft_hidden_size,

@@ -24,6 +24,7 @@ from ..protocol import (
     GeneratedToken,
     OpenedSession,
     OpenRequest,
+    Sampler,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
@@ -128,12 +129,12 @@ class FailoverTransport:
         prompt_tokens: Sequence[int],
         *,
         mode: str,
-        temperature: float,
+        sampler: Sampler,
         seed: int,
         max_tokens: int,
         slo: SpeedObjective = SpeedObjective(),
     ) -> Iterator[GeneratedToken]:
-        kw = {"mode": mode, "temperature": temperature, "seed": seed, "max_tokens": max_tokens, "slo": slo}
+        kw = {"mode": mode, "sampler": sampler, "seed": seed, "max_tokens": max_tokens, "slo": slo}
         i = self._checked_current()
         try:
             yield from self.transports[i].generate(prompt_tokens, **kw)  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ from ..protocol import (
     HiddenRequest,
     OpenedSession,
     OpenRequest,
+    Sampler,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
@@ -190,7 +191,7 @@ class MessageTransport:
         prompt_tokens: Sequence[int],
         *,
         mode: str,
-        temperature: float,
+        sampler: Sampler,
         seed: int,
         max_tokens: int,
         slo: SpeedObjective = SpeedObjective(),
@@ -198,7 +199,7 @@ class MessageTransport:
         self._check_slo(slo)
         req = pb.GenerateRequest(
             prompt_tokens=prompt_tokens,
-            sampling=sampling_to_pb(mode, temperature, seed),
+            sampling=sampling_to_pb(mode, sampler, seed),
             max_tokens=max_tokens,
             slo_name=slo.slo_class or "",
             target_tokens_per_s=slo.tokens_per_s or 0.0,

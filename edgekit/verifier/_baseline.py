@@ -11,10 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-import numpy as np
-
 from ..config import ServerConfig
-from ..protocol import GeneratedToken, target_probs
+from ..protocol import GeneratedToken, Sampler
 from ._core import EngineCore
 from ._sessions import Caller, SessionTable
 from ._slo import SpeedClasses
@@ -51,7 +49,7 @@ class TargetOnly:
         prompt: Sequence[int],
         *,
         mode: str,
-        temperature: float,
+        sampler: Sampler,
         seed: int,
         max_tokens: int,
         stop_tokens: Sequence[int] = (),
@@ -62,14 +60,14 @@ class TargetOnly:
     ) -> Iterator[GeneratedToken]:
         """The target's tokens after `prompt`; stops early when `is_active()` turns false (a cancelled call)."""
         arrived = time.perf_counter()
-        self.checks.sampling(mode, temperature)
+        self.checks.sampling(mode, sampler)
         slo_class, speed = self.slo.resolve(slo_name, target_speed)
         self.checks.prompt(prompt)  # its length before its ids, and before a copy
         tokens = list(prompt)
         self.checks.generate_length(max_tokens)
         stops = set(stop_tokens)
         sess = self.sessions.create(
-            mode=mode, temperature=temperature, seed=seed, slo_class=slo_class, speed=speed, prefix="g-", caller=caller
+            mode=mode, sampler=sampler, seed=seed, slo_class=slo_class, speed=speed, prefix="g-", caller=caller
         )
         try:
             with sess.lock:
@@ -86,11 +84,13 @@ class TargetOnly:
                     ran = self.core.run(step, session_id=sess.id, slo_class=slo_class, objective=objective)
                     pos += 1
                     logits = ran.logits[0, : self.checks.n_real]  # its tokens: a padding entry is no choice
+                    context = sampler.window(tokens)
                     if mode == "greedy":
-                        tok = int(np.argmax(logits))
+                        tok = sampler.best(logits, context)
                     else:
-                        p = target_probs(logits, temperature)
+                        p = sampler.probs(logits, context)
                         tok = int(sess.rng.choice(p.size, p=p))
+                    tokens.append(tok)
                     sess.last_used = self.sessions.clock()
                     self.stats.record_generated(slo_class)
                     reason = None

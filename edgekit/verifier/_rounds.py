@@ -46,13 +46,14 @@ from ..protocol import (
     OpenRequest,
     ReceivedBlock,
     VerifyResult,
-    accept_greedy,
     accept_sampling,
+    accept_top1,
     acceptance_ratios,
     check_base,
     decide,
     decode_hidden,
     mismatch_positions,
+    top1_mismatches,
 )
 from ._budgets import Budgets
 from ._core import EngineCore
@@ -99,13 +100,13 @@ class Rounds:
         if r.mode == "semantic":
             self.semantic.check_open(r.draft_hidden_size, r.semantic_threshold)
         else:
-            self.checks.sampling(r.mode, r.temperature)
+            self.checks.sampling(r.mode, r.sampler)
         slo_class, speed = self.slo.resolve(r.slo.slo_class or "", r.slo.tokens_per_s or 0.0)
         self.checks.client_id(r.client_id)
         self.checks.prompt(r.prompt_tokens)  # its length before its ids, and before a copy
         tokens = list(r.prompt_tokens)
         sess = self.sessions.create(
-            mode=r.mode, temperature=r.temperature, seed=r.seed, slo_class=slo_class, speed=speed, caller=caller
+            mode=r.mode, sampler=r.sampler, seed=r.seed, slo_class=slo_class, speed=speed, caller=caller
         )
         try:
             with sess.lock:
@@ -212,7 +213,9 @@ class Rounds:
             ran = self._run(sess, feed, deadline, objective)
             verify_ms = ran.run_ms + checks_ms
             if r.upload == "sh":
-                positions = tuple(mismatch_positions(self._judged_logits(ran.logits), block[: run + 1]))
+                judged = block[: run + 1]
+                best = sess.sampler.best_of_rows(self._judged_logits(ran.logits), sess.tokens, judged)
+                positions = tuple(top1_mismatches(best, judged))
                 if positions:
                     budget_ms, met = _outcome(objective)
                     answer = HiddenRequest(
@@ -267,18 +270,18 @@ class Rounds:
         t0 = time.perf_counter()
         semantic_accepted = 0
         if sess.mode == "greedy":
-            accepted, nxt = accept_greedy(logits, judged)
+            accepted, nxt = accept_top1(sess.sampler.best_of_rows(logits, sess.tokens, judged), judged)
         elif sess.mode == "semantic":
             accepted, nxt, semantic_accepted = self.semantic.decide(
                 logits, judged, hidden, ran.hidden, sess.semantic_threshold, r.link
             )
         else:
             dists = r.distributions[: len(judged)]
-            accepted, nxt = accept_sampling(logits, judged, dists, sess.temperature, sess.rng)
+            accepted, nxt = accept_sampling(logits, judged, dists, sess.sampler, sess.rng, sess.tokens)
         ratios = 0.0
         if self.budgets is not None and block:
             dists = r.distributions[: len(judged)] if sess.mode == "sample" else ()
-            ratios = float(acceptance_ratios(logits, judged, dists, sess.temperature).sum())
+            ratios = float(acceptance_ratios(logits, judged, dists, sess.sampler, sess.tokens).sum())
         verdict = decide(
             block,
             accepted,

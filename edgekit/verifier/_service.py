@@ -37,6 +37,7 @@ from ..config import ServerConfig
 from ..errors import EdgekitError, InternalError, ProtocolError, SessionNotFoundError, VerifierUnavailableError
 from ..protocol import (
     PROTOCOL_VERSION,
+    SAMPLER_FEATURES,
     SERVICE_NAME,
     ServerInfo,
     fingerprint_from_pb,
@@ -45,6 +46,7 @@ from ..protocol import (
     open_request_from_pb,
     opened_to_pb,
     pb,
+    sampler_from_pb,
     server_info_to_pb,
     status_of,
     verify_request_from_pb,
@@ -276,6 +278,7 @@ class VerifierService:
             prefix_cache=True,
             max_draft_top_k=c.max_draft_top_k,
             max_message_bytes=c.max_message_bytes,
+            sampler_features=SAMPLER_FEATURES,
             exact_numerics=self.engine.exact,
             invariant_batch=self.engine.invariant_batch,
             slo_classes=dict(self.slo.classes) if version >= 2 else {},
@@ -332,7 +335,7 @@ class VerifierService:
         for t in self.baseline.generate(
             req.prompt_tokens,
             mode=mode_from_pb(req.sampling.mode),
-            temperature=float(req.sampling.temperature),
+            sampler=sampler_from_pb(req.sampling),
             seed=req.sampling.seed,
             max_tokens=req.max_tokens,
             stop_tokens=req.stop_tokens,

@@ -39,7 +39,7 @@ from ..errors import LimitExceededError, SessionNotFoundError
 from ._validation import clip
 
 if TYPE_CHECKING:  # the rounds keep their requests and answers here
-    from ..protocol import HiddenRequest, ReceivedBlock, VerifyResult
+    from ..protocol import HiddenRequest, ReceivedBlock, Sampler, VerifyResult
 
 __all__ = ["Caller", "PendingRound", "Session", "SessionTable"]
 
@@ -63,7 +63,7 @@ class Session:
     seq: int
     tokens: list[int]  # committed sequence
     mode: str  # "greedy" | "sample" | "semantic"
-    temperature: float
+    sampler: Sampler  # temperature 0 unless the mode samples
     rng: np.random.Generator
     slo_class: str  # its SLO class's name ("best-effort" without one), as metrics group it
     speed: float | None = None  # target tokens/s (WISP sec. 3.1); None: best effort
@@ -135,7 +135,7 @@ class SessionTable:
         self,
         *,
         mode: str,
-        temperature: float,
+        sampler: Sampler,
         seed: int,
         slo_class: str = "best-effort",
         speed: float | None = None,
@@ -169,7 +169,7 @@ class SessionTable:
             seq=seq,
             tokens=[],
             mode=mode,
-            temperature=temperature,
+            sampler=sampler,
             rng=np.random.default_rng(seed),
             slo_class=slo_class,
             speed=speed,

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..config import ServerConfig
 from ..errors import IncompatibleModelsError, LimitExceededError, ProtocolError
-from ..protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, Fingerprint, SparseDistribution
+from ..protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, Fingerprint, Sampler, SparseDistribution
 
 __all__ = ["RequestChecks", "clip"]
 
@@ -58,12 +58,18 @@ class RequestChecks:
                 f"{fp.model_name!r} ({what}); use a draft from the target's family"
             )
 
-    def sampling(self, mode: str, temperature: float) -> None:
+    def sampling(self, mode: str, sampler: Sampler) -> None:
         """`mode` as edgekit names it, or the wire's name for one edgekit does not verify."""
         if mode not in _MODES:
             raise ProtocolError(f"acceptance mode {mode} is not supported by this verifier")
-        if mode == "sample" and not temperature > 0:
-            raise ProtocolError(f"sampling needs a temperature > 0, got {temperature}")
+        if mode == "sample" and not sampler.temperature > 0:
+            raise ProtocolError(f"sampling needs a temperature > 0, got {sampler.temperature}")
+        if mode == "semantic" and sampler.adjusts:
+            raise ProtocolError(
+                "semantic mode judges the target's plain top-1 token: it takes no penalties or logit_bias"
+            )
+        if any(t >= self.n_real for t, _ in sampler.logit_bias):
+            raise ProtocolError(f"logit_bias names a token past the target's {self.n_real} tokens")
 
     def tokens(self, tokens: Sequence[int], what: str, vocab: int = 0) -> None:
         """Every id below `vocab` (default: the target's vocabulary)."""

@@ -75,7 +75,7 @@ class TokenizerFingerprint(_message.Message):
     def __init__(self, vocab_size: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., bos_token: _Optional[int] = ..., eos_token: _Optional[int] = ..., model_name: _Optional[str] = ...) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("acceptance_modes", "upload_protocols", "hidden_encodings", "max_block", "max_context", "max_sessions", "assigns_budgets", "max_draft_top_k", "prefix_cache", "max_message_bytes", "exact_numerics", "invariant_batch", "slo_classes", "scheduling_policy", "semantic_head", "semantic_threshold")
+    __slots__ = ("acceptance_modes", "upload_protocols", "hidden_encodings", "max_block", "max_context", "max_sessions", "assigns_budgets", "max_draft_top_k", "prefix_cache", "max_message_bytes", "exact_numerics", "invariant_batch", "slo_classes", "scheduling_policy", "semantic_head", "semantic_threshold", "sampler_features")
     class SloClassesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class Capabilities(_message.Message):
     SCHEDULING_POLICY_FIELD_NUMBER: _ClassVar[int]
     SEMANTIC_HEAD_FIELD_NUMBER: _ClassVar[int]
     SEMANTIC_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FEATURES_FIELD_NUMBER: _ClassVar[int]
     acceptance_modes: _containers.RepeatedScalarFieldContainer[AcceptanceMode]
     upload_protocols: _containers.RepeatedScalarFieldContainer[UploadProtocol]
     hidden_encodings: _containers.RepeatedScalarFieldContainer[HiddenEncoding]
@@ -115,7 +116,8 @@ class Capabilities(_message.Message):
     scheduling_policy: str
     semantic_head: str
     semantic_threshold: float
-    def __init__(self, acceptance_modes: _Optional[_Iterable[_Union[AcceptanceMode, str]]] = ..., upload_protocols: _Optional[_Iterable[_Union[UploadProtocol, str]]] = ..., hidden_encodings: _Optional[_Iterable[_Union[HiddenEncoding, str]]] = ..., max_block: _Optional[int] = ..., max_context: _Optional[int] = ..., max_sessions: _Optional[int] = ..., assigns_budgets: _Optional[bool] = ..., max_draft_top_k: _Optional[int] = ..., prefix_cache: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., exact_numerics: _Optional[bool] = ..., invariant_batch: _Optional[int] = ..., slo_classes: _Optional[_Mapping[str, float]] = ..., scheduling_policy: _Optional[str] = ..., semantic_head: _Optional[str] = ..., semantic_threshold: _Optional[float] = ...) -> None: ...
+    sampler_features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, acceptance_modes: _Optional[_Iterable[_Union[AcceptanceMode, str]]] = ..., upload_protocols: _Optional[_Iterable[_Union[UploadProtocol, str]]] = ..., hidden_encodings: _Optional[_Iterable[_Union[HiddenEncoding, str]]] = ..., max_block: _Optional[int] = ..., max_context: _Optional[int] = ..., max_sessions: _Optional[int] = ..., assigns_budgets: _Optional[bool] = ..., max_draft_top_k: _Optional[int] = ..., prefix_cache: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., exact_numerics: _Optional[bool] = ..., invariant_batch: _Optional[int] = ..., slo_classes: _Optional[_Mapping[str, float]] = ..., scheduling_policy: _Optional[str] = ..., semantic_head: _Optional[str] = ..., semantic_threshold: _Optional[float] = ..., sampler_features: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("protocol_version", "draft_tokenizer", "draft_model", "draft_hidden_size", "client_version")
@@ -186,16 +188,39 @@ class LinkState(_message.Message):
     def __init__(self, rtt_ms: _Optional[float] = ..., rtt_jitter_ms: _Optional[float] = ..., uplink_mbps: _Optional[float] = ..., downlink_mbps: _Optional[float] = ..., loss_rate: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("mode", "temperature", "seed", "semantic_threshold")
+    __slots__ = ("mode", "temperature", "seed", "semantic_threshold", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "penalty_last_n", "logit_bias")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     MODE_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     SEMANTIC_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    PENALTY_LAST_N_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     mode: AcceptanceMode
     temperature: float
     seed: int
     semantic_threshold: float
-    def __init__(self, mode: _Optional[_Union[AcceptanceMode, str]] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., semantic_threshold: _Optional[float] = ...) -> None: ...
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    penalty_last_n: int
+    logit_bias: _containers.ScalarMap[int, float]
+    def __init__(self, mode: _Optional[_Union[AcceptanceMode, str]] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., semantic_threshold: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., penalty_last_n: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
     __slots__ = ("prompt_tokens", "sampling", "slo_class", "draft_tokenizer", "client_id", "draft_hidden_size", "slo_name", "target_tokens_per_s")

@@ -1,0 +1,236 @@
+"""A sampler: how a row of logits and the context before it become the distribution a token is
+drawn from. The verifier applies it to the target's logits, the device to the draft's, both
+through this one function, so speculative sampling stays exactly distributed as the target's
+own sampler with the same settings (the acceptance rule only needs p and q; any deterministic
+transformation of each side's logits given the context keeps it lossless).
+
+The order of operations is that of vLLM (and of Hugging Face's generation):
+
+1. `logit_bias`: added to the named tokens' logits (OpenAI's `logit_bias`).
+2. Penalties over the last `penalty_last_n` tokens of the context, prompt included, as
+   llama.cpp and Ollama count them (`repeat_last_n`; -1: the whole context, 0: none). For a token
+   seen c > 0 times there: the repetition penalty r divides a positive logit by r and multiplies
+   a negative one by r (CTRL's rule, as llama.cpp, vLLM and transformers apply it); then
+   `frequency_penalty * c + presence_penalty` is subtracted (OpenAI's rule; OpenAI counts the
+   generated tokens only, llama.cpp's server the window, as here).
+3. Temperature: the logits divided by it. Temperature 0 is greedy: the argmax of the logits
+   after steps 1-2 (ties to the lowest id), and the truncations below do not apply.
+4. Truncations, each keeping a set of tokens: `top_k` (the k highest; 0: all), `min_p` (those
+   whose probability is at least min_p times the highest's), then `top_p` (the fewest of what
+   is left, highest first, whose renormalised probabilities sum to at least top_p; ties in
+   order broken by the lower id). top_k and min_p commute (both cut by rank); top_p comes
+   last, over what they kept, as in vLLM.
+5. The softmax over the kept tokens.
+
+Every step is in float64 from the float32 logits, so the same logits and context give the same
+distribution on any machine that rounds IEEE doubles the same way (all of them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["FEATURES", "GREEDY", "Sampler"]
+
+# What a verifier may apply past the temperature (its handshake lists those it does).
+FEATURES = ("top_k", "top_p", "min_p", "penalties", "logit_bias")
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """The sampling settings of a session. The defaults change nothing: plain softmax at
+    temperature 1. `logit_bias` is kept as sorted (token id, bias) pairs, so a sampler hashes."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        problem = self.problem()
+        if problem:
+            raise ValueError(problem)
+        if self.repetition_penalty == 1 and self.frequency_penalty == 0 and self.presence_penalty == 0:
+            object.__setattr__(self, "penalty_last_n", 64)  # no penalty, no window: equal samplers compare equal
+
+    def problem(self) -> str:
+        """What is wrong with these settings, in words; empty: nothing."""
+        finite = all(math.isfinite(x) for x in (self.temperature, self.top_p, self.min_p, self.repetition_penalty,
+                                                 self.frequency_penalty, self.presence_penalty))
+        if not finite:
+            return "sampler settings must be finite numbers"
+        if self.temperature < 0:
+            return f"temperature must be >= 0 (0: greedy), got {self.temperature}"
+        if self.top_k < 0:
+            return f"top_k must be >= 0 (0: off), got {self.top_k}"
+        if not 0 < self.top_p <= 1:
+            return f"top_p must be in (0, 1] (1: off), got {self.top_p}"
+        if not 0 <= self.min_p < 1:
+            return f"min_p must be in [0, 1) (0: off), got {self.min_p}"
+        if not self.repetition_penalty > 0:
+            return f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}"
+        if not -2 <= self.frequency_penalty <= 2 or not -2 <= self.presence_penalty <= 2:
+            return "frequency_penalty and presence_penalty must be between -2 and 2"
+        if self.penalty_last_n < -1:
+            return f"penalty_last_n must be >= -1 (-1: the whole context, 0: no penalties), got {self.penalty_last_n}"
+        bad = [t for t, b in self.logit_bias if t < 0 or not math.isfinite(b) or abs(b) > 100]
+        if bad:
+            return f"logit_bias takes token ids >= 0 with biases from -100 to 100; not token {bad[0]}"
+        return ""
+
+    # -- what the settings amount to --------------------------------------------------------------
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the context changes the logits (a penalty in effect over a window)."""
+        neutral = self.repetition_penalty == 1 and self.frequency_penalty == 0 and self.presence_penalty == 0
+        return not neutral and self.penalty_last_n != 0
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether steps 1-2 change any logit."""
+        return self.penalized or bool(self.logit_bias)
+
+    @property
+    def truncates(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
+
+    def features(self) -> tuple[str, ...]:
+        """The capabilities a verifier needs for these settings (its handshake's sampler features)."""
+        used = (self.top_k > 0, self.top_p < 1, self.min_p > 0, self.penalized, bool(self.logit_bias))
+        return tuple(name for name, on in zip(FEATURES, used) if on)
+
+    def describe(self) -> dict[str, object]:
+        """The settings that differ from no-op ones, by name (what --json outputs print)."""
+        if self.greedy:
+            out: dict[str, object] = {"temperature": 0.0}
+        else:
+            out = {"temperature": self.temperature}
+            out.update({k: v for k, v in (("top_k", self.top_k), ("top_p", self.top_p), ("min_p", self.min_p))
+                        if v != {"top_k": 0, "top_p": 1.0, "min_p": 0.0}[k]})
+        if self.penalized:
+            out.update(repetition_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
+                       presence_penalty=self.presence_penalty, penalty_last_n=self.penalty_last_n)
+        if self.logit_bias:
+            out["logit_bias"] = dict(self.logit_bias)
+        return out
+
+    # -- the transformation -----------------------------------------------------------------------
+
+    def adjusted(self, logits: np.ndarray, context: Sequence[int]) -> np.ndarray:
+        """Steps 1-2: the logits with the bias and the penalties (float64; the row itself, as it
+        is, when neither applies). `context`: the tokens before this position, oldest first."""
+        if not self.adjusts:
+            return logits
+        z = logits.astype(np.float64)
+        n = z.shape[0]
+        if self.logit_bias:
+            ids = np.fromiter((t for t, _ in self.logit_bias), np.int64)
+            bias = np.fromiter((b for _, b in self.logit_bias), np.float64)
+            inside = ids < n
+            z[ids[inside]] += bias[inside]
+        if self.penalized:
+            window = context if self.penalty_last_n < 0 else context[max(0, len(context) - self.penalty_last_n):]
+            if len(window):
+                ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+                keep = (ids >= 0) & (ids < n)
+                ids, counts = ids[keep], counts[keep]
+                seen = z[ids]
+                r = self.repetition_penalty
+                if r != 1:
+                    seen = np.where(seen > 0, seen / r, seen * r)
+                seen = seen - (self.frequency_penalty * counts + self.presence_penalty)
+                z[ids] = seen
+        return z
+
+    def best(self, logits: np.ndarray, context: Sequence[int] = ()) -> int:
+        """The greedy choice: the argmax after steps 1-2 (the lowest id among equals)."""
+        return int(np.argmax(self.adjusted(logits, context)))
+
+    def probs(self, logits: np.ndarray, context: Sequence[int] = ()) -> np.ndarray:
+        """The distribution over the whole row (float64, zeros where truncated). Greedy: all its
+        mass on `best`."""
+        z = self.adjusted(logits, context)
+        if self.greedy:
+            p = np.zeros(z.shape[0])
+            p[int(np.argmax(z))] = 1.0
+            return p
+        z = z.astype(np.float64) / self.temperature  # a copy: the caller's row stays as it was
+        top = float(z.max())
+        z -= top
+        if self.top_k and self.top_k < z.shape[0]:
+            z[z < _kth_largest(z, self.top_k)] = -np.inf  # equals of the k-th stay: the cut is by value
+        if self.min_p > 0:
+            z[z < math.log(self.min_p)] = -np.inf  # p_i >= min_p * p_max, as logits relative to the max
+        np.exp(z, out=z)
+        z /= z.sum()
+        if self.top_p < 1:
+            _nucleus(z, self.top_p)
+        return z
+
+    def window(self, context: Sequence[int]) -> list[int]:
+        """The part of the context the penalties read (empty: none do)."""
+        if not self.penalized:
+            return []
+        n = self.penalty_last_n
+        return list(context if n < 0 else context[max(0, len(context) - n):])
+
+    def row_context(self, window: Sequence[int], block: Sequence[int], j: int) -> Sequence[int]:
+        """The context of a block's row j: the window before the block, then block[:j]."""
+        return [*window, *block[:j]] if self.penalized else ()
+
+    def best_of_rows(self, logits: np.ndarray, context: Sequence[int], block: Sequence[int]) -> list[int]:
+        """`best` of each row of a block's logits (row j follows the context and block[:j])."""
+        if not self.adjusts:
+            return np.argmax(logits, axis=1).tolist()
+        window = self.window(context)
+        return [self.best(logits[j], self.row_context(window, block, j)) for j in range(logits.shape[0])]
+
+
+GREEDY = Sampler(temperature=0.0)  # the argmax of the plain logits
+
+
+def _kth_largest(z: np.ndarray, k: int) -> float:
+    """The k-th largest value of z (whose maximum is 0). Partitions only the values near the
+    top, widening the band until it holds k: a vocabulary's few likely tokens sit close to it."""
+    gap = 1.0
+    for _ in range(24):
+        near = z[z >= -gap]
+        if near.size >= k:
+            return float(np.partition(near, near.size - k)[near.size - k])
+        gap *= 4.0
+    return float(np.partition(z, z.shape[0] - k)[z.shape[0] - k])
+
+
+def _nucleus(p: np.ndarray, top_p: float) -> None:
+    """Keeps, in place, the fewest most likely tokens of `p` (which sums to 1) whose mass reaches
+    top_p, ordered by probability, then by id; renormalised. Sorts only the tokens above a
+    falling threshold, which soon holds the nucleus: it is rarely wide."""
+    floor = float(p.max())
+    while True:
+        floor /= 16.0
+        part = np.flatnonzero(p >= floor)  # every equal of a kept value is in: the set is by value
+        order = part[np.lexsort((part, -p[part]))]  # by probability, then by id
+        mass = np.cumsum(p[order])  # summed in order: the same partial sums as over the whole
+        if mass[-1] >= top_p or floor < 1e-300:
+            break
+    kept = order[: min(int(np.searchsorted(mass, top_p, side="left")) + 1, order.size)]
+    keep = np.zeros(p.shape[0], dtype=bool)
+    keep[kept] = True
+    p[~keep] = 0.0
+    p /= p.sum()
