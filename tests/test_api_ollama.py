@@ -86,6 +86,26 @@ def test_a_stop_string_ends_the_answer_before_it_whole_and_streamed(gemma_api):
     assert "".join(p.response for p in parts) == cut.response and parts[-1].done_reason == "stop"
 
 
+def test_top_k_1_samples_the_greedy_answer(gemma_api):
+    served, _ = gemma_api
+    api = _client(served)
+    greedy = api.generate(model=MODEL, prompt=PROMPT, options={**GREEDY, "num_predict": 12}).response
+    top1 = api.generate(model=MODEL, prompt=PROMPT, options={"temperature": 1.5, "top_k": 1, "num_predict": 12})
+    assert top1.response == greedy
+
+
+def test_penalties_reach_the_sampler_under_edgekits_names(gemma_api):
+    served, client = gemma_api
+    api = _client(served)
+    prompt = "1, 1, 1, 1, 1, 1, 1, 1,"
+    plain = api.generate(model=MODEL, prompt=prompt, options={**GREEDY, "num_predict": 8}).response
+    options = {"repeat_penalty": 1.8, "repeat_last_n": -1, "frequency_penalty": 0.5, "presence_penalty": 0.5}
+    penalized = api.generate(model=MODEL, prompt=prompt, options={**GREEDY, "num_predict": 8, **options}).response
+    expected = client.generate(prompt, max_tokens=8, mode="greedy", repetition_penalty=1.8, penalty_last_n=-1,
+                               frequency_penalty=0.5, presence_penalty=0.5).text()
+    assert penalized == expected != plain  # greedy decoding takes its argmax after the penalties
+
+
 def test_runtime_options_are_ignored_and_change_nothing(gemma_api):
     served, _ = gemma_api
     api = _client(served)
@@ -130,7 +150,9 @@ def test_errors_are_ollama_shaped_and_name_what_is_refused(gemma_api):
     assert missing.status_code == 404 and "llama3.2" in missing.error and MODEL in missing.error
     for options, named in (({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p"),
                            ({"num_predict": 0}, "num_predict"), ({"temperature": -1}, "temperature"),
-                           ({"seed": "x"}, "seed"), ({"stop": [""]}, "stop"), ({"rope_scale": 2}, "rope_scale")):
+                           ({"seed": "x"}, "seed"), ({"stop": [""]}, "stop"), ({"rope_scale": 2}, "rope_scale"),
+                           ({"top_p": 0}, "top_p"), ({"top_k": -1}, "top_k"), ({"min_p": 1}, "min_p"),
+                           ({"repeat_penalty": 0}, "repeat_penalty"), ({"repeat_last_n": -3}, "repeat_last_n")):
         refused = _refusal(lambda options=options: api.generate(model=MODEL, prompt="hi", options=options))
         assert refused.status_code == 400 and named in refused.error, (options, refused.error)
     for call, named in ((lambda: api.generate(model=MODEL, prompt="hi", format="json"), "format"),
@@ -171,6 +193,22 @@ def test_options_become_generation_settings():
     assert _parse({"prompt": "x", "options": {"num_predict": -2, "seed": 5}}).job.overrides["max_tokens"] == 64
     with pytest.raises(ApiError, match="num_predict"):
         _parse({"prompt": "x", "options": {"num_predict": 65}})
+
+
+def test_sampler_options_take_edgekits_names_and_greedy_keeps_only_the_penalties():
+    options = {"top_k": 40, "top_p": 0.9, "min_p": 0.05, "repeat_penalty": 1.1, "repeat_last_n": 32,
+               "frequency_penalty": 0.2, "presence_penalty": 0.1}
+    sampled = _parse({"prompt": "x", "options": {**options, "temperature": 0.7}}).job
+    assert sampled is not None and sampled.overrides == {
+        "mode": "sample", "temperature": 0.7, "max_tokens": 64, "seed": None, "top_k": 40, "top_p": 0.9,
+        "min_p": 0.05, "repetition_penalty": 1.1, "penalty_last_n": 32, "frequency_penalty": 0.2,
+        "presence_penalty": 0.1}
+    greedy = _parse({"prompt": "x", "options": {**options, "temperature": 0}}).job
+    assert greedy is not None and greedy.overrides == {  # the truncations keep the argmax: nothing to do
+        "mode": "greedy", "max_tokens": 64, "seed": None, "repetition_penalty": 1.1, "penalty_last_n": 32,
+        "frequency_penalty": 0.2, "presence_penalty": 0.1}
+    with pytest.raises(ApiError, match="option 'top_k'"):
+        _parse({"prompt": "x", "options": {"temperature": 0, "top_k": -1}})  # refused, greedy or not
 
 
 def test_a_model_with_a_chat_template_gets_the_generate_prompt_as_the_users_turn():

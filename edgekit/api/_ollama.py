@@ -19,9 +19,10 @@ Options honoured: `temperature` (0: greedy, the target's exact argmax; above 0: 
 speculative sampling; absent: Ollama's 0.8), `top_k`, `top_p`, `min_p`, `repeat_penalty`,
 `repeat_last_n`, `frequency_penalty`, `presence_penalty` (edgekit's sampler; absent: off, as in
 `edgekit generate`, not Ollama's defaults top_k 40, top_p 0.9 and repeat_penalty 1.1, so the
-text is the target's own distribution's unless asked otherwise; greedy decoding keeps the most
-likely token, which top_k, top_p and min_p never drop), `num_predict` (absent, -1 or -2: the
-most `edgekit api --max-tokens` allows), `seed` (negative: a random one), `stop`.
+text is the target's own distribution's unless asked otherwise; greedy decoding takes the most
+likely token after the penalties, which top_k, top_p and min_p never drop), `num_predict`
+(absent, -1 or -2: the most `edgekit api --max-tokens` allows), `seed` (negative: a random
+one), `stop`.
 
 Refused with a 400 that names them, since each would change the text and is not done here:
 the options `mirostat` (but 0), `typical_p` and `tfs_z` (but 1), and options Ollama does not
@@ -226,8 +227,6 @@ def _check(name: str, field: str, value: Any) -> None:
         GenerationConfig(mode="sample", **{field: value})
     except ConfigError as exc:
         raise ApiError(400, f"option '{name}': {exc}", param=name) from None
-    except TypeError:  # a GenerationConfig without that field
-        raise ApiError(400, f"option '{name}' is not supported by this edgekit", param=name) from None
 
 
 def timestamp() -> str:
