@@ -1,4 +1,4 @@
-"""`edgekit api`: an OpenAI-compatible endpoint on this device (drafts here, verifies there)."""
+"""`edgekit api`: an OpenAI- and Ollama-compatible endpoint on this device (drafts here, verifies there)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,10 @@ def api(
     token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
     timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, in seconds."),
 ) -> None:
-    """Serve the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions, streaming or not) on this
-    device: point any OpenAI client at http://HOST:PORT/v1. Speculation figures come with the usage."""
+    """Serve the OpenAI API (/v1/models, /v1/completions, /v1/chat/completions, streaming or not) and
+    Ollama's (/api/generate, /api/chat, /api/tags, /api/show, /api/ps, /api/version) on this device:
+    point any OpenAI client at http://HOST:PORT/v1, any Ollama client at http://HOST:PORT.
+    Speculation figures come with the OpenAI usage."""
     from edgekit import ClientConfig, EdgeClient, ServerConfig
     from edgekit.api import create_app
 
@@ -46,5 +48,6 @@ def api(
         info = client.server_info()
         where = client.local_verifier_address or client.transport.address
         note(f"edgekit api: {info.target_model} verified at {where}, drafted with {client.draft.name}; "
-             f"OpenAI API on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""))
+             f"OpenAI API on http://{host}:{port}/v1, Ollama's on http://{host}:{port}"
+             + (" (API key required)" if api_key else ""))
         uvicorn.run(app, host=host, port=port, log_level="warning")

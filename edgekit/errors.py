@@ -19,7 +19,7 @@ where they happen, and the message says what to do about it::
     ├── InferenceError               llama.cpp failed a decode or a tokenization
     │   └── KVCacheFullError         no free KV cells for a batch
     ├── HiddenStateError             hidden states that do not fit the round
-    ├── ApiError                     edgekit api's answer to a request: an HTTP status, OpenAI's error shape
+    ├── ApiError                     edgekit api's answer to a request: an HTTP status, OpenAI's or Ollama's error shape
     └── VerifierError                anything the verifier (or the way to it) said
         ├── VerifierUnavailableError cannot reach it, or it missed the deadline
         ├── AuthenticationError      the token was refused
@@ -124,7 +124,8 @@ class InsufficientMemoryError(ModelLoadError):
 
 class ApiError(EdgekitError):
     """An error `edgekit api` answers a request with: its HTTP status and the fields of OpenAI's
-    error object (type, param, code), and a Retry-After where waiting helps."""
+    error object (type, param, code; Ollama's has the message only), and a Retry-After where
+    waiting helps."""
 
     def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, retry_after: float | None = None) -> None:

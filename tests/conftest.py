@@ -1,4 +1,5 @@
-"""Shared fixtures: the real gemma pair behind a real gRPC verifier on loopback.
+"""Shared fixtures: the real gemma pair behind a real gRPC verifier on loopback, and `edgekit
+api` over it.
 
 Model files come from the cache (`edgekit models pull gemma-270m`; .ci/run does
 it). A missing model is an error, not a skip: a skipped integration suite
@@ -54,6 +55,43 @@ def gemma_draft(gemma_paths):
     draft = LlamaDraftModel(gemma_paths[0], name="gemma-3-270m-q4_0", n_ctx=2048)
     yield draft
     draft.close()
+
+
+@pytest.fixture(scope="module")
+def gemma_api(gemma_server):
+    """`edgekit api` over the gemma pair (API key "sekret", two requests at a time), and its client."""
+    from _served import Served
+
+    from edgekit import EdgeClient
+    from edgekit.api import create_app
+
+    client = EdgeClient(gemma_server.address, draft_slots=3)
+    served = Served(create_app(client, api_key="sekret", concurrency=2))
+    yield served, client
+    served.stop()
+    client.close()
+
+
+@pytest.fixture()
+def api_verifier_gone():
+    """`edgekit api` over a toy verifier that has stopped since it started: the server, and the
+    name of the model it serves."""
+    from _served import Served
+
+    from edgekit import EdgeClient
+    from edgekit.api import create_app
+    from edgekit.testing import FakeDraftModel, ToyLanguageModel
+    from edgekit.verifier import ToyEngine
+
+    lm = ToyLanguageModel(seed=2)
+    server = VerifierServer(ToyEngine(lm, n_seq=4, max_context=256), ServerConfig(port=0, max_sessions=4)).start()
+    client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=2, noise=0.5)),
+                        config=ClientConfig(timeout=2, connect_timeout=2, retry_for=0))
+    served = Served(create_app(client))
+    server.stop()
+    yield served, lm.name
+    served.stop()
+    client.close()
 
 
 @pytest.fixture()

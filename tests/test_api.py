@@ -5,49 +5,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
 
 import openai
 import pytest
-import uvicorn
+from _served import Served
 
-from edgekit import ClientConfig, EdgeClient, ServerConfig
+from edgekit import EdgeClient, ServerConfig
 from edgekit.api import create_app
 from edgekit.testing import FakeDraftModel, ToyLanguageModel
 from edgekit.verifier import ToyEngine, VerifierServer
-
-
-class _Served:
-    """An app on a free loopback port, served by uvicorn on a thread."""
-
-    def __init__(self, app) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the API did not start"
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def gemma_api(gemma_server):
-    client = EdgeClient(gemma_server.address, draft_slots=3)
-    served = _Served(create_app(client, api_key="sekret", concurrency=2))
-    yield served, client
-    served.stop()
-    client.close()
 
 
 def _openai(url: str, key: str = "sekret") -> openai.OpenAI:
@@ -100,7 +69,7 @@ def test_errors_are_openai_shaped_with_the_right_status(gemma_api):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         api.completions.create(model="gpt-4", prompt="hi", max_tokens=4)
     with pytest.raises(openai.BadRequestError, match="top_p"):
-        api.completions.create(model="gemma-3-270m", prompt="hi", max_tokens=4, top_p=0.5)
+        api.completions.create(model="gemma-3-270m", prompt="hi", max_tokens=4, top_p=1.5)
     with pytest.raises(openai.BadRequestError, match="only n=1"):
         api.chat.completions.create(model="gemma-3-270m", messages=[{"role": "user", "content": "x"}], n=2)
     with pytest.raises(openai.AuthenticationError):
@@ -119,21 +88,11 @@ def test_curl_gets_server_sent_events(gemma_api):
     assert all(json.loads(e)["object"] == "text_completion" for e in events[:-1])
 
 
-def test_an_unreachable_verifier_is_a_503_with_retry_after():
-    lm = ToyLanguageModel(seed=2)
-    server = VerifierServer(ToyEngine(lm, n_seq=4, max_context=256), ServerConfig(port=0, max_sessions=4)).start()
-    client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=2, noise=0.5)),
-                        config=ClientConfig(timeout=2, connect_timeout=2, retry_for=0))
-    served = _Served(create_app(client))
-    try:
-        server.stop()
-        api = _openai(served.url, key="none")
-        with pytest.raises(openai.APIStatusError) as info:
-            api.completions.create(model=lm.name, prompt=[1, 2, 3], max_tokens=4)
-        assert info.value.status_code == 503 and info.value.response.headers["retry-after"]
-    finally:
-        served.stop()
-        client.close()
+def test_an_unreachable_verifier_is_a_503_with_retry_after(api_verifier_gone):
+    served, model = api_verifier_gone
+    with pytest.raises(openai.APIStatusError) as info:
+        _openai(served.url, key="none").completions.create(model=model, prompt=[1, 2, 3], max_tokens=4)
+    assert info.value.status_code == 503 and info.value.response.headers["retry-after"]
 
 
 def test_concurrent_requests_each_get_their_own_answer(gemma_api):
@@ -169,7 +128,7 @@ def test_requests_beyond_the_queue_are_answered_429():
     slow = ToyEngine(lm, n_seq=4, max_context=512, cost=cost)
     server = VerifierServer(slow, ServerConfig(port=0, max_sessions=4)).start()
     client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=4, noise=0.5)))
-    served = _Served(create_app(client, concurrency=1, queue=0))
+    served = Served(create_app(client, concurrency=1, queue=0))
     try:
         api = _openai(served.url, key="none")
         statuses: list[int] = []

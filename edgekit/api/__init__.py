@@ -1,6 +1,6 @@
-"""An OpenAI-compatible HTTP endpoint on the device (`edgekit api`): any app that speaks the
-OpenAI API drafts here and verifies on the verifier. Needs the `api` extra (Starlette,
-uvicorn)."""
+"""An OpenAI- and Ollama-compatible HTTP endpoint on the device (`edgekit api`): any app that
+speaks the OpenAI API (/v1) or Ollama's (/api) drafts here and verifies on the verifier. Needs
+the `api` extra (Starlette, uvicorn)."""
 
 from __future__ import annotations
 

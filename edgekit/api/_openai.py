@@ -22,9 +22,9 @@ from typing import Any
 
 from ..client import GenerationStats
 from ..errors import ApiError
-from ..protocol import Sampler
+from ._answer import Job, finish_reason, sampling_fields
 
-__all__ = ["ApiError", "Request", "chunk", "completion", "error_body", "parse", "usage"]
+__all__ = ["ApiError", "Chunks", "Request", "chunk", "completion", "error_body", "parse", "usage"]
 
 _SAMPLER = ("top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
 _COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "n", "stream",
@@ -57,6 +57,10 @@ class Request:
         if mode == "sample":
             gen["temperature"] = self.temperature
         return gen
+
+    @property
+    def job(self) -> Job:
+        return Job(self.prompt, self.kind == "chat", self.overrides(), self.stop)
 
 
 def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: int, vocab_size: int) -> Request:
@@ -122,44 +126,7 @@ def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: in
     user = body.get("user")
     return Request(kind, model, prompt, max_tokens, float(temperature), seed, stops, bool(body.get("stream")),
                    bool(options.get("include_usage")), user if isinstance(user, str) else None,
-                   sampling_fields(body, vocab_size))
-
-
-def sampling_fields(body: dict, vocab_size: int, names: dict[str, str] | None = None) -> dict[str, Any]:
-    """The sampler settings of a request body, checked, as GenerationConfig's fields; `names` maps
-    the body's names to those fields (default: OpenAI's and vLLM's, which are the same). ApiError
-    (400, naming the setting) for a value the sampler refuses."""
-    names = names or {n: n for n in _SAMPLER}
-    out: dict[str, Any] = {}
-    for name, field_name in names.items():
-        value = body.get(name)
-        if value is None:
-            continue
-        if field_name == "logit_bias":
-            if not isinstance(value, dict):
-                raise ApiError(400, f"'{name}' must map token ids (as strings) to biases", param=name)
-            try:
-                bias = {int(k): float(v) for k, v in value.items() if not isinstance(v, bool)}
-            except (TypeError, ValueError):
-                raise ApiError(400, f"'{name}' must map token ids (as strings) to numbers", param=name) from None
-            if len(bias) != len(value) or any(not 0 <= t < vocab_size for t in bias):
-                raise ApiError(400, f"'{name}' names a token that is not below {vocab_size}", param=name)
-            out[field_name] = bias
-        elif field_name in ("top_k", "penalty_last_n"):
-            if not _int(value):
-                raise ApiError(400, f"'{name}' must be an integer", param=name)
-            out[field_name] = 0 if field_name == "top_k" and value == -1 else value  # vLLM's -1: every token
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ApiError(400, f"'{name}' must be a number", param=name)
-        else:
-            out[field_name] = float(value)
-    settings: dict[str, Any] = {k: tuple(v.items()) if k == "logit_bias" else v for k, v in out.items()}
-    try:
-        Sampler(**settings)
-    except ValueError as e:
-        named = next((n for n, f in names.items() if f in out and f.split("_")[0] in str(e)), next(iter(out)))
-        raise ApiError(400, f"'{named}': {e}", param=named) from None
-    return out
+                   sampling_fields(body, vocab_size, {n: n for n in _SAMPLER}))
 
 
 def _int(x: object) -> bool:
@@ -197,22 +164,39 @@ def usage(stats: GenerationStats) -> dict:
     }
 
 
-def _finish(reason: str | None) -> str:
-    """OpenAI's finish reason for edgekit's (eos, length, context, stopped, or a stop string's "stop")."""
-    return "length" if reason in ("length", "context") else "stop"
-
-
-def completion(req: Request, rid: str, text: str, finish: str | None, stats: GenerationStats | None) -> dict:
-    choice: dict = {"index": 0, "finish_reason": _finish(finish), "logprobs": None}
+def completion(req: Request, text: str, stats: GenerationStats | None) -> dict:
+    """The whole answer."""
+    choice: dict = {"index": 0, "finish_reason": finish_reason(stats.finish_reason if stats else None),
+                    "logprobs": None}
     if req.kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
     else:
         choice["text"] = text
-    out: dict[str, Any] = {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion",
-           "created": int(time.time()), "model": req.model, "choices": [choice]}
+    out: dict[str, Any] = {"id": new_id(req.kind),
+                           "object": "chat.completion" if req.kind == "chat" else "text_completion",
+                           "created": int(time.time()), "model": req.model, "choices": [choice]}
     if stats is not None:
         out["usage"] = usage(stats)
     return out
+
+
+class Chunks:
+    """A streamed answer's chunks, piece by piece: the first carries the role (even of an empty
+    answer), the last the finish, and then the usage where it was asked for."""
+
+    def __init__(self, req: Request) -> None:
+        self.req, self.rid, self.first = req, new_id(req.kind), True
+
+    def __call__(self, text: str, stats: GenerationStats | None) -> list[dict]:
+        out = []
+        if text or self.first:
+            out.append(chunk(self.req, self.rid, text=text, first=self.first))
+            self.first = False
+        if stats is not None:
+            out.append(chunk(self.req, self.rid, done=True, finish=stats.finish_reason))
+            if self.req.include_usage:
+                out.append(chunk(self.req, self.rid, stats=stats))
+        return out
 
 
 def chunk(req: Request, rid: str, *, text: str | None = None, first: bool = False, finish: str | None = None,
@@ -224,7 +208,7 @@ def chunk(req: Request, rid: str, *, text: str | None = None, first: bool = Fals
         out["choices"] = []
         out["usage"] = usage(stats)
         return out
-    choice: dict = {"index": 0, "finish_reason": _finish(finish) if done else None, "logprobs": None}
+    choice: dict = {"index": 0, "finish_reason": finish_reason(finish) if done else None, "logprobs": None}
     if req.kind == "chat":
         delta: dict = {}
         if first:

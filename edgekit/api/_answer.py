@@ -1,0 +1,197 @@
+"""One answer, whichever API asked for it: the generation a request asks for (`Job`), the
+admission of requests (`Gate`), and the answer's text as it comes, cut at the first stop
+string, with its figures last (`pieces`); edgekit's errors come out as the API's (`ApiError`).
+The OpenAI and the Ollama shapes (`_openai`, `_ollama`) read their requests into a `Job` and
+frame what `pieces` yields.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..client import EdgeClient, FinalStats, GenerationStats, GenerationStream, RoundEvent, TextDelta
+from ..errors import ApiError, ConfigError, EdgekitError, LimitExceededError, VerifierUnavailableError
+from ..protocol import Sampler
+
+__all__ = ["Gate", "Job", "Piece", "finish_reason", "pieces", "sampling_fields"]
+
+Piece = tuple[str, "GenerationStats | None"]  # text to send, and the stats once the answer is done
+
+
+@dataclass(frozen=True)
+class Job:
+    """The generation one request asks for: a prompt (text or token ids), or, with `chat`, the
+    messages the model's chat template renders; GenerationConfig fields; stop strings."""
+
+    prompt: str | list[int] | list[dict]
+    chat: bool
+    overrides: dict[str, Any]
+    stop: tuple[str, ...] = ()
+
+
+class Gate:
+    """`limit` requests at a time and `queue` waiting; beyond that, refused."""
+
+    def __init__(self, limit: int, queue: int) -> None:
+        self._slots = threading.BoundedSemaphore(limit)
+        self._lock = threading.Lock()
+        self._admitted = 0
+        self._cap = limit + queue
+
+    def admit(self) -> None:
+        with self._lock:
+            if self._admitted >= self._cap:
+                raise ApiError(429, "too many requests in flight; try again shortly", kind="rate_limit_error",
+                               code="rate_limit_exceeded", retry_after=1.0)
+            self._admitted += 1
+
+    def acquire(self) -> None:
+        self._slots.acquire()
+
+    def release(self, *, held: bool) -> None:
+        if held:
+            self._slots.release()
+        with self._lock:
+            self._admitted -= 1
+
+
+def pieces(client: EdgeClient, gate: Gate, job: Job) -> Iterator[Piece]:
+    """The answer's text as it comes, cut at the first stop string; the stats last. Runs on a
+    worker thread, holding one of the gate's slots (the request was admitted already)."""
+    held = False
+    try:
+        gate.acquire()
+        held = True
+        started = time.perf_counter()
+        with _mapped():
+            stream = _start(client, job)
+            with stream:
+                text, sent = "", 0
+                rounds = GenerationStats(mode=job.overrides["mode"], draft_k=0)
+                for ev in stream:
+                    if isinstance(ev, RoundEvent):
+                        rounds.add_round(ev.stats)
+                    elif isinstance(ev, TextDelta):
+                        text += ev.text
+                        cut = _stop_at(text, job.stop, sent)
+                        if cut is not None:  # a stop string: the text before it, and the generation ends
+                            yield text[sent:cut], None
+                            for rest in stream:  # this round's figures come after its text
+                                if isinstance(rest, RoundEvent):
+                                    rounds.add_round(rest.stats)
+                                    break
+                            stream.close()
+                            # what a stopped stream counted is gone with it (the time to open the
+                            # session too): its figures are those of the rounds and the text returned
+                            rounds.prompt_tokens = _prompt_tokens(client, job)
+                            rounds.completion_tokens = len(client.tokenize(text[:cut], special=False))
+                            rounds.elapsed_s = time.perf_counter() - started
+                            rounds.finish_reason = "stop"
+                            yield "", rounds
+                            return
+                        safe = _safe_end(text, job.stop)  # held back: what may begin a stop string
+                        if safe > sent:
+                            yield text[sent:safe], None
+                            sent = safe
+                    elif isinstance(ev, FinalStats):
+                        yield text[sent:], ev.stats
+    finally:
+        gate.release(held=held)
+
+
+def finish_reason(reason: str | None) -> str:
+    """The APIs' finish reason (OpenAI's and Ollama's alike) for edgekit's (eos, length,
+    context, stopped, or a stop string's "stop")."""
+    return "length" if reason in ("length", "context") else "stop"
+
+
+def _start(client: EdgeClient, job: Job) -> GenerationStream:
+    if job.chat:
+        return client.chat(job.prompt, **job.overrides)  # type: ignore[arg-type]
+    return client.generate(job.prompt, **job.overrides)  # type: ignore[arg-type]
+
+
+def _prompt_tokens(client: EdgeClient, job: Job) -> int:
+    if job.chat:
+        text = client.chat_template().render(job.prompt, add_generation_prompt=True)  # type: ignore[arg-type]
+        return len(client.tokenize(text))
+    return len(client.tokenize(job.prompt))  # type: ignore[arg-type]
+
+
+class _mapped:
+    """edgekit's errors as the API's: the verifier gone is 503 (retry), limits 400."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, (ApiError, GeneratorExit)):
+            return
+        retry = getattr(exc, "retry_after", None)
+        if isinstance(exc, VerifierUnavailableError):
+            raise ApiError(503, f"the verifier is unreachable: {exc}", kind="service_unavailable",
+                           code="verifier_unavailable", retry_after=retry or 5.0) from exc
+        if isinstance(exc, LimitExceededError) and retry is not None:  # the verifier is full for now
+            raise ApiError(429, f"the verifier is busy: {exc}", kind="rate_limit_error", code="verifier_busy",
+                           retry_after=retry) from exc
+        if isinstance(exc, (LimitExceededError, ConfigError)):
+            raise ApiError(400, str(exc)) from exc
+        if isinstance(exc, EdgekitError):
+            raise ApiError(500, str(exc), kind="server_error") from exc
+
+
+def _stop_at(text: str, stops: tuple[str, ...], sent: int) -> int | None:
+    """Where the first stop string in `text` begins (searching from what may overlap `sent`)."""
+    hits = [i for s in stops if (i := text.find(s, max(0, sent - len(s) + 1))) >= 0]
+    return min(hits) if hits else None
+
+
+def _safe_end(text: str, stops: tuple[str, ...]) -> int:
+    """How much of `text` can be sent: all but a tail that may be the start of a stop string."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return len(text) - hold
+
+
+def sampling_fields(body: dict, vocab_size: int, names: dict[str, str]) -> dict[str, Any]:
+    """The sampler settings of a request body (or Ollama's options), checked, as GenerationConfig's
+    fields; `names` maps the API's names to those fields. ApiError (400, naming the API's setting)
+    for a value the sampler refuses."""
+    out: dict[str, Any] = {}
+    for name, field_name in names.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if field_name == "logit_bias":
+            if not isinstance(value, dict):
+                raise ApiError(400, f"'{name}' must map token ids (as strings) to biases", param=name)
+            try:
+                bias = {int(k): float(v) for k, v in value.items() if not isinstance(v, bool)}
+            except (TypeError, ValueError):
+                raise ApiError(400, f"'{name}' must map token ids (as strings) to numbers", param=name) from None
+            if len(bias) != len(value) or any(not 0 <= t < vocab_size for t in bias):
+                raise ApiError(400, f"'{name}' names a token that is not below {vocab_size}", param=name)
+            out[field_name] = bias
+        elif field_name in ("top_k", "penalty_last_n"):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ApiError(400, f"'{name}' must be an integer", param=name)
+            out[field_name] = 0 if field_name == "top_k" and value == -1 else value  # vLLM's -1: every token
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ApiError(400, f"'{name}' must be a number", param=name)
+        else:
+            out[field_name] = float(value)
+    settings: dict[str, Any] = {k: tuple(v.items()) if k == "logit_bias" else v for k, v in out.items()}
+    try:
+        Sampler(**settings)
+    except ValueError as e:
+        named = next((n for n, f in names.items() if f in out and f.split("_")[0] in str(e)), next(iter(out)))
+        raise ApiError(400, f"'{named}': {e}", param=named) from None
+    return out
