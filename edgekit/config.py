@@ -59,6 +59,10 @@ class GenerationConfig:
     presence_penalty: float = 0.0
     penalty_last_n: int = 64
     logit_bias: Mapping[int, float] | None = None  # token id -> added to its logit
+    # The target's log-probability of each output token (raw: before the sampler), with this many
+    # likeliest alternatives (0-20), as the verifier computes them; None: not asked (they cost it
+    # a pass over the vocabulary per token). In each TextDelta and in FinalStats.
+    logprobs: int | None = None
     # The draft may sample at its own temperature: speculative sampling stays
     # lossless for any draft distribution, only acceptance changes. None: same.
     draft_temperature: float | None = None
@@ -133,6 +137,8 @@ class GenerationConfig:
             raise ConfigError(
                 "semantic mode judges the target's plain top-1 token: it takes no penalties or logit_bias"
             )
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ConfigError(f"logprobs must be between 0 and 20 alternatives, got {self.logprobs}")
         if self.draft_temperature is not None and not self.draft_temperature > 0:
             raise ConfigError(f"draft_temperature must be > 0, got {self.draft_temperature}")
         if not 1 <= self.draft_k <= 64:

@@ -475,9 +475,10 @@ class ScriptedTransport:
         seed: int,
         max_tokens: int,
         slo: SpeedObjective = SpeedObjective(),
+        logprobs: int = -1,
     ) -> Iterator[GeneratedToken]:
         # A generator, as the other transports': the call is made when the stream is first read.
-        yield from self._call("generate", prompt_tokens=prompt_tokens, mode=mode, sampler=sampler,
+        yield from self._call("generate", prompt_tokens=prompt_tokens, mode=mode, sampler=sampler, logprobs=logprobs,
                               seed=seed, max_tokens=max_tokens, slo=slo)
 
     def close(self) -> None:

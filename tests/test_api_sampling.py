@@ -58,7 +58,8 @@ def test_greedy_takes_the_penalties_and_the_bias_and_top_k_1_is_greedy(gemma_api
 @pytest.mark.parametrize(("setting", "value", "named"), [
     ("top_p", 0.0, "top_p"), ("frequency_penalty", 3.0, "frequency_penalty"),
     ("logit_bias", {"99999999": 1.0}, "logit_bias"), ("logit_bias", {"5": 500}, "logit_bias"),
-    ("top_k", -5, "top_k"), ("repetition_penalty", 0.0, "repetition_penalty"), ("logprobs", 2, "logprobs"),
+    ("top_k", -5, "top_k"), ("repetition_penalty", 0.0, "repetition_penalty"), ("logprobs", 25, "logprobs"),
+    ("top_logprobs", 2, "top_logprobs"),
 ])
 def test_a_setting_out_of_range_is_a_400_naming_it(gemma_api, setting, value, named):
     served, _ = gemma_api
@@ -66,3 +67,25 @@ def test_a_setting_out_of_range_is_a_400_naming_it(gemma_api, setting, value, na
         _api(served.url).completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=4,
                                             extra_body={setting: value})
     assert e.value.body["param"] == named and named in e.value.body["message"]
+
+
+def test_logprobs_are_the_targets_and_come_only_when_asked(gemma_api):
+    served, client = gemma_api
+    api = _api(served.url)
+    plain = api.completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=10, temperature=0)
+    assert plain.choices[0].logprobs is None
+    out = api.completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=10, temperature=0, logprobs=3)
+    ours = client.generate(PROMPT, mode="greedy", max_tokens=10, logprobs=3).until_done()
+    lp = out.choices[0].logprobs
+    assert "".join(lp.tokens) == out.choices[0].text == ours.text
+    assert lp.token_logprobs == [t.logprob for t in ours.logprobs]
+    assert [len(top) for top in lp.top_logprobs] == [3] * 10 and lp.text_offset[0] == 0
+    streamed = api.completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=10, temperature=0,
+                                      logprobs=3, stream=True)
+    values = [v for c in streamed if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert values == lp.token_logprobs
+    chat = api.chat.completions.create(model="gemma-3-270m", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.logprob for c in content)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..client import EdgeClient, FinalStats, GenerationStats, GenerationStream, RoundEvent, TextDelta
 from ..errors import ApiError, ConfigError, EdgekitError, LimitExceededError, VerifierUnavailableError
-from ..protocol import Sampler
+from ..protocol import Sampler, TokenLogprobs
 
 __all__ = ["Gate", "Job", "Piece", "finish_reason", "pieces", "sampling_fields"]
 
@@ -31,6 +31,9 @@ class Job:
     chat: bool
     overrides: dict[str, Any]
     stop: tuple[str, ...] = ()
+    # where the output's (token id, the target's log-probabilities) go as they come, when asked
+    # (overrides["logprobs"]); cut with the text at a stop string
+    logprobs: list[tuple[int, TokenLogprobs]] | None = None
 
 
 class Gate:
@@ -76,6 +79,8 @@ def pieces(client: EdgeClient, gate: Gate, job: Job) -> Iterator[Piece]:
                     if isinstance(ev, RoundEvent):
                         rounds.add_round(ev.stats)
                     elif isinstance(ev, TextDelta):
+                        if job.logprobs is not None:
+                            job.logprobs.extend(zip(ev.token_ids, ev.logprobs))
                         text += ev.text
                         cut = _stop_at(text, job.stop, sent)
                         if cut is not None:  # a stop string: the text before it, and the generation ends
@@ -89,6 +94,8 @@ def pieces(client: EdgeClient, gate: Gate, job: Job) -> Iterator[Piece]:
                             # session too): its figures are those of the rounds and the text returned
                             rounds.prompt_tokens = _prompt_tokens(client, job)
                             rounds.completion_tokens = len(client.tokenize(text[:cut], special=False))
+                            if job.logprobs is not None:  # those of the tokens before the stop string
+                                del job.logprobs[rounds.completion_tokens:]
                             rounds.elapsed_s = time.perf_counter() - started
                             rounds.finish_reason = "stop"
                             yield "", rounds

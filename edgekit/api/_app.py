@@ -70,6 +70,9 @@ def create_app(
     concurrency = max(1, min(concurrency, MAX_IN_FLIGHT))
     gate = Gate(concurrency, max(0, min(queue, MAX_IN_FLIGHT - concurrency)))
 
+    def text_of(token: int) -> str:
+        return client.draft.detokenize([token])
+
     def check_key(request: HttpRequest) -> None:
         if api_key is None:
             return
@@ -82,7 +85,8 @@ def create_app(
     def openai(kind: str) -> _Api:
         return _Api(read=partial(_openai.parse, kind, models=models, max_tokens_limit=max_tokens,
                                  vocab_size=client.draft.n_vocab),
-                    error=_openai.error_body, whole=_openai.completion, frames=_openai.Chunks, frame=_sse,
+                    error=_openai.error_body, whole=partial(_openai.completion, text_of=text_of),
+                    frames=partial(_openai.Chunks, text_of=text_of), frame=_sse,
                     media_type="text/event-stream", end=b"data: [DONE]\n\n")
 
     def ollama(kind: str) -> _Api:

@@ -17,18 +17,20 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..client import GenerationStats
 from ..errors import ApiError
+from ..protocol import MAX_TOP_LOGPROBS, TokenLogprobs
 from ._answer import Job, finish_reason, sampling_fields
 
 __all__ = ["ApiError", "Chunks", "Request", "chunk", "completion", "error_body", "parse", "usage"]
 
 _SAMPLER = ("top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias")
 _COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "seed", "stop", "n", "stream",
-           "stream_options", "user", "logprobs", "echo", *_SAMPLER}
+           "stream_options", "user", "logprobs", "top_logprobs", "echo", *_SAMPLER}
 _FIELDS = {"completion": _COMMON | {"prompt", "suffix", "best_of"}, "chat": _COMMON | {"messages"}}
 
 
@@ -49,18 +51,24 @@ class Request:
     include_usage: bool
     user: str | None
     sampling: dict[str, Any] = field(default_factory=dict)  # GenerationConfig's sampler fields asked for
+    top_logprobs: int | None = None  # the target's log-probabilities with this many alternatives; None: not asked
+    # the output's (token id, log-probabilities), as the answer comes (`pieces` fills it)
+    tokens: list[tuple[int, TokenLogprobs]] = field(default_factory=list, compare=False)
 
     def overrides(self) -> dict[str, Any]:
         """GenerationConfig fields for this request."""
         mode = "greedy" if self.temperature == 0 else "sample"
         gen: dict[str, Any] = {"max_tokens": self.max_tokens, "mode": mode, "seed": self.seed, **self.sampling}
+        if self.top_logprobs is not None:
+            gen["logprobs"] = self.top_logprobs
         if mode == "sample":
             gen["temperature"] = self.temperature
         return gen
 
     @property
     def job(self) -> Job:
-        return Job(self.prompt, self.kind == "chat", self.overrides(), self.stop)
+        return Job(self.prompt, self.kind == "chat", self.overrides(), self.stop,
+                   self.tokens if self.top_logprobs is not None else None)
 
 
 def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: int, vocab_size: int) -> Request:
@@ -77,8 +85,7 @@ def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: in
     if model not in models:
         raise ApiError(404, f"the model '{model}' does not exist here; available: {', '.join(models)}",
                        param="model", code="model_not_found")
-    for name, allowed in (("logprobs", (None, False, 0)), ("echo", (None, False)), ("suffix", (None, "")),
-                          ("best_of", (None, 1))):
+    for name, allowed in (("echo", (None, False)), ("suffix", (None, "")), ("best_of", (None, 1))):
         if body.get(name) not in allowed:
             raise ApiError(400, f"'{name}' is not supported by speculative verification here", param=name)
     n = body.get("n", 1)
@@ -126,7 +133,51 @@ def parse(kind: str, body: Any, *, models: tuple[str, ...], max_tokens_limit: in
     user = body.get("user")
     return Request(kind, model, prompt, max_tokens, float(temperature), seed, stops, bool(body.get("stream")),
                    bool(options.get("include_usage")), user if isinstance(user, str) else None,
-                   sampling_fields(body, vocab_size, {n: n for n in _SAMPLER}))
+                   sampling_fields(body, vocab_size, {n: n for n in _SAMPLER}), _top_logprobs(kind, body))
+
+
+def _top_logprobs(kind: str, body: dict) -> int | None:
+    """How many alternatives the target's log-probabilities come with; None: not asked. A
+    completion asks with `logprobs: N`, a chat with `logprobs: true` and `top_logprobs: N`."""
+    asked, top = body.get("logprobs"), body.get("top_logprobs")
+    if kind == "completion":
+        if top is not None:
+            raise ApiError(400, "'top_logprobs' is a chat parameter; a completion asks with 'logprobs': N",
+                           param="top_logprobs")
+        if asked is None or asked is False:
+            return None
+        top, name = asked, "logprobs"
+    else:
+        if not isinstance(asked, bool) and asked is not None:
+            raise ApiError(400, "'logprobs' must be true or false", param="logprobs")
+        if not asked:
+            if top:
+                raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+            return None
+        top, name = top or 0, "top_logprobs"
+    if not _int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"'{name}' must be an integer from 0 to {MAX_TOP_LOGPROBS}", param=name)
+    return top
+
+
+def logprobs_object(req: Request, tokens: Sequence[tuple[int, TokenLogprobs]], text_of: Callable[[int], str],
+                    offset: int = 0) -> dict | None:
+    """OpenAI's `logprobs` of a choice for `tokens` (None where not asked): a completion's
+    tokens, token_logprobs, top_logprobs and text_offset from `offset`; a chat's content list."""
+    if req.top_logprobs is None:
+        return None
+    if req.kind == "chat":
+        def entry(tok: int, lp: float) -> dict:
+            text = text_of(tok)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        return {"content": [{**entry(tok, t.logprob), "top_logprobs": [entry(i, v) for i, v in t.top]}
+                            for tok, t in tokens]}
+    texts = [text_of(tok) for tok, _ in tokens]
+    offsets = [offset + sum(len(x) for x in texts[:i]) for i in range(len(texts))]
+    return {"tokens": texts, "token_logprobs": [t.logprob for _, t in tokens],
+            "top_logprobs": [{text_of(i): v for i, v in t.top} for _, t in tokens] if req.top_logprobs else None,
+            "text_offset": offsets}
 
 
 def _int(x: object) -> bool:
@@ -164,10 +215,11 @@ def usage(stats: GenerationStats) -> dict:
     }
 
 
-def completion(req: Request, text: str, stats: GenerationStats | None) -> dict:
-    """The whole answer."""
+def completion(req: Request, text: str, stats: GenerationStats | None, *,
+               text_of: Callable[[int], str] = str) -> dict:
+    """The whole answer; `text_of` gives a token's text (for its log-probabilities)."""
     choice: dict = {"index": 0, "finish_reason": finish_reason(stats.finish_reason if stats else None),
-                    "logprobs": None}
+                    "logprobs": logprobs_object(req, req.tokens, text_of)}
     if req.kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -184,13 +236,18 @@ class Chunks:
     """A streamed answer's chunks, piece by piece: the first carries the role (even of an empty
     answer), the last the finish, and then the usage where it was asked for."""
 
-    def __init__(self, req: Request) -> None:
+    def __init__(self, req: Request, *, text_of: Callable[[int], str] = str) -> None:
         self.req, self.rid, self.first = req, new_id(req.kind), True
+        self.text_of, self.sent, self.offset = text_of, 0, 0  # tokens whose log-probabilities went, and their text
 
     def __call__(self, text: str, stats: GenerationStats | None) -> list[dict]:
         out = []
         if text or self.first:
-            out.append(chunk(self.req, self.rid, text=text, first=self.first))
+            new = self.req.tokens[self.sent:]
+            logprobs = logprobs_object(self.req, new, self.text_of, self.offset)
+            self.sent += len(new)
+            self.offset += sum(len(self.text_of(tok)) for tok, _ in new)
+            out.append(chunk(self.req, self.rid, text=text, first=self.first, logprobs=logprobs))
             self.first = False
         if stats is not None:
             out.append(chunk(self.req, self.rid, done=True, finish=stats.finish_reason))
@@ -200,7 +257,7 @@ class Chunks:
 
 
 def chunk(req: Request, rid: str, *, text: str | None = None, first: bool = False, finish: str | None = None,
-          done: bool = False, stats: GenerationStats | None = None) -> dict:
+          done: bool = False, stats: GenerationStats | None = None, logprobs: dict | None = None) -> dict:
     """One server-sent event's data: a piece of text, the finish, or (choices empty) the usage."""
     out: dict = {"id": rid, "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
                  "created": int(time.time()), "model": req.model}
@@ -208,7 +265,7 @@ def chunk(req: Request, rid: str, *, text: str | None = None, first: bool = Fals
         out["choices"] = []
         out["usage"] = usage(stats)
         return out
-    choice: dict = {"index": 0, "finish_reason": finish_reason(finish) if done else None, "logprobs": None}
+    choice: dict = {"index": 0, "finish_reason": finish_reason(finish) if done else None, "logprobs": logprobs}
     if req.kind == "chat":
         delta: dict = {}
         if first:

@@ -12,7 +12,9 @@ the first sets the time to first token; `finish` closes the count into the strea
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
+from ..protocol import TokenLogprobs
 from ..runtime import device_load, process_cpu_seconds
 from ._events import FinalStats, Resumed, RoundEvent, TextDelta
 from ._metrics import GenerationStats
@@ -29,6 +31,7 @@ class StatsAccumulator:
     def __init__(self, stats: GenerationStats, decoder: TextDecoder) -> None:
         self.stats = stats
         self.token_ids: list[int] = []
+        self.logprobs: tuple[TokenLogprobs, ...] = ()
         self._decoder = decoder
         self._parts: list[str] = []
         self.start()
@@ -40,12 +43,14 @@ class StatsAccumulator:
         """Wall time of the generation so far, the session's opening included."""
         return time.perf_counter() - self._t0 + self.stats.prefill_ms / 1e3
 
-    def output(self, token_ids: list[int]) -> TextDelta:
-        """The output grows by `token_ids`: counted, and the text they complete."""
+    def output(self, token_ids: list[int], logprobs: Sequence[TokenLogprobs] = ()) -> TextDelta:
+        """The output grows by `token_ids` (with the target's log-probabilities of them, when
+        asked): counted, and the text they complete."""
         if token_ids and self.stats.time_to_first_token_ms is None:
             self.stats.time_to_first_token_ms = self.elapsed_s() * 1e3
         self.token_ids += token_ids
-        delta = TextDelta(self._decoder.feed(token_ids), tuple(token_ids))
+        delta = TextDelta(self._decoder.feed(token_ids), tuple(token_ids), logprobs=tuple(logprobs))
+        self.logprobs += delta.logprobs
         self._parts.append(delta.text)
         return delta
 
@@ -74,7 +79,7 @@ class StatsAccumulator:
         stats.elapsed_s = self.elapsed_s()
         stats.finish_reason = reason
         stats.device = device_load(self._cpu0, time.perf_counter() - self._t0).as_dict()
-        return FinalStats(stats, tuple(self.token_ids), "".join(self._parts))
+        return FinalStats(stats, tuple(self.token_ids), "".join(self._parts), logprobs=tuple(self.logprobs))
 
     def stopped(self) -> GenerationStats | None:
         """The figures of a generation its consumer stopped before the end (finish reason

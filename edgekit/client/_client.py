@@ -325,9 +325,10 @@ class EdgeClient:
                 seed=seed,
                 max_tokens=gen.max_tokens,
                 slo=SpeedObjective(gen.slo_class, gen.target_speed),
+                logprobs=-1 if gen.logprobs is None else gen.logprobs,
             ):
                 progress.add_target_token(t.decode_ms)
-                yield progress.output([t.token])
+                yield progress.output([t.token], (t.logprobs,) if t.logprobs is not None else ())
                 finish = t.finish_reason or finish
             tail = progress.flush()
             if tail is not None:  # streamed, as a session's stream does

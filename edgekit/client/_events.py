@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..protocol import TokenLogprobs
 from ._metrics import GenerationStats, RoundStats
 
 __all__ = ["Event", "FinalStats", "Provisional", "Resumed", "RoundEvent", "TextDelta"]
@@ -18,6 +19,7 @@ class TextDelta:
     text: str
     token_ids: tuple[int, ...]
     type: Literal["text"] = "text"
+    logprobs: tuple[TokenLogprobs, ...] = ()  # the target's, one per token id, when asked (GenerationConfig.logprobs)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class FinalStats:
     token_ids: tuple[int, ...]
     text: str
     type: Literal["final"] = "final"
+    logprobs: tuple[TokenLogprobs, ...] = ()  # the target's, one per token id, when asked
 
 
 Event = TextDelta | RoundEvent | Resumed | Provisional | FinalStats

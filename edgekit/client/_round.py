@@ -21,7 +21,7 @@ import numpy as np
 from ..config import GenerationConfig
 from ..errors import ConfigError, ProtocolError
 from ..link import LinkEstimator, LinkPolicy
-from ..protocol import BlockRequest, Exchange, ServerInfo, VerifyResult
+from ..protocol import BlockRequest, Exchange, ServerInfo, TokenLogprobs, VerifyResult
 from ..transport import VerifierTransport
 from ._drafter import Drafter
 from ._events import Provisional
@@ -51,6 +51,7 @@ class Rounds:
         self.policy = policy
         self.index = 0
         self.budget = 0  # the draft budget the verifier assigned last (0: none)
+        self.logprobs: tuple[TokenLogprobs, ...] = ()  # the target's, of the last round's committed tokens
         # The link time the next round is expected to take (for the verifier's SLO budget, WISP eq. 6):
         # the last round's, and before any round the measured RTT.
         self.network_ms = link.state().rtt_ms
@@ -151,6 +152,7 @@ class Rounds:
                 f"committed {verdict.committed_length} on base {base}"
             )
         self.inflight = None
+        self.logprobs = verdict.logprobs  # the target's, of `new`, when the session asked
         keeps = self.drafter.commit(len(block), a, verdict.next_token, new)
         self.budget = verdict.next_budget
         self.drafter.controller.observe(len(block), a)
@@ -204,6 +206,11 @@ def check_supported(config: GenerationConfig, server: ServerInfo, address: str) 
         )
     if config.mode == "sample" and config.draft_top_k > server.max_draft_top_k:
         raise ConfigError(f"draft_top_k {config.draft_top_k} exceeds the verifier's {server.max_draft_top_k}")
+    if config.logprobs is not None and not server.max_top_logprobs:
+        raise ConfigError(f"the verifier at {address} does not return the target's log-probabilities")
+    if config.logprobs is not None and config.logprobs > server.max_top_logprobs:
+        raise ConfigError(f"logprobs {config.logprobs} exceeds the {server.max_top_logprobs} alternatives the "
+                          f"verifier at {address} returns per token")
     lacking = [f for f in config.sampler().features() if f not in server.sampler_features]
     if lacking:
         offers = ", ".join(server.sampler_features) or "the temperature only"

@@ -99,7 +99,7 @@ class SpeculativeSession:
         self._on_close = on_close
 
     # Settings the verifier knows about: changing one needs a new session.
-    _SERVER_SIDE = ("mode", "seed", "slo_class", "target_speed", "semantic_threshold")
+    _SERVER_SIDE = ("mode", "seed", "slo_class", "target_speed", "semantic_threshold", "logprobs")
     _DRAFTING = ("drafting", "draft_k", "max_window", "predictor", "predictor_threshold", "p_min")
 
     @property
@@ -177,6 +177,7 @@ class SpeculativeSession:
                 slo=SpeedObjective(self.config.slo_class, self.config.target_speed),
                 client_id=self.retry.client_id,
                 semantic_threshold=self.semantic_threshold,
+                logprobs=-1 if self.config.logprobs is None else self.config.logprobs,
             )
         )
         self.session_id = opened.session_id
@@ -339,7 +340,7 @@ class SpeculativeSession:
                 finish = "length"
             if finish is None and context_full:
                 finish = "context"
-            delta = progress.output(emitted)
+            delta = progress.output(emitted, self.rounds.logprobs[: len(emitted)])
             if delta.text or emitted:
                 yield delta
             if showing:  # what is still ahead of the output, or nothing

@@ -23,6 +23,7 @@ from ._acceptance import (
     top1_mismatches,
 )
 from ._hidden import ENCODINGS, EncodedHidden, bits_per_element, decode_hidden, encode_hidden, encoding_error
+from ._logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, token_logprobs
 from ._pb import verifier_pb2 as pb
 from ._pb import verifier_pb2_grpc as pb_grpc
 from ._sampler import FEATURES as SAMPLER_FEATURES
@@ -64,6 +65,7 @@ from ._wire import (
     hidden_to_pb,
     link_from_pb,
     link_to_pb,
+    logprobs_from_pb,
     mode_from_pb,
     open_request_from_pb,
     open_request_to_pb,
@@ -90,6 +92,7 @@ __all__ = [
     "FINISH_FROM_PB",
     "FINISH_TO_PB",
     "GREEDY",
+    "MAX_TOP_LOGPROBS",
     "MIN_PROTOCOL_VERSION",
     "MODE_FROM_PB",
     "MODE_TO_PB",
@@ -114,6 +117,7 @@ __all__ = [
     "SparseDistribution",
     "SpeedObjective",
     "Status",
+    "TokenLogprobs",
     "Verdict",
     "VerifyResult",
     "accept_greedy",
@@ -139,6 +143,7 @@ __all__ = [
     "hidden_to_pb",
     "link_from_pb",
     "link_to_pb",
+    "logprobs_from_pb",
     "mismatch_positions",
     "mode_from_pb",
     "open_request_from_pb",
@@ -153,6 +158,7 @@ __all__ = [
     "server_info_from_pb",
     "server_info_to_pb",
     "status_of",
+    "token_logprobs",
     "top1_mismatches",
     "verify_request_from_pb",
     "verify_request_to_pb",

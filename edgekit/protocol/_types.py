@@ -10,6 +10,7 @@ import numpy as np
 
 from ._acceptance import SparseDistribution
 from ._hidden import EncodedHidden
+from ._logprobs import TokenLogprobs
 from ._sampler import GREEDY, Sampler
 
 __all__ = [
@@ -120,6 +121,7 @@ class ServerInfo:
     slo_classes: dict[str, float] = field(default_factory=dict)  # named classes, tokens/s (protocol 2)
     scheduling_policy: str = ""  # "fcfs", "wisp"; empty: not said
     sampler_features: tuple[str, ...] = ()  # what it applies past the temperature (`Sampler.features`)
+    max_top_logprobs: int = 0  # most alternatives per token it returns with the target's log-probabilities; 0: none
     tokenizer_check: str = "fingerprint"  # how the target's tokenizer was matched to the draft's
     semantic_head: str = ""  # the decision head of its semantic mode (identity); empty: no semantic mode
     semantic_threshold: float = 0.0  # that head's shipped operating threshold
@@ -142,6 +144,7 @@ class OpenRequest:
     slo: SpeedObjective = SpeedObjective()
     client_id: str = ""
     semantic_threshold: float = 0.0  # semantic mode: the threshold asked for (0: the head's own)
+    logprobs: int = -1  # the target's log-probabilities of committed tokens, with this many alternatives; -1: none
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,7 @@ class VerifyResult:
     semantic_threshold: float = 0.0
     semantic_head: str = ""
     estimated_ms: float = field(default=0.0, compare=False)  # the verifier's forecast for the batch it ran in
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per committed token, when the session asked
 
 
 @dataclass(frozen=True)
@@ -258,3 +262,4 @@ class GeneratedToken:
     decode_ms: float = 0.0
     prefill_ms: float = 0.0
     finish_reason: str | None = None  # "eos", "length", "context" on the last
+    logprobs: TokenLogprobs | None = None  # when asked

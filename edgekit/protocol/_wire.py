@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import ConfigError, ProtocolError
 from ._acceptance import SparseDistribution
 from ._hidden import EncodedHidden, encode_hidden
+from ._logprobs import TokenLogprobs
 from ._pb import verifier_pb2 as pb
 from ._sampler import Sampler
 from ._types import (
@@ -109,6 +110,7 @@ def server_info_from_pb(r: pb.HandshakeResponse) -> ServerInfo:
         hidden_encodings=tuple(ENCODING_FROM_PB[e] for e in c.hidden_encodings if e in ENCODING_FROM_PB),
         max_message_bytes=c.max_message_bytes,
         sampler_features=tuple(c.sampler_features),
+        max_top_logprobs=c.max_top_logprobs,
     )
 
 
@@ -137,6 +139,7 @@ def server_info_to_pb(info: ServerInfo) -> pb.HandshakeResponse:
             semantic_head=info.semantic_head,
             semantic_threshold=info.semantic_threshold,
             sampler_features=info.sampler_features,
+            max_top_logprobs=info.max_top_logprobs,
         ),
         server_version=info.server_version,
         chat_template=info.chat_template or "",
@@ -162,8 +165,12 @@ def link_from_pb(m: pb.LinkState) -> LinkState:
     return LinkState(m.rtt_ms, m.rtt_jitter_ms, m.uplink_mbps, m.downlink_mbps, m.loss_rate, m.samples)
 
 
-def sampling_to_pb(mode: str, sampler: Sampler, seed: int, semantic_threshold: float = 0.0) -> pb.SamplingParams:
+def sampling_to_pb(
+    mode: str, sampler: Sampler, seed: int, semantic_threshold: float = 0.0, logprobs: int = -1
+) -> pb.SamplingParams:
+    """`logprobs`: the target's log-probabilities of committed tokens with this many alternatives; -1: none."""
     return pb.SamplingParams(
+        logprobs=logprobs >= 0, top_logprobs=max(logprobs, 0),
         mode=MODE_TO_PB[mode], temperature=sampler.temperature, seed=seed, semantic_threshold=semantic_threshold,
         top_k=sampler.top_k, top_p=sampler.top_p, min_p=sampler.min_p, repetition_penalty=sampler.repetition_penalty,
         frequency_penalty=sampler.frequency_penalty, presence_penalty=sampler.presence_penalty,
@@ -196,7 +203,7 @@ def mode_from_pb(value: int) -> str:
 def open_request_to_pb(r: OpenRequest) -> pb.OpenSessionRequest:
     return pb.OpenSessionRequest(
         prompt_tokens=r.prompt_tokens,
-        sampling=sampling_to_pb(r.mode, r.sampler, r.seed, r.semantic_threshold),
+        sampling=sampling_to_pb(r.mode, r.sampler, r.seed, r.semantic_threshold, r.logprobs),
         draft_tokenizer=fingerprint_to_pb(r.draft),
         draft_hidden_size=r.draft_hidden_size,
         slo_name=r.slo.slo_class or "",
@@ -217,7 +224,21 @@ def open_request_from_pb(m: pb.OpenSessionRequest) -> OpenRequest:
         slo=SpeedObjective(m.slo_name or None, m.target_tokens_per_s or None),
         client_id=m.client_id,
         semantic_threshold=float(m.sampling.semantic_threshold),
+        logprobs=logprobs_from_pb(m.sampling),
     )
+
+
+def logprobs_from_pb(m: pb.SamplingParams) -> int:
+    """How many alternatives the log-probabilities asked for come with; -1: none asked."""
+    return int(m.top_logprobs) if m.logprobs else -1
+
+
+def token_logprobs_to_pb(t: TokenLogprobs) -> pb.TokenLogprobs:
+    return pb.TokenLogprobs(logprob=t.logprob, top_ids=[i for i, _ in t.top], top_logprobs=[v for _, v in t.top])
+
+
+def token_logprobs_from_pb(m: pb.TokenLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(m.logprob, tuple(zip((int(i) for i in m.top_ids), (float(v) for v in m.top_logprobs))))
 
 
 def opened_to_pb(o: OpenedSession) -> pb.OpenSessionResponse:
@@ -378,6 +399,7 @@ def verify_response_to_pb(a: VerifyResult | HiddenRequest) -> pb.VerifyResponse:
             semantic_accepted=a.semantic_accepted,
             semantic_threshold=a.semantic_threshold,
             semantic_head=a.semantic_head,
+            logprobs=[token_logprobs_to_pb(t) for t in a.logprobs],
         ),
         timings=_timings_to_pb(a),
     )
@@ -412,6 +434,7 @@ def verify_response_from_pb(m: pb.VerifyResponse) -> VerifyResult | HiddenReques
         semantic_accepted=v.semantic_accepted,
         semantic_threshold=v.semantic_threshold,
         semantic_head=v.semantic_head,
+        logprobs=tuple(token_logprobs_from_pb(t) for t in v.logprobs),
         **timings,
     )
 
@@ -423,6 +446,7 @@ def generated_to_pb(t: GeneratedToken) -> pb.GenerateResponse:
         decode_ms=t.decode_ms,
         prefill_ms=t.prefill_ms,
         finish_reason=FINISH_TO_PB.get(t.finish_reason or "", pb.FINISH_REASON_UNSPECIFIED),
+        logprobs=token_logprobs_to_pb(t.logprobs) if t.logprobs is not None else None,
     )
 
 
@@ -433,4 +457,5 @@ def generated_from_pb(m: pb.GenerateResponse) -> GeneratedToken:
         decode_ms=m.decode_ms,
         prefill_ms=m.prefill_ms,
         finish_reason=FINISH_FROM_PB.get(m.finish_reason),
+        logprobs=token_logprobs_from_pb(m.logprobs) if m.HasField("logprobs") else None,
     )

@@ -58,6 +58,7 @@ class VerifierTransport(Protocol):
         seed: int,
         max_tokens: int,
         slo: SpeedObjective = SpeedObjective(),
+        logprobs: int = -1,
     ) -> Iterator[GeneratedToken]: ...
 
     def close(self) -> None: ...

@@ -133,8 +133,10 @@ class FailoverTransport:
         seed: int,
         max_tokens: int,
         slo: SpeedObjective = SpeedObjective(),
+        logprobs: int = -1,
     ) -> Iterator[GeneratedToken]:
-        kw = {"mode": mode, "sampler": sampler, "seed": seed, "max_tokens": max_tokens, "slo": slo}
+        kw = {"mode": mode, "sampler": sampler, "seed": seed, "max_tokens": max_tokens, "slo": slo,
+              "logprobs": logprobs}
         i = self._checked_current()
         try:
             yield from self.transports[i].generate(prompt_tokens, **kw)  # type: ignore[arg-type]

@@ -195,11 +195,12 @@ class MessageTransport:
         seed: int,
         max_tokens: int,
         slo: SpeedObjective = SpeedObjective(),
+        logprobs: int = -1,
     ) -> Iterator[GeneratedToken]:
         self._check_slo(slo)
         req = pb.GenerateRequest(
             prompt_tokens=prompt_tokens,
-            sampling=sampling_to_pb(mode, sampler, seed),
+            sampling=sampling_to_pb(mode, sampler, seed, logprobs=logprobs),
             max_tokens=max_tokens,
             slo_name=slo.slo_class or "",
             target_tokens_per_s=slo.tokens_per_s or 0.0,

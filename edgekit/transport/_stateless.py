@@ -215,9 +215,15 @@ class StatelessTransport:
         seed: int,
         max_tokens: int,
         slo: SpeedObjective = SpeedObjective(),
+        logprobs: int = -1,
     ) -> Iterator[GeneratedToken]:
         if mode != "greedy":
             raise ConfigError(f"the {self.kind} at {self.address} is driven greedily here; use mode='greedy'")
+        if logprobs >= 0:
+            raise ConfigError(f"the target's log-probabilities are not read from the {self.kind} at {self.address}")
+        if sampler.adjusts:
+            raise ConfigError(f"the {self.kind} at {self.address} decodes the target's plain argmax here: no "
+                              "penalties or logit_bias")
         self._no_slo(slo)
         t0 = time.perf_counter()
         ids = self._known(self._generate_ids(list(prompt_tokens), max_tokens))

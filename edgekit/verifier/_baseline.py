@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from ..config import ServerConfig
-from ..protocol import GeneratedToken, Sampler
+from ..protocol import GeneratedToken, Sampler, token_logprobs
 from ._core import EngineCore
 from ._sessions import Caller, SessionTable
 from ._slo import SpeedClasses
@@ -51,6 +51,7 @@ class TargetOnly:
         mode: str,
         sampler: Sampler,
         seed: int,
+        logprobs: int = -1,
         max_tokens: int,
         stop_tokens: Sequence[int] = (),
         is_active: Callable[[], bool] = lambda: True,
@@ -61,6 +62,7 @@ class TargetOnly:
         """The target's tokens after `prompt`; stops early when `is_active()` turns false (a cancelled call)."""
         arrived = time.perf_counter()
         self.checks.sampling(mode, sampler)
+        self.checks.logprobs(logprobs)
         slo_class, speed = self.slo.resolve(slo_name, target_speed)
         self.checks.prompt(prompt)  # its length before its ids, and before a copy
         tokens = list(prompt)
@@ -106,6 +108,7 @@ class TargetOnly:
                         decode_ms=ran.run_ms,
                         prefill_ms=prefill_ms if index == 0 else 0.0,
                         finish_reason=reason,
+                        logprobs=token_logprobs(logits, tok, logprobs) if logprobs >= 0 else None,
                     )
                     if reason is not None:
                         return

@@ -53,6 +53,7 @@ from ..protocol import (
     decide,
     decode_hidden,
     mismatch_positions,
+    token_logprobs,
     top1_mismatches,
 )
 from ._budgets import Budgets
@@ -101,6 +102,7 @@ class Rounds:
             self.semantic.check_open(r.draft_hidden_size, r.semantic_threshold)
         else:
             self.checks.sampling(r.mode, r.sampler)
+        self.checks.logprobs(r.logprobs)
         slo_class, speed = self.slo.resolve(r.slo.slo_class or "", r.slo.tokens_per_s or 0.0)
         self.checks.client_id(r.client_id)
         self.checks.prompt(r.prompt_tokens)  # its length before its ids, and before a copy
@@ -116,6 +118,7 @@ class Rounds:
                 sess.draft_vocab = r.draft.vocab_size
                 sess.hidden_size = r.draft_hidden_size
                 sess.semantic_threshold = r.semantic_threshold
+                sess.logprobs = r.logprobs
                 sess.began, sess.done = arrived, 0
         except BaseException:
             self.sessions.close(sess.id, caller.tenant)
@@ -324,6 +327,8 @@ class Rounds:
             semantic_accepted=semantic_accepted,
             semantic_threshold=sess.semantic_threshold if sess.mode == "semantic" else 0.0,
             semantic_head=self.semantic.identity if sess.mode == "semantic" else "",
+            logprobs=tuple(token_logprobs(logits[i], tok, sess.logprobs) for i, tok in enumerate(verdict.committed))
+            if sess.logprobs >= 0 else (),
         )
         # A retry of the round, whole (its first half, under SH) or its last exchange, gets this answer.
         sess.last_round = ((key, r.key), answer)

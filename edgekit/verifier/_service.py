@@ -36,12 +36,14 @@ from ..__version__ import __version__
 from ..config import ServerConfig
 from ..errors import EdgekitError, InternalError, ProtocolError, SessionNotFoundError, VerifierUnavailableError
 from ..protocol import (
+    MAX_TOP_LOGPROBS,
     PROTOCOL_VERSION,
     SAMPLER_FEATURES,
     SERVICE_NAME,
     ServerInfo,
     fingerprint_from_pb,
     generated_to_pb,
+    logprobs_from_pb,
     mode_from_pb,
     open_request_from_pb,
     opened_to_pb,
@@ -279,6 +281,7 @@ class VerifierService:
             max_draft_top_k=c.max_draft_top_k,
             max_message_bytes=c.max_message_bytes,
             sampler_features=SAMPLER_FEATURES,
+            max_top_logprobs=MAX_TOP_LOGPROBS,
             exact_numerics=self.engine.exact,
             invariant_batch=self.engine.invariant_batch,
             slo_classes=dict(self.slo.classes) if version >= 2 else {},
@@ -336,6 +339,7 @@ class VerifierService:
             req.prompt_tokens,
             mode=mode_from_pb(req.sampling.mode),
             sampler=sampler_from_pb(req.sampling),
+            logprobs=logprobs_from_pb(req.sampling),
             seed=req.sampling.seed,
             max_tokens=req.max_tokens,
             stop_tokens=req.stop_tokens,

@@ -83,6 +83,7 @@ class Session:
     hidden_size: int = 0  # width of the draft hidden states the session may upload; 0: none
     draft_vocab: int = 0  # the draft's vocabulary, padding included (its fingerprint's); 0: the target's
     semantic_threshold: float = 0.0  # semantic mode: a mismatch is rejected when the head's P(reject) exceeds it
+    logprobs: int = -1  # the target's log-probabilities of committed tokens, with this many alternatives; -1: none
     # SH: a block run and waiting for its hidden states (its KV cells are still in place).
     pending: PendingRound | None = None
     # The draft hidden states of the last round, as decoded: (block offsets, [n, d] rows).

@@ -14,7 +14,14 @@ import numpy as np
 
 from ..config import ServerConfig
 from ..errors import IncompatibleModelsError, LimitExceededError, ProtocolError
-from ..protocol import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, Fingerprint, Sampler, SparseDistribution
+from ..protocol import (
+    MAX_TOP_LOGPROBS,
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    Fingerprint,
+    Sampler,
+    SparseDistribution,
+)
 
 __all__ = ["RequestChecks", "clip"]
 
@@ -70,6 +77,11 @@ class RequestChecks:
             )
         if any(t >= self.n_real for t, _ in sampler.logit_bias):
             raise ProtocolError(f"logit_bias names a token past the target's {self.n_real} tokens")
+
+    def logprobs(self, top: int) -> None:
+        """How many alternatives of each committed token's log-probability were asked for (-1: none)."""
+        if top > MAX_TOP_LOGPROBS:
+            raise ProtocolError(f"top_logprobs {top} exceeds this verifier's {MAX_TOP_LOGPROBS}")
 
     def tokens(self, tokens: Sequence[int], what: str, vocab: int = 0) -> None:
         """Every id below `vocab` (default: the target's vocabulary)."""

@@ -75,7 +75,7 @@ class TokenizerFingerprint(_message.Message):
     def __init__(self, vocab_size: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., bos_token: _Optional[int] = ..., eos_token: _Optional[int] = ..., model_name: _Optional[str] = ...) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("acceptance_modes", "upload_protocols", "hidden_encodings", "max_block", "max_context", "max_sessions", "assigns_budgets", "max_draft_top_k", "prefix_cache", "max_message_bytes", "exact_numerics", "invariant_batch", "slo_classes", "scheduling_policy", "semantic_head", "semantic_threshold", "sampler_features")
+    __slots__ = ("acceptance_modes", "upload_protocols", "hidden_encodings", "max_block", "max_context", "max_sessions", "assigns_budgets", "max_draft_top_k", "prefix_cache", "max_message_bytes", "exact_numerics", "invariant_batch", "slo_classes", "scheduling_policy", "semantic_head", "semantic_threshold", "sampler_features", "max_top_logprobs")
     class SloClassesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class Capabilities(_message.Message):
     SEMANTIC_HEAD_FIELD_NUMBER: _ClassVar[int]
     SEMANTIC_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_FEATURES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     acceptance_modes: _containers.RepeatedScalarFieldContainer[AcceptanceMode]
     upload_protocols: _containers.RepeatedScalarFieldContainer[UploadProtocol]
     hidden_encodings: _containers.RepeatedScalarFieldContainer[HiddenEncoding]
@@ -117,7 +118,8 @@ class Capabilities(_message.Message):
     semantic_head: str
     semantic_threshold: float
     sampler_features: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, acceptance_modes: _Optional[_Iterable[_Union[AcceptanceMode, str]]] = ..., upload_protocols: _Optional[_Iterable[_Union[UploadProtocol, str]]] = ..., hidden_encodings: _Optional[_Iterable[_Union[HiddenEncoding, str]]] = ..., max_block: _Optional[int] = ..., max_context: _Optional[int] = ..., max_sessions: _Optional[int] = ..., assigns_budgets: _Optional[bool] = ..., max_draft_top_k: _Optional[int] = ..., prefix_cache: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., exact_numerics: _Optional[bool] = ..., invariant_batch: _Optional[int] = ..., slo_classes: _Optional[_Mapping[str, float]] = ..., scheduling_policy: _Optional[str] = ..., semantic_head: _Optional[str] = ..., semantic_threshold: _Optional[float] = ..., sampler_features: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_top_logprobs: int
+    def __init__(self, acceptance_modes: _Optional[_Iterable[_Union[AcceptanceMode, str]]] = ..., upload_protocols: _Optional[_Iterable[_Union[UploadProtocol, str]]] = ..., hidden_encodings: _Optional[_Iterable[_Union[HiddenEncoding, str]]] = ..., max_block: _Optional[int] = ..., max_context: _Optional[int] = ..., max_sessions: _Optional[int] = ..., assigns_budgets: _Optional[bool] = ..., max_draft_top_k: _Optional[int] = ..., prefix_cache: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., exact_numerics: _Optional[bool] = ..., invariant_batch: _Optional[int] = ..., slo_classes: _Optional[_Mapping[str, float]] = ..., scheduling_policy: _Optional[str] = ..., semantic_head: _Optional[str] = ..., semantic_threshold: _Optional[float] = ..., sampler_features: _Optional[_Iterable[str]] = ..., max_top_logprobs: _Optional[int] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("protocol_version", "draft_tokenizer", "draft_model", "draft_hidden_size", "client_version")
@@ -188,7 +190,7 @@ class LinkState(_message.Message):
     def __init__(self, rtt_ms: _Optional[float] = ..., rtt_jitter_ms: _Optional[float] = ..., uplink_mbps: _Optional[float] = ..., downlink_mbps: _Optional[float] = ..., loss_rate: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("mode", "temperature", "seed", "semantic_threshold", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "penalty_last_n", "logit_bias")
+    __slots__ = ("mode", "temperature", "seed", "semantic_threshold", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "penalty_last_n", "logit_bias", "logprobs", "top_logprobs")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +210,8 @@ class SamplingParams(_message.Message):
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     PENALTY_LAST_N_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     mode: AcceptanceMode
     temperature: float
     seed: int
@@ -220,7 +224,19 @@ class SamplingParams(_message.Message):
     presence_penalty: float
     penalty_last_n: int
     logit_bias: _containers.ScalarMap[int, float]
-    def __init__(self, mode: _Optional[_Union[AcceptanceMode, str]] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., semantic_threshold: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., penalty_last_n: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ...) -> None: ...
+    logprobs: bool
+    top_logprobs: int
+    def __init__(self, mode: _Optional[_Union[AcceptanceMode, str]] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., semantic_threshold: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., penalty_last_n: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class TokenLogprobs(_message.Message):
+    __slots__ = ("logprob", "top_ids", "top_logprobs")
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    logprob: float
+    top_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
     __slots__ = ("prompt_tokens", "sampling", "slo_class", "draft_tokenizer", "client_id", "draft_hidden_size", "slo_name", "target_tokens_per_s")
@@ -349,7 +365,7 @@ class ServerTimings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., has_deadline: _Optional[bool] = ..., budget_ms: _Optional[float] = ..., deadline_met: _Optional[bool] = ..., estimated_ms: _Optional[float] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("accepted", "next_token", "bonus", "committed_length", "next_budget", "context_full", "ended", "hidden_rows", "semantic_accepted", "semantic_threshold", "semantic_head")
+    __slots__ = ("accepted", "next_token", "bonus", "committed_length", "next_budget", "context_full", "ended", "hidden_rows", "semantic_accepted", "semantic_threshold", "semantic_head", "logprobs")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BONUS_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +377,7 @@ class Verdict(_message.Message):
     SEMANTIC_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     SEMANTIC_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     SEMANTIC_HEAD_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     next_token: int
     bonus: bool
@@ -372,7 +389,8 @@ class Verdict(_message.Message):
     semantic_accepted: int
     semantic_threshold: float
     semantic_head: str
-    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., bonus: _Optional[bool] = ..., committed_length: _Optional[int] = ..., next_budget: _Optional[int] = ..., context_full: _Optional[bool] = ..., ended: _Optional[bool] = ..., hidden_rows: _Optional[int] = ..., semantic_accepted: _Optional[int] = ..., semantic_threshold: _Optional[float] = ..., semantic_head: _Optional[str] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprobs]
+    def __init__(self, accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., bonus: _Optional[bool] = ..., committed_length: _Optional[int] = ..., next_budget: _Optional[int] = ..., context_full: _Optional[bool] = ..., ended: _Optional[bool] = ..., hidden_rows: _Optional[int] = ..., semantic_accepted: _Optional[int] = ..., semantic_threshold: _Optional[float] = ..., semantic_head: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class HiddenRequest(_message.Message):
     __slots__ = ("positions", "encoding")
@@ -419,15 +437,17 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., slo_name: _Optional[str] = ..., target_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token", "index", "decode_ms", "finish_reason", "prefill_ms")
+    __slots__ = ("token", "index", "decode_ms", "finish_reason", "prefill_ms", "logprobs")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DECODE_MS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token: int
     index: int
     decode_ms: float
     finish_reason: FinishReason
     prefill_ms: float
-    def __init__(self, token: _Optional[int] = ..., index: _Optional[int] = ..., decode_ms: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prefill_ms: _Optional[float] = ...) -> None: ...
+    logprobs: TokenLogprobs
+    def __init__(self, token: _Optional[int] = ..., index: _Optional[int] = ..., decode_ms: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., prefill_ms: _Optional[float] = ..., logprobs: _Optional[_Union[TokenLogprobs, _Mapping]] = ...) -> None: ...
