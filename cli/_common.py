@@ -14,8 +14,9 @@ PAIR_HELP = (
 )
 VERIFIER_HELP = (
     "Verifier: HOST:PORT or grpc://HOST:PORT (edgekit serve; grpcs:// for TLS), "
-    "openai+http://HOST:PORT/v1 (an OpenAI-compatible completions server with prompt logprobs), "
-    "sglang+http://HOST:PORT (SGLang's /generate); the last two verify greedy decoding only. Several, "
+    "openai+http://HOST:PORT/v1 (an OpenAI-compatible completions server with prompt logprobs: greedy, and "
+    "sampling with a --top-k within its logprob cap, 20 unless ?max_logprobs=N), "
+    "sglang+http://HOST:PORT (SGLang's /generate: greedy only). Several, "
     "comma-separated, serving one target: a lost verifier's sessions move to the next. "
     "Without it, the pair's target is started as a verifier on a free loopback port in this process."
 )

@@ -54,7 +54,13 @@ def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None)
     if backend == "openai":
         from ._openai import OpenAITransport
 
-        return OpenAITransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)
+        # ?max_logprobs=N: the server's cap on log-probabilities per position, when raised (vLLM's --max-logprobs)
+        rest, _, query = rest.partition("?")
+        cap = query.removeprefix("max_logprobs=") if query else "20"
+        if not cap.isdigit() or not 1 <= int(cap) <= 100_000:
+            raise ConfigError(f"{url!r}: the only option an openai verifier takes is ?max_logprobs=N (N >= 1)")
+        return OpenAITransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token,
+                               max_logprobs=int(cap))
     from ._sglang import SGLangTransport
 
     return SGLangTransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)

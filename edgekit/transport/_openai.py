@@ -1,10 +1,15 @@
-"""`OpenAITransport`: greedy verification on an OpenAI-compatible completions
-server that returns log-probabilities of prompt tokens (`echo` with `logprobs`).
+"""`OpenAITransport`: verification on an OpenAI-compatible completions server that returns
+log-probabilities of prompt tokens (`echo` with `logprobs`).
 
 Each round sends committed tokens plus the draft block as one prompt with
 `echo: true, logprobs: 1, max_tokens: 1, temperature: 0`: every prompt position
 comes back with its top-1 alternative, and the one generated token is the
-target's greedy token after the block (the bonus).
+target's greedy token after the block (the bonus). A sampling session asks for
+`logprobs: K` (its top-k, within the server's cap) and reads the K likeliest
+tokens at every block position and after the block, from which the device
+applies the sampler and the lossless rule (see `StatelessTransport`); this needs
+tokens named by id (vLLM's `return_tokens_as_token_ids`), or texts that name one
+token each.
 
 Prompts go as token ids where the server takes them (vLLM, llama.cpp's server),
 so no re-tokenization can shift positions. Where it takes text only
@@ -41,13 +46,16 @@ class OpenAITransport(StatelessTransport):
     backend = "openai"
     kind = "OpenAI-compatible server"
     prefix_cache = False  # nothing we can rely on: the whole context goes every round
+    samples = True
 
     def __init__(self, url: str, tokenizer: DraftModel, *, timeout: float = 30.0, token: str | None = None,
-                 model: str | None = None, max_block: int = 16, max_context: int = 4096) -> None:
+                 model: str | None = None, max_block: int = 16, max_context: int = 4096,
+                 max_logprobs: int = 20) -> None:
         base = url if url.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1"
         super().__init__(HttpJson(base, timeout=timeout, token=token, kind=self.kind), tokenizer,
                          max_context=max_context, max_block=max_block)
         self.model = model or ""
+        self.max_logprobs = max_logprobs  # the server's cap on logprobs per position (vLLM: 20 by default)
         self.prompt_ids: bool | None = None  # whether the server takes token-id prompts (found at the handshake)
         self.id_names = False  # whether it names tokens "token_id:N" when asked (found at the handshake)
         # Sampling switches that are on by default in some servers and would make temperature 0 something
@@ -150,10 +158,11 @@ class OpenAITransport(StatelessTransport):
             ) from None
 
     def _complete(
-        self, model: str, tokens: Sequence[int], *, during: str, max_tokens: int = 1, echo: bool = True
+        self, model: str, tokens: Sequence[int], *, during: str, max_tokens: int = 1, echo: bool = True,
+        logprobs: int = 1,
     ) -> dict:
         body = {"model": model, "prompt": self._prompt(tokens), "max_tokens": max_tokens, "temperature": 0,
-                "echo": echo, "logprobs": 1} | self._plain_sampling
+                "echo": echo, "logprobs": logprobs} | self._plain_sampling
         if self.id_names:
             body["return_tokens_as_token_ids"] = True
         data = self.http.request("POST", "/completions", body, during=during)
@@ -164,10 +173,35 @@ class OpenAITransport(StatelessTransport):
             )
         return choices[0]
 
-    def _top1(self, tokens: Sequence[int], start: int) -> list[int]:
+    def _topk(self, tokens: Sequence[int], start: int, k: int) -> list[dict[int, float]]:
+        tops = self._scored(tokens, start, k)[3]
+        offset = self._offset(tokens)
+        rows: list[dict[int, float]] = []
+        for i in range(start, len(tokens) + 1):  # each block position, and the one after the block
+            j = i - offset
+            top = tops[j]
+            if not isinstance(top, dict) or not top:
+                raise ProtocolError(f"{self.kind} at {self.address} sent no top log-probabilities at position {j}",
+                                    address=self.address)
+            row: dict[int, float] = {}
+            for name, value in top.items():
+                tok = self._identify(name, list(tokens[:i])) if name else None
+                if tok is None or tok in row or not isinstance(value, (int, float)):
+                    raise ProtocolError(
+                        f"{self.kind} at {self.address} named the target's likely tokens at position {j} ambiguously "
+                        f"({name!r}); sampling needs tokens named by id (vLLM's return_tokens_as_token_ids)",
+                        address=self.address,
+                    )
+                row[tok] = float(value)
+            rows.append(row)
+        return rows
+
+    def _scored(self, tokens: Sequence[int], start: int, k: int) -> tuple[dict, list, list, list]:
+        """The completion of `tokens` with the top-k log-probabilities at every position: the
+        choice, and its token names, own log-probabilities and top log-probabilities, checked."""
         if start - self._offset(tokens) < 1:
             raise ConfigError("the prompt needs at least one token besides BOS for the server to score the first draft")
-        choice = self._complete(self.model, tokens, during="verifying a block")
+        choice = self._complete(self.model, tokens, during="verifying a block", logprobs=k)
         lp = choice.get("logprobs")
         if not isinstance(lp, dict):
             raise ProtocolError(f"{self.kind} at {self.address} sent no logprobs", address=self.address)
@@ -179,6 +213,11 @@ class OpenAITransport(StatelessTransport):
         ):
             raise ProtocolError(f"{self.kind} at {self.address} sent malformed logprobs", address=self.address)
         self._check_echo(strs, ours)
+        return choice, strs, lps, tops
+
+    def _top1(self, tokens: Sequence[int], start: int) -> list[int]:
+        choice, strs, lps, tops = self._scored(tokens, start, 1)
+        offset = self._offset(tokens)
         best: list[int] = []
         for i in range(start, len(tokens)):
             j = i - offset
@@ -192,7 +231,7 @@ class OpenAITransport(StatelessTransport):
             else:
                 best.append(self._identify(max(top, key=lambda name: top[name]), tokens[:i]))
                 return best  # the block stops at its first rejection: later positions are never read
-        best.append(self._generated(choice, strs[len(ours)], tokens))
+        best.append(self._generated(choice, strs[len(tokens) - offset], tokens))
         return best
 
     def _check_echo(self, strs: list, ours: list[int]) -> None:

@@ -1,13 +1,17 @@
-"""Greedy verification on servers that keep no edgekit session: stock serving
-engines reached over HTTP (OpenAI-compatible completions, SGLang's generate).
+"""Verification on servers that keep no edgekit session: stock serving engines reached over
+HTTP (OpenAI-compatible completions, SGLang's generate).
 
-The client holds each session's committed tokens and sends the whole sequence
-(committed plus draft block) every round; the server's top-1 token at each
-block position decides acceptance exactly as greedy verification does, and its
-greedy next token after the block is the bonus. What these backends cannot do
-is declared in `ServerInfo` (greedy only: top-1 log-probabilities carry no
-target distribution for lossless sampling; no hidden-state uploads; no assigned
-budgets) and the session refuses a mode they lack.
+The client holds each session's committed tokens and sends the whole sequence (committed plus
+draft block) every round. Greedy: the server's top-1 token at each block position decides
+acceptance exactly as greedy verification does, and its greedy next token after the block is
+the bonus. Sampling, where a backend returns the top-k log-probabilities at every position
+(`samples`): a sampler with a top-k within the server's cap (`max_logprobs`; vLLM's is 20 unless
+started with --max-logprobs) needs only those, so this transport applies the sampler to them,
+and the lossless rule (`accept_sampling`), with the session's seeded generator, here on the
+device: the output is distributed exactly as the target's own sampling with that top-k (then
+temperature, min-p and top-p over what it keeps). Penalties and logit bias are refused: they can
+raise a token outside the top-k the server returned. What these backends cannot do is declared in
+`ServerInfo` (no hidden-state uploads; no assigned budgets) and the session refuses it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import (
     ConfigError,
@@ -35,6 +42,7 @@ from ..protocol import (
     ServerInfo,
     SpeedObjective,
     VerifyResult,
+    accept_sampling,
     accept_top1,
     check_base,
     decide,
@@ -48,11 +56,21 @@ __all__ = ["StatelessTransport"]
 TOKENIZER_PROBE = "def f(x):\n    return x**2  # 3.14159, naïve café, 日本語, emoji 🙂, tabs\tand  spaces."
 
 
+@dataclass
+class _Session:
+    tokens: list[int]  # committed
+    mode: str
+    sampler: Sampler
+    rng: np.random.Generator  # the acceptance rule's draws (a sampling session), seeded by the session
+
+
 class StatelessTransport:
     backend = "stateless"
     kind = "server"
     prefix_cache = False  # whether the server reuses the shared prefix of successive requests
     can_time_payloads = False  # no echo endpoint: the link's rates cannot be probed, only its RTT
+    samples = False  # whether it returns top-k log-probabilities at every position (`_topk`)
+    max_logprobs = 0  # the most it returns per position
 
     def __init__(self, http: HttpJson, tokenizer: DraftModel, *, max_context: int = 4096, max_block: int = 16) -> None:
         self.http = http
@@ -62,7 +80,7 @@ class StatelessTransport:
         self.max_block = max_block
         self.model = ""
         self.tokenizer_check = "none"
-        self._sessions: dict[str, list[int]] = {}
+        self._sessions: dict[str, _Session] = {}
         self._ids = itertools.count()
 
     # -- what a backend provides -------------------------------------------------------
@@ -85,6 +103,11 @@ class StatelessTransport:
     def _top1(self, tokens: Sequence[int], start: int) -> list[int]:
         """The target's greedy token predicting tokens[start], tokens[start + 1], ... up to the first
         that differs from the token there (the correction), or all of them and the one after (the bonus)."""
+        raise NotImplementedError
+
+    def _topk(self, tokens: Sequence[int], start: int, k: int) -> list[dict[int, float]]:
+        """The target's k likeliest tokens and their log-probabilities predicting tokens[start],
+        tokens[start + 1], ... and the one after the last: one row each (where `samples`)."""
         raise NotImplementedError
 
     def _generate_ids(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
@@ -111,14 +134,15 @@ class StatelessTransport:
             # These servers publish no fingerprint: the check above stands in for it (see tokenizer_check).
             target_fingerprint=draft,
             target_hidden_size=0,
-            modes=("greedy",),
+            modes=("greedy", "sample") if self.samples else ("greedy",),
             upload_protocols=("tokens",),
             max_block=self.max_block,
             max_context=self.max_context,
             max_sessions=1 << 16,
             assigns_budgets=False,
             prefix_cache=self.prefix_cache,
-            max_draft_top_k=0,
+            max_draft_top_k=1024 if self.samples else 0,  # the draft's distributions stay on this device
+            sampler_features=("top_k", "top_p", "min_p") if self.samples else (),
             server_version=self.backend,
             backend=self.backend,
             tokenizer_check=self.tokenizer_check,
@@ -132,14 +156,30 @@ class StatelessTransport:
                 "draft's and the target's hidden states, which only an edgekit verifier with a decision head "
                 "(edgekit serve --semantic-head) has; use mode='greedy' here"
             )
-        if mode != "greedy":
+        sampler = request.sampler
+        if mode == "sample" and not self.samples:
             raise ConfigError(
                 f"the {self.kind} at {self.address} returns top-1 log-probabilities only, which verify greedy "
                 f"decoding but carry no target distribution for {mode!r}; use mode='greedy' or an edgekit verifier"
             )
+        if mode == "sample" and not 1 <= sampler.top_k <= self.max_logprobs:
+            raise ConfigError(
+                f"sampling against the {self.kind} at {self.address} needs a top_k from 1 to {self.max_logprobs}: "
+                f"it returns the target's {self.max_logprobs} likeliest tokens per position, and the target's "
+                "distribution beyond them is unknown (for vLLM, --max-logprobs raises its cap; then "
+                "openai+http://...?max_logprobs=N); or use an edgekit verifier, which samples any setting"
+            )
+        if sampler.adjusts:
+            raise ConfigError(
+                f"the {self.kind} at {self.address} gives the target's raw log-probabilities: penalties and logit_bias "
+                "could raise a token outside those it returns, so they cannot be applied losslessly here; use an "
+                "edgekit verifier"
+            )
+        if request.logprobs >= 0:
+            raise ConfigError(f"the target's log-probabilities are not read from the {self.kind} at {self.address}")
         self._no_slo(request.slo)
         sid = f"{self.backend}-{next(self._ids)}"
-        self._sessions[sid] = list(request.prompt_tokens)
+        self._sessions[sid] = _Session(list(request.prompt_tokens), mode, sampler, np.random.default_rng(request.seed))
         return OpenedSession(sid, len(request.prompt_tokens), self.max_context)
 
     def _no_slo(self, slo: SpeedObjective) -> None:
@@ -149,19 +189,20 @@ class StatelessTransport:
                 "leave slo_class and target_speed unset, or use an edgekit verifier"
             )
 
-    def _session(self, sid: str) -> list[int]:
+    def _session(self, sid: str) -> _Session:
         if sid not in self._sessions:
             raise SessionNotFoundError(f"session {sid!r} is unknown (closed?)", address=self.address)
         return self._sessions[sid]
 
     def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int:
-        toks = self._session(session_id)
+        toks = self._session(session_id).tokens
         check_base(base_position, len(toks), what="extension", address=self.address)
         toks.extend(tokens)
         return len(toks)
 
     def verify(self, block: BlockRequest) -> VerifyResult:
-        toks = self._session(block.session_id)
+        sess = self._session(block.session_id)
+        toks = sess.tokens
         check_base(block.base_position, len(toks), address=self.address)
         if block.upload != "tokens":
             raise ProtocolError(f"the {self.kind} at {self.address} takes no hidden states", address=self.address)
@@ -171,12 +212,14 @@ class StatelessTransport:
                 f"a block of {len(draft)} on {len(toks)} tokens exceeds the context of {self.max_context}"
             )
         t0 = time.perf_counter()
-        best = self._known(self._top1(toks + draft, len(toks)))
+        if sess.mode == "sample":
+            accepted, nxt = self._sampled(sess, draft, block)
+        else:
+            accepted, nxt = accept_top1(self._known(self._top1(toks + draft, len(toks))), draft)
         ms = (time.perf_counter() - t0) * 1e3
-        accepted, nxt = accept_top1(best, draft)
         if nxt is None:
             raise ProtocolError(
-                f"the {self.kind} at {self.address} gave {len(best)} predictions for a block of {len(draft)}",
+                f"the {self.kind} at {self.address} gave too few predictions for a block of {len(draft)}",
                 address=self.address,
             )
         v = decide(draft, accepted, nxt, base=len(toks), max_context=self.max_context, is_end=self.tokenizer.is_eog,
@@ -188,6 +231,25 @@ class StatelessTransport:
             verify_ms=ms,
             exchanges=(Exchange(ms, None, *self.http.last_sizes),),
         )
+
+    def _sampled(self, sess: _Session, draft: list[int], block: BlockRequest) -> tuple[int, int | None]:
+        """(accepted, next token) by the lossless rule over the target's top-k at each position."""
+        k = sess.sampler.top_k
+        rows = self._topk(sess.tokens + draft, len(sess.tokens), k)
+        if len(rows) != len(draft) + 1:
+            return 0, None
+        logits = np.full((len(rows), self.tokenizer.n_vocab), -np.inf, dtype=np.float32)
+        for r, top in enumerate(rows):
+            ids = self._known(sorted(top, key=lambda t: -top[t])[:k])
+            if len(ids) < k:
+                raise ProtocolError(
+                    f"the {self.kind} at {self.address} returned {len(ids)} of the {k} likeliest tokens at a position",
+                    address=self.address,
+                )
+            logits[r, ids] = [top[t] for t in ids]  # log-probabilities: logits up to a constant, all the sampler needs
+        if len(block.draft_distributions) != len(draft):
+            raise ProtocolError("sampling needs the draft's distribution of every draft token")
+        return accept_sampling(logits, draft, block.draft_distributions, sess.sampler, sess.rng, sess.tokens)
 
     def _known(self, ids: list[int]) -> list[int]:
         """The server's tokens, each one the draft has: a target whose vocabulary has more padding

@@ -1,0 +1,82 @@
+"""Lossless speculative sampling against a stock OpenAI-compatible server (vLLM's API, served
+locally over a toy target by tests/http_fakes.py): a top-k within the server's logprob cap needs
+only the top-k log-probabilities it returns at each position, and the device applies the sampler
+and the acceptance rule to them.
+
+What these tests may expect, and why: the toy target's logits are known exactly, so the first
+two committed tokens of many seeded runs are compared with the exact joint distribution of the
+target's own sampler (top-k, then temperature, min-p and top-p over what it keeps) by a
+chi-square test at significance 0.001; seeds are fixed, so a pass is reproducible. The draft is
+a noisy copy of the target at another temperature, so blocks are both accepted and rejected."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from http_fakes import FakeOpenAIServer
+from scipy.stats import chisquare
+
+from edgekit import ClientConfig, ConfigError, EdgeClient, GenerationConfig, Sampler
+from edgekit.testing import FakeDraftModel, ToyLanguageModel
+
+TARGET = ToyLanguageModel(seed=11)
+ALPHA = 1e-3
+RUNS = 800
+
+
+def _draft() -> FakeDraftModel:
+    return FakeDraftModel(ToyLanguageModel(seed=11, noise=1.5))
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    draft = _draft()
+    with FakeOpenAIServer(TARGET, lambda t: draft.token_bytes(t).decode(),
+                          tokenize=lambda text: draft.tokenize(text)) as server:
+        yield server
+
+
+def _client(url: str, **gen) -> EdgeClient:
+    config = GenerationConfig(**({"mode": "sample", "max_tokens": 2, "stop_at_eos": False, "drafting": "fixed",
+                                  "draft_k": 2, "draft_temperature": 1.5} | gen))
+    return EdgeClient(url, draft_model=_draft(), generation=config, config=ClientConfig(timeout=30))
+
+
+@pytest.mark.parametrize("settings", [dict(top_k=6), dict(top_k=12, temperature=0.7, top_p=0.8, min_p=0.05)])
+def test_top_k_sampling_through_a_stock_server_is_the_targets_own(vllm, settings):
+    sampler = GenerationConfig(mode="sample", **settings).sampler()
+    with _client(f"openai+{vllm.url}", **settings) as client:
+        prompt = client.tokenize("speculate")
+        drafted = accepted = 0
+        counts: dict[tuple[int, int], int] = {}
+        for seed in range(RUNS):
+            final = client.generate(prompt, seed=seed).until_done()
+            drafted, accepted = drafted + final.stats.drafted, accepted + final.stats.accepted
+            pair = tuple(final.token_ids[:2])
+            counts[pair] = counts.get(pair, 0) + 1
+    assert all(r.get("logprobs") == sampler.top_k for r in vllm.requests[-3:])  # asked for the top-k only
+    assert 0.05 < accepted / drafted < 0.95, "the test must see acceptances and rejections"
+    p1 = sampler.probs(TARGET.logits(prompt).astype(np.float32))
+    exact = {(a, b): p1[a] * q for a in np.flatnonzero(p1)
+             for b, q in enumerate(sampler.probs(TARGET.logits([*prompt, int(a)]).astype(np.float32))) if q > 0}
+    assert set(counts) <= set(exact), "a pair the target's sampler never draws was committed"
+    cells = [c for c in exact if exact[c] * RUNS >= 5]
+    observed = [counts.get(c, 0) for c in cells]
+    expected = [exact[c] * RUNS for c in cells]
+    if RUNS - sum(expected) > 1e-6:  # the pairs expected fewer than 5 times, pooled
+        observed.append(RUNS - sum(observed))
+        expected.append(RUNS - sum(expected))
+    assert chisquare(observed, np.asarray(expected) * sum(observed) / sum(expected)).pvalue > ALPHA
+
+
+def test_what_a_stock_server_cannot_sample_is_refused_saying_why(vllm):
+    for settings, says in ((dict(), "needs a top_k from 1 to 20"), (dict(top_k=21), "needs a top_k from 1 to 20"),
+                           (dict(top_k=5, repetition_penalty=1.1), "does not apply penalties"),
+                           (dict(top_k=5, logit_bias={3: 1.0}), "does not apply logit_bias")):
+        with _client(f"openai+{vllm.url}", **settings) as client, pytest.raises(ConfigError, match=says):
+            client.generate("speculate").until_done()
+    with _client(f"openai+{vllm.url}?max_logprobs=32", top_k=21) as client:  # a server started with a higher cap
+        assert len(client.generate("speculate").until_done().token_ids) == 2
+    with pytest.raises(ConfigError, match="max_logprobs"):
+        _client(f"openai+{vllm.url}?max_logprobs=x", top_k=5).generate("speculate").until_done()
+    assert Sampler(top_k=5).features() == ("top_k",)
