@@ -105,6 +105,26 @@ def test_a_wrong_pair_is_refused_before_any_weights_load(gemma_paths, monkeypatc
     assert "smollm2-135m-instruct-q4_1" in str(r.exception) and "gemma-3-270m-q4_k_m" in str(r.exception)
 
 
+def test_a_wrong_draft_for_a_remote_verifier_is_refused_before_its_weights_load(gemma_server, monkeypatch):
+    from edgekit.runtime import _llama
+
+    smollm = cache_dir() / get_model("smollm2-135m-instruct").filename
+    if not smollm.is_file():
+        pytest.skip("smollm2-135m-instruct is not pulled (make models-test pulls it)")
+    real, weights = _llama.LlamaModel.__init__, []
+
+    def init(self, *a, **k):  # the vocabulary alone may load; weights may not
+        if not k.get("vocab_only"):
+            weights.append(a)
+        real(self, *a, **k)
+
+    monkeypatch.setattr(_llama.LlamaModel, "__init__", init)
+    r = runner.invoke(app, ["generate", "--prompt", PROMPT, "--draft", str(smollm), "--verifier", gemma_server.address])
+    assert isinstance(r.exception, IncompatibleModelsError) and weights == [], r.output
+    assert "smollm2-135m-instruct" in str(r.exception) and "gemma-3-270m" in str(r.exception)
+    assert "before loading the draft's weights" in str(r.exception)
+
+
 def test_a_target_without_a_draft_gets_the_smallest_of_its_tokenizer(tmp_path, monkeypatch, gemma_paths, reference):
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))  # the registry cache alone
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-hub"))

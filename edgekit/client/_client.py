@@ -21,10 +21,10 @@ from ..runtime import (
     DraftPool,
     DraftSlot,
 )
-from ..transport import VerifierTransport, connect
+from ..transport import VerifierTransport, connect, needs_tokenizer
 from ._accumulator import StatsAccumulator
 from ._chat import ChatTemplate, Conversation
-from ._discover import discover_pair
+from ._discover import check_remote_draft, discover_pair
 from ._events import Event, FinalStats
 from ._metrics import GenerationStats
 from ._session import SharedDraft, SpeculativeSession
@@ -126,6 +126,11 @@ class EdgeClient:
                     local_target = model_file(target if target is not None else spec.target, "target")
             else:  # by reference, the registry's when none is given
                 source = draft_model if draft_model is not None else get_pair(self.pair).draft
+                if isinstance(source, (str, Path)) and isinstance(where, str) and not needs_tokenizer(where):
+                    # the draft's tokenizer against the verifier's target, before the draft's weights load
+                    source, name = model_file(source, "draft")
+                    transport = transport or discovery_transport(where, self.config)
+                    check_remote_draft(transport, source, name)
             self._draft, self._pool = load_draft(source, draft_slots, draft_context, draft_threads, name=name)
             if where is None:
                 self._local = start_local(self.pair, local_server, local_target)

@@ -7,11 +7,13 @@ the cache) shares the target's tokenizer, read from the draft's vocabulary alone
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import ConfigError, IncompatibleModelsError, ModelError, VerifierUnavailableError
 from ..protocol import Fingerprint, ServerInfo
 from ..transport import VerifierTransport
 
-__all__ = ["discover_pair"]
+__all__ = ["check_remote_draft", "discover_pair"]
 
 
 def discover_pair(transport: VerifierTransport) -> tuple[str, ServerInfo]:
@@ -44,6 +46,35 @@ def discover_pair(transport: VerifierTransport) -> tuple[str, ServerInfo]:
         finally:
             vocab.close()
     return pair_for_target(info.target_model, drafts_sharing_tokenizer=sharing).name, info
+
+
+def check_remote_draft(transport: VerifierTransport, path: Path, name: str) -> None:
+    """Refuses a draft file whose tokenizer is not the verifier's target's, from the draft's
+    vocabulary alone (no weights loaded) and the verifier's answer to a handshake without a
+    tokenizer. A verifier that cannot be asked now (unreachable, or from before target discovery)
+    is left to the session's handshake, which checks the same."""
+    from ..runtime import LlamaModel
+
+    try:
+        info = _ask(transport)
+    except (VerifierUnavailableError, ConfigError):
+        return
+    theirs = info.target_fingerprint
+    if theirs.vocab_size == 0:  # publishes no tokenizer
+        return
+    vocab = LlamaModel(path, name=name, vocab_only=True)
+    try:
+        ours = vocab.fingerprint()
+    finally:
+        vocab.close()
+    if not ours.same_tokenizer(theirs):
+        what = ("their vocabularies differ" if (ours.vocab_size - ours.padding) != (theirs.vocab_size - theirs.padding)
+                else "the same number of tokens, but different tokens or special tokens")
+        raise IncompatibleModelsError(
+            f"draft model {name!r} ({ours.vocab_size} tokens) does not share a tokenizer with the target "
+            f"{info.target_model!r} ({theirs.vocab_size} tokens) the verifier at {transport.address} serves: {what}; "
+            "use a draft of the target's family (checked before loading the draft's weights)"
+        )
 
 
 def _ask(transport: VerifierTransport) -> ServerInfo:
