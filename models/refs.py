@@ -38,6 +38,7 @@ from typing import Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from edgekit.errors import ConfigError, ModelLoadError, ModelNotFoundError
+from edgekit.runtime import SPLIT_NAME, split_parts
 
 from . import cache, pull
 from .ollama import DEFAULT_HOST, DEFAULT_NAMESPACE, ollama_model, parse_ollama_name
@@ -54,7 +55,6 @@ ACCEPTED_FORMS = (
 )
 
 _QUANT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 _HUB_HOSTS = ("hf.co", "huggingface.co", "www.huggingface.co")
 
 
@@ -203,7 +203,7 @@ def resolve(
         return ResolvedModel(_checked_gguf(path, str(parsed)), shown, parsed, "hf")
     assert parsed.path is not None
     path = _local_gguf(parsed.path, str(parsed))
-    split = _SPLIT.match(path.name)
+    split = SPLIT_NAME.match(path.name)
     return ResolvedModel(path, split.group("stem") if split else path.stem, parsed, "path")
 
 
@@ -347,15 +347,12 @@ def _local_gguf(given: Path, text: str) -> Path:
         ggufs = sorted(p.name for p in path.glob("*.gguf"))[:5]
         inside = f": it holds {', '.join(ggufs)}" if ggufs else ", and it holds no .gguf file"
         raise ConfigError(f"{path} is a directory, not a GGUF file{inside}; name the file")
-    split = _SPLIT.match(path.name)
-    if split:
-        count = int(split.group("count"))
-        parts = [path.with_name(f"{split.group('stem')}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
-        missing = [p.name for p in parts if not p.is_file()]
-        if missing:
-            raise ModelNotFoundError(f"{path.name} is part of a GGUF split into {count} files; missing: "
-                                     f"{', '.join(missing)} (in {path.parent})")  # fmt: skip
-        path = parts[0]
+    parts = split_parts(path)
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise ModelNotFoundError(f"{path.name} is part of a GGUF split into {len(parts)} files; missing: "
+                                 f"{', '.join(missing)} (in {path.parent})")  # fmt: skip
+    path = parts[0]
     return _checked_gguf(path, text)
 
 

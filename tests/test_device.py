@@ -158,6 +158,12 @@ def test_a_draft_is_sized_from_its_file(gemma_paths, tmp_path):
     assert need.weights == gemma_paths[0].stat().st_size
     (tmp_path / "junk.gguf").write_bytes(b"junk")
     assert model_memory_need(tmp_path / "junk.gguf", 4096, "junk") is None  # llama.cpp says what is wrong
+    # a split GGUF weighs all its parts (the first holds the metadata; here a copy, and a 1 GB sparse part)
+    first, second = tmp_path / "m-00001-of-00002.gguf", tmp_path / "m-00002-of-00002.gguf"
+    first.write_bytes(gemma_paths[0].read_bytes())
+    with open(second, "wb") as f:
+        f.truncate(1 << 30)
+    assert model_memory_need(first, 4096, "split").weights == first.stat().st_size + (1 << 30)
 
 
 def test_a_draft_that_does_not_fit_is_refused_before_loading(gemma_paths, monkeypatch):

@@ -17,7 +17,7 @@ from ._device import (
     process_cpu_seconds,
 )
 from ._draft import DraftModel, DraftOutput, LlamaDraftModel
-from ._gguf import GGUFArray, read_metadata
+from ._gguf import SPLIT_NAME, GGUFArray, read_metadata, split_parts
 from ._llama import LlamaContext, LlamaModel, default_threads, llama_build
 from ._logits import (
     ALL_COLUMNS,
@@ -41,6 +41,7 @@ __all__ = [
     "GGUF_PADDING_TYPES",
     "KERNEL",
     "LLAMA_PADDING_ATTRS",
+    "SPLIT_NAME",
     "TAIL_NATS",
     "DeviceLoad",
     "DeviceState",
@@ -72,6 +73,7 @@ __all__ = [
     "process_cpu_seconds",
     "quantizer_command",
     "read_metadata",
+    "split_parts",
     "trailing_padding",
     "use_kernel",
 ]

@@ -22,7 +22,7 @@ from typing import TypeVar
 import psutil
 
 from ..errors import InsufficientMemoryError, ModelLoadError
-from ._gguf import read_metadata
+from ._gguf import read_metadata, split_parts
 
 __all__ = [
     "DeviceLoad",
@@ -188,7 +188,7 @@ def model_memory_need(
         kv_heads = num("attention.head_count_kv", heads)
         key = num("attention.key_length", width // heads)
         value = num("attention.value_length", width // heads)
-        weights = os.path.getsize(path)
+        weights = sum(os.path.getsize(p) for p in split_parts(path))  # every part of a split GGUF
     except (OSError, ModelLoadError, KeyError, ZeroDivisionError):
         return None
     return MemoryNeed(what, weights, context, 2.0 * layers * kv_heads * (key + value), _BUFFERS, sequences)

@@ -14,15 +14,31 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ..errors import ModelLoadError
 
-__all__ = ["GGUFArray", "read_metadata"]
+__all__ = ["SPLIT_NAME", "GGUFArray", "read_metadata", "split_parts"]
+
+# A part of a GGUF split by llama.cpp's gguf-split: STEM-00001-of-00003.gguf
+SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+
+def split_parts(path: str | os.PathLike[str]) -> list[Path]:
+    """Every file of the model `path` is part of, in order (a split GGUF's parts, present or not);
+    just `path` for a file in one piece."""
+    path = Path(path)
+    split = SPLIT_NAME.match(path.name)
+    if not split:
+        return [path]
+    count = int(split.group("count"))
+    return [path.with_name(f"{split.group('stem')}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)]
 
 @dataclass(frozen=True)
 class GGUFArray:
