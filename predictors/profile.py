@@ -17,14 +17,13 @@ refill in its own argmax and loop instead.
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 
 import numpy as np
 
 from edgekit.drafting import OnnxPredictor
-from edgekit.runtime import ALL_COLUMNS, FEATURE_NAMES, LlamaDraftModel, current_kernel
+from edgekit.runtime import ALL_COLUMNS, FEATURE_NAMES, LlamaDraftModel, current_kernel, default_threads
 
 __all__ = ["profile_drafting"]
 
@@ -96,7 +95,7 @@ def profile_drafting(
         "draft": draft.name,
         "n_vocab": draft.n_vocab,
         "steps": steps,
-        "threads": os.environ.get("EDGEKIT_THREADS") or f"all cores ({os.cpu_count()})",
+        "threads": default_threads(),  # llama.cpp's threads for the draft (EDGEKIT_THREADS, else the cores)
         "cpu": platform.processor() or platform.machine(),
         "kernel": current_kernel(),
         "draft_step_us": _summary(plain),

@@ -319,7 +319,8 @@ class EdgeClient:
 
         def events() -> Iterator[Event]:
             stats = GenerationStats(
-                mode=gen.mode, draft_k=0, sampler=gen.sampler().describe(), prompt_tokens=len(tokens)
+                mode=gen.mode, draft_k=0, drafting="target-only", sampler=gen.sampler().describe(),
+                prompt_tokens=len(tokens),
             )
             progress = StatsAccumulator(stats, TextDecoder(self.draft))
             finish = None
