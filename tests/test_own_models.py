@@ -204,3 +204,17 @@ def test_serve_takes_a_model_by_reference(ollama, gemma_draft):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_probe_and_plan_take_a_draft_by_reference(ollama, gemma_server, tmp_path):
+    r = runner.invoke(app, ["probe", gemma_server.address, "--draft", "ollama:gemma-draft", "--json",
+                            "--calibration-tokens", "16"])
+    assert r.exit_code == 0, r.output
+    probed = json.loads(r.stdout)
+    assert probed["costs"]["measured"] and probed["costs"]["draft_step_ms"] > 0
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\nThe capital of France is\n")
+    r = runner.invoke(app, ["plan", str(prompts), "--draft", "ollama:gemma-draft", "--verifier", gemma_server.address,
+                            "--max-tokens", "8", "--acceptance", "0.7", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["window"] >= 1
