@@ -127,6 +127,20 @@ def test_chat_takes_the_ggufs_recommended_sampler_and_options_win_over_it(fake_c
     assert fake_client[0].transport.open_calls[-1].sampler.repetition_penalty == 1.3  # a new verifier session
 
 
+def test_generate_takes_every_sampler_option_and_names_the_sampler(fake_client):
+    args = ["generate", "-p", "x", "--mode", "sample", "-t", "0.9", "--top-k", "5", "--top-p", "0.8", "--min-p", "0.1",
+            "--repeat-penalty", "1.2", "--frequency-penalty", "0.3", "--presence-penalty", "0.4", "--repeat-last-n",
+            "16", "--seed", "1", "-n", "4", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["sampler"] == {"temperature": 0.9, "top_k": 5, "top_p": 0.8, "min_p": 0.1, "repetition_penalty": 1.2,
+                              "frequency_penalty": 0.3, "presence_penalty": 0.4, "penalty_last_n": 16}
+    assert fake_client[0].transport.open_calls[-1].sampler.describe() == out["sampler"]
+    bad = runner.invoke(app, ["generate", "-p", "x", "--mode", "sample", "--top-p", "0"])
+    assert bad.exit_code != 0 and "top_p" in str(bad.exception)
+
+
 def test_greedy_chat_with_a_bad_option_says_which(fake_client):
     result = runner.invoke(app, ["chat", "--greedy", "--mode", "sample", "--prompt", "x", "--no-history"])
     assert result.exit_code != 0 and "--greedy" in result.output
