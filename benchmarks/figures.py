@@ -25,12 +25,14 @@ def _load(name: str) -> dict:
 
 
 def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
+    import chat_loops
     import drafting_policies
     import footprint
     import install_size
     import link_sweep
     import pipeline
     import profile_drafting
+    import sampling_acceptance
     import verifier_context
 
     import semantic  # benchmarks/semantic.py (this folder comes first on the path)
@@ -60,6 +62,8 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
         ("semantic", lambda: semantic.plot({"configs": _load("semantic")["configs"]}, png("semantic"))),
         ("profile_kernels_gemma-270m", lambda: profile_drafting.plot(_load("profile_kernels_gemma-270m")["summary"],
                                                                      png("profile_kernels_gemma-270m"))),
+        *[(n, lambda n=n, m=m: m.plot(_load(n), png(n)))
+          for n, m in (("sampling_acceptance", sampling_acceptance), ("chat_loops", chat_loops))],
     ]
 
 
