@@ -54,7 +54,7 @@ def test_a_wheel_built_without_a_compiler_works_and_says_it_uses_numpy(tmp_path,
           "draft": "gemma-3-270m-q4_0",
           "n_vocab": 262144,
           "steps": 20,
-          "threads": "1",
+          "threads": 1,
           "cpu": "<cpu>",
           "kernel": "numpy",
           "draft_step_us": {

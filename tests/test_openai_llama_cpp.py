@@ -67,7 +67,7 @@ def _client(url: str, draft, **gen) -> EdgeClient:  # type: ignore[no-untyped-de
 def test_greedy_through_the_openai_server_is_its_own_target_only_decoding(llama_server, gemma_draft):
     with _client(llama_server, gemma_draft) as client:
         info = client.server_info()
-        assert (info.backend, info.modes, info.prefix_cache) == ("openai", ("greedy",), False)
+        assert (info.backend, info.modes, info.prefix_cache) == ("openai", ("greedy", "sample"), False)
         assert info.tokenizer_check == "probe text through /extras/tokenize"
         assert client.transport.prompt_ids is False  # llama-cpp-python's server takes text prompts only
         for prompt in PROMPTS[:2]:  # the server reads each round's context a row at a time: two answers suffice
@@ -92,9 +92,9 @@ def test_what_text_prompts_cannot_carry_is_refused_not_verified_shifted(llama_se
     transport.close()
 
 
-def test_sampling_is_refused_with_the_reason(llama_server, gemma_draft):
+def test_sampling_without_a_top_k_within_the_cap_is_refused_with_the_reason(llama_server, gemma_draft):
     with _client(llama_server, gemma_draft, mode="sample") as client:
-        with pytest.raises(ConfigError, match="does not support 'sample' acceptance"):
+        with pytest.raises(ConfigError, match="needs a top_k from 1 to 20"):
             client.generate("x").until_done()
 
 
