@@ -174,6 +174,17 @@ def csv_list(text: str, cast=str) -> list:  # type: ignore[no-untyped-def]
 # -- output --------------------------------------------------------------------------
 
 
+def stop_process(proc: Any, grace: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL if `proc` (a subprocess.Popen) has not exited within `grace` seconds."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def write_result(name: str, payload: dict[str, Any]) -> Path:
     """Writes benchmarks/results/<name>.json with the machine and command line added."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -156,11 +156,7 @@ def serve_process(serve_args: list[str], log: Path | None):
         _wait_ready(f"127.0.0.1:{port}", proc, timeout=600)
         yield Served(f"127.0.0.1:{port}", proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        C.stop_process(proc)
         if log:
             out.close()  # type: ignore[union-attr]
 
@@ -240,7 +236,8 @@ def run_fleet(address: str, system: str, n: int, args: argparse.Namespace, trace
     fp = _draft_fingerprint(meta)
     fleet = Fleet(address, fp, traces, specs, mode=mode,
                   controller=controller_factory(drafting, meta["pair"], meta["window"], args.k),
-                  duration=args.duration, max_window=meta["window"], seed=args.seed)
+                  duration=args.duration, max_window=meta["window"], seed=args.seed,
+                  on_divergence=getattr(args, "on_divergence", "fail"))
     return fleet.run()
 
 

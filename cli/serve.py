@@ -83,6 +83,11 @@ def serve(
         None, "--tls-client-ca", exists=True, help="Mutual TLS: require client certificates signed by this CA (PEM)."
     ),
     threads: int | None = typer.Option(None, "--threads", min=1, help="llama.cpp threads (default: all cores)."),
+    gpu_layers: int | None = typer.Option(
+        None, "--gpu-layers", min=-1,
+        help="Target layers on the GPU where llama.cpp was built with one: -1 all, 0 none "
+        "(default: EDGEKIT_GPU_LAYERS, else all).",
+    ),
     prefill_chunk: int = typer.Option(
         128, "--prefill-chunk", min=1,
         help="Prompts and turns go to the engine in chunks of this many tokens, other sessions' rounds between them.",
@@ -186,6 +191,7 @@ def serve(
         tls_key=str(tls_key) if tls_key else None,
         tls_client_ca=str(tls_client_ca) if tls_client_ca else None,
         threads=threads,
+        gpu_layers=gpu_layers,
         prefill_chunk=prefill_chunk,
         policy=policy.value,
         guard_ms=guard_ms,

@@ -269,6 +269,9 @@ class ServerConfig:
     # Mutual TLS: clients must present a certificate signed by this CA (PEM file).
     tls_client_ca: str | None = None
     threads: int | None = None
+    # Target layers on a GPU, where llama.cpp was built with one: -1 all, 0 none; None:
+    # EDGEKIT_GPU_LAYERS, else llama.cpp's default (all). A CPU-only build ignores it.
+    gpu_layers: int | None = None
     workers: int = 32  # gRPC handler threads (at least max_sessions + 8)
     # "exact": greedy output token-identical to target-only decoding (slower
     # kernels, blocks in batch-invariant sub-batches); "fast": every kernel.

@@ -84,6 +84,23 @@ def test_a_trace_that_is_not_the_targets_output_is_caught(traces, server):
     assert fleet.errors and "the trace says" in fleet.errors[0]
 
 
+@pytest.mark.parametrize("mode", ["speculative", "centralized"])
+def test_a_divergence_ends_the_response_when_asked_and_the_device_goes_on(traces, server, mode):
+    """on_divergence="end" (a GPU verifier in fast numerics): the response stops where the verifier
+    left the trace, its committed tokens counted, and the device starts its next response."""
+    bad = Trace(traces[0].prompt, list(traces[0].target), [list(c) for c in traces[0].drafts],
+                traces[0].features, traces[0].step_ms)
+    bad.target[5] = (bad.target[5] + 1) % TARGET.vocab_size
+    fleet = Fleet(server.address, DRAFT.fingerprint(), [bad], _specs(1), mode=mode,
+                  controller=lambda: FixedWindow(3), duration=0.5, max_window=6, min_responses=2,
+                  on_divergence="end").run()
+    assert fleet.errors == []
+    assert fleet.divergences == len(fleet.responses) >= 2  # every response met it, and the device went on
+    if mode == "speculative":  # the verifier's tokens up to the divergence and the one it sent instead
+        assert all(6 <= r.tokens <= 5 + 6 for r in fleet.responses)
+    assert fleet.summary()["divergences"] == fleet.divergences
+
+
 @pytest.mark.timeout(600)
 def test_the_smoke_configuration_runs_on_the_gemma_pair(tmp_path):
     done = subprocess.run([sys.executable, str(BENCH / "fleet.py"), "smoke", "--out-dir", str(tmp_path)],

@@ -18,7 +18,7 @@ from ._device import (
 )
 from ._draft import DraftModel, DraftOutput, LlamaDraftModel
 from ._gguf import SPLIT_NAME, GGUFArray, read_metadata, split_parts
-from ._llama import LlamaContext, LlamaModel, default_threads, llama_build
+from ._llama import LlamaContext, LlamaModel, default_threads, env_gpu_layers, gpu_offload, llama_build
 from ._logits import (
     ALL_COLUMNS,
     FEATURE_NAMES,
@@ -66,6 +66,8 @@ __all__ = [
     "default_threads",
     "device_load",
     "device_state",
+    "env_gpu_layers",
+    "gpu_offload",
     "is_padding_text",
     "llama_build",
     "model_memory_need",

@@ -28,7 +28,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the dependency
     raise DependencyMissingError("llama-cpp-python") from exc
 
-__all__ = ["LlamaContext", "LlamaModel", "default_threads"]
+__all__ = ["LlamaContext", "LlamaModel", "default_threads", "env_gpu_layers", "gpu_offload"]
 
 # GGUF's recommended sampler settings (gguf.Keys.General.SAMPLING_*) -> GenerationConfig's names
 _SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
@@ -91,15 +91,41 @@ def default_threads() -> int:
     return physical_cores()
 
 
+def env_gpu_layers() -> int | None:
+    """EDGEKIT_GPU_LAYERS (-1 all layers on the GPU, 0 none), or None where unset."""
+    env = os.environ.get("EDGEKIT_GPU_LAYERS", "").strip()
+    if not env:
+        return None
+    try:
+        return int(env)
+    except ValueError:
+        raise ValueError(f"EDGEKIT_GPU_LAYERS={env!r}: expected a whole number (-1 all, 0 none)") from None
+
+
+def gpu_offload() -> bool:
+    """Whether this llama.cpp build can offload layers to a GPU."""
+    _init_backend()
+    return bool(_lc.llama_supports_gpu_offload())
+
+
 class LlamaModel:
     """Weights and vocabulary of one GGUF file."""
 
     def __init__(
-        self, path: str | os.PathLike[str], *, name: str | None = None, repack: bool = True, vocab_only: bool = False
+        self,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        repack: bool = True,
+        vocab_only: bool = False,
+        gpu_layers: int | None = None,
     ) -> None:
         """repack=False keeps weights in their file layout: slower, but the matmul
         kernels then give the same result per row whatever the batch size.
-        vocab_only loads the vocabulary and metadata, no weights (for a fingerprint; n_embd is then 0)."""
+        vocab_only loads the vocabulary and metadata, no weights (for a fingerprint; n_embd is then 0).
+        gpu_layers: layers offloaded to a GPU where llama.cpp was built with one (CUDA, Metal,
+        Vulkan); -1 all, 0 none; None: EDGEKIT_GPU_LAYERS, else llama.cpp's default (all).
+        A CPU-only build ignores it."""
         _init_backend()
         self.path = Path(path)
         if not self.path.is_file():
@@ -109,6 +135,10 @@ class LlamaModel:
         params.use_mmap = True
         params.use_extra_bufts = repack and _extra_buffers_ok()
         params.vocab_only = vocab_only
+        layers = gpu_layers if gpu_layers is not None else env_gpu_layers()
+        if layers is not None:
+            params.n_gpu_layers = layers
+        self.gpu_layers = layers
         model = _lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
             # A NULL here must never reach llama.cpp again: it would segfault later.

@@ -139,6 +139,7 @@ class VerifierServer:
                 threads=c.threads,
                 cache_dir=Path(c.calibration_dir) if c.calibration_dir else default_calibration_dir(),
                 recalibrate=c.calibrate == "force",
+                gpu_layers=c.gpu_layers,
             )
         self.engine = target
         self.service = VerifierService(self.engine, c, estimator=self._estimator(), clock=clock)

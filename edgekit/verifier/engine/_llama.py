@@ -34,7 +34,7 @@ import numpy as np
 
 from ...errors import InferenceError, KVCacheFullError
 from ...protocol import Fingerprint
-from ...runtime import LlamaContext, LlamaModel, default_threads
+from ...runtime import LlamaContext, LlamaModel, default_threads, gpu_offload
 from ._base import Feed, FeedOutput
 from ._cache import load_cached, machine_key, store_cached
 
@@ -179,13 +179,16 @@ class LlamaEngine:
         threads: int | None = None,
         cache_dir: Path | None = None,
         recalibrate: bool = False,
+        gpu_layers: int | None = None,
     ) -> None:
         """`cache_dir`: where the exact mode's calibration is kept between starts (None: measured
-        every time); `recalibrate` measures again whatever is kept."""
-        self.model = LlamaModel(model_path, name=name, repack=not exact)
+        every time); `recalibrate` measures again whatever is kept. `gpu_layers`: see `LlamaModel`."""
+        self.model = LlamaModel(model_path, name=name, repack=not exact, gpu_layers=gpu_layers)
         self.name = self.model.name
         stat = os.stat(model_path)
         self.identity = f"{os.path.basename(model_path)}:{stat.st_size}:{int(stat.st_mtime)}"
+        if gpu_offload():  # the kernels, and with them calibrations, differ with the layers offloaded
+            self.identity += f":gpu-layers={-1 if self.model.gpu_layers is None else self.model.gpu_layers}"
         self.n_vocab = self.model.n_vocab
         self.n_embd = self.model.n_embd
         n_batch = max(512, max_block + 1)
@@ -215,6 +218,8 @@ class LlamaEngine:
         stat = os.stat(path)
         key = {"model": os.path.basename(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
                "threads": threads or default_threads(), "limit": limit, "depths": list(depths), **machine_key()}
+        if gpu_offload():
+            key["engine"] = self.identity  # the layers offloaded
         if cache_dir is not None and not again:
             kept = load_cached(cache_dir, "invariant-batches", key)
             if isinstance(kept, list) and all(isinstance(r, list) and len(r) == 2 for r in kept):

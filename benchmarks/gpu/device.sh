@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU suite on a lent GPU machine that reaches no network (benchmarks/gpu/README.md).
+#
+# What it needs travels in the ignored folder .gpu/, a piece per call (a call carries at most
+# 64 MiB): .gpu/pkg (llama-cpp-python's Python files with llama.cpp's libraries built for CUDA,
+# llama-server, the wheels the machine's Python lacks) and .gpu/model.partNN (the gemma target,
+# gzip, split). Each call first moves what it carried to $STAGE, which lasts while the machine
+# is held.
+#
+#   bash benchmarks/gpu/device.sh stage         # after each carrying call
+#   bash benchmarks/gpu/device.sh check         # the environment: GPU, imports, offload
+#   bash benchmarks/gpu/device.sh run [ARGS]    # assemble the model, then suite.py --out $OUT ARGS
+set -euo pipefail
+STAGE=${EDGEKIT_GPU_STAGE:-/tmp/edgekit-gpu}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$STAGE/parts"
+
+stage() {
+    shopt -s nullglob
+    for f in "$ROOT"/.gpu/model.part*; do mv "$f" "$STAGE/parts/"; done
+    if [ -d "$ROOT/.gpu/pkg" ]; then rm -rf "$STAGE/pkg"; mv "$ROOT/.gpu/pkg" "$STAGE/pkg"; fi
+    ls -l "$STAGE" "$STAGE/parts"
+}
+
+environment() {
+    local site="$STAGE/site" tree="$STAGE/pytree"
+    if [ ! -d "$site/llama_cpp" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+            "$STAGE"/pkg/wheels/*.whl
+        cp -r "$STAGE/pkg/llama_cpp" "$site/"
+    fi
+    # edgekit from the checkout, laid out as its install does (pyproject's package-dir)
+    rm -rf "$tree" && mkdir -p "$tree/edgekit"
+    for f in "$ROOT"/edgekit/*; do ln -s "$f" "$tree/edgekit/"; done
+    for d in models predictors semantic cli; do ln -s "$ROOT/$d" "$tree/edgekit/$d"; done
+    (cd "$ROOT" && python3 setup.py -q build_ext --inplace >/dev/null 2>&1) || echo "no C kernel: numpy statistics"
+    local cublas
+    cublas=$(dirname "$(find / -xdev -name 'libcublas.so.13' -path '*nvidia*' 2>/dev/null | head -1)")
+    export LD_LIBRARY_PATH="$site/llama_cpp/lib:$cublas:${LD_LIBRARY_PATH:-}"
+    export PYTHONPATH="$tree:$site" EDGEKIT_CACHE_DIR="$STAGE/cache" PYTHONUNBUFFERED=1
+    export PATH="$STAGE/pkg/bin:$PATH"
+}
+
+model() {
+    local dst="$STAGE/cache/models/gemma-3-270m-q4_k_m.gguf"
+    mkdir -p "$(dirname "$dst")"
+    if [ ! -f "$dst" ]; then cat "$STAGE"/parts/model.part* | gunzip > "$dst"; fi
+    # checks the target's sha256 and derives the draft from it (no network needed for either)
+    python3 -c "from edgekit.cli.app import main; main()" models pull gemma-270m
+}
+
+case "${1:-}" in
+    stage) stage ;;
+    check)
+        stage
+        environment
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+        nproc; python3 -V
+        python3 -c "import llama_cpp, edgekit; from edgekit.runtime import gpu_offload, llama_build; \
+print('gpu offload', gpu_offload()); print(llama_build()['llama_build'])"
+        llama-server --version 2>&1 | tail -3
+        ;;
+    run)
+        shift
+        stage
+        environment
+        model
+        python3 "$ROOT/benchmarks/gpu/suite.py" --out "${OUT:-$STAGE/out}" --llama-server "$STAGE/pkg/bin/llama-server" "$@"
+        ;;
+    *) echo "usage: $0 stage|check|run [suite args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,467 @@
+"""The side-by-side comparison with the verifier on a GPU (issue 37, item 5), from one command.
+
+One box plays both machines. The device is this process, pinned to one CPU core: the draft runs
+there on llama.cpp's CPU kernels with one thread (EDGEKIT_GPU_LAYERS=0). The verifier is
+`edgekit serve` with every target layer on the GPU (`--gpu-layers -1`, fast numerics: a GPU has
+no batch-invariant kernels), reached through `edgekit.linkemu.DelayProxy` at each RTT (a
+user-space relay that delays each direction by half of it; no rate limit). Systems, each on the
+same prompts, greedy, the same GGUF files:
+
+    local             the target alone on the device core (llama.cpp CPU, one thread)
+    centralized       the GPU verifier decodes every token and streams it (edgekit's target-only Generate)
+    llama-server      the same from llama.cpp's own server on the GPU (a stock centralized server)
+    co-located        llama.cpp's own draft-model speculation on the GPU (llama-server -md, its defaults)
+    edgekit-fixed-4   distributed speculation, a fixed window of 4
+    edgekit-auto      distributed speculation, the default policy (drafting="auto")
+
+Per system and RTT: time per token and time to first token as the user sees them, and the
+verifier's busy time per committed token (what the operator pays; where the verifier reports it).
+Every lossless system's text is compared with centralized decoding's on every prompt.
+
+Then the fleet: N simulated devices (benchmarks/fleet.py, traces recorded here against the same
+GPU verifier) against centralized serving, fcfs and wisp on the GPU verifier; capacity per SLO
+class (WISP eq. 20) and goodput against N.
+
+    python benchmarks/gpu/suite.py --out DIR [--llama-server PATH]   # on a GPU machine
+    python benchmarks/gpu/suite.py --dry-run --out DIR                # CI: the same code on the CPU, tiny
+
+Needs the gemma-270m pair in the model cache (`edgekit models pull gemma-270m`); a llama.cpp
+built with CUDA in the Python environment (else it says so, and runs on the CPU only with
+--dry-run). Writes DIR/gpu_suite.json and DIR/gpu_suite.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+# The device's draft stays on the CPU whatever the build; the verifier is told otherwise explicitly.
+os.environ.setdefault("EDGEKIT_GPU_LAYERS", "0")
+
+import _common as C  # noqa: E402
+import fleet as F  # noqa: E402
+
+PAIR = "gemma-270m"
+CORES = frozenset(os.sched_getaffinity(0))  # before the device pins itself to one of them
+LOSSLESS = ("local", "centralized", "llama-server", "co-located", "edgekit-fixed-4", "edgekit-auto")
+
+
+def gpu_name() -> str | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def pin_to_device_core() -> int:
+    """Pins this process (the device) to one core, the first it may use; returns it."""
+    core = min(CORES)
+    os.sched_setaffinity(0, {core})
+    return core
+
+
+def verifier_cores(device_core: int) -> set[int]:
+    """The others: the verifier's machine (on a 1-core box it shares the device's)."""
+    return set(CORES - {device_core}) or {device_core}
+
+
+@contextmanager
+def serve(args: argparse.Namespace, target: Path, *, policy: str = "fcfs", cores: set[int] | None = None,
+          gpu_layers: int = -1, threads: int | None = None, sessions: int = 4, log: Path | None = None):
+    """`edgekit serve` on a free port, pinned to `cores`; its address and process id."""
+    serve_args = ["--model", str(target), "--policy", policy, "--max-sessions", str(sessions),
+                  "--numerics", args.numerics, "--gpu-layers", str(gpu_layers), "--max-context", "2048"]
+    if threads:
+        serve_args += ["--threads", str(threads)]
+    previous = os.sched_getaffinity(0)
+    if cores:
+        os.sched_setaffinity(0, cores)  # inherited by the child
+    try:
+        with F.serve_process(serve_args, log) as served:
+            os.sched_setaffinity(0, previous)
+            yield served
+    finally:
+        os.sched_setaffinity(0, previous)
+
+
+@contextmanager
+def proxy_to(address: str):
+    from edgekit.linkemu import DelayProxy
+
+    host, port = address.rsplit(":", 1)
+    with DelayProxy((host, int(port))) as p:
+        yield p
+
+
+def cpu_seconds(pid: int) -> float:
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+# -- edgekit ------------------------------------------------------------------------------
+
+
+def run_edgekit(client: Any, prompt: str, system: str) -> dict:
+    from edgekit.drafting import FixedWindow
+
+    if system == "centralized":
+        final = client.generate_target_only(prompt).until_done()
+    elif system == "edgekit-fixed-4":
+        final = client.generate(prompt, controller=FixedWindow(4)).until_done()
+    else:
+        final = client.generate(prompt).until_done()
+    s = final.stats
+    n = max(s.completion_tokens, 1)
+    return {"text": final.text, "tokens": s.completion_tokens, "elapsed_s": s.elapsed_s,
+            "ttft_ms": s.time_to_first_token_ms, "ms_per_token": 1e3 * s.elapsed_s / n,
+            "verify_ms_per_token": s.server_verify_ms / n if s.server_verify_ms else None,
+            "rounds": s.rounds, "accepted": s.accepted, "drafted": s.drafted}
+
+
+# -- llama.cpp's server ---------------------------------------------------------------------
+
+
+@contextmanager
+def llama_server(binary: str, target: Path, draft: Path | None, log: Path):
+    port = F._free_port()
+    cmd = [binary, "-m", str(target), "-ngl", "99", "--host", "127.0.0.1", "--port", str(port), "-c", "4096",
+           "-np", "1", "--no-warmup"]
+    if draft is not None:
+        cmd += ["-md", str(draft), "-ngld", "99"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            end = time.monotonic() + 180
+            while time.monotonic() < end:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"llama-server exited with {proc.returncode}; see {log}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    time.sleep(0.5)
+            else:
+                raise RuntimeError(f"llama-server was not ready within 180 s; see {log}")
+            yield f"127.0.0.1:{port}", proc.pid
+        finally:
+            C.stop_process(proc, 20)
+
+
+def run_llama_server(address: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed greedy completion; times as the client sees them."""
+    body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "stream": True,
+                       "cache_prompt": False, "seed": 0}).encode()
+    req = urllib.request.Request(f"http://{address}/completion", data=body,
+                                 headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    first = None
+    text, timings = [], {}
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            msg = json.loads(line[5:])
+            if msg.get("content"):
+                first = first or time.perf_counter()
+                text.append(msg["content"])
+            if msg.get("stop"):
+                timings = msg.get("timings", {})
+                break
+    elapsed = time.perf_counter() - start
+    n = int(timings.get("predicted_n") or 0) or max(len(text), 1)
+    return {"text": "".join(text), "tokens": n, "elapsed_s": elapsed,
+            "ttft_ms": 1e3 * (first - start) if first else None, "ms_per_token": 1e3 * elapsed / n,
+            "verify_ms_per_token": timings.get("predicted_per_token_ms"),
+            "drafted": timings.get("draft_n"), "accepted": timings.get("draft_n_accepted")}
+
+
+# -- the side-by-side runs --------------------------------------------------------------------
+
+
+def side_by_side(args: argparse.Namespace, draft: Path, target: Path, prompts: list[dict]) -> dict:
+    from edgekit import EdgeClient, GenerationConfig
+
+    gen = GenerationConfig(max_tokens=args.tokens, mode="greedy", stop_at_eos=True)
+    core = pin_to_device_core()
+    runs: list[dict] = []
+    logs = Path(args.out)
+
+    def record(system: str, rtt: float, i: int, r: dict, cpu_s: float | None = None) -> None:
+        r.update(system=system, rtt_ms=rtt, prompt=prompts[i]["id"], kind=prompts[i]["kind"])
+        if cpu_s is not None:  # local: the device decodes, no verifier
+            r["verifier_cpu_s_per_token"] = cpu_s / max(r["tokens"], 1)
+        runs.append(r)
+        C.progress(f"{system:16s} rtt {rtt:5.0f} [{i + 1}/{len(prompts)}] {r['ms_per_token']:6.1f} ms/token")
+
+    # local: the target on the device core, decoding everything itself (no link)
+    with serve(args, target, cores={core}, gpu_layers=0, threads=1, sessions=2, log=logs / "local.log") as served:
+        with EdgeClient(served.address, draft=draft, generation=gen, draft_threads=1) as client:
+            client.server_info()
+            for i, p in enumerate(prompts):
+                record("local", 0.0, i, run_edgekit(client, p["prompt"], "centralized"))
+    with serve(args, target, cores=verifier_cores(core), gpu_layers=args.gpu_layers, sessions=4,
+               log=logs / "verifier.log") as served, proxy_to(served.address) as proxy:
+        with EdgeClient(proxy.address, draft=draft, generation=gen, draft_threads=1) as client:
+            client.server_info()
+            for rtt in args.rtts:
+                proxy.impairment.rtt_ms = rtt
+                for i, p in enumerate(prompts):
+                    for system in ("centralized", "edgekit-fixed-4", "edgekit-auto"):
+                        before = cpu_seconds(served.pid)
+                        r = run_edgekit(client, p["prompt"], system)
+                        record(system, rtt, i, r, cpu_seconds(served.pid) - before)
+    errors: dict[str, str] = {}
+
+    def stock(system: str, with_draft: Path | None) -> None:
+        with llama_server(args.llama_server, target, with_draft, logs / f"{system}.log") as (address, pid), \
+                proxy_to(address) as proxy:
+            run_llama_server(address, prompts[0]["prompt"], 4)  # warm-up: the first CUDA kernels
+            for rtt in args.rtts:
+                proxy.impairment.rtt_ms = rtt
+                for i, p in enumerate(prompts):
+                    before = cpu_seconds(pid)
+                    r = run_llama_server(proxy.address, p["prompt"], args.tokens)
+                    record(system, rtt, i, r, cpu_seconds(pid) - before)
+
+    for system, with_draft in (("llama-server", None), ("co-located", draft)) if args.llama_server else ():
+        try:
+            stock(system, with_draft)
+        except Exception as exc:  # a stock server that fails is reported; the rest stands
+            errors[system] = f"{type(exc).__name__}: {exc}"
+            C.progress(f"{system}: {errors[system]}")
+    return {"device_core": core, "runs": runs, "identity": identity(runs), "summary": summarize(runs),
+            "errors": errors}
+
+
+def identity(runs: list[dict]) -> dict:
+    """Per system, prompts whose text equals centralized decoding's (at the same RTT, else any)."""
+    ref = {(r["prompt"], r["rtt_ms"]): r["text"] for r in runs if r["system"] == "centralized"}
+    any_ref = {r["prompt"]: r["text"] for r in runs if r["system"] == "centralized"}
+    out: dict[str, dict] = {}
+    for r in runs:
+        want = ref.get((r["prompt"], r["rtt_ms"]), any_ref.get(r["prompt"]))
+        if want is None:
+            continue
+        d = out.setdefault(r["system"], {"identical": 0, "runs": 0, "differ": []})
+        d["runs"] += 1
+        if r["text"] == want:
+            d["identical"] += 1
+        elif r["prompt"] not in d["differ"]:
+            d["differ"].append(r["prompt"])
+    return out
+
+
+def summarize(runs: list[dict]) -> dict:
+    out: dict[str, dict] = {}
+    for r in runs:
+        key = f"{r['system']}@{r['rtt_ms']:g}"
+        out.setdefault(key, {"system": r["system"], "rtt_ms": r["rtt_ms"], "tokens": 0, "elapsed_s": 0.0,
+                             "ttft_ms": [], "verify_ms": 0.0, "verify_tokens": 0, "cpu_s": None})
+        s = out[key]
+        s["tokens"] += r["tokens"]
+        s["elapsed_s"] += r["elapsed_s"]
+        if r.get("ttft_ms") is not None:
+            s["ttft_ms"].append(r["ttft_ms"])
+        if r.get("verify_ms_per_token") is not None:
+            s["verify_ms"] += r["verify_ms_per_token"] * r["tokens"]
+            s["verify_tokens"] += r["tokens"]
+        if "verifier_cpu_s_per_token" in r:
+            s["cpu_s"] = (s["cpu_s"] or 0.0) + r["verifier_cpu_s_per_token"] * r["tokens"]
+    for s in out.values():
+        s["ms_per_token"] = 1e3 * s["elapsed_s"] / max(s["tokens"], 1)
+        s["ttft_ms"] = C.median(s["ttft_ms"]) if s["ttft_ms"] else None
+        s["verify_ms_per_token"] = s.pop("verify_ms") / s["verify_tokens"] if s["verify_tokens"] else None
+        cpu = s.pop("cpu_s")
+        s["verifier_cpu_ms_per_token"] = None if cpu is None else 1e3 * cpu / max(s["tokens"], 1)
+        del s["verify_tokens"]
+    return out
+
+
+# -- the fleet ----------------------------------------------------------------------------------
+
+
+def fleet(args: argparse.Namespace, draft: Path, target: Path) -> dict:
+    """Fleet capacity on the GPU verifier: traces recorded against it, then a sweep per system."""
+    from _fleet import load_traces, record_trace, save_traces
+
+    from edgekit import ClientConfig
+    from edgekit.protocol import GREEDY
+    from edgekit.runtime import LlamaDraftModel
+    from edgekit.transport import connect
+
+    os.sched_setaffinity(0, CORES)  # the simulated devices and the recording use every core
+    draft_model = LlamaDraftModel(draft, name=draft.stem, n_threads=1)
+    traces = []
+    path = Path(args.out) / "gpu_fleet_traces.json"
+    logs = Path(args.out)
+    results: dict[str, Any] = {}
+    # A verifier without batch-invariant kernels may leave a trace at a near tie: that response ends there.
+    fa = argparse.Namespace(on_divergence="fail" if args.numerics == "exact" else "end", seed=0, speed_min=1.0,
+                            speed_max=2.0, rtt_min=10.0, rtt_max=60.0, k=4,
+                            duration=args.fleet_duration, warmup=min(3.0, args.fleet_duration / 4))
+    for system in args.fleet_systems:
+        policy = F.SYSTEMS[system][0]
+        with serve(args, target, policy=policy, gpu_layers=args.gpu_layers, sessions=max(args.fleet_devices),
+                   log=logs / f"fleet-{system}.log") as served:
+            if not traces:  # the target's output as this verifier decodes it
+                transport = connect(served.address, ClientConfig())
+                transport.handshake(draft_model.fingerprint(), draft_model=draft.stem, draft_hidden_size=0)
+                for p in C.load_prompts(limit=args.fleet_prompts):
+                    prompt = draft_model.tokenize(p["prompt"])
+                    out = [t.token for t in transport.generate(prompt, mode="greedy", sampler=GREEDY, seed=0,
+                                                               max_tokens=48)]
+                    traces.append(record_trace(draft_model, prompt, out, 8))
+                transport.close()
+                save_traces(path, traces, {"pair": PAIR, "draft": "gemma-3-270m-q4_0", "target": "gemma-3-270m",
+                                           "window": 8, "tokens": 48, "machine": C.machine()})
+                traces, meta = load_traces(path)
+            points = []
+            for n in args.fleet_devices:
+                f = F.run_fleet(served.address, system, n, fa, traces, meta)
+                s = f.summary(fa.warmup)
+                points.append({"devices": n, **s})
+                C.progress(f"fleet {system:12s} N={n:4d} goodput {s['goodput_tokens_per_s']:7.1f} tok/s " + " ".join(
+                    f"{k} {v['violation_rate']:.2f}" for k, v in s["classes"].items()) + (
+                    f" errors {len(s['errors'])}" if s["errors"] else ""))
+            results[system] = {"points": points}
+    from edgekit.config import DEFAULT_SLO_CLASSES
+
+    for r in results.values():
+        r["capacity"] = {cls: F.capacity([(p["devices"], p["classes"][cls]["violation_rate"]) for p in r["points"]
+                                          if cls in p["classes"]], args.epsilon) for cls in DEFAULT_SLO_CLASSES}
+        r["peak_goodput"] = max(p["goodput_tokens_per_s"] for p in r["points"])
+    draft_model.close()
+    return {"systems": results, "devices": args.fleet_devices, "epsilon": args.epsilon,
+            "duration_s": args.fleet_duration}
+
+
+# -- the figure ---------------------------------------------------------------------------------
+
+
+def plot(payload: dict, png: Path) -> None:
+    fig, axes = C.subplots(4, nrows=1, width=4.6, height=3.6)
+    summary = payload["side_by_side"]["summary"]
+    systems = [s for s in LOSSLESS if any(v["system"] == s for v in summary.values())]
+    label = payload.get("gpu") or "CPU (dry run)"
+    for i, system in enumerate(systems):
+        pts = sorted((v["rtt_ms"], v) for v in summary.values() if v["system"] == system)
+        style = {"color": f"C{i}", "marker": "o", "label": system}
+        axes[0].plot([r for r, _ in pts], [v["ms_per_token"] for _, v in pts], **style)
+        axes[1].plot([r for r, _ in pts], [v["ttft_ms"] or float("nan") for _, v in pts], **style)
+    axes[0].set(xlabel="RTT ms", ylabel="ms per token (as the user sees it)", title=f"time per token\n{label}")
+    axes[1].set(xlabel="RTT ms", ylabel="ms to first token", title="time to first token")
+    axes[0].legend(fontsize=7)
+    cost = [(s, C.median([v["verifier_cpu_ms_per_token"] for v in summary.values() if v["system"] == s]))
+            for s in systems if s != "local"]  # the local target has no verifier
+    axes[2].bar(range(len(cost)), [c for _, c in cost], color=[f"C{systems.index(s)}" for s, _ in cost])
+    axes[2].set_xticks(range(len(cost)), [s for s, _ in cost], rotation=30, ha="right", fontsize=7)
+    axes[2].set(ylabel="verifier CPU ms per token", title="verifier process CPU time per token")
+    fl = payload.get("fleet")
+    if fl:
+        for i, (system, r) in enumerate(fl["systems"].items()):
+            axes[3].plot([p["devices"] for p in r["points"]], [p["goodput_tokens_per_s"] for p in r["points"]],
+                         marker="o", color=f"C{i}", label=f"{system} (cap {min(r['capacity'].values())}-"
+                         f"{max(r['capacity'].values())})")
+        axes[3].set(xlabel="devices N", ylabel="committed tokens/s", title="fleet goodput (cap: devices within SLO)")
+        axes[3].legend(fontsize=7)
+    else:
+        fig.delaxes(axes[3])
+    C.save_figure(fig, png)
+
+
+def write(payload: dict, out: Path, started: float) -> None:
+    payload["wall_s"] = time.time() - started
+    with open(out / "gpu_suite.json", "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, default=C._json_default)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for gpu_suite.json, gpu_suite.png and the servers' logs")
+    ap.add_argument("--dry-run", action="store_true", help="the CPU, two prompts, a few tokens, a tiny fleet")
+    ap.add_argument("--llama-server", default=shutil.which("llama-server"), help="llama.cpp's server binary")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--rtts", default="0,25,100")
+    ap.add_argument("--numerics", default=None,
+                    help="the verifier's (default: fast on a GPU, whose kernels are not batch-invariant; exact on "
+                    "the CPU, where every lossless system's text must then match)")
+    ap.add_argument("--fleet-systems", default="centralized,fcfs,wisp")
+    ap.add_argument("--fleet-devices", default="16,64,128")
+    ap.add_argument("--fleet-duration", type=float, default=12.0)
+    ap.add_argument("--fleet-prompts", type=int, default=8)
+    ap.add_argument("--epsilon", type=float, default=0.05)
+    args = ap.parse_args(argv)
+    from edgekit.models import get_pair, model_path
+    from edgekit.runtime import gpu_offload, llama_build
+
+    if args.dry_run:
+        args.prompts, args.tokens, args.rtts, args.fleet_devices = 2, 12, "0,20", "2"
+        args.fleet_duration, args.fleet_prompts, args.fleet_systems = 8.0, 2, "centralized,fcfs"
+    elif not gpu_offload():
+        raise SystemExit("this llama.cpp cannot offload to a GPU (a CPU build); use --dry-run to run on the CPU")
+    args.gpu_layers = -1 if gpu_offload() and not args.dry_run else 0
+    args.numerics = args.numerics or ("fast" if args.gpu_layers else "exact")
+    args.rtts = C.csv_list(args.rtts, float)
+    args.fleet_devices = C.csv_list(args.fleet_devices, int)
+    args.fleet_systems = C.csv_list(args.fleet_systems)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    spec = get_pair(PAIR)
+    draft, target = model_path(spec.draft), model_path(spec.target)
+    kinds: dict[str, list[dict]] = {}
+    for p in C.load_prompts():
+        kinds.setdefault(p["kind"], []).append(p)
+    prompts = [p for group in zip(*kinds.values()) for p in group][: args.prompts]  # the kinds in turn
+    started = time.time()
+    payload: dict[str, Any] = {
+        "benchmark": "gpu_suite", "command": " ".join(sys.argv), "dry_run": args.dry_run, "gpu": gpu_name(),
+        "machine": C.machine(), "llama_build": llama_build(), "pair": PAIR, "tokens": args.tokens,
+        "rtts_ms": args.rtts, "numerics": args.numerics, "llama_server": args.llama_server,
+        "prompts": [p["id"] for p in prompts],
+    }
+    payload["side_by_side"] = side_by_side(args, draft, target, prompts)
+    payload["fleet"] = None
+    write(payload, out, started)  # kept if the fleet fails
+    try:
+        payload["fleet"] = fleet(args, draft, target) if args.fleet_devices else None
+    except Exception as exc:
+        payload["fleet_error"] = f"{type(exc).__name__}: {exc}"
+        C.progress(f"fleet: {payload['fleet_error']}")
+    write(payload, out, started)
+    plot(payload, out / "gpu_suite.png")
+    s = payload["side_by_side"]["summary"]
+    print(C.table(["system", "RTT ms", "ms/token", "TTFT ms", "verifier CPU ms/token"],
+                  [[v["system"], C.fmt(v["rtt_ms"], 0), C.fmt(v["ms_per_token"]), C.fmt(v["ttft_ms"]),
+                    C.fmt(v["verifier_cpu_ms_per_token"])] for v in s.values()]))
+    if payload["fleet"]:
+        print(C.table(["fleet system", "capacity per class", "peak goodput tok/s", "divergences", "errors"],
+                      [[k, v["capacity"], C.fmt(v["peak_goodput"]), sum(p["divergences"] for p in v["points"]),
+                        sum(len(p["errors"]) for p in v["points"])] for k, v in payload["fleet"]["systems"].items()]))
+    print("identical to centralized:", {k: f"{v['identical']}/{v['runs']}" for k, v in
+                                         payload["side_by_side"]["identity"].items()})
+    print(f"wrote {out / 'gpu_suite.json'} in {payload['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

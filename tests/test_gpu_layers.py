@@ -1,0 +1,35 @@
+"""Layers on a GPU (`--gpu-layers`, EDGEKIT_GPU_LAYERS, `LlamaModel(gpu_layers=...)`): read and
+checked here on a CPU-only llama.cpp, which ignores them; benchmarks/gpu/ runs them on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgekit import ServerConfig
+from edgekit.runtime import LlamaModel, env_gpu_layers, gpu_offload
+from edgekit.verifier import LlamaEngine
+
+
+def test_the_environment_variable_is_read_and_a_typo_is_refused(monkeypatch):
+    monkeypatch.delenv("EDGEKIT_GPU_LAYERS", raising=False)
+    assert env_gpu_layers() is None  # llama.cpp's default: every layer, where there is a GPU
+    monkeypatch.setenv("EDGEKIT_GPU_LAYERS", "-1")
+    assert env_gpu_layers() == -1
+    monkeypatch.setenv("EDGEKIT_GPU_LAYERS", "all")
+    with pytest.raises(ValueError, match="EDGEKIT_GPU_LAYERS='all': expected a whole number"):
+        env_gpu_layers()
+
+
+@pytest.mark.models
+def test_a_cpu_build_loads_whatever_is_asked_and_says_it_offloads_nothing(gemma_paths, monkeypatch):
+    _, target = gemma_paths
+    assert gpu_offload() is False  # these machines' llama.cpp has no GPU backend
+    monkeypatch.setenv("EDGEKIT_GPU_LAYERS", "0")
+    assert LlamaModel(target, vocab_only=True).gpu_layers == 0
+    assert LlamaModel(target, vocab_only=True, gpu_layers=-1).gpu_layers == -1  # the argument wins
+    engine = LlamaEngine(str(target), max_context=256, n_seq=1, max_block=4, exact=False, gpu_layers=-1)
+    try:
+        assert ":gpu-layers" not in engine.identity  # nothing offloaded: the CPU's calibrations hold
+    finally:
+        engine.close()
+    assert ServerConfig(gpu_layers=-1).gpu_layers == -1
