@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekit import ClientConfig, ConfigError, EdgeClient, GenerationConfig
+from edgekit import ClientConfig, ConfigError, EdgeClient, FinalStats, GenerationConfig, Resumed, RoundEvent
 from edgekit.transport import OpenAITransport
 
 ENGINE = Path(__file__).resolve().parent.parent / "engines" / "vllm"
@@ -68,52 +68,72 @@ def _post(base: str, path: str, body: dict) -> dict:
         return json.load(answer)
 
 
+class _Vllm:
+    """engines/vllm/serve.sh on a loopback port, in a process group of its own (vLLM starts an
+    engine process and a worker: stopping the group stops them too)."""
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port, self.log = port, log
+        self.base = f"http://127.0.0.1:{port}/v1"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log, "a") as out:
+            self.proc = subprocess.Popen([str(ENGINE / "serve.sh"), str(self.port)], stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self) -> float:
+        """Seconds until /v1/models answered; a failure with the log's tail if it exits or takes too long."""
+        assert self.proc is not None
+        started = time.monotonic()
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"vLLM exited ({self.proc.returncode}) while starting: {self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.base + "/models", timeout=5) as answer:
+                    if answer.status == 200:
+                        return time.monotonic() - started
+            except OSError:
+                pass
+            if time.monotonic() > started + START_DEADLINE_S:
+                tail = self.log.read_text()[-3000:]
+                pytest.fail(f"vLLM did not answer /v1/models in {START_DEADLINE_S:.0f} s: {tail}")
+            time.sleep(1.0)
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        except ProcessLookupError:
+            pass
+        self.proc = None
+
+
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
-    """vLLM's OpenAI server on a free loopback port: its /v1 URL, once /v1/models answers and a
-    first completion has warmed it."""
+    """vLLM's OpenAI server on a free loopback port, once /v1/models answers and a first
+    completion has warmed it."""
     missing = [str(stamp.parent) for stamp in _prepared() if not stamp.is_file()]
     if missing:
         why = f"vLLM is not prepared ({', '.join(missing)} missing); run engines/vllm/prepare.sh"
         if os.environ.get("EDGEKIT_SKIP_VLLM") == "1":
             pytest.skip(f"{why} (EDGEKIT_SKIP_VLLM=1: this run does without it)")
         pytest.fail(f"{why}, or set EDGEKIT_SKIP_VLLM=1 to run without it", pytrace=False)
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}/v1"
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with open(log, "w") as out:
-        # A session of its own: vLLM starts an engine process, and stopping the group stops it too.
-        proc = subprocess.Popen([str(ENGINE / "serve.sh"), str(port)], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    server = _Vllm(_free_port(), tmp_path_factory.mktemp("vllm") / "server.log")
     try:
-        started = time.monotonic()
-        deadline = started + START_DEADLINE_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited ({proc.returncode}) while starting: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(base + "/models", timeout=5) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM did not answer /v1/models in {START_DEADLINE_S:.0f} s: {log.read_text()[-3000:]}")
-            time.sleep(1.0)
-        ready = time.monotonic()
-        _post(base, "/completions", {"model": SERVED_NAME, "prompt": [2, 9259], "max_tokens": 1})  # the slow first one
-        warm = time.monotonic()
-        print(f"vLLM answered /v1/models after {ready - started:.1f} s, a first completion {warm - ready:.1f} s later")
-        yield base
+        server.start()
+        ready = server.wait_ready()
+        t0 = time.monotonic()
+        _post(server.base, "/completions", {"model": SERVED_NAME, "prompt": [2, 9259], "max_tokens": 1})
+        print(f"vLLM answered /v1/models after {ready:.1f} s, a first completion {time.monotonic() - t0:.1f} s later")
+        yield server
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        except ProcessLookupError:
-            pass
+        server.stop()
 
 
 def _vllm_greedy(base: str, ids: list[int], n: int) -> list[int]:
@@ -135,15 +155,15 @@ def _vllm_top_logprobs(base: str, ids: list[int], k: int) -> list[dict[int, floa
     return [{int(name.removeprefix("token_id:")): lp for name, lp in row.items()} for row in rows]
 
 
-def _client(base: str, draft, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
+def _client(base: str, draft, client: ClientConfig | None = None, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
     config = GenerationConfig(**({"max_tokens": MAX_TOKENS, "drafting": "fixed", "draft_k": 4,
                                   "stop_at_eos": False} | gen))
     return EdgeClient(f"openai+{base}", draft_model=draft, generation=config,
-                      config=ClientConfig(timeout=TIMEOUT_S, retry_for=0))
+                      config=client or ClientConfig(timeout=TIMEOUT_S, retry_for=0))
 
 
 def test_greedy_through_vllm_is_vllms_own_greedy_decoding(vllm_server, gemma_draft):
-    with _client(vllm_server, gemma_draft) as client:
+    with _client(vllm_server.base, gemma_draft) as client:
         info = client.server_info()
         assert (info.backend, info.target_model, info.modes) == ("openai", SERVED_NAME, ("greedy", "sample"))
         # The converted tokenizer adds no BOS where the GGUF does; token-id prompts carry the draft's.
@@ -154,7 +174,7 @@ def test_greedy_through_vllm_is_vllms_own_greedy_decoding(vllm_server, gemma_dra
         rates = []
         for prompt in PROMPTS:
             ids = gemma_draft.tokenize(prompt)
-            reference = _vllm_greedy(vllm_server, ids, MAX_TOKENS)
+            reference = _vllm_greedy(vllm_server.base, ids, MAX_TOKENS)
             result = client.generate(ids).until_done()
             # vLLM stops at an end-of-generation token however it is asked: compare up to it
             assert list(result.token_ids[: len(reference)]) == reference, prompt
@@ -168,13 +188,13 @@ def test_greedy_through_vllm_is_vllms_own_greedy_decoding(vllm_server, gemma_dra
 
 def test_sampling_through_vllm_draws_among_its_top_k(vllm_server, gemma_draft):
     k = 5
-    with _client(vllm_server, gemma_draft, mode="sample", top_k=k, seed=7) as client:
+    with _client(vllm_server.base, gemma_draft, mode="sample", top_k=k, seed=7) as client:
         for prompt in PROMPTS[:3]:
             ids = gemma_draft.tokenize(prompt)
             result = client.generate(ids).until_done()
             tokens = list(result.token_ids)
             assert len(tokens) == MAX_TOKENS and result.stats.rounds < MAX_TOKENS, prompt
-            rows = _vllm_top_logprobs(vllm_server, ids + tokens, k)[len(ids) - 1:]
+            rows = _vllm_top_logprobs(vllm_server.base, ids + tokens, k)[len(ids) - 1:]
             for j, (tok, row) in enumerate(zip(tokens, rows)):
                 kth = sorted(row.values(), reverse=True)[k - 1]
                 # vLLM lists the prompt's own token beside the top k: the drawn one must rank within them
@@ -183,13 +203,38 @@ def test_sampling_through_vllm_draws_among_its_top_k(vllm_server, gemma_draft):
 
 
 def test_a_wrong_model_name_is_refused_naming_what_is_served(vllm_server, gemma_draft):
-    transport = OpenAITransport(vllm_server, gemma_draft, timeout=TIMEOUT_S, model="gemma-3-1b")
+    transport = OpenAITransport(vllm_server.base, gemma_draft, timeout=TIMEOUT_S, model="gemma-3-1b")
     with pytest.raises(ConfigError, match=f"serves {SERVED_NAME}, not 'gemma-3-1b'"):
         transport.handshake(gemma_draft.fingerprint(), draft_model=gemma_draft.name, draft_hidden_size=0)
     transport.close()
 
 
 def test_a_top_k_above_vllms_logprob_cap_is_refused(vllm_server, gemma_draft):
-    with _client(vllm_server, gemma_draft, mode="sample", top_k=21) as client:
+    with _client(vllm_server.base, gemma_draft, mode="sample", top_k=21) as client:
         with pytest.raises(ConfigError, match="needs a top_k from 1 to 20: it returns the target's 20 likeliest"):
             client.generate("x").until_done()
+
+
+def test_vllm_killed_mid_answer_and_restarted_loses_nothing(vllm_server, gemma_draft):
+    """Last in the module: the server it leaves running is the restarted one."""
+    ids = gemma_draft.tokenize(PROMPTS[1])
+    reference = _vllm_greedy(vllm_server.base, ids, 40)
+    # Retries long enough for a start (~1 min alone, more with other jobs on the cores).
+    config = ClientConfig(timeout=TIMEOUT_S, retry_for=START_DEADLINE_S, retry_initial=0.5, retry_max=2.0)
+    events = []
+    rounds = 0
+    with _client(vllm_server.base, gemma_draft, config, max_tokens=40) as client:
+        for event in client.generate(ids):
+            events.append(event)
+            if isinstance(event, RoundEvent):
+                rounds += 1
+                if rounds == 3:  # mid-answer: kill it, and start another on the same port
+                    vllm_server.stop(signal.SIGKILL)
+                    vllm_server.start()
+    final = events[-1]
+    assert isinstance(final, FinalStats)
+    (resumed,) = [e for e in events if isinstance(e, Resumed)]
+    assert resumed.outage_ms > 0 and resumed.attempts >= 1, resumed
+    assert final.stats.outages == 1
+    assert list(final.token_ids[: len(reference)]) == reference  # the restarted vLLM decides as the first did
+    print(f"resumed after {resumed.outage_ms / 1e3:.1f} s, {resumed.attempts} tries, causes {resumed.causes}")
