@@ -175,6 +175,35 @@ def test_greedy_through_a_vllm_style_server_reads_tokens_by_id(vllm):
     assert all(isinstance(t, int) for t in last["prompt"]) and last["return_tokens_as_token_ids"] is True
 
 
+def test_a_server_tokenizer_that_adds_no_bos_is_a_convention_not_another_vocabulary():
+    """vLLM serving a GGUF converted with transformers: its tokenizer leaves out the BOS the GGUF
+    asks for. Token-id prompts carry the draft's BOS, so the target reads what it would have."""
+    draft = _draft()
+    no_bos = FakeOpenAIServer(TARGET, _text_of(draft), tokenize=lambda text: draft.tokenize(text, add_special=False))
+    with no_bos as srv:
+        info = _speculates_to_the_targets_own_decoding(f"openai+{srv.url}")
+        assert info.tokenizer_check == ("probe text through /tokenize (same vocabulary; the server's tokenizer adds "
+                                        "no BOS '<bos>' (id 0) where the draft's does: token-id prompts carry ours)")
+        assert all(r["prompt"][0] == 0 for r in srv.requests if isinstance(r.get("prompt"), list))
+
+
+def test_a_vocabulary_difference_past_the_bos_is_refused_naming_the_token():
+    from edgekit.transport import TOKENIZER_PROBE
+
+    draft = _draft()
+    ours = draft.tokenize(TOKENIZER_PROBE, add_special=False)
+
+    def other(text: str) -> list[int]:  # no BOS, and the probe's fourth token another id
+        ids = draft.tokenize(text, add_special=False)
+        return ids[:3] + [ids[3] + 1] + ids[4:]
+
+    with FakeOpenAIServer(TARGET, _text_of(draft), tokenize=other) as srv, _client(f"openai+{srv.url}") as client:
+        with pytest.raises(IncompatibleModelsError,
+                           match=f"the vocabularies differ: .* from its token 3 on \\(not counting BOS/EOS\\): "
+                           f"the draft's is '.' \\(id {ours[3]}\\), the server's id {ours[3] + 1}; use a draft"):
+            client.server_info()
+
+
 def _handshake(url: str) -> OpenAITransport:
     draft = _draft()
     transport = OpenAITransport(url, draft, timeout=TIMEOUT)

@@ -129,13 +129,53 @@ class OpenAITransport(StatelessTransport):
                 self.http.base = saved
             theirs = data.get("tokens")
             if isinstance(theirs, list) and all(isinstance(t, int) for t in theirs):
-                if theirs != ours:
-                    at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-                    raise self._incompatible(draft_model, f"a probe text tokenizes differently from token {at} on")
+                convention = self._compare_tokenizations(draft_model, ours, theirs)
+                if convention and not self.prompt_ids:
+                    # Text prompts take the server's convention: the target would read other tokens than ours.
+                    raise self._incompatible(draft_model, f"{convention}, and it takes text prompts only, so the "
+                                             "target would not read the draft's tokens as they are")
                 if path == "/extras/tokenize":  # llama-cpp-python: penalize nothing, so greedy is the argmax
                     self._plain_sampling = {"repeat_penalty": 1.0}
+                if convention:
+                    # Token-id prompts reach the target as they are, our BOS/EOS included: nothing to adapt.
+                    return f"probe text through {path} (same vocabulary; {convention}: token-id prompts carry ours)"
                 return f"probe text through {path}"
         return "none at the handshake; each round's echoed tokens"
+
+    def _compare_tokenizations(self, draft_model: str, ours: list[int], theirs: list[int]) -> str:
+        """"" where the server tokenizes the probe as we do; a description where only the special
+        tokens its tokenizer adds differ (a BOS or EOS added on one side only: a convention, not
+        another vocabulary); raises IncompatibleModelsError naming the first token that differs otherwise."""
+        if theirs == ours:
+            return ""
+        fp = self.tokenizer.fingerprint()
+
+        def name(tok: int) -> str:
+            text = self.tokenizer.token_bytes(tok, special=True) if 0 <= tok < self.tokenizer.n_vocab else b"?"
+            return f"{text.decode('utf-8', errors='replace')!r} (id {tok})"
+
+        edges = []
+        a, b = list(ours), list(theirs)
+        for token, what, at in ((fp.bos_token, "BOS", 0), (fp.eos_token, "EOS", -1)):
+            if token < 0:
+                continue
+            mine, its = bool(a) and a[at] == token, bool(b) and b[at] == token
+            if mine != its:
+                side = "adds no" if mine else "adds a"
+                edges.append(f"the server's tokenizer {side} {what} {name(token)} where the draft's "
+                             f"{'does' if mine else 'does not'}")
+            if mine:
+                a = a[1:] if at == 0 else a[:-1]
+            if its:
+                b = b[1:] if at == 0 else b[:-1]
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            mine_s = name(a[at]) if at < len(a) else "the end"
+            its_s = f"id {b[at]}" if at < len(b) else "the end"  # its text in the draft's vocabulary would mislead
+            raise self._incompatible(
+                draft_model, f"the vocabularies differ: the probe text {TOKENIZER_PROBE!r} tokenizes differently from "
+                f"its token {at} on (not counting BOS/EOS): the draft's is {mine_s}, the server's {its_s}")
+        return "; ".join(edges)
 
     # -- rounds ------------------------------------------------------------------------------
 

@@ -1,0 +1,240 @@
+"""The OpenAI-compatible transport against a real vLLM: the CPU build, prepared by
+engines/vllm/prepare.sh (its own venv, the gemma target converted to float32 safetensors) and
+started here on loopback by engines/vllm/serve.sh.
+
+Every answer is compared with vLLM's own decoding of the same token ids, never with llama.cpp's:
+the float32 dequantized weights and llama.cpp's quantized kernels differ in near-ties (0.256 and
+0.029 nats apart were seen), so the two targets' greedy tokens may part.
+
+vLLM not prepared is a failure naming the command, not a skip (a skipped tier would look green
+while testing nothing), unless EDGEKIT_SKIP_VLLM=1 says this run does without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from edgekit import ClientConfig, ConfigError, EdgeClient, FinalStats, GenerationConfig, Resumed, RoundEvent
+from edgekit.transport import OpenAITransport
+
+ENGINE = Path(__file__).resolve().parent.parent / "engines" / "vllm"
+SERVED_NAME = "gemma-3-270m"
+MAX_TOKENS = 24
+# Code, prose, lists, numbers: gemma-3-270m's q4_0 draft and the float32 target part on some.
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "The three primary colours are",
+    "Paris is the capital of",
+    "Once upon a time, in a small village by the sea,",
+    "import numpy as np\n\ndef mean_squared_error(y, y_hat):\n",
+    "The quick brown fox",
+    "1, 2, 3, 5, 8, 13,",
+    "To make a cup of tea, first",
+    "SELECT name, age FROM users WHERE",
+    "The theory of relativity says that",
+]
+# How long vLLM may take to start: ~2 min measured alone on 2 cores; more while other jobs run.
+START_DEADLINE_S = 900.0
+TIMEOUT_S = 180.0  # a verifier call: the first request after a start took 32 s, while others shared the cores
+# pytest's 600 s per test counts the fixture's start: the first test gets the start's deadline besides.
+pytestmark = [pytest.mark.vllm, pytest.mark.models, pytest.mark.timeout(START_DEADLINE_S + 600)]
+
+
+def _prepared() -> tuple[Path, Path]:
+    """The stamps prepare.sh leaves in the venv and beside the converted target (env.sh says where)."""
+    where = subprocess.run(["bash", "-c", f'source "{ENGINE}/env.sh" && echo "$VLLM_VENV" && echo "$VLLM_MODEL_DIR"'],
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    return Path(where[0]) / ".edgekit-prepared", Path(where[1]) / ".edgekit-converted"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(base: str, path: str, body: dict) -> dict:
+    request = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
+        return json.load(answer)
+
+
+class _Vllm:
+    """engines/vllm/serve.sh on a loopback port, in a process group of its own (vLLM starts an
+    engine process and a worker: stopping the group stops them too)."""
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port, self.log = port, log
+        self.base = f"http://127.0.0.1:{port}/v1"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log, "a") as out:
+            self.proc = subprocess.Popen([str(ENGINE / "serve.sh"), str(self.port)], stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self) -> float:
+        """Seconds until /v1/models answered; a failure with the log's tail if it exits or takes too long."""
+        assert self.proc is not None
+        started = time.monotonic()
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"vLLM exited ({self.proc.returncode}) while starting: {self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.base + "/models", timeout=5) as answer:
+                    if answer.status == 200:
+                        return time.monotonic() - started
+            except OSError:
+                pass
+            if time.monotonic() > started + START_DEADLINE_S:
+                tail = self.log.read_text()[-3000:]
+                pytest.fail(f"vLLM did not answer /v1/models in {START_DEADLINE_S:.0f} s: {tail}")
+            time.sleep(1.0)
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        except ProcessLookupError:
+            pass
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """vLLM's OpenAI server on a free loopback port, once /v1/models answers and a first
+    completion has warmed it."""
+    missing = [str(stamp.parent) for stamp in _prepared() if not stamp.is_file()]
+    if missing:
+        why = f"vLLM is not prepared ({', '.join(missing)} missing); run engines/vllm/prepare.sh"
+        if os.environ.get("EDGEKIT_SKIP_VLLM") == "1":
+            pytest.skip(f"{why} (EDGEKIT_SKIP_VLLM=1: this run does without it)")
+        pytest.fail(f"{why}, or set EDGEKIT_SKIP_VLLM=1 to run without it", pytrace=False)
+    server = _Vllm(_free_port(), tmp_path_factory.mktemp("vllm") / "server.log")
+    try:
+        server.start()
+        ready = server.wait_ready()
+        t0 = time.monotonic()
+        _post(server.base, "/completions", {"model": SERVED_NAME, "prompt": [2, 9259], "max_tokens": 1})
+        print(f"vLLM answered /v1/models after {ready:.1f} s, a first completion {time.monotonic() - t0:.1f} s later")
+        yield server
+    finally:
+        server.stop()
+
+
+def _vllm_greedy(base: str, ids: list[int], n: int) -> list[int]:
+    """vLLM's own greedy completion of a token-id prompt, its tokens by id."""
+    choice = _post(base, "/completions", {
+        "model": SERVED_NAME, "prompt": ids, "max_tokens": n, "temperature": 0, "logprobs": 1,
+        "return_tokens_as_token_ids": True,
+    })["choices"][0]
+    return [int(name.removeprefix("token_id:")) for name in choice["logprobs"]["tokens"]]
+
+
+def _vllm_top_logprobs(base: str, ids: list[int], k: int) -> list[dict[int, float]]:
+    """vLLM's top-k log-probabilities predicting each of ids[1:] (each row may also hold the token there)."""
+    choice = _post(base, "/completions", {
+        "model": SERVED_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": k, "echo": True,
+        "return_tokens_as_token_ids": True,
+    })["choices"][0]
+    rows = choice["logprobs"]["top_logprobs"][1: len(ids)]
+    return [{int(name.removeprefix("token_id:")): lp for name, lp in row.items()} for row in rows]
+
+
+def _client(base: str, draft, client: ClientConfig | None = None, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
+    config = GenerationConfig(**({"max_tokens": MAX_TOKENS, "drafting": "fixed", "draft_k": 4,
+                                  "stop_at_eos": False} | gen))
+    return EdgeClient(f"openai+{base}", draft_model=draft, generation=config,
+                      config=client or ClientConfig(timeout=TIMEOUT_S, retry_for=0))
+
+
+def test_greedy_through_vllm_is_vllms_own_greedy_decoding(vllm_server, gemma_draft):
+    with _client(vllm_server.base, gemma_draft) as client:
+        info = client.server_info()
+        assert (info.backend, info.target_model, info.modes) == ("openai", SERVED_NAME, ("greedy", "sample"))
+        # The converted tokenizer adds no BOS where the GGUF does; token-id prompts carry the draft's.
+        assert info.tokenizer_check == (
+            "probe text through /tokenize (same vocabulary; the server's tokenizer adds no BOS '<bos>' (id 2) "
+            "where the draft's does: token-id prompts carry ours)")
+        assert client.transport.prompt_ids and client.transport.id_names
+        rates = []
+        for prompt in PROMPTS:
+            ids = gemma_draft.tokenize(prompt)
+            reference = _vllm_greedy(vllm_server.base, ids, MAX_TOKENS)
+            result = client.generate(ids).until_done()
+            # vLLM stops at an end-of-generation token however it is asked: compare up to it
+            assert list(result.token_ids[: len(reference)]) == reference, prompt
+            assert len(reference) == MAX_TOKENS or gemma_draft.is_eog(reference[-1]), prompt
+            stats = result.stats
+            rates.append(stats.accepted / max(stats.drafted, 1))
+            print(f"{prompt!r}: {stats.accepted}/{stats.drafted} drafts accepted in {stats.rounds} rounds")
+    assert any(rate < 1 for rate in rates), rates  # drafts were rejected: the corrections are vLLM's
+    assert sum(rates) / len(rates) > 0.2, rates  # and accepted: the draft speculates for this target
+
+
+def test_sampling_through_vllm_draws_among_its_top_k(vllm_server, gemma_draft):
+    k = 5
+    with _client(vllm_server.base, gemma_draft, mode="sample", top_k=k, seed=7) as client:
+        for prompt in PROMPTS[:3]:
+            ids = gemma_draft.tokenize(prompt)
+            result = client.generate(ids).until_done()
+            tokens = list(result.token_ids)
+            assert len(tokens) == MAX_TOKENS and result.stats.rounds < MAX_TOKENS, prompt
+            rows = _vllm_top_logprobs(vllm_server.base, ids + tokens, k)[len(ids) - 1:]
+            for j, (tok, row) in enumerate(zip(tokens, rows)):
+                kth = sorted(row.values(), reverse=True)[k - 1]
+                # vLLM lists the prompt's own token beside the top k: the drawn one must rank within them
+                # (1e-4 nats: a token tied with the k-th ranks either side of it)
+                assert tok in row and row[tok] >= kth - 1e-4, (prompt, j, tok, row)
+
+
+def test_a_wrong_model_name_is_refused_naming_what_is_served(vllm_server, gemma_draft):
+    transport = OpenAITransport(vllm_server.base, gemma_draft, timeout=TIMEOUT_S, model="gemma-3-1b")
+    with pytest.raises(ConfigError, match=f"serves {SERVED_NAME}, not 'gemma-3-1b'"):
+        transport.handshake(gemma_draft.fingerprint(), draft_model=gemma_draft.name, draft_hidden_size=0)
+    transport.close()
+
+
+def test_a_top_k_above_vllms_logprob_cap_is_refused(vllm_server, gemma_draft):
+    with _client(vllm_server.base, gemma_draft, mode="sample", top_k=21) as client:
+        with pytest.raises(ConfigError, match="needs a top_k from 1 to 20: it returns the target's 20 likeliest"):
+            client.generate("x").until_done()
+
+
+def test_vllm_killed_mid_answer_and_restarted_loses_nothing(vllm_server, gemma_draft):
+    """Last in the module: the server it leaves running is the restarted one."""
+    ids = gemma_draft.tokenize(PROMPTS[1])
+    reference = _vllm_greedy(vllm_server.base, ids, 40)
+    # Retries long enough for a start (~1 min alone, more with other jobs on the cores).
+    config = ClientConfig(timeout=TIMEOUT_S, retry_for=START_DEADLINE_S, retry_initial=0.5, retry_max=2.0)
+    events = []
+    rounds = 0
+    with _client(vllm_server.base, gemma_draft, config, max_tokens=40) as client:
+        for event in client.generate(ids):
+            events.append(event)
+            if isinstance(event, RoundEvent):
+                rounds += 1
+                if rounds == 3:  # mid-answer: kill it, and start another on the same port
+                    vllm_server.stop(signal.SIGKILL)
+                    vllm_server.start()
+    final = events[-1]
+    assert isinstance(final, FinalStats)
+    (resumed,) = [e for e in events if isinstance(e, Resumed)]
+    assert resumed.outage_ms > 0 and resumed.attempts >= 1, resumed
+    assert final.stats.outages == 1
+    assert list(final.token_ids[: len(reference)]) == reference  # the restarted vLLM decides as the first did
+    print(f"resumed after {resumed.outage_ms / 1e3:.1f} s, {resumed.attempts} tries, causes {resumed.causes}")
