@@ -2,9 +2,9 @@
 # The GPU suite on a lent GPU machine that reaches no network (benchmarks/gpu/README.md).
 #
 # What it needs travels in the ignored folder .gpu/, a piece per call (a call carries at most
-# 64 MiB): .gpu/pkg (llama-cpp-python's Python files with llama.cpp's libraries built for CUDA,
-# llama-server, the wheels the machine's Python lacks) and .gpu/model.partNN (the gemma target,
-# gzip, split). Each call first moves what it carried to $STAGE, which lasts while the machine
+# 64 MiB): .gpu/pkg.tgz (llama-cpp-python's Python files with llama.cpp's libraries built for
+# CUDA and llama-server beside them, and the wheels the machine's Python lacks) and
+# .gpu/model.partNN (the gemma target, gzip, split). Each call first moves what it carried to $STAGE, which lasts while the machine
 # is held.
 #
 #   bash benchmarks/gpu/device.sh stage         # after each carrying call
@@ -18,7 +18,7 @@ mkdir -p "$STAGE/parts"
 stage() {
     shopt -s nullglob
     for f in "$ROOT"/.gpu/model.part*; do mv "$f" "$STAGE/parts/"; done
-    if [ -d "$ROOT/.gpu/pkg" ]; then rm -rf "$STAGE/pkg"; mv "$ROOT/.gpu/pkg" "$STAGE/pkg"; fi
+    if [ -f "$ROOT/.gpu/pkg.tgz" ]; then rm -rf "$STAGE/pkg"; tar xzf "$ROOT/.gpu/pkg.tgz" -C "$STAGE"; rm "$ROOT/.gpu/pkg.tgz"; fi
     ls -l "$STAGE" "$STAGE/parts"
 }
 
@@ -35,10 +35,12 @@ environment() {
     for d in models predictors semantic cli; do ln -s "$ROOT/$d" "$tree/edgekit/$d"; done
     (cd "$ROOT" && python3 setup.py -q build_ext --inplace >/dev/null 2>&1) || echo "no C kernel: numpy statistics"
     local cublas
-    cublas=$(dirname "$(find / -xdev -name 'libcublas.so.13' -path '*nvidia*' 2>/dev/null | head -1)")
+    # cuBLAS from the machine's PyTorch (nvidia-cublas), else its CUDA toolkit
+    cublas=$(dirname "$( { find "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)" \
+        /usr/local/cuda/lib64 -name 'libcublas.so.13' 2>/dev/null || true; } | head -1)")
     export LD_LIBRARY_PATH="$site/llama_cpp/lib:$cublas:${LD_LIBRARY_PATH:-}"
     export PYTHONPATH="$tree:$site" EDGEKIT_CACHE_DIR="$STAGE/cache" PYTHONUNBUFFERED=1
-    export PATH="$STAGE/pkg/bin:$PATH"
+    export PATH="$site/llama_cpp/lib:$PATH"  # llama-server, beside the libraries it loads
 }
 
 model() {
@@ -65,7 +67,12 @@ print('gpu offload', gpu_offload()); print(llama_build()['llama_build'])"
         stage
         environment
         model
-        python3 "$ROOT/benchmarks/gpu/suite.py" --out "${OUT:-$STAGE/out}" --llama-server "$STAGE/pkg/bin/llama-server" "$@"
+        out=${OUT:-$STAGE/out}
+        status=0
+        python3 "$ROOT/benchmarks/gpu/suite.py" --out "$out" --logs "$STAGE/logs" \
+            --llama-server "$(command -v llama-server)" "$@" || status=$?
+        tar czf "$out/logs.tgz" -C "$STAGE" logs  # one file: a call brings back at most 8
+        exit $status
         ;;
     *) echo "usage: $0 stage|check|run [suite args]" >&2; exit 2 ;;
 esac

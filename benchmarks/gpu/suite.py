@@ -204,7 +204,7 @@ def side_by_side(args: argparse.Namespace, draft: Path, target: Path, prompts: l
     gen = GenerationConfig(max_tokens=args.tokens, mode="greedy", stop_at_eos=True)
     core = pin_to_device_core()
     runs: list[dict] = []
-    logs = Path(args.out)
+    logs = Path(args.logs)
 
     def record(system: str, rtt: float, i: int, r: dict, cpu_s: float | None = None) -> None:
         r.update(system=system, rtt_ms=rtt, prompt=prompts[i]["id"], kind=prompts[i]["kind"])
@@ -312,8 +312,8 @@ def fleet(args: argparse.Namespace, draft: Path, target: Path) -> dict:
     os.sched_setaffinity(0, CORES)  # the simulated devices and the recording use every core
     draft_model = LlamaDraftModel(draft, name=draft.stem, n_threads=1)
     traces = []
-    path = Path(args.out) / "gpu_fleet_traces.json"
-    logs = Path(args.out)
+    path = Path(args.logs) / "gpu_fleet_traces.json"
+    logs = Path(args.logs)
     results: dict[str, Any] = {}
     # A verifier without batch-invariant kernels may leave a trace at a near tie: that response ends there.
     fa = argparse.Namespace(on_divergence="fail" if args.numerics == "exact" else "end", seed=0, speed_min=1.0,
@@ -397,7 +397,8 @@ def write(payload: dict, out: Path, started: float) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for gpu_suite.json, gpu_suite.png and the servers' logs")
+    ap.add_argument("--out", required=True, help="folder for gpu_suite.json and gpu_suite.png")
+    ap.add_argument("--logs", default=None, help="folder for the servers' logs and the fleet's traces (default: --out)")
     ap.add_argument("--dry-run", action="store_true", help="the CPU, two prompts, a few tokens, a tiny fleet")
     ap.add_argument("--llama-server", default=shutil.which("llama-server"), help="llama.cpp's server binary")
     ap.add_argument("--prompts", type=int, default=8)
@@ -427,6 +428,8 @@ def main(argv: list[str] | None = None) -> None:
     args.fleet_systems = C.csv_list(args.fleet_systems)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    args.logs = args.logs or args.out
+    Path(args.logs).mkdir(parents=True, exist_ok=True)
     spec = get_pair(PAIR)
     draft, target = model_path(spec.draft), model_path(spec.target)
     kinds: dict[str, list[dict]] = {}
