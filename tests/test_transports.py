@@ -175,6 +175,35 @@ def test_greedy_through_a_vllm_style_server_reads_tokens_by_id(vllm):
     assert all(isinstance(t, int) for t in last["prompt"]) and last["return_tokens_as_token_ids"] is True
 
 
+def test_the_prefix_route_reads_each_prefix_once_and_decodes_as_the_target(vllm):
+    """route=prefixes: a round is one-token completions of the context and each longer prefix,
+    sent at once (no prompt log-probabilities, so a real vLLM reads its prefix cache for each);
+    the output is the target's own greedy decoding, as through the prompt-logprobs route."""
+    _speculates_to_the_targets_own_decoding(f"openai+{vllm.url}?route=prefixes")
+    rounds = [r for r in vllm.requests if r.get("echo") is False and r.get("max_tokens") == 1]
+    assert rounds and all(r["logprobs"] == 1 and r["temperature"] == 0 for r in rounds)
+    assert not any(r.get("echo") for r in vllm.requests[-len(rounds):])  # no request re-reads the context
+    prompt = len(_draft().tokenize("speculate"))
+    assert sorted(len(r["prompt"]) for r in rounds[:6]) == list(range(prompt, prompt + 6))  # round 1: K + 1 prefixes
+
+
+def test_the_route_follows_the_context_and_the_url(vllm):
+    from edgekit.transport import PREFIXES_FROM
+
+    with _client(f"openai+{vllm.url}", max_tokens=4) as client:
+        client.generate("speculate").until_done()  # a short context: prompt log-probabilities
+        assert vllm.requests[-1]["echo"] is True
+        client.generate([3 + i % 50 for i in range(PREFIXES_FROM)]).until_done()  # a long one: the prefixes
+        assert vllm.requests[-1]["echo"] is False and vllm.requests[-1]["max_tokens"] == 1
+    with _client(f"openai+{vllm.url}?route=prompt-logprobs", max_tokens=4) as client:
+        client.generate([3 + i % 50 for i in range(PREFIXES_FROM)]).until_done()
+        assert vllm.requests[-1]["echo"] is True
+    with pytest.raises(ConfigError, match="route=auto\|prefixes\|prompt-logprobs"):
+        connect(f"openai+{vllm.url}?route=fast", ClientConfig(), _draft())
+    with pytest.raises(ConfigError, match="max_logprobs=N"):
+        connect(f"openai+{vllm.url}?max_logprobs=8&colour=blue", ClientConfig(), _draft())
+
+
 def test_a_server_tokenizer_that_adds_no_bos_is_a_convention_not_another_vocabulary():
     """vLLM serving a GGUF converted with transformers: its tokenizer leaves out the BOS the GGUF
     asks for. Token-id prompts carry the draft's BOS, so the target reads what it would have."""

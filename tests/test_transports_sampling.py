@@ -42,10 +42,15 @@ def _client(url: str, **gen) -> EdgeClient:
     return EdgeClient(url, draft_model=_draft(), generation=config, config=ClientConfig(timeout=30))
 
 
-@pytest.mark.parametrize("settings", [dict(top_k=6), dict(top_k=12, temperature=0.7, top_p=0.8, min_p=0.05)])
-def test_top_k_sampling_through_a_stock_server_is_the_targets_own(vllm, settings):
+@pytest.mark.parametrize(("settings", "route"), [
+    (dict(top_k=6), "prompt-logprobs"),
+    (dict(top_k=12, temperature=0.7, top_p=0.8, min_p=0.05), "prompt-logprobs"),
+    # one-token completions of each prefix: the top-k of the position each generates
+    (dict(top_k=12, temperature=0.7, top_p=0.8, min_p=0.05), "prefixes"),
+])
+def test_top_k_sampling_through_a_stock_server_is_the_targets_own(vllm, settings, route):
     sampler = GenerationConfig(mode="sample", **settings).sampler()
-    with _client(f"openai+{vllm.url}", **settings) as client:
+    with _client(f"openai+{vllm.url}?route={route}", **settings) as client:
         prompt = client.tokenize("speculate")
         drafted = accepted = 0
         counts: dict[tuple[int, int], int] = {}
@@ -55,6 +60,7 @@ def test_top_k_sampling_through_a_stock_server_is_the_targets_own(vllm, settings
             pair = tuple(final.token_ids[:2])
             counts[pair] = counts.get(pair, 0) + 1
     assert all(r.get("logprobs") == sampler.top_k for r in vllm.requests[-3:])  # asked for the top-k only
+    assert all(r.get("echo") is (route == "prompt-logprobs") for r in vllm.requests[-3:])
     assert 0.05 < accepted / drafted < 0.95, "the test must see acceptances and rejections"
     p1 = sampler.probs(TARGET.logits(prompt).astype(np.float32))
     exact = {(a, b): p1[a] * q for a in np.flatnonzero(p1)

@@ -11,11 +11,12 @@ from ._connect import SCHEMES, connect, needs_tokenizer
 from ._failover import FailoverTransport
 from ._grpc import GrpcTransport, map_rpc_error
 from ._message import MessageTransport
-from ._openai import OpenAITransport
+from ._openai import PREFIXES_FROM, OpenAITransport
 from ._sglang import SGLangTransport
 from ._stateless import TOKENIZER_PROBE, StatelessTransport
 
 __all__ = [
+    "PREFIXES_FROM",
     "SCHEMES",
     "TOKENIZER_PROBE",
     "FailoverTransport",

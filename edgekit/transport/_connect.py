@@ -52,15 +52,19 @@ def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None)
     if tokenizer is None:
         raise ConfigError(f"a {backend} verifier is driven through the draft's tokenizer; load the draft model first")
     if backend == "openai":
+        from ._openai import ROUTES as OPENAI_ROUTES
         from ._openai import OpenAITransport
 
-        # ?max_logprobs=N: the server's cap on log-probabilities per position, when raised (vLLM's --max-logprobs)
+        # Options: ?max_logprobs=N, the server's cap on log-probabilities per position, when raised
+        # (vLLM's --max-logprobs); &route=auto|prefixes|prompt-logprobs, how a round reads the target.
         rest, _, query = rest.partition("?")
-        cap = query.removeprefix("max_logprobs=") if query else "20"
-        if not cap.isdigit() or not 1 <= int(cap) <= 100_000:
-            raise ConfigError(f"{url!r}: the only option an openai verifier takes is ?max_logprobs=N (N >= 1)")
+        options = dict(opt.partition("=")[::2] for opt in query.split("&") if opt)
+        cap, route = options.pop("max_logprobs", "20"), options.pop("route", "auto")
+        if options or not cap.isdigit() or not 1 <= int(cap) <= 100_000 or route not in OPENAI_ROUTES:
+            raise ConfigError(f"{url!r}: an openai verifier takes ?max_logprobs=N (N >= 1) and "
+                              f"route={'|'.join(OPENAI_ROUTES)}, nothing else")
         return OpenAITransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token,
-                               max_logprobs=int(cap))
+                               max_logprobs=int(cap), route=route)
     from ._sglang import SGLangTransport
 
     return SGLangTransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)

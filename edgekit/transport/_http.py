@@ -1,12 +1,15 @@
 """JSON over HTTP for the stock-server transports: one keep-alive connection,
 a deadline on every call, and every failure mapped into the edgekit error tree
-with the server's address and what to do."""
+with the server's address and what to do; `many` sends several requests at once,
+each on a keep-alive connection of its own, for a server to batch them."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from ..errors import (
@@ -38,6 +41,33 @@ class HttpJson:
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()  # one request at a time on the connection
         self.last_sizes = (0, 0)  # bytes of the last request body and answer body
+        self._siblings: list[HttpJson] = []  # more connections to the same server, for `many`
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
+
+    def many(self, method: str, path: str, bodies: Sequence[dict], *, during: str) -> list[dict]:
+        """The requests at once, each on a connection of its own (kept alive for the next call);
+        their answers in order. The first failure is raised once all have ended; last_sizes sums them."""
+        if len(bodies) <= 1:
+            return [self.request(method, path, b, during=during) for b in bodies]
+        while len(self._siblings) < len(bodies) - 1:
+            sibling = HttpJson.__new__(HttpJson)
+            sibling.__dict__.update(self.__dict__)
+            sibling._conn, sibling._lock, sibling._siblings, sibling._pool = None, threading.Lock(), [], None
+            self._siblings.append(sibling)
+        if self._pool is None or len(self._siblings) + 1 > self._pool_size:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool_size = len(self._siblings) + 1
+            self._pool = ThreadPoolExecutor(max_workers=self._pool_size, thread_name_prefix="edgekit-http")
+        clients = [self, *self._siblings[: len(bodies) - 1]]
+        futures = [self._pool.submit(c.request, method, path, b, during=during) for c, b in zip(clients, bodies)]
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+        self.last_sizes = (sum(c.last_sizes[0] for c in clients), sum(c.last_sizes[1] for c in clients))
+        return [f.result() for f in futures]
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -63,14 +93,14 @@ class HttpJson:
                     raw = resp.read()
                     break
                 except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-                    self.close()
+                    self._drop()
                     if attempt:
                         raise VerifierUnavailableError(
                             f"{self.kind} at {self.address} dropped the connection {during} ({exc})",
                             address=self.address,
                         ) from None
                 except TimeoutError:
-                    self.close()
+                    self._drop()
                     raise VerifierUnavailableError(
                         f"{self.kind} at {self.address} did not answer {during} within {deadline:g} s; "
                         "is it overloaded, or the address wrong?",
@@ -78,7 +108,7 @@ class HttpJson:
                         code="DEADLINE_EXCEEDED",
                     ) from None
                 except OSError as exc:
-                    self.close()
+                    self._drop()
                     raise VerifierUnavailableError(
                         f"{self.kind} at {self.address} is unavailable ({exc.strerror or exc}); is it running there?",
                         address=self.address,
@@ -120,10 +150,19 @@ class HttpJson:
             )
         return data
 
-    def close(self) -> None:
+    def _drop(self) -> None:
+        """This connection only: the next request opens another."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def close(self) -> None:
+        self._drop()
+        for sibling in self._siblings:
+            sibling.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
 
 
 def _error_detail(data: object) -> str | None:

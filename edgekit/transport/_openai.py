@@ -39,7 +39,14 @@ from ..runtime import DraftModel
 from ._http import HttpJson
 from ._stateless import TOKENIZER_PROBE, StatelessTransport
 
-__all__ = ["OpenAITransport"]
+__all__ = ["PREFIXES_FROM", "ROUTES", "OpenAITransport"]
+
+# How a round reads the target's rows: "prompt-logprobs", one completion of the whole sequence that
+# echoes the log-probabilities of every prompt position (vLLM reads no prefix cache for those: every
+# round costs the whole context); "prefixes", one-token completions of each prefix at once (each
+# reads the cache; token-id prompts only); "auto", the second from PREFIXES_FROM tokens of context.
+ROUTES = ("auto", "prefixes", "prompt-logprobs")
+PREFIXES_FROM = 256
 
 
 class OpenAITransport(StatelessTransport):
@@ -50,7 +57,7 @@ class OpenAITransport(StatelessTransport):
 
     def __init__(self, url: str, tokenizer: DraftModel, *, timeout: float = 30.0, token: str | None = None,
                  model: str | None = None, max_block: int = 16, max_context: int = 4096,
-                 max_logprobs: int = 20) -> None:
+                 max_logprobs: int = 20, route: str = "auto") -> None:
         base = url if url.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1"
         super().__init__(HttpJson(base, timeout=timeout, token=token, kind=self.kind), tokenizer,
                          max_context=max_context, max_block=max_block)
@@ -62,6 +69,9 @@ class OpenAITransport(StatelessTransport):
         # other than the target's argmax (llama-cpp-python's repeat_penalty defaults to 1.1).
         self._plain_sampling: dict = {}
         self._by_text: dict[str, int] | None = None
+        if route not in ROUTES:
+            raise ConfigError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
+        self.route = route  # how a block's rows are read (ROUTES; `_reads_prefixes` decides per round)
 
     # -- discovery -------------------------------------------------------------------------
 
@@ -214,6 +224,12 @@ class OpenAITransport(StatelessTransport):
         return choices[0]
 
     def _topk(self, tokens: Sequence[int], start: int, k: int) -> list[dict[int, float]]:
+        if self._reads_prefixes(tokens):
+            rows = [top for _, top in self._prefix_rows(tokens, start, k)]
+            if any(len(top) < k for top in rows):
+                raise ProtocolError(f"{self.kind} at {self.address} returned fewer than the {k} likeliest tokens at "
+                                    "a position", address=self.address)
+            return rows
         tops = self._scored(tokens, start, k)[3]
         offset = self._offset(tokens)
         rows: list[dict[int, float]] = []
@@ -255,10 +271,53 @@ class OpenAITransport(StatelessTransport):
         self._check_echo(strs, ours)
         return choice, strs, lps, tops
 
+    def _reads_prefixes(self, tokens: Sequence[int]) -> bool:
+        """Whether this round reads its rows as one-token completions of each prefix (`_prefix_rows`):
+        needs token-id prompts (a text prefix could tokenize otherwise); "auto" takes them from
+        PREFIXES_FROM tokens of context on, where re-reading the context costs more than the requests."""
+        if self.route == "prompt-logprobs" or not self.prompt_ids:
+            return False
+        return self.route == "prefixes" or len(tokens) >= PREFIXES_FROM
+
+    def _prefix_rows(self, tokens: Sequence[int], start: int, k: int) -> list[tuple[int, dict]]:
+        """For each block position and the one after the block: the target's greedy token there and
+        its top-k log-probabilities, from one-token completions of every prefix, sent at once (the
+        server batches them). Unlike prompt log-probabilities these read the server's prefix cache,
+        so each prefills only what is not cached: the cost of a round stays flat in the context."""
+        bodies = [{"model": self.model, "prompt": list(tokens[:i]), "max_tokens": 1, "temperature": 0,
+                   "echo": False, "logprobs": k, "return_tokens_as_token_ids": self.id_names} | self._plain_sampling
+                  for i in range(start, len(tokens) + 1)]
+        rows = []
+        for i, data in zip(range(start, len(tokens) + 1),
+                           self.http.many("POST", "/completions", bodies, during="verifying a block")):
+            choices = data.get("choices")
+            choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+            lp = choice.get("logprobs")
+            strs, tops = (lp.get("tokens"), lp.get("top_logprobs")) if isinstance(lp, dict) else (None, None)
+            if not (isinstance(strs, list) and isinstance(tops, list) and len(strs) == len(tops) == 1):
+                if choice.get("finish_reason") == "stop" and not choice.get("text"):
+                    rows.append((self.tokenizer.fingerprint().eos_token, {}))  # a server that drops the EOS
+                    continue
+                raise ProtocolError(f"{self.kind} at {self.address} sent no log-probabilities with a one-token "
+                                    "completion", address=self.address)
+            top = tops[0] if isinstance(tops[0], dict) else {}
+            context = list(tokens[:i])
+            rows.append((self._generated(choice, strs[0], context),
+                         {self._identify(name, context): float(v) for name, v in top.items()
+                          if name and isinstance(v, (int, float))}))
+        return rows
+
     def _top1(self, tokens: Sequence[int], start: int) -> list[int]:
+        if self._reads_prefixes(tokens):
+            best: list[int] = []
+            for i, (tok, _) in zip(range(start, len(tokens) + 1), self._prefix_rows(tokens, start, 1)):
+                best.append(tok)
+                if i < len(tokens) and tok != tokens[i]:
+                    break  # the block stops at its first rejection
+            return best
         choice, strs, lps, tops = self._scored(tokens, start, 1)
         offset = self._offset(tokens)
-        best: list[int] = []
+        best = []
         for i in range(start, len(tokens)):
             j = i - offset
             top, own = tops[j], lps[j]
