@@ -198,7 +198,7 @@ def test_the_route_follows_the_context_and_the_url(vllm):
     with _client(f"openai+{vllm.url}?route=prompt-logprobs", max_tokens=4) as client:
         client.generate([3 + i % 50 for i in range(PREFIXES_FROM)]).until_done()
         assert vllm.requests[-1]["echo"] is True
-    with pytest.raises(ConfigError, match="route=auto\|prefixes\|prompt-logprobs"):
+    with pytest.raises(ConfigError, match=r"route=auto\|prefixes\|prompt-logprobs"):
         connect(f"openai+{vllm.url}?route=fast", ClientConfig(), _draft())
     with pytest.raises(ConfigError, match="max_logprobs=N"):
         connect(f"openai+{vllm.url}?max_logprobs=8&colour=blue", ClientConfig(), _draft())
