@@ -38,11 +38,21 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
     import semantic  # benchmarks/semantic.py (this folder comes first on the path)
 
     def png(name: str) -> Path:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)  # gpu/...
         return out / f"{name}.png"
 
     def pipeline_figure(name: str) -> None:
         d = _load(name)
         pipeline.plot(d["single"], d["multi"], d["summary"], sorted({r["tasks"] for r in d["multi"]}), png(name))
+
+    def gpu_suite(name: str) -> None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("gpu_suite", C.BENCH_DIR / "gpu" / "suite.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.plot(_load(name), png(name))
 
     def footprint_figure() -> None:
         d = _load("footprint_gemma-270m")
@@ -64,6 +74,7 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
                                                                      png("profile_kernels_gemma-270m"))),
         *[(n, lambda n=n, m=m: m.plot(_load(n), png(n)))
           for n, m in (("sampling_acceptance", sampling_acceptance), ("chat_loops", chat_loops))],
+        *[(n, lambda n=n: gpu_suite(n)) for n in ("gpu/gpu_suite_h200_run1", "gpu/gpu_suite_h200_run2")],
     ]
 
 

@@ -18,6 +18,7 @@ mkdir -p "$STAGE/parts"
 stage() {
     shopt -s nullglob
     for f in "$ROOT"/.gpu/model.part*; do mv "$f" "$STAGE/parts/"; done
+    if [ -f "$ROOT/.gpu/extra.tgz" ]; then tar xzf "$ROOT/.gpu/extra.tgz" -C "$STAGE"; rm "$ROOT/.gpu/extra.tgz"; fi
     if [ -f "$ROOT/.gpu/pkg.tgz" ]; then rm -rf "$STAGE/pkg"; tar xzf "$ROOT/.gpu/pkg.tgz" -C "$STAGE"; rm "$ROOT/.gpu/pkg.tgz"; fi
     ls -l "$STAGE" "$STAGE/parts"
 }
@@ -29,6 +30,10 @@ environment() {
             "$STAGE"/pkg/wheels/*.whl
         cp -r "$STAGE/pkg/llama_cpp" "$site/"
     fi
+    if [ -d "$STAGE/extra/wheels" ] && [ ! -f "$site/.extra" ]; then  # wheels that came later
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+            "$STAGE"/extra/wheels/*.whl && touch "$site/.extra"
+    fi
     # edgekit from the checkout, laid out as its install does (pyproject's package-dir)
     rm -rf "$tree" && mkdir -p "$tree/edgekit"
     for f in "$ROOT"/edgekit/*; do ln -s "$f" "$tree/edgekit/"; done
@@ -39,7 +44,8 @@ environment() {
     cublas=$(dirname "$( { find "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)" \
         /usr/local/cuda/lib64 -name 'libcublas.so.13' 2>/dev/null || true; } | head -1)")
     export LD_LIBRARY_PATH="$site/llama_cpp/lib:$cublas:${LD_LIBRARY_PATH:-}"
-    export PYTHONPATH="$tree:$site" EDGEKIT_CACHE_DIR="$STAGE/cache" PYTHONUNBUFFERED=1
+    # PYTHONSAFEPATH: the checkout's own edgekit/ (no cli/ inside) must not shadow the tree from the cwd
+    export PYTHONPATH="$tree:$site" PYTHONSAFEPATH=1 EDGEKIT_CACHE_DIR="$STAGE/cache/models" PYTHONUNBUFFERED=1
     export PATH="$site/llama_cpp/lib:$PATH"  # llama-server, beside the libraries it loads
 }
 

@@ -10,7 +10,9 @@ same prompts, greedy, the same GGUF files:
     local             the target alone on the device core (llama.cpp CPU, one thread)
     centralized       the GPU verifier decodes every token and streams it (edgekit's target-only Generate)
     llama-server      the same from llama.cpp's own server on the GPU (a stock centralized server)
-    co-located        llama.cpp's own draft-model speculation on the GPU (llama-server -md, its defaults)
+    co-located        llama.cpp's own draft-model speculation on the GPU (llama-server -md --spec-type
+                      draft-simple: without --spec-type it loads the draft and never drafts), its defaults
+    co-located-8      the same drafting up to 8 tokens a round (--spec-draft-n-max 8; the default is 3)
     edgekit-fixed-4   distributed speculation, a fixed window of 4
     edgekit-auto      distributed speculation, the default policy (drafting="auto")
 
@@ -40,7 +42,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,9 @@ import fleet as F  # noqa: E402
 
 PAIR = "gemma-270m"
 CORES = frozenset(os.sched_getaffinity(0))  # before the device pins itself to one of them
-LOSSLESS = ("local", "centralized", "llama-server", "co-located", "edgekit-fixed-4", "edgekit-auto")
+LOSSLESS = ("local", "centralized", "llama-server", "co-located", "co-located-8", "edgekit-fixed-4", "edgekit-auto")
+STOCK = {"llama-server": (), "co-located": ("--spec-type", "draft-simple"),
+         "co-located-8": ("--spec-type", "draft-simple", "--spec-draft-n-max", "8")}  # llama-server's flags
 
 
 def gpu_name() -> str | None:
@@ -140,12 +144,12 @@ def run_edgekit(client: Any, prompt: str, system: str) -> dict:
 
 
 @contextmanager
-def llama_server(binary: str, target: Path, draft: Path | None, log: Path):
+def llama_server(binary: str, target: Path, draft: Path, flags: tuple[str, ...], log: Path):
     port = F._free_port()
     cmd = [binary, "-m", str(target), "-ngl", "99", "--host", "127.0.0.1", "--port", str(port), "-c", "4096",
            "-np", "1", "--no-warmup"]
-    if draft is not None:
-        cmd += ["-md", str(draft), "-ngld", "99"]
+    if flags:  # speculation: the draft on the GPU beside the target
+        cmd += ["-md", str(draft), "-ngld", "99", *flags]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -213,27 +217,31 @@ def side_by_side(args: argparse.Namespace, draft: Path, target: Path, prompts: l
         runs.append(r)
         C.progress(f"{system:16s} rtt {rtt:5.0f} [{i + 1}/{len(prompts)}] {r['ms_per_token']:6.1f} ms/token")
 
-    # local: the target on the device core, decoding everything itself (no link)
-    with serve(args, target, cores={core}, gpu_layers=0, threads=1, sessions=2, log=logs / "local.log") as served:
-        with EdgeClient(served.address, draft=draft, generation=gen, draft_threads=1) as client:
-            client.server_info()
-            for i, p in enumerate(prompts):
-                record("local", 0.0, i, run_edgekit(client, p["prompt"], "centralized"))
+    if "local" in args.systems:  # the target on the device core, decoding everything itself (no link)
+        with serve(args, target, cores={core}, gpu_layers=0, threads=1, sessions=2, log=logs / "local.log") as served:
+            with EdgeClient(served.address, draft=draft, generation=gen, draft_threads=1) as client:
+                client.server_info()
+                for i, p in enumerate(prompts):
+                    record("local", 0.0, i, run_edgekit(client, p["prompt"], "centralized"))
+    ours = [s for s in ("centralized", "edgekit-fixed-4", "edgekit-auto") if s in args.systems]
     with serve(args, target, cores=verifier_cores(core), gpu_layers=args.gpu_layers, sessions=4,
-               log=logs / "verifier.log") as served, proxy_to(served.address) as proxy:
-        with EdgeClient(proxy.address, draft=draft, generation=gen, draft_threads=1) as client:
-            client.server_info()
-            for rtt in args.rtts:
+               log=logs / "verifier.log") if ours else nullcontext() as served, \
+            proxy_to(served.address) if ours else nullcontext() as proxy:
+        with EdgeClient(proxy.address, draft=draft, generation=gen, draft_threads=1) if ours else nullcontext() \
+                as client:
+            if ours:
+                client.server_info()
+            for rtt in args.rtts if ours else ():
                 proxy.impairment.rtt_ms = rtt
                 for i, p in enumerate(prompts):
-                    for system in ("centralized", "edgekit-fixed-4", "edgekit-auto"):
+                    for system in ours:
                         before = cpu_seconds(served.pid)
                         r = run_edgekit(client, p["prompt"], system)
                         record(system, rtt, i, r, cpu_seconds(served.pid) - before)
     errors: dict[str, str] = {}
 
-    def stock(system: str, with_draft: Path | None) -> None:
-        with llama_server(args.llama_server, target, with_draft, logs / f"{system}.log") as (address, pid), \
+    def stock(system: str) -> None:
+        with llama_server(args.llama_server, target, draft, STOCK[system], logs / f"{system}.log") as (address, pid), \
                 proxy_to(address) as proxy:
             run_llama_server(address, prompts[0]["prompt"], 4)  # warm-up: the first CUDA kernels
             for rtt in args.rtts:
@@ -243,9 +251,9 @@ def side_by_side(args: argparse.Namespace, draft: Path, target: Path, prompts: l
                     r = run_llama_server(proxy.address, p["prompt"], args.tokens)
                     record(system, rtt, i, r, cpu_seconds(pid) - before)
 
-    for system, with_draft in (("llama-server", None), ("co-located", draft)) if args.llama_server else ():
+    for system in [s for s in STOCK if s in args.systems] if args.llama_server else ():
         try:
-            stock(system, with_draft)
+            stock(system)
         except Exception as exc:  # a stock server that fails is reported; the rest stands
             errors[system] = f"{type(exc).__name__}: {exc}"
             C.progress(f"{system}: {errors[system]}")
@@ -359,7 +367,8 @@ def fleet(args: argparse.Namespace, draft: Path, target: Path) -> dict:
 
 
 def plot(payload: dict, png: Path) -> None:
-    fig, axes = C.subplots(4, nrows=1, width=4.6, height=3.6)
+    fl = payload.get("fleet")
+    fig, axes = C.subplots(4 if fl else 3, nrows=1, width=4.6, height=3.6)
     summary = payload["side_by_side"]["summary"]
     systems = [s for s in LOSSLESS if any(v["system"] == s for v in summary.values())]
     label = payload.get("gpu") or "CPU (dry run)"
@@ -368,15 +377,15 @@ def plot(payload: dict, png: Path) -> None:
         style = {"color": f"C{i}", "marker": "o", "label": system}
         axes[0].plot([r for r, _ in pts], [v["ms_per_token"] for _, v in pts], **style)
         axes[1].plot([r for r, _ in pts], [v["ttft_ms"] or float("nan") for _, v in pts], **style)
-    axes[0].set(xlabel="RTT ms", ylabel="ms per token (as the user sees it)", title=f"time per token\n{label}")
-    axes[1].set(xlabel="RTT ms", ylabel="ms to first token", title="time to first token")
+    axes[0].set(xlabel="RTT ms", ylabel="ms per token (as the user sees it)", title=f"time per token\n{label}",
+                yscale="log")
+    axes[1].set(xlabel="RTT ms", ylabel="ms to first token", title="time to first token", yscale="log")
     axes[0].legend(fontsize=7)
     cost = [(s, C.median([v["verifier_cpu_ms_per_token"] for v in summary.values() if v["system"] == s]))
             for s in systems if s != "local"]  # the local target has no verifier
     axes[2].bar(range(len(cost)), [c for _, c in cost], color=[f"C{systems.index(s)}" for s, _ in cost])
     axes[2].set_xticks(range(len(cost)), [s for s, _ in cost], rotation=30, ha="right", fontsize=7)
     axes[2].set(ylabel="verifier CPU ms per token", title="verifier process CPU time per token")
-    fl = payload.get("fleet")
     if fl:
         for i, (system, r) in enumerate(fl["systems"].items()):
             axes[3].plot([p["devices"] for p in r["points"]], [p["goodput_tokens_per_s"] for p in r["points"]],
@@ -384,8 +393,6 @@ def plot(payload: dict, png: Path) -> None:
                          f"{max(r['capacity'].values())})")
         axes[3].set(xlabel="devices N", ylabel="committed tokens/s", title="fleet goodput (cap: devices within SLO)")
         axes[3].legend(fontsize=7)
-    else:
-        fig.delaxes(axes[3])
     C.save_figure(fig, png)
 
 
@@ -397,10 +404,12 @@ def write(payload: dict, out: Path, started: float) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for gpu_suite.json and gpu_suite.png")
+    ap.add_argument("--out", default=".", help="folder for gpu_suite.json and gpu_suite.png")
     ap.add_argument("--logs", default=None, help="folder for the servers' logs and the fleet's traces (default: --out)")
+    ap.add_argument("--replot", default=None, help="redraw this result JSON's figure beside it; measure nothing")
     ap.add_argument("--dry-run", action="store_true", help="the CPU, two prompts, a few tokens, a tiny fleet")
     ap.add_argument("--llama-server", default=shutil.which("llama-server"), help="llama.cpp's server binary")
+    ap.add_argument("--systems", default=",".join(LOSSLESS), help="which of the side-by-side systems run")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--rtts", default="0,25,100")
@@ -413,6 +422,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fleet-prompts", type=int, default=8)
     ap.add_argument("--epsilon", type=float, default=0.05)
     args = ap.parse_args(argv)
+    if args.replot:
+        with open(args.replot, encoding="utf-8") as f:
+            plot(json.load(f), Path(args.replot).with_suffix(".png"))
+        return
     from edgekit.models import get_pair, model_path
     from edgekit.runtime import gpu_offload, llama_build
 
@@ -424,7 +437,11 @@ def main(argv: list[str] | None = None) -> None:
     args.gpu_layers = -1 if gpu_offload() and not args.dry_run else 0
     args.numerics = args.numerics or ("fast" if args.gpu_layers else "exact")
     args.rtts = C.csv_list(args.rtts, float)
-    args.fleet_devices = C.csv_list(args.fleet_devices, int)
+    args.systems = C.csv_list(args.systems)
+    unknown = set(args.systems) - set(LOSSLESS)
+    if unknown:
+        raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {', '.join(LOSSLESS)}")
+    args.fleet_devices = C.csv_list(args.fleet_devices, int) if args.fleet_devices else []
     args.fleet_systems = C.csv_list(args.fleet_systems)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
