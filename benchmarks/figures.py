@@ -34,6 +34,7 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
     import profile_drafting
     import sampling_acceptance
     import verifier_context
+    import vllm_rounds
 
     import semantic  # benchmarks/semantic.py (this folder comes first on the path)
 
@@ -74,6 +75,7 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
                                                                      png("profile_kernels_gemma-270m"))),
         *[(n, lambda n=n, m=m: m.plot(_load(n), png(n)))
           for n, m in (("sampling_acceptance", sampling_acceptance), ("chat_loops", chat_loops))],
+        ("vllm_rounds", lambda: vllm_rounds.plot(_load("vllm_rounds"), png("vllm_rounds"))),
         *[(n, lambda n=n: gpu_suite(n)) for n in ("gpu/gpu_suite_h200_run1", "gpu/gpu_suite_h200_run2")],
     ]
 

@@ -14,8 +14,10 @@ PAIR_HELP = (
 )
 VERIFIER_HELP = (
     "Verifier: HOST:PORT or grpc://HOST:PORT (edgekit serve; grpcs:// for TLS), "
-    "openai+http://HOST:PORT/v1 (an OpenAI-compatible completions server with prompt logprobs: greedy, and "
-    "sampling with a --top-k within its logprob cap, 20 unless ?max_logprobs=N), "
+    "openai+http://HOST:PORT/v1 (an OpenAI-compatible completions server with prompt logprobs, such as vLLM or "
+    "llama-cpp-python's server, not llama.cpp's llama-server: greedy, and sampling with a --top-k within its "
+    "logprob cap, 20 unless ?max_logprobs=N; &route=prefixes|prompt-logprobs picks how a round reads the target, "
+    "auto by default), "
     "sglang+http://HOST:PORT (SGLang's /generate: greedy only). Several, "
     "comma-separated, serving one target: a lost verifier's sessions move to the next. "
     "Without it, the pair's target is started as a verifier on a free loopback port in this process."

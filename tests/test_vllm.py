@@ -12,21 +12,22 @@ while testing nothing), unless EDGEKIT_SKIP_VLLM=1 says this run does without it
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
-import subprocess
+import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from edgekit import ClientConfig, ConfigError, EdgeClient, FinalStats, GenerationConfig, Resumed, RoundEvent
-from edgekit.transport import OpenAITransport
+from edgekit.transport import PREFIXES_FROM, OpenAITransport
 
 ENGINE = Path(__file__).resolve().parent.parent / "engines" / "vllm"
+sys.path.insert(0, str(ENGINE))
+from vllm_server import VllmServer, post, prepared  # noqa: E402  (engines/vllm/vllm_server.py)
+
 SERVED_NAME = "gemma-3-270m"
 MAX_TOKENS = 24
 # Code, prose, lists, numbers: gemma-3-270m's q4_0 draft and the float32 target part on some.
@@ -49,13 +50,6 @@ TIMEOUT_S = 180.0  # a verifier call: the first request after a start took 32 s,
 pytestmark = [pytest.mark.vllm, pytest.mark.models, pytest.mark.timeout(START_DEADLINE_S + 600)]
 
 
-def _prepared() -> tuple[Path, Path]:
-    """The stamps prepare.sh leaves in the venv and beside the converted target (env.sh says where)."""
-    where = subprocess.run(["bash", "-c", f'source "{ENGINE}/env.sh" && echo "$VLLM_VENV" && echo "$VLLM_MODEL_DIR"'],
-                           capture_output=True, text=True, check=True).stdout.split("\n")
-    return Path(where[0]) / ".edgekit-prepared", Path(where[1]) / ".edgekit-converted"
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,71 +57,26 @@ def _free_port() -> int:
 
 
 def _post(base: str, path: str, body: dict) -> dict:
-    request = urllib.request.Request(base + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as answer:
-        return json.load(answer)
-
-
-class _Vllm:
-    """engines/vllm/serve.sh on a loopback port, in a process group of its own (vLLM starts an
-    engine process and a worker: stopping the group stops them too)."""
-
-    def __init__(self, port: int, log: Path) -> None:
-        self.port, self.log = port, log
-        self.base = f"http://127.0.0.1:{port}/v1"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        with open(self.log, "a") as out:
-            self.proc = subprocess.Popen([str(ENGINE / "serve.sh"), str(self.port)], stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def wait_ready(self) -> float:
-        """Seconds until /v1/models answered; a failure with the log's tail if it exits or takes too long."""
-        assert self.proc is not None
-        started = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"vLLM exited ({self.proc.returncode}) while starting: {self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.base + "/models", timeout=5) as answer:
-                    if answer.status == 200:
-                        return time.monotonic() - started
-            except OSError:
-                pass
-            if time.monotonic() > started + START_DEADLINE_S:
-                tail = self.log.read_text()[-3000:]
-                pytest.fail(f"vLLM did not answer /v1/models in {START_DEADLINE_S:.0f} s: {tail}")
-            time.sleep(1.0)
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        except ProcessLookupError:
-            pass
-        self.proc = None
+    return post(base, path, body, TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
     """vLLM's OpenAI server on a free loopback port, once /v1/models answers and a first
     completion has warmed it."""
-    missing = [str(stamp.parent) for stamp in _prepared() if not stamp.is_file()]
+    missing = [str(p) for p in prepared()]
     if missing:
         why = f"vLLM is not prepared ({', '.join(missing)} missing); run engines/vllm/prepare.sh"
         if os.environ.get("EDGEKIT_SKIP_VLLM") == "1":
             pytest.skip(f"{why} (EDGEKIT_SKIP_VLLM=1: this run does without it)")
         pytest.fail(f"{why}, or set EDGEKIT_SKIP_VLLM=1 to run without it", pytrace=False)
-    server = _Vllm(_free_port(), tmp_path_factory.mktemp("vllm") / "server.log")
+    server = VllmServer(_free_port(), tmp_path_factory.mktemp("vllm") / "server.log", start_deadline=START_DEADLINE_S)
     try:
         server.start()
-        ready = server.wait_ready()
+        try:
+            ready = server.wait_ready()
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
         t0 = time.monotonic()
         _post(server.base, "/completions", {"model": SERVED_NAME, "prompt": [2, 9259], "max_tokens": 1})
         print(f"vLLM answered /v1/models after {ready:.1f} s, a first completion {time.monotonic() - t0:.1f} s later")
@@ -155,10 +104,10 @@ def _vllm_top_logprobs(base: str, ids: list[int], k: int) -> list[dict[int, floa
     return [{int(name.removeprefix("token_id:")): lp for name, lp in row.items()} for row in rows]
 
 
-def _client(base: str, draft, client: ClientConfig | None = None, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
+def _client(base: str, draft, client: ClientConfig | None = None, route: str = "auto", **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
     config = GenerationConfig(**({"max_tokens": MAX_TOKENS, "drafting": "fixed", "draft_k": 4,
                                   "stop_at_eos": False} | gen))
-    return EdgeClient(f"openai+{base}", draft_model=draft, generation=config,
+    return EdgeClient(f"openai+{base}?route={route}", draft_model=draft, generation=config,
                       config=client or ClientConfig(timeout=TIMEOUT_S, retry_for=0))
 
 
@@ -184,6 +133,18 @@ def test_greedy_through_vllm_is_vllms_own_greedy_decoding(vllm_server, gemma_dra
             print(f"{prompt!r}: {stats.accepted}/{stats.drafted} drafts accepted in {stats.rounds} rounds")
     assert any(rate < 1 for rate in rates), rates  # drafts were rejected: the corrections are vLLM's
     assert sum(rates) / len(rates) > 0.2, rates  # and accepted: the draft speculates for this target
+
+
+def test_the_prefix_route_is_vllms_own_greedy_decoding_too(vllm_server, gemma_draft):
+    """route=prefixes (one-token completions of each prefix, which read vLLM's prefix cache): the
+    same tokens as vLLM's own greedy completion, on short prompts and on one past PREFIXES_FROM."""
+    long = gemma_draft.tokenize(" ".join(PROMPTS) * 12)[:PREFIXES_FROM + 40]
+    with _client(vllm_server.base, gemma_draft, route="prefixes") as client:
+        for ids in [*(gemma_draft.tokenize(p) for p in PROMPTS[:4]), long]:
+            reference = _vllm_greedy(vllm_server.base, ids, MAX_TOKENS)
+            result = client.generate(ids).until_done()
+            assert list(result.token_ids[: len(reference)]) == reference
+            assert result.stats.rounds < MAX_TOKENS  # several tokens a round: drafts were accepted
 
 
 def test_sampling_through_vllm_draws_among_its_top_k(vllm_server, gemma_draft):

@@ -1,10 +1,16 @@
 """`OpenAITransport`: verification on an OpenAI-compatible completions server that returns
-log-probabilities of prompt tokens (`echo` with `logprobs`).
+log-probabilities of prompt tokens (`echo` with `logprobs`): vLLM and llama-cpp-python's server
+(llama.cpp's own llama-server ignores `echo` and cannot verify).
 
-Each round sends committed tokens plus the draft block as one prompt with
-`echo: true, logprobs: 1, max_tokens: 1, temperature: 0`: every prompt position
-comes back with its top-1 alternative, and the one generated token is the
-target's greedy token after the block (the bonus). A sampling session asks for
+A round reads the target by one of two routes (`ROUTES`; `?route=` in the URL). "prompt-logprobs"
+sends committed tokens plus the draft block as one prompt with `echo: true, logprobs: 1,
+max_tokens: 1, temperature: 0`: every prompt position comes back with its top-1 alternative, and
+the one generated token is the target's greedy token after the block (the bonus); vLLM reads no
+prefix cache for such a request, so the round costs the whole context. "prefixes" sends the
+context and each longer prefix as one-token completions at once (token-id prompts only): the
+generated token of each is the target's greedy token there, and each reads the prefix cache, so
+the round's cost stays flat in the context. "auto" (the default) takes the prefixes from
+`PREFIXES_FROM` tokens of context. A sampling session asks for
 `logprobs: K` (its top-k, within the server's cap) and reads the K likeliest
 tokens at every block position and after the block, from which the device
 applies the sampler and the lossless rule (see `StatelessTransport`); this needs
@@ -119,8 +125,9 @@ class OpenAITransport(StatelessTransport):
         if not isinstance(lp.get("token_logprobs"), list) or len(lp["token_logprobs"]) < 2:
             raise ConfigError(
                 f"{self.kind} at {self.address} returns no log-probabilities of prompt tokens (echo with logprobs), "
-                "so it cannot verify drafts; for llama-cpp-python's server keep logits_all on, for vLLM use "
-                "an edgekit version with prompt_logprobs support"
+                "so it cannot verify drafts. Servers that can: vLLM (token ids; start it with --max-logprobs N to "
+                "sample with a top-k above 20), llama-cpp-python's server (logits_all on); llama.cpp's own "
+                "llama-server ignores echo and cannot. Or run edgekit serve on the target"
             )
 
     def _check_tokenizer(self, draft_model: str) -> str:
@@ -225,11 +232,11 @@ class OpenAITransport(StatelessTransport):
 
     def _topk(self, tokens: Sequence[int], start: int, k: int) -> list[dict[int, float]]:
         if self._reads_prefixes(tokens):
-            rows = [top for _, top in self._prefix_rows(tokens, start, k)]
-            if any(len(top) < k for top in rows):
+            tops_by_prefix = [top for _, top in self._prefix_rows(tokens, start, k)]
+            if any(len(top) < k for top in tops_by_prefix):
                 raise ProtocolError(f"{self.kind} at {self.address} returned fewer than the {k} likeliest tokens at "
                                     "a position", address=self.address)
-            return rows
+            return tops_by_prefix
         tops = self._scored(tokens, start, k)[3]
         offset = self._offset(tokens)
         rows: list[dict[int, float]] = []
@@ -287,7 +294,7 @@ class OpenAITransport(StatelessTransport):
         bodies = [{"model": self.model, "prompt": list(tokens[:i]), "max_tokens": 1, "temperature": 0,
                    "echo": False, "logprobs": k, "return_tokens_as_token_ids": self.id_names} | self._plain_sampling
                   for i in range(start, len(tokens) + 1)]
-        rows = []
+        rows: list[tuple[int, dict]] = []
         for i, data in zip(range(start, len(tokens) + 1),
                            self.http.many("POST", "/completions", bodies, during="verifying a block")):
             choices = data.get("choices")

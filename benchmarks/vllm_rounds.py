@@ -1,0 +1,141 @@
+"""What a verification round costs against vLLM as the context grows, per route, beside `edgekit serve`.
+
+A real vLLM (its CPU build, engines/vllm/: the gemma target as float32 safetensors, one thread)
+verifies the gemma draft's blocks through `openai+http://` by each route of the OpenAI transport:
+
+    prompt-logprobs  one completion of context + block asking for the log-probabilities of every
+                     prompt position: vLLM skips its prefix cache for those, so each round
+                     prefills the whole context again
+    prefixes         one-token completions of the context and of each longer prefix, sent at
+                     once: each reads the prefix cache and prefills only what is not cached
+
+and `edgekit serve` (the GGUF target, llama.cpp, one thread), whose sessions keep their KV. For
+each context length, prompts of that many tokens (held-out text, repeated to length) are
+continued greedily with a fixed window of 4; a round's time is the client's round trip. Both vLLM
+routes must give the same tokens as vLLM's own greedy completion (checked); `edgekit serve`
+decodes another target (quantized GGUF), so its tokens are not compared.
+
+    python benchmarks/vllm_rounds.py [--contexts 64,512,1024,2048] [--prompts 2] [--tokens 12]
+
+Needs engines/vllm/prepare.sh done (`make vllm`). Writes benchmarks/results/vllm_rounds.{json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines" / "vllm"))
+
+import _common as C
+import fleet as F
+from vllm_server import VllmServer, post, prepared
+
+from edgekit import ClientConfig, EdgeClient, GenerationConfig
+from edgekit.models import get_pair, model_path
+from edgekit.runtime import LlamaDraftModel
+
+ROUTES = ("prompt-logprobs", "prefixes")
+SERVED = "gemma-3-270m"
+
+
+def contexts_of(draft: LlamaDraftModel, lengths: list[int], n: int) -> dict[int, list[list[int]]]:
+    """n token-id prompts per length: BOS and held-out text, repeated to that many tokens."""
+    texts = [p["prompt"] for p in C.load_prompts()]
+    out: dict[int, list[list[int]]] = {}
+    for length in lengths:
+        out[length] = []
+        for i in range(n):
+            ids = draft.tokenize(texts[i % len(texts)], add_special=True)
+            body = draft.tokenize("\n\n".join(texts[(i + j) % len(texts)] for j in range(len(texts))),
+                                  add_special=False)
+            while len(ids) < length:
+                ids += body
+            out[length].append(ids[:length])
+    return out
+
+
+def rounds_through(url: str, draft: LlamaDraftModel, prompts: dict[int, list[list[int]]], tokens: int) -> dict:
+    gen = GenerationConfig(max_tokens=tokens, drafting="fixed", draft_k=4, stop_at_eos=False)
+    result: dict[int, dict] = {}
+    with EdgeClient(url, draft_model=draft, generation=gen, config=ClientConfig(timeout=600, retry_for=0)) as client:
+        client.generate(prompts[min(prompts)][0], max_tokens=2).until_done()  # warm: first requests are slow
+        for length, group in prompts.items():
+            ms, outputs = [], []
+            for ids in group:
+                final = client.generate(ids).until_done()
+                ms += [r.round_trip_ms for r in final.stats.rounds_detail]
+                outputs.append(list(final.token_ids))
+            result[length] = {"round_ms": ms, "median_round_ms": statistics.median(ms), "outputs": outputs,
+                              "rounds": len(ms)}
+            median = result[length]["median_round_ms"]
+            C.progress(f"{url.split('?')[-1]:28s} context {length:5d}: {median:8.1f} ms a round")
+    return result
+
+
+def plot(payload: dict, png: Path) -> None:
+    fig, axes = C.subplots(2, width=5.2, height=3.8)
+    lengths = payload["contexts"]
+    for i, (name, r) in enumerate(payload["systems"].items()):
+        y = [r[str(n)]["median_round_ms"] for n in lengths]
+        axes[0].plot(lengths, y, marker="o", color=f"C{i}", label=name)
+        axes[1].plot(lengths, [v / y[0] for v in y], marker="o", color=f"C{i}", label=name)
+    axes[0].set(xlabel="tokens of context", ylabel="ms a round (median)", yscale="log",
+                title="a K=4 round against the context")
+    axes[1].set(xlabel="tokens of context", ylabel=f"x the round at {lengths[0]} tokens",
+                title="growth with the context")
+    axes[1].axhline(2.0, color="grey", lw=0.8, ls="--")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    C.save_figure(fig, png)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--contexts", default="64,512,1024,2048")
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=12)
+    args = ap.parse_args()
+    missing = prepared()
+    if missing:
+        raise SystemExit(f"vLLM is not prepared ({', '.join(map(str, missing))}); run make vllm")
+    lengths = C.csv_list(args.contexts, int)
+    spec = get_pair("gemma-270m")
+    draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_threads=1)
+    prompts = contexts_of(draft, lengths, args.prompts)
+    systems: dict[str, dict] = {}
+    log = C.RESULTS_DIR / "vllm_rounds_server.log"
+    with VllmServer(F._free_port(), log) as vllm:
+        t0 = time.monotonic()
+        post(vllm.base, "/completions", {"model": SERVED, "prompt": [2, 9259], "max_tokens": 1})
+        C.progress(f"vLLM ready; a first completion took {time.monotonic() - t0:.1f} s")
+        reference = {n: [[int(t.removeprefix("token_id:")) for t in post(vllm.base, "/completions", {
+            "model": SERVED, "prompt": ids, "max_tokens": args.tokens, "temperature": 0, "logprobs": 1,
+            "return_tokens_as_token_ids": True})["choices"][0]["logprobs"]["tokens"]] for ids in group]
+            for n, group in prompts.items()}
+        for route in ROUTES:
+            systems[f"vLLM, {route}"] = rounds_through(f"openai+{vllm.base}?route={route}", draft, prompts,
+                                                       args.tokens)
+    identical = {name: all(r[n]["outputs"] == reference[n] for n in lengths) for name, r in systems.items()}
+    with F.serve_process(["--model", str(model_path(spec.target)), "--threads", "1", "--max-sessions", "2"],
+                         C.RESULTS_DIR / "vllm_rounds_edgekit.log") as served:
+        systems["edgekit serve"] = rounds_through(served.address, draft, prompts, args.tokens)
+    payload = {"contexts": lengths, "tokens": args.tokens, "prompts_per_context": args.prompts,
+               "identical_to_vllm_greedy": identical,
+               "systems": {name: {str(n): v for n, v in r.items()} for name, r in systems.items()}}
+    for name, r in systems.items():
+        first, last = r[lengths[0]]["median_round_ms"], r[lengths[-1]]["median_round_ms"]
+        payload.setdefault("growth", {})[name] = last / first
+    path = C.write_result("vllm_rounds", payload)
+    plot(payload, path.with_suffix(".png"))
+    print(C.table(["system", *[f"{n} tokens" for n in lengths], "growth", "identical to vLLM"],
+                  [[name, *[C.fmt(r[n]["median_round_ms"], 0) for n in lengths], C.fmt(payload["growth"][name]),
+                    identical.get(name, "-")] for name, r in systems.items()]))
+
+
+if __name__ == "__main__":
+    main()
