@@ -187,6 +187,22 @@ def test_the_prefix_route_reads_each_prefix_once_and_decodes_as_the_target(vllm)
     assert sorted(len(r["prompt"]) for r in rounds[:6]) == list(range(prompt, prompt + 6))  # round 1: K + 1 prefixes
 
 
+def test_a_server_without_prompt_log_probabilities_is_refused_naming_those_that_can():
+    """llama.cpp's own llama-server ignores `echo`: its completions carry the generated token's
+    log-probabilities only. The handshake refuses it and says which servers can verify."""
+
+    class IgnoresEcho(FakeOpenAIServer):
+        def answer(self, req: dict) -> dict:
+            return super().answer({**req, "echo": False})
+
+    draft = _draft()
+    with IgnoresEcho(TARGET, _text_of(draft), tokenize=lambda text: draft.tokenize(text)) as server, \
+            _client(f"openai+{server.url}") as client:
+        with pytest.raises(ConfigError, match="returns no log-probabilities of prompt tokens.*vLLM.*"
+                                              "llama.cpp's own llama-server ignores echo and cannot"):
+            client.server_info()
+
+
 def test_the_route_follows_the_context_and_the_url(vllm):
     from edgekit.transport import PREFIXES_FROM
 
