@@ -54,13 +54,29 @@ def test_a_draft_that_never_agrees_is_switched_off_and_probed_now_and_then():
 
 
 @pytest.mark.usefixtures("modelled_costs")
+def test_a_clients_next_generation_decides_from_its_first_round_on_what_the_last_one_measured():
+    """The client carries its cost estimate across generations (per mode): where the first answer
+    learnt that plain decoding wins, the next one goes plain from its first round instead of
+    drafting through another warm-up (what a GPU verifier, faster than the device's draft, showed:
+    benchmarks/gpu/README.md)."""
+    verifier = toy_verifier(TARGET, link=SimulatedLink(rtt_ms=5.0))
+    with toy_client(TARGET, draft=NEVER, verifier=verifier, max_tokens=40, drafting="latency") as client:
+        first = client.generate([1, 2, 3]).until_done().stats
+        second = client.generate([4, 5, 6]).until_done()
+    assert first.rounds_detail[0].drafted > 0 and first.plain_rounds > 0  # a warm-up, then plain
+    assert second.stats.rounds_detail[0].drafted == 0  # plain at once
+    assert second.stats.plain_rounds > first.plain_rounds
+    assert list(second.token_ids) == TARGET.greedy([4, 5, 6], 40)
+
+
+@pytest.mark.usefixtures("modelled_costs")
 def test_a_draft_that_agrees_keeps_drafting():
     final = _final(TARGET)
     assert list(final.token_ids) == TARGET.greedy([1, 2, 3], 80)
     assert final.stats.plain_rounds == 0 and final.stats.drafted > 0.5 * final.stats.completion_tokens
 
 
-def test_the_gate_only_decides_on_the_sessions_own_measurements_and_probes_on_schedule():
+def test_the_gate_only_decides_on_measurements_and_probes_on_schedule():
     from edgekit.config import GenerationConfig as G
     from edgekit.link import LinkEstimator, LinkPolicy
 

@@ -371,7 +371,8 @@ def plot(payload: dict, png: Path) -> None:
     fig, axes = C.subplots(4 if fl else 3, nrows=1, width=4.6, height=3.6)
     summary = payload["side_by_side"]["summary"]
     systems = [s for s in LOSSLESS if any(v["system"] == s for v in summary.values())]
-    label = payload.get("gpu") or "CPU (dry run)"
+    on_gpu = payload.get("verifier_on_gpu", not payload.get("dry_run"))  # results from before the key: GPU unless dry
+    label = payload.get("gpu") if on_gpu else "verifier on the CPU" + (" (dry run)" if payload.get("dry_run") else "")
     for i, system in enumerate(systems):
         pts = sorted((v["rtt_ms"], v) for v in summary.values() if v["system"] == system)
         style = {"color": f"C{i}", "marker": "o", "label": system}
@@ -408,6 +409,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--logs", default=None, help="folder for the servers' logs and the fleet's traces (default: --out)")
     ap.add_argument("--replot", default=None, help="redraw this result JSON's figure beside it; measure nothing")
     ap.add_argument("--dry-run", action="store_true", help="the CPU, two prompts, a few tokens, a tiny fleet")
+    ap.add_argument("--cpu-verifier", action="store_true",
+                    help="the verifier on the CPU cores the device leaves (two machines on one CPU box), full size")
     ap.add_argument("--llama-server", default=shutil.which("llama-server"), help="llama.cpp's server binary")
     ap.add_argument("--systems", default=",".join(LOSSLESS), help="which of the side-by-side systems run")
     ap.add_argument("--prompts", type=int, default=8)
@@ -432,9 +435,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         args.prompts, args.tokens, args.rtts, args.fleet_devices = 2, 12, "0,20", "2"
         args.fleet_duration, args.fleet_prompts, args.fleet_systems = 8.0, 2, "centralized,fcfs"
-    elif not gpu_offload():
-        raise SystemExit("this llama.cpp cannot offload to a GPU (a CPU build); use --dry-run to run on the CPU")
-    args.gpu_layers = -1 if gpu_offload() and not args.dry_run else 0
+    elif not gpu_offload() and not args.cpu_verifier:
+        raise SystemExit("this llama.cpp cannot offload to a GPU (a CPU build); use --cpu-verifier or --dry-run")
+    args.gpu_layers = -1 if gpu_offload() and not (args.dry_run or args.cpu_verifier) else 0
     args.numerics = args.numerics or ("fast" if args.gpu_layers else "exact")
     args.rtts = C.csv_list(args.rtts, float)
     args.systems = C.csv_list(args.systems)
@@ -456,6 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     payload: dict[str, Any] = {
         "benchmark": "gpu_suite", "command": " ".join(sys.argv), "dry_run": args.dry_run, "gpu": gpu_name(),
+        "verifier_on_gpu": bool(args.gpu_layers),
         "machine": C.machine(), "llama_build": llama_build(), "pair": PAIR, "tokens": args.tokens,
         "rtts_ms": args.rtts, "numerics": args.numerics, "llama_server": args.llama_server,
         "prompts": [p["id"] for p in prompts],

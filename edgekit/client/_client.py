@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import ClientConfig, GenerationConfig, ServerConfig
 from ..drafting import Controller, ControllerFactory, FixedWindow
 from ..errors import ConfigError, IncompatibleModelsError
-from ..link import LinkEstimator, LinkPolicy, ProbeResult, probe
+from ..link import CostTracker, LinkEstimator, LinkPolicy, ProbeResult, probe
 from ..plan import Paced, Phaser, Plan
 from ..protocol import ServerInfo, SpeedObjective
 from ..runtime import (
@@ -147,6 +147,9 @@ class EdgeClient:
         self._shared = SharedDraft(self.draft)  # the draft model serves one round at a time
         self._factory: ControllerFactory | None = None  # made at the handshake: it needs the target's name
         self.link = LinkEstimator()  # this device's view of its link to the verifier
+        # What a round costs besides the link (draft step, verify line, acceptance), per mode, learnt
+        # across generations: a policy then decides from the first round of the next one.
+        self._costs: dict[str, CostTracker] = {}
 
     @property
     def draft(self) -> DraftModel:
@@ -216,6 +219,7 @@ class EdgeClient:
                 link=self.link,
                 client=self.config,
                 on_close=slot.close if slot is not None else None,
+                costs=self._costs.setdefault(gen.mode, CostTracker()),
             )
         except BaseException:
             if slot is not None:
@@ -294,7 +298,8 @@ class EdgeClient:
 
     def controller_for(self, gen: GenerationConfig) -> Controller:
         """The drafting controller `gen.drafting` names (see GenerationConfig), on this client's link."""
-        policy = LinkPolicy(gen, self.link, hidden_dim=self.draft.n_embd, n_vocab=self.draft.n_vocab)
+        policy = LinkPolicy(gen, self.link, hidden_dim=self.draft.n_embd, n_vocab=self.draft.n_vocab,
+                            costs=self._costs.setdefault(gen.mode, CostTracker()))
         return self._controller_factory().build(gen, policy)
 
     def generate(

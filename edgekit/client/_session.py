@@ -31,7 +31,7 @@ import numpy as np
 from ..config import ClientConfig, GenerationConfig
 from ..drafting import Controller, ControllerFactory
 from ..errors import ConfigError, EdgekitError, IncompatibleModelsError, ProtocolError
-from ..link import LinkEstimator, LinkPolicy, probe
+from ..link import CostTracker, LinkEstimator, LinkPolicy, probe
 from ..protocol import OpenRequest, ServerInfo, SpeedObjective
 from ..runtime import DraftModel
 from ..transport import VerifierTransport
@@ -60,13 +60,15 @@ class SpeculativeSession:
         link: LinkEstimator | None = None,
         client: ClientConfig | None = None,
         on_close: Callable[[], None] | None = None,
+        costs: CostTracker | None = None,
     ) -> None:
         """`controller` replaces the drafting policy the config names until a
         drafting setting is reconfigured; `controller_factory` builds it otherwise (one for
         the draft and target by name when not given). `shared`: the draft as the client's other
         sessions use it; `link`: the client's link estimate; `client`: how long to keep trying
         through an outage (by default the transport's config); `on_close`: called once, when
-        the session closes (a draft slot given back)."""
+        the session closes (a draft slot given back); `costs`: the client's estimate of what a
+        round costs (draft step, verify line, acceptance), carried across its sessions."""
         check_supported(config, server, transport.address)
         self.draft = draft
         self.transport = transport
@@ -74,7 +76,7 @@ class SpeculativeSession:
         # The client's link estimate (shared by its sessions): sent with each
         # round, updated from each exchange; the policy reads it every round.
         self.link = link or LinkEstimator()
-        self.policy = LinkPolicy(config, self.link, hidden_dim=draft.n_embd, n_vocab=draft.n_vocab)
+        self.policy = LinkPolicy(config, self.link, hidden_dim=draft.n_embd, n_vocab=draft.n_vocab, costs=costs)
         self._factory = controller_factory or ControllerFactory(draft.name, server.target_model)
         self.seed = config.seed if config.seed is not None else secrets.randbits(63)
         # Independent streams for the two sides: the verifier's acceptance draw

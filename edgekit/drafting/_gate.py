@@ -7,8 +7,9 @@ that. Each round this asks the session's latency model (its measured draft step,
 line, acceptance and link) whether the empty round is faster per committed token than
 the best window; while it is, the window is 0, and every `probe_every` such rounds a
 short block of `probe_window` is drafted so that the acceptance estimate can recover
-when the text changes. Both kinds of round are lossless. It decides only after
-`warmup` rounds of the session's own measurements, and only where plain decoding wins
+when the text changes. Both kinds of round are lossless. It decides once `warmup`
+rounds have been measured, by this generation or by the client's earlier ones (the
+client carries its cost estimate across them), and only where plain decoding wins
 by a margin.
 
 TensorRT-LLM turns speculation off below a rolling acceptance threshold and vLLM's
@@ -48,14 +49,15 @@ class PlainWhenFaster:
         self._limit = 1  # the last round's room: the windows the next decision weighs
         self._plain = False  # the decision for the coming round, made at the last verdict
         self._probe = False
+        self._first = True  # no verdict yet: the first round decides on the client's earlier measurements
 
     def plain_is_faster(self, limit: int) -> bool:
         """Whether an empty round beats every window by `margin`, per committed token. The plain
         round is charged the verify time of the window it is set against (never less than its
         own): the verify line's slope is a prior until windows vary, and this way only the
         measured draft time and acceptance can turn drafting off."""
-        if self.rounds < self.warmup:
-            return False
+        if self.rounds < self.warmup and self.policy.costs.rounds < self.warmup:
+            return False  # neither this generation nor the client's earlier ones measured enough
         model = self.policy.model()
         costs = model.costs
         plain_comm = model.comm_ms(0, "tokens")
@@ -70,6 +72,9 @@ class PlainWhenFaster:
         """The round's window: the same however often it is asked within a round (a block drafted
         ahead asks too); the decision is made once per verdict, in `observe`."""
         self._limit = max(limit, 1)
+        if self._first:
+            self._first = False
+            self._plain = self.plain_is_faster(self._limit)  # False until enough rounds were measured
         if not self._plain or limit < 1:
             return self.inner.window(limit)
         if self._probe:  # a short block now and then, to see whether drafting pays again
@@ -80,6 +85,7 @@ class PlainWhenFaster:
         return self.inner.draft_next(index, step)
 
     def observe(self, drafted: int, accepted: int) -> None:
+        self._first = False
         self.rounds += 1
         self.inner.observe(drafted, accepted)
         if self._plain and drafted == 0:

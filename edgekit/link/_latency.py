@@ -100,7 +100,8 @@ class CostTracker:
     """Running estimates of what a round costs besides the link: draft time per
     step, verification time as a + b (K+1), per-token acceptance p, and how
     many positions after the first mismatch also mismatch (q). Old rounds fade
-    (`decay` per round), so the estimates follow the text being written."""
+    (`decay` per round), so the estimates follow the text being written. A client
+    keeps one per mode across its sessions (`rounds`: how many it has observed)."""
 
     def __init__(
         self,
@@ -113,6 +114,7 @@ class CostTracker:
         prior_rounds: float = 4.0,
     ) -> None:
         self.decay = decay
+        self.rounds = 0  # rounds observed (the priors aside)
         w = prior_rounds
         self._step = [draft_step_ms * w, w]  # sum of ms, sum of steps
         # p: accepted tokens over accepted tokens plus rejections (a geometric MLE, censored at K).
@@ -142,6 +144,7 @@ class CostTracker:
         verify_ms: float,
         mismatches: int | None = None,
     ) -> None:
+        self.rounds += 1
         d = self.decay
         for acc in (self._step, self._acc, self._q):
             acc[0] *= d
