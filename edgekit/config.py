@@ -100,6 +100,13 @@ class GenerationConfig:
     # target step per token) while the latency model expects that to be faster than any window,
     # with a short block now and then to see whether drafting pays again. Lossless either way.
     plain_when_faster: bool = True
+    # With drafting "auto": a generation may be the verifier's target-only stream (one round trip,
+    # then the target's pace) where this client measured that faster than drafting; the first
+    # generation of a mode drafts, the next streams, then the faster is kept (and the other
+    # tried now and then). Lossless either way. Greedy, and sampling without a seed (a seeded
+    # one keeps its route, so that it gives the same text every time); `EdgeClient.generate`
+    # only: a conversation keeps its session.
+    stream_when_faster: bool = True
     # A token-speed SLO for the verifier to schedule by (protocol 2): a class it
     # names (its handshake lists them; WISP's four by default: realtime 8,
     # interactive 6, standard 4, relaxed 2 tokens/s), or a speed, which wins.

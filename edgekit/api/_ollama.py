@@ -11,8 +11,9 @@ as `EdgeClient.chat` does. An empty prompt, or no messages, generates nothing: t
 done at once with `done_reason` "load", Ollama's way to load a model. Answers stream (JSON
 lines) unless `stream` is false; the last object is `done`, with `done_reason` ("stop" or
 "length") and the figures, durations in nanoseconds: `total_duration` (the generation's wall
-time), `prompt_eval_duration` (opening the verifier session, both prefills; 0 for an answer cut
-at a stop string, whose session's figures end with it), `eval_duration` (the rest) and
+time), `prompt_eval_duration` (opening the verifier session, both prefills, or until the first
+token of a target-only stream; 0 for an answer cut at a stop string, whose session's figures end
+with it), `eval_duration` (the rest) and
 `load_duration` 0 (the models are loaded when `edgekit api` starts). No `context` is returned.
 
 Options honoured: `temperature` (0: greedy, the target's exact argmax; above 0: lossless
@@ -243,7 +244,10 @@ def reply(req: Request, text: str, stats: GenerationStats | None) -> dict:
     out["done_reason"] = finish_reason(stats.finish_reason if stats else None)
     if stats is not None:
         total = round(stats.elapsed_s * 1e9)
-        prompt = min(total, round(stats.prefill_ms * 1e6))
+        # The verifier's target-only stream (an "auto" answer may be one) opens no session: its
+        # prompt's time is until the first token came.
+        opening = stats.prefill_ms if stats.drafting != "target-only" else stats.time_to_first_token_ms or 0.0
+        prompt = min(total, round(opening * 1e6))
         out.update(total_duration=total, load_duration=0, prompt_eval_count=stats.prompt_tokens,
                    prompt_eval_duration=prompt, eval_count=stats.completion_tokens, eval_duration=total - prompt)
     return out

@@ -7,6 +7,7 @@ from ._client import DEFAULT_PAIR, EdgeClient
 from ._discover import discover_pair
 from ._events import Event, FinalStats, Provisional, Resumed, RoundEvent, TextDelta
 from ._metrics import GenerationStats, RoundStats
+from ._route import RouteChooser
 from ._session import SharedDraft, SpeculativeSession
 from ._stream import AsyncGenerationStream, GenerationStream
 from ._text import TextDecoder
@@ -27,6 +28,7 @@ __all__ = [
     "Resumed",
     "RoundEvent",
     "RoundStats",
+    "RouteChooser",
     "SharedDraft",
     "SpeculativeSession",
     "TextDecoder",

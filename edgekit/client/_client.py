@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import secrets
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ClientConfig, GenerationConfig, ServerConfig
 from ..drafting import Controller, ControllerFactory, FixedWindow
-from ..errors import ConfigError, IncompatibleModelsError
+from ..errors import ConfigError, IncompatibleModelsError, VerifierUnavailableError
 from ..link import CostTracker, LinkEstimator, LinkPolicy, ProbeResult, probe
 from ..plan import Paced, Phaser, Plan
 from ..protocol import ServerInfo, SpeedObjective
@@ -25,8 +26,9 @@ from ..transport import VerifierTransport, connect, needs_tokenizer
 from ._accumulator import StatsAccumulator
 from ._chat import ChatTemplate, Conversation
 from ._discover import check_remote_draft, discover_pair
-from ._events import Event, FinalStats
+from ._events import Event, FinalStats, Resumed, RoundEvent, TextDelta
 from ._metrics import GenerationStats
+from ._route import SPECULATIVE, STREAM, RouteChooser
 from ._session import SharedDraft, SpeculativeSession
 from ._setup import discovery_transport, load_draft, model_file, start_local
 from ._stream import GenerationStream
@@ -150,6 +152,8 @@ class EdgeClient:
         # What a round costs besides the link (draft step, verify line, acceptance), per mode, learnt
         # across generations: a policy then decides from the first round of the next one.
         self._costs: dict[str, CostTracker] = {}
+        # Whether an "auto" generation drafts or streams the target's tokens: from what each cost here.
+        self.routes = RouteChooser()
 
     @property
     def draft(self) -> DraftModel:
@@ -204,7 +208,9 @@ class EdgeClient:
     def session(self, *, controller: Controller | None = None, **overrides: Any) -> SpeculativeSession:
         """A session for several turns; `generate` opens and closes one per call.
         `controller` replaces the drafting policy the config names."""
-        gen = self._config(overrides)
+        return self._session(self._config(overrides), controller)
+
+    def _session(self, gen: GenerationConfig, controller: Controller | None = None) -> SpeculativeSession:
         server = self.server_info()
         slot = self._pool.acquire() if self._pool is not None else None
         try:
@@ -305,30 +311,62 @@ class EdgeClient:
     def generate(
         self, prompt: str | Sequence[int], *, controller: Controller | None = None, **overrides: Any
     ) -> GenerationStream:
-        """Speculative generation; overrides are GenerationConfig fields."""
+        """Speculative generation; overrides are GenerationConfig fields.
+
+        With drafting "auto" and `stream_when_faster` (the defaults), a generation may be the
+        verifier's target-only stream instead, where this client measured that faster than
+        drafting (`edgekit.client.RouteChooser`; `stats.drafting` says "target-only"). Either
+        way the output is the target's, and a stream cut off by an outage goes on speculatively
+        from what it delivered."""
+        gen = self._config(overrides)
         tokens = self.tokenize(prompt)
-        session = self.session(controller=controller, **overrides)
+        chosen = controller is None and self._may_stream(gen)
+        route = self.routes.choose(gen.mode) if chosen else SPECULATIVE
+        if route == STREAM:
+            return GenerationStream(self._measured(gen.mode, STREAM, self._streamed(tokens, gen, resume=True)))
+        session = self._session(gen, controller)
 
         def events() -> Iterator[Event]:
             prefill_ms = session.open(tokens)
             yield from session.stream(prefill_ms=prefill_ms)
 
-        return GenerationStream(events(), on_close=session.close)
+        measured = self._measured(gen.mode, SPECULATIVE, events()) if chosen else events()
+        return GenerationStream(measured, on_close=session.close)
 
     def generate_target_only(self, prompt: str | Sequence[int], **overrides: Any) -> GenerationStream:
         """The centralized baseline: the verifier's target decodes every token."""
         gen = self._config(overrides)
         self.server_info()
-        tokens = self.tokenize(prompt)
-        seed = gen.seed if gen.seed is not None else secrets.randbits(63)
+        return GenerationStream(self._streamed(self.tokenize(prompt), gen, resume=False))
 
-        def events() -> Iterator[Event]:
-            stats = GenerationStats(
-                mode=gen.mode, draft_k=0, drafting="target-only", sampler=gen.sampler().describe(),
-                prompt_tokens=len(tokens),
-            )
-            progress = StatsAccumulator(stats, TextDecoder(self.draft))
-            finish = None
+    @staticmethod
+    def _may_stream(gen: GenerationConfig) -> bool:
+        """Whether the verifier's target-only stream gives what this generation asks, under the
+        "auto" policy: greedy decoding, or sampling without a seed (a seeded one is the same
+        text every time only by the same route), ending at EOS (the stream always does)."""
+        lossless = gen.mode == "greedy" or (gen.mode == "sample" and gen.seed is None)
+        return gen.drafting == "auto" and gen.stream_when_faster and lossless and gen.stop_at_eos
+
+    def _measured(self, mode: str, route: str, events: Iterator[Event]) -> Iterator[Event]:
+        """`events`, their generation's speed counted for `route` once it ends (not when stopped)."""
+        for ev in events:
+            if isinstance(ev, FinalStats) and ev.stats.finish_reason != "stopped":
+                self.routes.observe(mode, route, ev.stats.completion_tokens, ev.stats.elapsed_s)
+            yield ev
+
+    def _streamed(self, tokens: list[int], gen: GenerationConfig, *, resume: bool) -> Iterator[Event]:
+        """The verifier's target-only stream as a generation's events. With `resume`, a stream the
+        verifier stops answering goes on as a speculative session on the prompt and the tokens it
+        delivered (which reopens and resumes through outages, `ClientConfig`), counted in the same
+        figures, with a `Resumed` event where it switched."""
+        seed = gen.seed if gen.seed is not None else secrets.randbits(63)
+        stats = GenerationStats(
+            mode=gen.mode, draft_k=0, drafting="target-only", sampler=gen.sampler().describe(),
+            prompt_tokens=len(tokens),
+        )
+        progress = StatsAccumulator(stats, TextDecoder(self.draft))
+        finish = None
+        try:
             for t in self.transport.generate(
                 tokens,
                 mode=gen.mode,
@@ -341,12 +379,44 @@ class EdgeClient:
                 progress.add_target_token(t.decode_ms)
                 yield progress.output([t.token], (t.logprobs,) if t.logprobs is not None else ())
                 finish = t.finish_reason or finish
-            tail = progress.flush()
-            if tail is not None:  # streamed, as a session's stream does
-                yield tail
-            yield progress.finish(finish)
+        except VerifierUnavailableError as exc:
+            if not resume:
+                raise
+            finish = yield from self._resumed(tokens, gen, progress, exc)
+        tail = progress.flush()
+        if tail is not None:  # streamed, as a session's stream does
+            yield tail
+        yield progress.finish(finish)
 
-        return GenerationStream(events())
+    def _resumed(self, tokens: list[int], gen: GenerationConfig, progress: StatsAccumulator,
+                 cause: Exception) -> Generator[Event, None, str | None]:
+        """The rest of a stream cut off by `cause`, drafted and verified in a session of its own;
+        returns its finish reason."""
+        start = time.perf_counter()
+        left = gen.max_tokens - len(progress.token_ids)
+        if left <= 0:
+            return "length"
+        session = self._session(replace(gen, max_tokens=left))
+        try:
+            prefill_ms = session.open(tokens + progress.token_ids)
+            resumed = Resumed((time.perf_counter() - start) * 1e3, 1, len(tokens) + len(progress.token_ids),
+                              (type(cause).__name__,))
+            progress.add(resumed)
+            yield resumed
+            finish = None
+            for ev in session.stream(prefill_ms=prefill_ms):
+                if isinstance(ev, TextDelta):
+                    if ev.token_ids:
+                        yield progress.output(list(ev.token_ids), ev.logprobs)
+                elif isinstance(ev, FinalStats):
+                    finish = ev.stats.finish_reason
+                else:
+                    if isinstance(ev, (RoundEvent, Resumed)):
+                        progress.add(ev)
+                    yield ev
+            return finish
+        finally:
+            session.close()
 
     def close(self) -> None:
         transport = getattr(self, "transport", None)

@@ -1,0 +1,80 @@
+"""`RouteChooser`: whether an "auto" generation drafts, or has the verifier decode it all.
+
+Speculation pays where drafting a token costs less than the target's step it saves and the
+link's round trips. Where the verifier's target decodes faster than the device can draft and
+verify (a GPU verifier, a draft as large as its target, a long round trip), the fastest answer
+is the verifier's target-only stream: one round trip for the whole answer, then the target's
+own pace. Inside a generation `PlainWhenFaster` can only turn drafting off for rounds that
+still pay a round trip per token; this chooses between the two ways of generating, per mode,
+from what this client measured them to cost (milliseconds per output token, as the user saw
+them), so links, verifier load and prompts it has not seen are all in the figure.
+
+The first generation of a mode drafts; the next one it streams, to measure the stream; then
+the faster by `margin` is taken, and every `explore_every` generations the other once, so
+that a changed link or verifier load is noticed. Short answers (under `min_tokens`) do not
+count: their time is mostly the prompt's. Both ways are lossless.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+__all__ = ["SPECULATIVE", "STREAM", "RouteChooser"]
+
+SPECULATIVE = "speculative"
+STREAM = "target-only"
+
+
+@dataclass
+class _Route:
+    ms_per_token: float | None = None  # smoothed
+    runs: int = 0  # generations measured
+
+
+class RouteChooser:
+    def __init__(self, *, margin: float = 1.1, explore_every: int = 8, min_tokens: int = 8,
+                 smoothing: float = 0.5) -> None:
+        self.margin = margin  # the other way must be this much slower to be left (less flapping on noise)
+        self.explore_every = explore_every
+        self.min_tokens = min_tokens
+        self.smoothing = smoothing  # the newest generation's weight
+        self._routes: dict[tuple[str, str], _Route] = {}
+        self._since_explore: dict[str, int] = {}
+        self._lock = threading.Lock()  # a client's generations may run on several threads
+
+    def _route(self, mode: str, route: str) -> _Route:
+        return self._routes.setdefault((mode, route), _Route())
+
+    def estimate(self, mode: str, route: str) -> float | None:
+        """Smoothed milliseconds per output token of `route` in `mode`; None before one was measured."""
+        with self._lock:
+            return self._route(mode, route).ms_per_token
+
+    def choose(self, mode: str) -> str:
+        """The route of the next generation in `mode`: SPECULATIVE or STREAM."""
+        with self._lock:
+            spec, stream = self._route(mode, SPECULATIVE), self._route(mode, STREAM)
+            if spec.ms_per_token is None:
+                return SPECULATIVE
+            if stream.ms_per_token is None:
+                return STREAM
+            best = STREAM if stream.ms_per_token * self.margin < spec.ms_per_token else SPECULATIVE
+            other = SPECULATIVE if best == STREAM else STREAM
+            n = self._since_explore.get(mode, 0) + 1
+            if n >= self.explore_every:
+                self._since_explore[mode] = 0
+                return other
+            self._since_explore[mode] = n
+            return best
+
+    def observe(self, mode: str, route: str, tokens: int, elapsed_s: float) -> None:
+        """A generation by `route` gave `tokens` output tokens in `elapsed_s`, as its user saw it."""
+        if tokens < self.min_tokens or elapsed_s <= 0:
+            return
+        ms = 1e3 * elapsed_s / tokens
+        with self._lock:
+            r = self._route(mode, route)
+            w = self.smoothing
+            r.ms_per_token = ms if r.ms_per_token is None else (1 - w) * r.ms_per_token + w * ms
+            r.runs += 1
