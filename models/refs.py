@@ -204,7 +204,22 @@ def resolve(
     assert parsed.path is not None
     path = _local_gguf(parsed.path, str(parsed))
     split = SPLIT_NAME.match(path.name)
-    return ResolvedModel(path, split.group("stem") if split else path.stem, parsed, "path")
+    shown = _registry_name_of(path) or (split.group("stem") if split else path.stem)
+    return ResolvedModel(path, shown, parsed, "path")
+
+
+def _registry_name_of(path: Path) -> str | None:
+    """The registry model a file is, by its file name and (for a packaged model) its size: what a
+    verifier serving `--model ~/models/gemma-3-270m-q4_k_m.gguf` calls its target, so that the
+    predictor shipped for the pair is found for it as for `--pair`."""
+    for m in list_models():
+        if path.name == m.filename:
+            try:
+                size = path.stat().st_size
+            except OSError:
+                return None
+            return m.name if m.size is None or size == m.size else None
+    return None
 
 
 def resolve_for_use(ref: str | os.PathLike[str] | ModelRef, *, role: Role | None = None) -> ResolvedModel:

@@ -118,3 +118,13 @@ def test_calibration_on_an_engine_of_known_speed(tmp_path):
     # Another machine or model: not this calibration.
     engine.identity = "another model"
     assert not calibrated_estimator(engine, measure=False, **kw).calibrated
+
+
+def test_a_verifier_of_fewer_than_three_sequences_is_not_calibrated_and_learns_online(tmp_path, caplog):
+    """`edgekit serve --policy wisp --max-sessions 1` failed to start: the profile needs three sequences."""
+    engine = ToyEngine(ToyLanguageModel(seed=1), n_seq=2, max_context=512)
+    engine.run_batch = None  # type: ignore[assignment]  # nothing may be measured
+    est = calibrated_estimator(engine, n_seq=2, max_context=512, max_block=8, prefill_chunk=32, threads=None,
+                               cache_dir=tmp_path)
+    assert not est.calibrated and not list(tmp_path.iterdir())
+    assert "too few to calibrate" in caplog.text

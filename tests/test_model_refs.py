@@ -228,6 +228,23 @@ def test_a_path_resolves_absolute_relative_home_and_pathlike(tmp_path, monkeypat
         assert (resolved.path, resolved.name, resolved.source) == (model, "my-draft", "path")
 
 
+def test_a_path_to_a_registry_models_file_is_named_as_the_registry_names_it(tmp_path, monkeypatch):
+    """`edgekit serve --model ~/models/gemma-3-270m-q4_k_m.gguf` serves "gemma-3-270m", so a client
+    finds the predictor shipped for the pair as with --pair (it found none by the file's stem); a
+    packaged model's size must match too, a derived one's (no pinned size) only its file name."""
+    from edgekit.models.registry import list_models
+
+    packaged = next(m for m in list_models() if m.size is not None)
+    derived = next(m for m in list_models() if m.size is None)
+    same = tiny_gguf(tmp_path / "a" / packaged.filename)
+    monkeypatch.setattr("edgekit.models.refs.list_models", lambda: (
+        dataclasses.replace(packaged, size=same.stat().st_size), derived))
+    assert resolve(str(same)).name == packaged.name
+    assert resolve(str(tiny_gguf(tmp_path / "b" / derived.filename))).name == derived.name
+    monkeypatch.setattr("edgekit.models.refs.list_models", lambda: (packaged, derived))  # its real, larger size
+    assert resolve(str(same)).name == Path(packaged.filename).stem  # another file of that name
+
+
 def test_a_path_that_is_not_a_gguf_file_is_refused_naming_what_was_tried(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tried = f"no file {tmp_path}/missing.gguf \\(from the model reference ./missing.gguf\\)"

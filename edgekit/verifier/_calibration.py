@@ -120,7 +120,10 @@ def calibrated_estimator(
     digest = hashlib.sha256(repr(sorted(key.items())).encode()).hexdigest()[:16]
     path = cache_dir / f"estimator-{digest}.json"
     samples = None if force else VerifyTimeEstimator.load_samples(path, key)
-    if samples is None and measure:
+    if samples is None and measure and n_seq < 3:
+        log.warning("%d sequences are too few to calibrate the verification-time estimator (it needs 3); "
+                    "it learns from the live batches", n_seq)
+    elif samples is None and measure:
         log.info(
             "calibrating the verification-time estimator on %s (%d batches, cached in %s)",
             engine.name,
