@@ -41,8 +41,7 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +52,9 @@ sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("EDGEKIT_GPU_LAYERS", "0")
 
 import _common as C  # noqa: E402
-import fleet as F  # noqa: E402
+import _peers as P  # noqa: E402
 
 PAIR = "gemma-270m"
-CORES = frozenset(os.sched_getaffinity(0))  # before the device pins itself to one of them
 LOSSLESS = ("local", "centralized", "llama-server", "co-located", "co-located-8", "edgekit-fixed-4", "edgekit-auto")
 STOCK = {"llama-server": (), "co-located": ("--spec-type", "draft-simple"),
          "co-located-8": ("--spec-type", "draft-simple", "--spec-draft-n-max", "8")}  # llama-server's flags
@@ -73,132 +71,6 @@ def gpu_name() -> str | None:
     return out.stdout.strip() or None
 
 
-def pin_to_device_core() -> int:
-    """Pins this process (the device) to one core, the first it may use; returns it."""
-    core = min(CORES)
-    os.sched_setaffinity(0, {core})
-    return core
-
-
-def verifier_cores(device_core: int) -> set[int]:
-    """The others: the verifier's machine (on a 1-core box it shares the device's)."""
-    return set(CORES - {device_core}) or {device_core}
-
-
-@contextmanager
-def serve(args: argparse.Namespace, target: Path, *, policy: str = "fcfs", cores: set[int] | None = None,
-          gpu_layers: int = -1, threads: int | None = None, sessions: int = 4, log: Path | None = None):
-    """`edgekit serve` on a free port, pinned to `cores`; its address and process id."""
-    serve_args = ["--model", str(target), "--policy", policy, "--max-sessions", str(sessions),
-                  "--numerics", args.numerics, "--gpu-layers", str(gpu_layers), "--max-context", "2048"]
-    if threads:
-        serve_args += ["--threads", str(threads)]
-    previous = os.sched_getaffinity(0)
-    if cores:
-        os.sched_setaffinity(0, cores)  # inherited by the child
-    try:
-        with F.serve_process(serve_args, log) as served:
-            os.sched_setaffinity(0, previous)
-            yield served
-    finally:
-        os.sched_setaffinity(0, previous)
-
-
-@contextmanager
-def proxy_to(address: str):
-    from edgekit.linkemu import DelayProxy
-
-    host, port = address.rsplit(":", 1)
-    with DelayProxy((host, int(port))) as p:
-        yield p
-
-
-def cpu_seconds(pid: int) -> float:
-    import psutil
-
-    t = psutil.Process(pid).cpu_times()
-    return float(t.user + t.system)
-
-
-# -- edgekit ------------------------------------------------------------------------------
-
-
-def run_edgekit(client: Any, prompt: str, system: str) -> dict:
-    from edgekit.drafting import FixedWindow
-
-    if system == "centralized":
-        final = client.generate_target_only(prompt).until_done()
-    elif system == "edgekit-fixed-4":
-        final = client.generate(prompt, controller=FixedWindow(4)).until_done()
-    else:
-        final = client.generate(prompt).until_done()
-    s = final.stats
-    n = max(s.completion_tokens, 1)
-    return {"text": final.text, "tokens": s.completion_tokens, "elapsed_s": s.elapsed_s,
-            "ttft_ms": s.time_to_first_token_ms, "ms_per_token": 1e3 * s.elapsed_s / n,
-            "verify_ms_per_token": s.server_verify_ms / n if s.server_verify_ms else None,
-            "rounds": s.rounds, "accepted": s.accepted, "drafted": s.drafted}
-
-
-# -- llama.cpp's server ---------------------------------------------------------------------
-
-
-@contextmanager
-def llama_server(binary: str, target: Path, draft: Path, flags: tuple[str, ...], log: Path):
-    port = F._free_port()
-    cmd = [binary, "-m", str(target), "-ngl", "99", "--host", "127.0.0.1", "--port", str(port), "-c", "4096",
-           "-np", "1", "--no-warmup"]
-    if flags:  # speculation: the draft on the GPU beside the target
-        cmd += ["-md", str(draft), "-ngld", "99", *flags]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            end = time.monotonic() + 180
-            while time.monotonic() < end:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"llama-server exited with {proc.returncode}; see {log}")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    time.sleep(0.5)
-            else:
-                raise RuntimeError(f"llama-server was not ready within 180 s; see {log}")
-            yield f"127.0.0.1:{port}", proc.pid
-        finally:
-            C.stop_process(proc, 20)
-
-
-def run_llama_server(address: str, prompt: str, max_tokens: int) -> dict:
-    """One streamed greedy completion; times as the client sees them."""
-    body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "stream": True,
-                       "cache_prompt": False, "seed": 0}).encode()
-    req = urllib.request.Request(f"http://{address}/completion", data=body,
-                                 headers={"Content-Type": "application/json"})
-    start = time.perf_counter()
-    first = None
-    text, timings = [], {}
-    with urllib.request.urlopen(req, timeout=120) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            msg = json.loads(line[5:])
-            if msg.get("content"):
-                first = first or time.perf_counter()
-                text.append(msg["content"])
-            if msg.get("stop"):
-                timings = msg.get("timings", {})
-                break
-    elapsed = time.perf_counter() - start
-    n = int(timings.get("predicted_n") or 0) or max(len(text), 1)
-    return {"text": "".join(text), "tokens": n, "elapsed_s": elapsed,
-            "ttft_ms": 1e3 * (first - start) if first else None, "ms_per_token": 1e3 * elapsed / n,
-            "verify_ms_per_token": timings.get("predicted_per_token_ms"),
-            "drafted": timings.get("draft_n"), "accepted": timings.get("draft_n_accepted")}
-
-
 # -- the side-by-side runs --------------------------------------------------------------------
 
 
@@ -206,7 +78,7 @@ def side_by_side(args: argparse.Namespace, draft: Path, target: Path, prompts: l
     from edgekit import EdgeClient, GenerationConfig
 
     gen = GenerationConfig(max_tokens=args.tokens, mode="greedy", stop_at_eos=True)
-    core = pin_to_device_core()
+    core = P.pin_to_device_core()
     runs: list[dict] = []
     logs = Path(args.logs)
 
@@ -218,15 +90,16 @@ def side_by_side(args: argparse.Namespace, draft: Path, target: Path, prompts: l
         C.progress(f"{system:16s} rtt {rtt:5.0f} [{i + 1}/{len(prompts)}] {r['ms_per_token']:6.1f} ms/token")
 
     if "local" in args.systems:  # the target on the device core, decoding everything itself (no link)
-        with serve(args, target, cores={core}, gpu_layers=0, threads=1, sessions=2, log=logs / "local.log") as served:
+        with P.serve(target, numerics=args.numerics, cores={core}, gpu_layers=0, threads=1, sessions=2,
+                     log=logs / "local.log") as served:
             with EdgeClient(served.address, draft=draft, generation=gen, draft_threads=1) as client:
                 client.server_info()
                 for i, p in enumerate(prompts):
-                    record("local", 0.0, i, run_edgekit(client, p["prompt"], "centralized"))
+                    record("local", 0.0, i, P.run_edgekit(client, p["prompt"], "centralized"))
     ours = [s for s in ("centralized", "edgekit-fixed-4", "edgekit-auto") if s in args.systems]
-    with serve(args, target, cores=verifier_cores(core), gpu_layers=args.gpu_layers, sessions=4,
+    with P.serve(target, numerics=args.numerics, cores=P.verifier_cores(core), gpu_layers=args.gpu_layers, sessions=4,
                log=logs / "verifier.log") if ours else nullcontext() as served, \
-            proxy_to(served.address) if ours else nullcontext() as proxy:
+            P.proxy_to(served.address) if ours else nullcontext() as proxy:
         with EdgeClient(proxy.address, draft=draft, generation=gen, draft_threads=1) if ours else nullcontext() \
                 as client:
             if ours:
@@ -235,21 +108,21 @@ def side_by_side(args: argparse.Namespace, draft: Path, target: Path, prompts: l
                 proxy.impairment.rtt_ms = rtt
                 for i, p in enumerate(prompts):
                     for system in ours:
-                        before = cpu_seconds(served.pid)
-                        r = run_edgekit(client, p["prompt"], system)
-                        record(system, rtt, i, r, cpu_seconds(served.pid) - before)
+                        before = P.cpu_seconds(served.pid)
+                        r = P.run_edgekit(client, p["prompt"], system)
+                        record(system, rtt, i, r, P.cpu_seconds(served.pid) - before)
     errors: dict[str, str] = {}
 
     def stock(system: str) -> None:
-        with llama_server(args.llama_server, target, draft, STOCK[system], logs / f"{system}.log") as (address, pid), \
-                proxy_to(address) as proxy:
-            run_llama_server(address, prompts[0]["prompt"], 4)  # warm-up: the first CUDA kernels
+        server = P.llama_server(args.llama_server, target, draft, STOCK[system], logs / f"{system}.log")
+        with server as (address, pid), P.proxy_to(address) as proxy:
+            P.run_llama_server(address, prompts[0]["prompt"], 4)  # warm-up: the first CUDA kernels
             for rtt in args.rtts:
                 proxy.impairment.rtt_ms = rtt
                 for i, p in enumerate(prompts):
-                    before = cpu_seconds(pid)
-                    r = run_llama_server(proxy.address, p["prompt"], args.tokens)
-                    record(system, rtt, i, r, cpu_seconds(pid) - before)
+                    before = P.cpu_seconds(pid)
+                    r = P.run_llama_server(proxy.address, p["prompt"], args.tokens)
+                    record(system, rtt, i, r, P.cpu_seconds(pid) - before)
 
     for system in [s for s in STOCK if s in args.systems] if args.llama_server else ():
         try:
@@ -257,52 +130,8 @@ def side_by_side(args: argparse.Namespace, draft: Path, target: Path, prompts: l
         except Exception as exc:  # a stock server that fails is reported; the rest stands
             errors[system] = f"{type(exc).__name__}: {exc}"
             C.progress(f"{system}: {errors[system]}")
-    return {"device_core": core, "runs": runs, "identity": identity(runs), "summary": summarize(runs),
+    return {"device_core": core, "runs": runs, "identity": P.identity(runs), "summary": P.summarize(runs),
             "errors": errors}
-
-
-def identity(runs: list[dict]) -> dict:
-    """Per system, prompts whose text equals centralized decoding's (at the same RTT, else any)."""
-    ref = {(r["prompt"], r["rtt_ms"]): r["text"] for r in runs if r["system"] == "centralized"}
-    any_ref = {r["prompt"]: r["text"] for r in runs if r["system"] == "centralized"}
-    out: dict[str, dict] = {}
-    for r in runs:
-        want = ref.get((r["prompt"], r["rtt_ms"]), any_ref.get(r["prompt"]))
-        if want is None:
-            continue
-        d = out.setdefault(r["system"], {"identical": 0, "runs": 0, "differ": []})
-        d["runs"] += 1
-        if r["text"] == want:
-            d["identical"] += 1
-        elif r["prompt"] not in d["differ"]:
-            d["differ"].append(r["prompt"])
-    return out
-
-
-def summarize(runs: list[dict]) -> dict:
-    out: dict[str, dict] = {}
-    for r in runs:
-        key = f"{r['system']}@{r['rtt_ms']:g}"
-        out.setdefault(key, {"system": r["system"], "rtt_ms": r["rtt_ms"], "tokens": 0, "elapsed_s": 0.0,
-                             "ttft_ms": [], "verify_ms": 0.0, "verify_tokens": 0, "cpu_s": None})
-        s = out[key]
-        s["tokens"] += r["tokens"]
-        s["elapsed_s"] += r["elapsed_s"]
-        if r.get("ttft_ms") is not None:
-            s["ttft_ms"].append(r["ttft_ms"])
-        if r.get("verify_ms_per_token") is not None:
-            s["verify_ms"] += r["verify_ms_per_token"] * r["tokens"]
-            s["verify_tokens"] += r["tokens"]
-        if "verifier_cpu_s_per_token" in r:
-            s["cpu_s"] = (s["cpu_s"] or 0.0) + r["verifier_cpu_s_per_token"] * r["tokens"]
-    for s in out.values():
-        s["ms_per_token"] = 1e3 * s["elapsed_s"] / max(s["tokens"], 1)
-        s["ttft_ms"] = C.median(s["ttft_ms"]) if s["ttft_ms"] else None
-        s["verify_ms_per_token"] = s.pop("verify_ms") / s["verify_tokens"] if s["verify_tokens"] else None
-        cpu = s.pop("cpu_s")
-        s["verifier_cpu_ms_per_token"] = None if cpu is None else 1e3 * cpu / max(s["tokens"], 1)
-        del s["verify_tokens"]
-    return out
 
 
 # -- the fleet ----------------------------------------------------------------------------------
@@ -310,57 +139,7 @@ def summarize(runs: list[dict]) -> dict:
 
 def fleet(args: argparse.Namespace, draft: Path, target: Path) -> dict:
     """Fleet capacity on the GPU verifier: traces recorded against it, then a sweep per system."""
-    from _fleet import load_traces, record_trace, save_traces
-
-    from edgekit import ClientConfig
-    from edgekit.protocol import GREEDY
-    from edgekit.runtime import LlamaDraftModel
-    from edgekit.transport import connect
-
-    os.sched_setaffinity(0, CORES)  # the simulated devices and the recording use every core
-    draft_model = LlamaDraftModel(draft, name=draft.stem, n_threads=1)
-    traces = []
-    path = Path(args.logs) / "gpu_fleet_traces.json"
-    logs = Path(args.logs)
-    results: dict[str, Any] = {}
-    # A verifier without batch-invariant kernels may leave a trace at a near tie: that response ends there.
-    fa = argparse.Namespace(on_divergence="fail" if args.numerics == "exact" else "end", seed=0, speed_min=1.0,
-                            speed_max=2.0, rtt_min=10.0, rtt_max=60.0, k=4,
-                            duration=args.fleet_duration, warmup=min(3.0, args.fleet_duration / 4))
-    for system in args.fleet_systems:
-        policy = F.SYSTEMS[system][0]
-        with serve(args, target, policy=policy, gpu_layers=args.gpu_layers, sessions=max(args.fleet_devices),
-                   log=logs / f"fleet-{system}.log") as served:
-            if not traces:  # the target's output as this verifier decodes it
-                transport = connect(served.address, ClientConfig())
-                transport.handshake(draft_model.fingerprint(), draft_model=draft.stem, draft_hidden_size=0)
-                for p in C.load_prompts(limit=args.fleet_prompts):
-                    prompt = draft_model.tokenize(p["prompt"])
-                    out = [t.token for t in transport.generate(prompt, mode="greedy", sampler=GREEDY, seed=0,
-                                                               max_tokens=48)]
-                    traces.append(record_trace(draft_model, prompt, out, 8))
-                transport.close()
-                save_traces(path, traces, {"pair": PAIR, "draft": "gemma-3-270m-q4_0", "target": "gemma-3-270m",
-                                           "window": 8, "tokens": 48, "machine": C.machine()})
-                traces, meta = load_traces(path)
-            points = []
-            for n in args.fleet_devices:
-                f = F.run_fleet(served.address, system, n, fa, traces, meta)
-                s = f.summary(fa.warmup)
-                points.append({"devices": n, **s})
-                C.progress(f"fleet {system:12s} N={n:4d} goodput {s['goodput_tokens_per_s']:7.1f} tok/s " + " ".join(
-                    f"{k} {v['violation_rate']:.2f}" for k, v in s["classes"].items()) + (
-                    f" errors {len(s['errors'])}" if s["errors"] else ""))
-            results[system] = {"points": points}
-    from edgekit.config import DEFAULT_SLO_CLASSES
-
-    for r in results.values():
-        r["capacity"] = {cls: F.capacity([(p["devices"], p["classes"][cls]["violation_rate"]) for p in r["points"]
-                                          if cls in p["classes"]], args.epsilon) for cls in DEFAULT_SLO_CLASSES}
-        r["peak_goodput"] = max(p["goodput_tokens_per_s"] for p in r["points"])
-    draft_model.close()
-    return {"systems": results, "devices": args.fleet_devices, "epsilon": args.epsilon,
-            "duration_s": args.fleet_duration}
+    return P.fleet(args, draft, target, pair=PAIR, names=("gemma-3-270m-q4_0", "gemma-3-270m"))
 
 
 # -- the figure ---------------------------------------------------------------------------------
