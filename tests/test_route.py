@@ -19,15 +19,26 @@ TARGET = ToyLanguageModel(seed=23, eos_bias=-8.0)
 PROMPT = [1, 2, 3]
 
 
-def test_the_first_generation_drafts_the_next_streams_then_the_faster_is_kept_and_the_other_tried_now_and_then():
-    c = RouteChooser(explore_every=4, margin=1.1)
+def test_the_first_generation_drafts_the_next_streams_then_the_faster_is_kept_and_the_other_tried_ever_less_often():
+    c = RouteChooser(explore_every=4, max_explore_every=8, margin=1.1)
     assert c.choose("greedy") == SPECULATIVE
     c.observe("greedy", SPECULATIVE, 40, 2.0)  # 50 ms a token
     assert c.choose("greedy") == STREAM  # not measured yet
     c.observe("greedy", STREAM, 40, 0.4)  # 10 ms a token
-    picks = [c.choose("greedy") for _ in range(8)]
-    assert picks == [STREAM, STREAM, STREAM, SPECULATIVE] * 2
+    picks = [c.choose("greedy") for _ in range(4 + 8 + 8)]  # drafting still slower at every try: 4, then 8, 8
+    assert picks == [STREAM] * 3 + [SPECULATIVE] + ([STREAM] * 7 + [SPECULATIVE]) * 2
     assert c.choose("sample") == SPECULATIVE  # each mode apart
+
+
+def test_a_try_that_finds_the_other_way_faster_switches_and_tries_start_again_from_the_first_wait():
+    c = RouteChooser(explore_every=2, margin=1.1)
+    c.observe("greedy", SPECULATIVE, 40, 2.0)
+    c.observe("greedy", STREAM, 40, 0.4)
+    assert [c.choose("greedy") for _ in range(2)] == [STREAM, SPECULATIVE]  # the try
+    c.observe("greedy", SPECULATIVE, 40, 0.01)  # the link got better: drafting now far faster (smoothed: 25.1 ms)
+    c.observe("greedy", SPECULATIVE, 40, 0.01)  # 12.7 ms
+    c.observe("greedy", SPECULATIVE, 40, 0.01)  # 6.5 ms: faster than 10 by the margin
+    assert [c.choose("greedy") for _ in range(4)] == [SPECULATIVE, STREAM, SPECULATIVE, SPECULATIVE]
 
 
 def test_speculation_is_kept_unless_the_stream_is_faster_by_the_margin():
