@@ -31,7 +31,7 @@ text equals centralized decoding's on every prompt, and the capacity of a verifi
     python benchmarks/side_by_side.py [--pairs gemma-270m] [--prompts 44] [--tokens 32]
         [--llama-server PATH] [--out benchmarks/results]
 
-Writes OUT/side_by_side_<pair>.json and .png.
+Writes OUT/side_by_side_<pair>[_TAG].json and .png.
 """
 
 from __future__ import annotations
@@ -247,42 +247,53 @@ def analyse(runs: list[dict], args: argparse.Namespace) -> dict:
 
 
 def plot(payload: dict, png: Path) -> None:
+    import matplotlib
+
     res = payload["result"]
     summary, fl = res["summary"], res.get("fleet")
-    fig, axes = C.subplots(4 if fl else 3, width=4.8, height=4.0)
+    fig, axes = C.subplots(4 if fl else 3, width=5.0, height=4.4)
     shown = [s for s in (*STATIC, *ADAPTIVE) if any(v["system"] == s for v in summary.values())
-             and not (s.startswith("edgekit-fixed-") and s != "edgekit-fixed-4")]
-    for i, system in enumerate(shown):
+             and not (s.startswith("edgekit-fixed-") and s not in ("edgekit-fixed-1", "edgekit-fixed-4"))]
+    colors = matplotlib.colormaps["tab20"]
+    color = {s: colors(i % 20) for i, s in enumerate(shown)}
+    for system in shown:
         pts = sorted((v["rtt_ms"], v["ms_per_token"]) for v in summary.values() if v["system"] == system)
+        ours = system.startswith("edgekit")
         axes[0].plot([r for r, _ in pts], [m for _, m in pts], marker="o" if system in ADAPTIVE else ".",
-                     ls="-" if system in ADAPTIVE else "--", color=f"C{i % 10}", label=system)
+                     ls="-" if system in ADAPTIVE else "--", lw=2.2 if system == "edgekit-auto" else 1.2,
+                     color=color[system], label=system if ours else f"{system} (peer)")
     axes[0].set(xlabel="RTT ms", ylabel="ms per token (as the user sees it)", yscale="log",
-                title=f"{payload['pair']}: time per token\n(-- carried from RTT 0, - measured at each RTT)")
-    axes[0].legend(fontsize=6)
+                title=f"{payload['pair']}: time per token, {len(payload['prompts'])} prompts\n"
+                      "(-- carried from RTT 0, - measured at each RTT)")
+    axes[0].legend(fontsize=6, ncol=2)
     orc = res["oracle"]
     rtts = sorted(float(r) for r in orc)
-    for i, system in enumerate(POLICIES):
+    drafting = [s for s in POLICIES if s != "edgekit-auto"]
+    for system in drafting:
         ys = [100 * orc[f"{r:g}"]["policies"].get(system, {}).get("gap_to_oracle", float("nan")) for r in rtts]
-        axes[1].plot(rtts, ys, marker="o", color=f"C{i}", label=system)
-    axes[1].axhline(3, color="k", ls=":", lw=1, label="3% (the goal for auto)")
+        axes[1].plot(rtts, ys, marker="o", color=color.get(system, "k"), label=system)
+    axes[1].axhline(3, color="k", ls=":", lw=1, label="3% (the goal)")
     axes[1].plot(rtts, [100 * (orc[f"{r:g}"]["best_fixed_s"] / orc[f"{r:g}"]["oracle_s"] - 1) for r in rtts],
                  color="grey", ls="--", label="best single fixed window")
-    axes[1].set(xlabel="RTT ms", ylabel="% slower than the oracle", yscale="symlog",
-                title="gap to the per-prompt oracle\n(best fixed window in hindsight)")
+    auto = [100 * orc[f"{r:g}"]["policies"].get("edgekit-auto", {}).get("gap_to_oracle", float("nan")) for r in rtts]
+    note = f"auto (may stream): {min(auto):+.0f}% to {max(auto):+.0f}%" if auto and auto[0] == auto[0] else ""
+    axes[1].set(xlabel="RTT ms", ylabel="% slower than the oracle",
+                title=f"drafting policies against the per-prompt oracle\n(best fixed window in hindsight); {note}")
     axes[1].legend(fontsize=6)
     cost = [(s, v["verifier_cpu_ms_per_token"]) for s in shown for v in summary.values()
             if v["system"] == s and v["rtt_ms"] == 0 and v["verifier_cpu_ms_per_token"] is not None]
-    axes[2].barh(range(len(cost)), [c for _, c in cost], color=[f"C{shown.index(s) % 10}" for s, _ in cost])
+    axes[2].barh(range(len(cost)), [c for _, c in cost], color=[color[s] for s, _ in cost])
     axes[2].set_yticks(range(len(cost)), [s for s, _ in cost], fontsize=7)
     axes[2].invert_yaxis()
     axes[2].set(xlabel="verifier CPU ms per committed token (RTT 0)", title="the operator's cost")
     if fl:
         for i, (system, r) in enumerate(fl["systems"].items()):
+            cap = "/".join(f"{k[:4]} {v}" for k, v in r["capacity"].items())
             axes[3].plot([p["devices"] for p in r["points"]], [p["goodput_tokens_per_s"] for p in r["points"]],
-                         marker="o", color=f"C{i}", label=f"{system} (cap {r['capacity']})")
+                         marker="o", color=f"C{i}", label=f"{system}: {cap}")
         axes[3].set(xlabel="devices sharing one verifier core", ylabel="committed tokens/s",
-                    title="capacity (cap: devices within SLO,\nrealtime/interactive/standard/relaxed)")
-        axes[3].legend(fontsize=6)
+                    title="fleet: simulated devices, 10-60 ms links\ncapacity: devices within each SLO class")
+        axes[3].legend(fontsize=7, loc="lower right")
     C.save_figure(fig, png)
 
 
@@ -304,6 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fleet-prompts", type=int, default=8)
     ap.add_argument("--epsilon", type=float, default=0.05)
     ap.add_argument("--out", default=str(C.RESULTS_DIR))
+    ap.add_argument("--tag", default="", help="added to the result's name: side_by_side_PAIR_TAG.json")
     ap.add_argument("--logs", default="build/side_by_side")
     ap.add_argument("--replot", default=None, help="redraw this result JSON's figure beside it; measure nothing")
     args = ap.parse_args(argv)
@@ -339,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
             "settings": {k: v for k, v in vars(args).items() if k != "replot"},
             "prompts": [p["id"] for p in prompts], "result": result,
         }
-        name = out / f"side_by_side_{pair}.json"
+        name = out / f"side_by_side_{pair}{'_' + args.tag if args.tag else ''}.json"
         name.write_text(json.dumps(payload, indent=1, default=C._json_default))  # kept if the fleet fails
         if args.fleet_devices:
             try:
