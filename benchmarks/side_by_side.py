@@ -252,8 +252,9 @@ def plot(payload: dict, png: Path) -> None:
     res = payload["result"]
     summary, fl = res["summary"], res.get("fleet")
     fig, axes = C.subplots(4 if fl else 3, width=5.0, height=4.4)
-    shown = [s for s in (*STATIC, *ADAPTIVE) if any(v["system"] == s for v in summary.values())
-             and not (s.startswith("edgekit-fixed-") and s not in ("edgekit-fixed-1", "edgekit-fixed-4"))]
+    present = [s for s in (*STATIC, *ADAPTIVE) if any(v["system"] == s for v in summary.values())]
+    shown = [s for s in present if len(present) <= 10  # with many systems, two of the fixed windows
+             or not (s.startswith("edgekit-fixed-") and s not in ("edgekit-fixed-1", "edgekit-fixed-4"))]
     colors = matplotlib.colormaps["tab20"]
     color = {s: colors(i % 20) for i, s in enumerate(shown)}
     for system in shown:
@@ -268,7 +269,10 @@ def plot(payload: dict, png: Path) -> None:
     axes[0].legend(fontsize=6, ncol=2)
     orc = res["oracle"]
     rtts = sorted(float(r) for r in orc)
-    drafting = [s for s in POLICIES if s != "edgekit-auto"]
+    if not orc:
+        axes[1].text(0.5, 0.5, "no fixed windows in this run:\nno oracle", ha="center", va="center",
+                     transform=axes[1].transAxes)
+    drafting = [s for s in POLICIES if s != "edgekit-auto" and s in present]
     for system in drafting:
         ys = [100 * orc[f"{r:g}"]["policies"].get(system, {}).get("gap_to_oracle", float("nan")) for r in rtts]
         axes[1].plot(rtts, ys, marker="o", color=color.get(system, "k"), label=system)
@@ -279,7 +283,8 @@ def plot(payload: dict, png: Path) -> None:
     note = f"auto (may stream): {min(auto):+.0f}% to {max(auto):+.0f}%" if auto and auto[0] == auto[0] else ""
     axes[1].set(xlabel="RTT ms", ylabel="% slower than the oracle",
                 title=f"drafting policies against the per-prompt oracle\n(best fixed window in hindsight); {note}")
-    axes[1].legend(fontsize=6)
+    if orc:
+        axes[1].legend(fontsize=6)
     cost = [(s, v["verifier_cpu_ms_per_token"]) for s in shown for v in summary.values()
             if v["system"] == s and v["rtt_ms"] == 0 and v["verifier_cpu_ms_per_token"] is not None]
     axes[2].barh(range(len(cost)), [c for _, c in cost], color=[color[s] for s, _ in cost])
