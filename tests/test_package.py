@@ -349,3 +349,20 @@ def test_the_core_never_imports_its_tooling():
         package = parts[:-1]  # a module's package; an __init__'s is its own folder
         found += [f"{path.relative_to(core.parent)}:{hit}" for hit in _tooling_imports(path.read_text(), package)]
     assert not found, "\n".join(found)
+
+
+def test_every_public_class_and_function_of_edgekit_has_a_docstring_of_its_own():
+    """The API reference is generated from them (issue 39): a dataclass's generated signature is no docstring."""
+    import inspect
+
+    import edgekit
+
+    missing = []
+    for name in edgekit.__all__:
+        obj = getattr(edgekit, name)
+        if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        doc = (obj.__doc__ or "").strip()
+        if not doc or doc.startswith(f"{obj.__name__}("):
+            missing.append(name)
+    assert not missing, f"no docstring: {missing}"

@@ -27,6 +27,9 @@ __all__ = ["GenerationStats", "RoundStats"]
 
 @dataclass(frozen=True)
 class RoundStats:
+    """One round's figures (this module names each): where its block started, what was drafted
+    and accepted, and how the time went (drafting, upload, the verifier, the link)."""
+
     index: int
     base_position: int
     drafted: int
@@ -58,6 +61,9 @@ class RoundStats:
 
 @dataclass
 class GenerationStats:
+    """One generation's figures (this module names each): its settings, tokens, rounds and time,
+    the verifier's share, outages, and each round's `RoundStats` in `rounds_detail`."""
+
     mode: str
     draft_k: int
     drafting: str = ""  # the controller's name: fixed-4, predictor-gemma-270m, p-min-0.5

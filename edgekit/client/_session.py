@@ -47,6 +47,11 @@ __all__ = ["SharedDraft", "SpeculativeSession"]
 
 
 class SpeculativeSession:
+    """One verifier session and its speculative rounds (see this module): `open` prefills a
+    prompt on both sides, `stream` runs rounds as events until EOS or a limit, `extend` appends a
+    turn, `reconfigure` changes what needs no new session, `close` ends it. Made by
+    `EdgeClient.session` (and `generate`, which opens and closes one per call)."""
+
     def __init__(
         self,
         draft: DraftModel,

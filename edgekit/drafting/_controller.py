@@ -33,6 +33,9 @@ StopRule = Literal["before", "after"]  # end a block before the predicted reject
 
 
 class Decision(IntEnum):
+    """A controller's answer at a block position: DRAFT the token and go on, STOP before it (the
+    block ends without it), or LAST (draft it, then end the block)."""
+
     STOP = 0
     DRAFT = 1
     LAST = 2
@@ -44,6 +47,11 @@ class Decision(IntEnum):
 
 
 class Controller(Protocol):
+    """How long a block to draft each round (the drafting seam; see this module): `window`
+    bounds it, `draft_next` decides at each position, `observe` takes the verdict. `name`
+    shows in the stats. `GenerationConfig.drafting` names the built-in ones;
+    `EdgeClient.generate(controller=...)` takes any object of this shape."""
+
     name: str
 
     def window(self, limit: int) -> int:
@@ -57,6 +65,9 @@ class Controller(Protocol):
 
 
 class FixedWindow:
+    """Always `k` tokens a round (SLED's baseline), fewer only where the output or context limit
+    leaves less room or the draft ends the text."""
+
     def __init__(self, k: int) -> None:
         self.k = k
         self.name = f"fixed-{k}"

@@ -33,6 +33,10 @@ MIN_TIMED_MS = 2.0  # a payload's extra time below this is mostly noise: probe w
 
 
 class LinkEstimator:
+    """The device's running estimate of its link (see this module): smoothed RTT and jitter
+    (`alpha`, `beta`: RFC 6298's gains), rates each way and loss (`loss_alpha`), fed by `probe`
+    and by every round. `state()` is the `LinkState` the latency model and uploads read."""
+
     def __init__(self, *, alpha: float = 1 / 8, beta: float = 1 / 4, loss_alpha: float = 1 / 16) -> None:
         self.alpha, self.beta, self.loss_alpha = alpha, beta, loss_alpha
         self.srtt_ms: float | None = None
@@ -112,6 +116,8 @@ class Pinger(Protocol):
 
 @dataclass(frozen=True)
 class ProbeResult:
+    """What `probe` measured: the link as estimated after it, how many pings it took, and how long."""
+
     link: LinkState
     pings: int
     seconds: float

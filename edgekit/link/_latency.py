@@ -39,6 +39,7 @@ and upload tokens that are thrown away.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 from ..protocol import LinkState, bits_per_element
@@ -101,7 +102,8 @@ class CostTracker:
     step, verification time as a + b (K+1), per-token acceptance p, and how
     many positions after the first mismatch also mismatch (q). Old rounds fade
     (`decay` per round), so the estimates follow the text being written. A client
-    keeps one per mode across its sessions (`rounds`: how many it has observed)."""
+    keeps one per mode across its sessions (`rounds`: how many it has observed), which may run
+    at once: an observation and a read of the verify line are each whole."""
 
     def __init__(
         self,
@@ -115,6 +117,7 @@ class CostTracker:
     ) -> None:
         self.decay = decay
         self.rounds = 0  # rounds observed (the priors aside)
+        self._lock = threading.Lock()
         w = prior_rounds
         self._step = [draft_step_ms * w, w]  # sum of ms, sum of steps
         # p: accepted tokens over accepted tokens plus rejections (a geometric MLE, censored at K).
@@ -144,6 +147,11 @@ class CostTracker:
         verify_ms: float,
         mismatches: int | None = None,
     ) -> None:
+        with self._lock:
+            self._observe(drafted, accepted, draft_ms, draft_steps, verify_ms, mismatches)
+
+    def _observe(self, drafted: int, accepted: int, draft_ms: float, draft_steps: int, verify_ms: float,
+                 mismatches: int | None) -> None:
         self.rounds += 1
         d = self.decay
         for acc in (self._step, self._acc, self._q):
@@ -176,7 +184,8 @@ class CostTracker:
 
     def verify_line(self) -> tuple[float, float]:
         """(a, b) of verify_ms = a + b (K+1); b >= 0."""
-        sw, sn, snn, sy, sny = self._ls
+        with self._lock:
+            sw, sn, snn, sy, sny = self._ls
         var = snn * sw - sn * sn
         if var <= 1e-9 * max(sw * sw, 1.0):
             return 0.0, max(sy / sn, 0.0) if sn else 0.0
@@ -190,6 +199,9 @@ class CostTracker:
 
 @dataclass(frozen=True)
 class RoundPlan:
+    """The latency model's choice for a round: its upload, its window, and the time it expects the
+    round to take, in all and per committed token."""
+
     upload: str  # "tokens", "fh" or "sh"
     window: int
     expected_ms: float  # the model's time for the round

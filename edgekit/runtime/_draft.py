@@ -60,6 +60,11 @@ class Vocabulary(Protocol):
 
 
 class DraftModel(Vocabulary, Protocol):
+    """The device's draft model as a session uses it: a tokenizer (`Vocabulary`), a KV cache of
+    `n_past` tokens that `prefill` and `eval` extend (`eval` returns the next position's logits,
+    and hidden states when asked) and `truncate` rolls back. `LlamaDraftModel` runs a GGUF on
+    llama.cpp; a `DraftSlot` is one sequence of a `DraftPool`; tests use `edgekit.testing`'s fake."""
+
     n_ctx: int
 
     @property

@@ -30,6 +30,7 @@ class HttpJson:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"not an http(s) URL: {base_url!r}")
         self.base = parts.path.rstrip("/")
+        self._url = base_url
         self.host, self.port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
         self.https = parts.scheme == "https"
         self.address = f"{parts.scheme}://{parts.netloc}{self.base}"
@@ -51,10 +52,7 @@ class HttpJson:
         if len(bodies) <= 1:
             return [self.request(method, path, b, during=during) for b in bodies]
         while len(self._siblings) < len(bodies) - 1:
-            sibling = HttpJson.__new__(HttpJson)
-            sibling.__dict__.update(self.__dict__)
-            sibling._conn, sibling._lock, sibling._siblings, sibling._pool = None, threading.Lock(), [], None
-            self._siblings.append(sibling)
+            self._siblings.append(self._sibling())
         if self._pool is None or len(self._siblings) + 1 > self._pool_size:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
@@ -68,6 +66,12 @@ class HttpJson:
             raise first
         self.last_sizes = (sum(c.last_sizes[0] for c in clients), sum(c.last_sizes[1] for c in clients))
         return [f.result() for f in futures]
+
+    def _sibling(self) -> HttpJson:
+        """Another client of the same server with the same settings, on a connection of its own."""
+        sibling = HttpJson(self._url, timeout=self.timeout, kind=self.kind)
+        sibling._headers = dict(self._headers)  # the token too
+        return sibling
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         if self._conn is None:

@@ -291,8 +291,9 @@ class OpenAITransport(StatelessTransport):
         its top-k log-probabilities, from one-token completions of every prefix, sent at once (the
         server batches them). Unlike prompt log-probabilities these read the server's prefix cache,
         so each prefills only what is not cached: the cost of a round stays flat in the context."""
+        ids = {"return_tokens_as_token_ids": True} if self.id_names else {}  # as `_complete`: only to vLLM
         bodies = [{"model": self.model, "prompt": list(tokens[:i]), "max_tokens": 1, "temperature": 0,
-                   "echo": False, "logprobs": k, "return_tokens_as_token_ids": self.id_names} | self._plain_sampling
+                   "echo": False, "logprobs": k} | ids | self._plain_sampling
                   for i in range(start, len(tokens) + 1)]
         rows: list[tuple[int, dict]] = []
         for i, data in zip(range(start, len(tokens) + 1),
