@@ -353,6 +353,7 @@ def test_the_core_never_imports_its_tooling():
 
 def test_every_public_class_and_function_of_edgekit_has_a_docstring_of_its_own():
     """The API reference is generated from them (issue 39): a dataclass's generated signature is no docstring."""
+    import dataclasses
     import inspect
 
     import edgekit
@@ -363,6 +364,6 @@ def test_every_public_class_and_function_of_edgekit_has_a_docstring_of_its_own()
         if not (inspect.isclass(obj) or inspect.isfunction(obj)):
             continue
         doc = (obj.__doc__ or "").strip()
-        if not doc or doc.startswith(f"{obj.__name__}("):
+        if not doc or (dataclasses.is_dataclass(obj) and doc.startswith(f"{obj.__name__}(")):
             missing.append(name)
     assert not missing, f"no docstring: {missing}"
