@@ -118,3 +118,26 @@ def test_the_target_only_baseline_itself_does_not_resume():
     with toy_client(TARGET, verifier=verifier, max_tokens=40) as client:
         with pytest.raises(VerifierUnavailableError):
             client.generate_target_only(PROMPT).until_done()
+
+
+def test_where_a_draft_token_costs_more_than_a_streamed_one_drafting_is_tried_only_at_the_longest_wait():
+    # an H200 verifier: the stream at ~3 ms a token, the device drafting at ~10 on one core
+    c = RouteChooser(explore_every=2, max_explore_every=6, margin=1.1)
+    c.observe("greedy", SPECULATIVE, 40, 1.2, draft_ms_per_token=10.0)  # 30 ms a token, 10 of it per draft token
+    c.observe("greedy", STREAM, 40, 0.12)  # 3 ms
+    assert [c.choose("greedy") for _ in range(6)] == [STREAM] * 5 + [SPECULATIVE]
+    c.observe("greedy", SPECULATIVE, 40, 1.2, draft_ms_per_token=10.0)  # the try: still 30 ms
+    # the verifier got loaded: streaming at 12 ms, a draft token no longer costs more than a streamed
+    # one; drafting is slower still, so the wait doubles (2, then 4) as it does where it could win
+    c.observe("greedy", STREAM, 40, 0.84)  # smoothed to 12 ms
+    assert c.estimate("greedy", STREAM) == pytest.approx(12.0)
+    assert [c.choose("greedy") for _ in range(4)] == [STREAM] * 3 + [SPECULATIVE]
+
+
+def test_a_speculative_answer_tells_the_chooser_what_a_draft_token_cost_halved_where_drafting_overlaps_rounds():
+    for proactive, share in ((False, 1.0), (True, 0.5)):
+        with toy_client(TARGET, max_tokens=40, proactive=proactive) as client:
+            final = client.generate(PROMPT).until_done()  # the first "auto" answer drafts
+            assert final.stats.drafted > 0 and final.stats.draft_ms_per_token > 0
+            spec = client.routes._route("greedy", SPECULATIVE)
+            assert spec.draft_ms_per_token == pytest.approx(share * final.stats.draft_ms_per_token)

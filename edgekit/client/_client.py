@@ -323,14 +323,14 @@ class EdgeClient:
         chosen = controller is None and self._may_stream(gen)
         route = self.routes.choose(gen.mode) if chosen else SPECULATIVE
         if route == STREAM:
-            return GenerationStream(self._measured(gen.mode, STREAM, self._streamed(tokens, gen, resume=True)))
+            return GenerationStream(self._measured(gen, STREAM, self._streamed(tokens, gen, resume=True)))
         session = self._session(gen, controller)
 
         def events() -> Iterator[Event]:
             prefill_ms = session.open(tokens)
             yield from session.stream(prefill_ms=prefill_ms)
 
-        measured = self._measured(gen.mode, SPECULATIVE, events()) if chosen else events()
+        measured = self._measured(gen, SPECULATIVE, events()) if chosen else events()
         return GenerationStream(measured, on_close=session.close)
 
     def generate_target_only(self, prompt: str | Sequence[int], **overrides: Any) -> GenerationStream:
@@ -347,11 +347,15 @@ class EdgeClient:
         lossless = gen.mode == "greedy" or (gen.mode == "sample" and gen.seed is None)
         return gen.drafting == "auto" and gen.stream_when_faster and lossless and gen.stop_at_eos
 
-    def _measured(self, mode: str, route: str, events: Iterator[Event]) -> Iterator[Event]:
-        """`events`, their generation's speed counted for `route` once it ends (not when stopped)."""
+    def _measured(self, gen: GenerationConfig, route: str, events: Iterator[Event]) -> Iterator[Event]:
+        """`events`, their generation's speed counted for `route` once it ends (not when stopped).
+        A drafted token's cost is counted as the least it can add to the answer's time: all of
+        it, or half where proactive drafting overlaps it with the round before (a block of one
+        and the verifier's token)."""
         for ev in events:
             if isinstance(ev, FinalStats) and ev.stats.finish_reason != "stopped":
-                self.routes.observe(mode, route, ev.stats.completion_tokens, ev.stats.elapsed_s)
+                draft_ms = ev.stats.draft_ms_per_token / (2 if gen.proactive else 1) if route == SPECULATIVE else None
+                self.routes.observe(gen.mode, route, ev.stats.completion_tokens, ev.stats.elapsed_s, draft_ms)
             yield ev
 
     def _streamed(self, tokens: list[int], gen: GenerationConfig, *, resume: bool) -> Iterator[Event]:

@@ -17,6 +17,16 @@ drafted answer took 2.7x a streamed one, and one in 8 drafted made a client 44% 
 streaming alone (benchmarks/side_by_side.py). A try that finds it faster switches, and the
 wait starts again from `explore_every`. Short answers (under `min_tokens`) do not count:
 their time is mostly the prompt's. Both ways are lossless.
+
+Where drafting cannot win, it is tried only every `max_explore_every` generations. Every
+token a speculative generation commits is a draft token the device made (at least `t_d`: the
+draft's measured cost per token, halved where proactive drafting overlaps it with a round) or
+one a verification round added (at least a verifier step and a round trip, which the stream
+pays once per answer): so while the stream's measured time per token is under `t_d` by the
+margin, no acceptance rate makes drafting faster. On an H200 the stream ran at ~2-4 ms a token
+and the device drafted at ~10 on one CPU core: three drafted tries in 36 answers made `auto`
+1.0-2.3x slower than the stream (benchmarks/results/gpu). The test is made on the newest
+measurements, so a stream that slows (a loaded verifier) brings the tries back.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ STREAM = "target-only"
 class _Route:
     ms_per_token: float | None = None  # smoothed
     runs: int = 0  # generations measured
+    draft_ms_per_token: float | None = None  # smoothed, the device's cost of a draft token (speculative only)
 
 
 class RouteChooser:
@@ -67,6 +78,8 @@ class RouteChooser:
             if stream.ms_per_token is None:
                 return STREAM
             best = STREAM if stream.ms_per_token * self.margin < spec.ms_per_token else SPECULATIVE
+            dominated = best == STREAM and spec.draft_ms_per_token is not None \
+                and stream.ms_per_token * self.margin < spec.draft_ms_per_token
             if self._best.get(mode) == best:
                 if self._since_explore.get(mode, 0) == -1:  # the last try found the other still slower
                     self._wait[mode] = min(2 * self._wait.get(mode, self.explore_every), self.max_explore_every)
@@ -76,19 +89,25 @@ class RouteChooser:
                 self._wait[mode] = self.explore_every
                 self._since_explore[mode] = 0
             n = self._since_explore[mode] + 1
-            if n >= self._wait[mode]:
+            if n >= (self.max_explore_every if dominated else self._wait[mode]):
                 self._since_explore[mode] = -1  # a try of the other way: its outcome sets the next wait
                 return SPECULATIVE if best == STREAM else STREAM
             self._since_explore[mode] = n
             return best
 
-    def observe(self, mode: str, route: str, tokens: int, elapsed_s: float) -> None:
-        """A generation by `route` gave `tokens` output tokens in `elapsed_s`, as its user saw it."""
+    def observe(self, mode: str, route: str, tokens: int, elapsed_s: float,
+                draft_ms_per_token: float | None = None) -> None:
+        """A generation by `route` gave `tokens` output tokens in `elapsed_s`, as its user saw it;
+        a speculative one also says what a draft token cost the device (`draft_ms_per_token`)."""
         if tokens < self.min_tokens or elapsed_s <= 0:
             return
         ms = 1e3 * elapsed_s / tokens
         with self._lock:
             r = self._route(mode, route)
-            w = self.smoothing
-            r.ms_per_token = ms if r.ms_per_token is None else (1 - w) * r.ms_per_token + w * ms
+            r.ms_per_token = self._smoothed(r.ms_per_token, ms)
+            if draft_ms_per_token:
+                r.draft_ms_per_token = self._smoothed(r.draft_ms_per_token, draft_ms_per_token)
             r.runs += 1
+
+    def _smoothed(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
