@@ -3,7 +3,7 @@
 # machine (benchmarks/gpu/README.md), into the ignored folder .gpu/:
 #   .gpu/pkg.tgz      llama-cpp-python's Python package with llama.cpp built for CUDA (sm_90: H100,
 #                     H200) and llama-server beside its libraries, and the wheels that machine lacks
-#   .gpu/extra.tgz    typer's pydantic and its own needs (wheels)
+#   .gpu/extra.tgz    typer's pydantic and its own needs, grpcio-reflection (wheels)
 #   .gpu/model.part0N the gemma target, gzip, in four parts of ~59 MB (a call carries 64 MiB)
 # Needs CUDA's nvcc (13.0 was on these machines, at /usr/local/cuda) and root to add cuBLAS to it;
 # the build takes ~22 min on 2 cores. Each step is skipped when its output is there.
@@ -69,7 +69,8 @@ fi
 if [ ! -f "$OUT/extra.tgz" ]; then
     extra="$WORK/extra" && rm -rf "$extra" && mkdir -p "$extra/wheels"
     wheels "$extra/wheels" "pydantic==$(pinned pydantic)" "pydantic_core==$(pinned pydantic_core)" \
-        "annotated-types==$(pinned annotated-types)" "typing-inspection==$(pinned typing-inspection)"
+        "annotated-types==$(pinned annotated-types)" "typing-inspection==$(pinned typing-inspection)" \
+        "grpcio-reflection==$(pinned grpcio-reflection)"
     tar czf "$OUT/extra.tgz" -C "$WORK" extra
 fi
 

@@ -5,11 +5,19 @@ error tree here, with the verifier's address in the message. Nothing is
 retried here: a round that fails is the session's to re-send (the verifier
 recognises a retry of the last round and answers it again), after its own
 back-off (`edgekit.client._resilience`).
+
+Every call also carries routing metadata a proxy in front of several verifiers can hash on
+(`deploy/`): `x-edgekit-client`, the client's id (`ClientConfig.client_id`), on every call, and
+`x-edgekit-session`, the session's id, on the calls of a session. A session's id is given by the
+verifier that opens it, so OpenSession cannot carry it: the recipes hash on the client's id,
+which sends a client's opening and its later calls to the same replica; the session id is there
+for logs and for a proxy that routes by a table of sessions.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +30,10 @@ from ..errors import EdgekitError
 from ..protocol import SERVICE_NAME, error_from_status, pb_grpc
 from ._message import MessageTransport
 
-__all__ = ["GrpcTransport", "map_rpc_error"]
+__all__ = ["CLIENT_HEADER", "SESSION_HEADER", "GrpcTransport", "map_rpc_error"]
+
+CLIENT_HEADER = "x-edgekit-client"
+SESSION_HEADER = "x-edgekit-session"
 
 
 def map_rpc_error(exc: grpc.RpcError, address: str, *, during: str, deadline: float | None = None) -> EdgekitError:
@@ -60,7 +71,13 @@ class GrpcTransport(MessageTransport):
         else:
             self._channel = grpc.insecure_channel(self.address, options=options)
         self._stub = pb_grpc.VerifierStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {c.token}"),) if c.token else ()
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {c.token}"),) if c.token else ()
+        # EdgeClient gives its config an id; a transport built on its own draws one for its calls
+        self._metadata += ((CLIENT_HEADER, c.client_id or uuid.uuid4().hex),)
+
+    def _metadata_for(self, request: Message) -> tuple[tuple[str, str], ...]:
+        session = getattr(request, "session_id", "")
+        return (*self._metadata, (SESSION_HEADER, session)) if session else self._metadata
 
     def _unary(
         self, method: str, request: Message, *, during: str, timeout: float | None = None
@@ -70,13 +87,13 @@ class GrpcTransport(MessageTransport):
         deadline = timeout or self.config.timeout
         t0 = time.perf_counter()
         try:
-            answer = getattr(self._stub, method)(request, timeout=deadline, metadata=self._metadata)
+            answer = getattr(self._stub, method)(request, timeout=deadline, metadata=self._metadata_for(request))
         except grpc.RpcError as exc:
             raise map_rpc_error(exc, self.address, during=during, deadline=deadline) from None
         return answer, (time.perf_counter() - t0) * 1e3
 
     def _stream(self, method: str, request: Message, *, during: str, timeout: float) -> Iterator[Message]:
-        stream = getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
+        stream = getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata_for(request))
         try:
             yield from stream
         except grpc.RpcError as exc:

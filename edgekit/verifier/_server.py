@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from ..config import ServerConfig
 from ..errors import ConfigError
@@ -95,8 +96,10 @@ class _TokenAuth(grpc.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        health = details.method.startswith("/grpc.health.v1.")
-        if health or self._tokens.tenant(details.invocation_metadata) is not None:
+        # health checks (a load balancer's) and reflection (the API's schema, public as the
+        # .proto is) need no token
+        public = details.method.startswith(("/grpc.health.v1.", "/grpc.reflection."))
+        if public or self._tokens.tenant(details.invocation_metadata) is not None:
             return continuation(details)
         return self._deny
 
@@ -168,6 +171,10 @@ class VerifierServer:
         self._server.add_generic_rpc_handlers((self.service.handlers(tenant_of),))
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        # server reflection: grpcurl, Postman and other explorers call the verifier without the .proto
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self._server)
         bind = f"{c.host}:{c.port}"
         if c.tls_cert and c.tls_key:
             client_ca = Path(c.tls_client_ca).read_bytes() if c.tls_client_ca else None

@@ -72,6 +72,8 @@ __all__ = ["VerifierService"]
 log = logging.getLogger("edgekit.verifier")
 
 
+_NO_DEADLINE = 7 * 86400.0  # seconds: a call that has more is one without a deadline (grpcurl's default, a proxy's)
+
 class VerifierService:
     """The verifier over `engine`: sessions, rounds and the target-only baseline,
     with the engine's work ordered by `scheduler` (by default the policy the
@@ -230,8 +232,8 @@ class VerifierService:
 
         def unary(method: str) -> Callable[[bytes, grpc.ServicerContext], Message]:
             def handler(raw: bytes, context: grpc.ServicerContext) -> Message:
-                remaining = context.time_remaining()
-                deadline = time.monotonic() + remaining if remaining is not None else None
+                remaining = context.time_remaining()  # a call without a deadline: gRPC's "forever", ~2^63 ns
+                deadline = time.monotonic() + remaining if remaining is not None and remaining < _NO_DEADLINE else None
                 try:
                     return self.call(method, raw, deadline, caller(context))
                 except EdgekitError as exc:

@@ -1,0 +1,84 @@
+"""Every call carries metadata a proxy in front of several verifiers can hash on (issue 38,
+item 1): the client's id on every call, the session's on a session's calls. A recording
+gRPC forwarder stands where HAProxy or nginx would, between a client and a verifier. It
+passes no deadline on, as grpcurl by default does not: a call without one once failed
+OpenSession with INTERNAL (an OverflowError waiting "forever")."""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor_pool import DescriptorPool
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
+from edgekit.protocol import SERVICE_NAME
+from edgekit.testing import FakeDraftModel, ToyEngine, ToyLanguageModel
+from edgekit.transport import GrpcTransport
+from edgekit.transport._grpc import CLIENT_HEADER, SESSION_HEADER
+from edgekit.verifier import VerifierServer
+
+TARGET = ToyLanguageModel(seed=11, eos_bias=-8.0)
+
+
+class Recorder(grpc.GenericRpcHandler):
+    """Forwards every call as bytes to `upstream`, keeping (method, metadata) of each."""
+
+    def __init__(self, upstream: str) -> None:
+        self.channel = grpc.insecure_channel(upstream)
+        self.calls: list[tuple[str, dict[str, str]]] = []
+
+    def service(self, details: grpc.HandlerCallDetails):
+        method = details.method
+        meta = {k: v for k, v in details.invocation_metadata}
+        self.calls.append((method.rsplit("/", 1)[-1], meta))
+        if method.endswith("/Generate"):
+            stream = self.channel.unary_stream(method)
+            return grpc.unary_stream_rpc_method_handler(lambda req, ctx: stream(req, metadata=tuple(meta.items())))
+        unary = self.channel.unary_unary(method)
+        return grpc.unary_unary_rpc_method_handler(lambda req, ctx: unary(req, metadata=tuple(meta.items())))
+
+
+def test_every_call_names_the_client_and_a_sessions_calls_name_the_session():
+    c = ServerConfig(port=0, max_sessions=4, max_context=512)
+    with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=512), c) as verifier:
+        recorder = Recorder(verifier.address)
+        proxy = grpc.server(futures.ThreadPoolExecutor(4), handlers=(recorder,))
+        port = proxy.add_insecure_port("127.0.0.1:0")
+        proxy.start()
+        try:
+            gen = GenerationConfig(max_tokens=12, draft_k=3, drafting="fixed", stop_at_eos=False)
+            config = ClientConfig(client_id="device-7", timeout=10)
+            with EdgeClient(f"127.0.0.1:{port}", draft=FakeDraftModel(TARGET), config=config,
+                            generation=gen) as client:
+                out = client.generate([1, 2, 3]).until_done()
+            assert list(out.token_ids) == TARGET.greedy([1, 2, 3], 12)
+            with GrpcTransport(f"127.0.0.1:{port}") as bare:  # built on its own: an id of its own
+                bare.ping()
+        finally:
+            proxy.stop(0)
+    methods = [m for m, _ in recorder.calls]
+    assert {"Handshake", "OpenSession", "Verify"} <= set(methods), methods
+    ours = recorder.calls[:-1]
+    assert all(meta.get(CLIENT_HEADER) == "device-7" for _, meta in ours)
+    opened = methods.index("OpenSession")
+    assert SESSION_HEADER not in recorder.calls[opened][1]  # the verifier gives the id in its answer
+    sessions = {meta.get(SESSION_HEADER) for m, meta in ours if m in ("Verify", "CloseSession", "ExtendSession")}
+    assert len(sessions) == 1 and None not in sessions and "" not in sessions
+    bare_id = recorder.calls[-1][1].get(CLIENT_HEADER)
+    assert bare_id and bare_id != "device-7"
+
+
+def test_reflection_lists_the_verifier_and_health_services_and_describes_verify_without_a_token():
+    """grpcurl's `list` and `describe`, through grpc's own reflection client (issue 38, item 4)."""
+    c = ServerConfig(port=0, max_sessions=2, max_context=256, token="secret")
+    with VerifierServer(ToyEngine(TARGET, n_seq=2, max_context=256), c) as verifier:
+        with grpc.insecure_channel(verifier.address) as channel:
+            db = ProtoReflectionDescriptorDatabase(channel)
+            services = set(db.get_services())
+            assert {SERVICE_NAME, "grpc.health.v1.Health"} <= services, services
+            verify = DescriptorPool(db).FindServiceByName(SERVICE_NAME).methods_by_name["Verify"]
+            session_id = verify.input_type.fields_by_name["session_id"]
+            assert session_id.type == FieldDescriptor.TYPE_STRING
