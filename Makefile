@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
 
-.PHONY: chat test test-vllm vllm test-all test-numerics-avx2 lint typecheck install models-test models-chat predictors traces figures clean
+.PHONY: chat test test-vllm vllm proxies test-all test-numerics-avx2 lint typecheck install models-test models-chat predictors traces figures clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,12 @@ models-chat: install
 chat: models-chat
 	$(BIN)/edgekit chat
 
-test: lint typecheck models-test
+# HAProxy and nginx for the fleet tests (tests/test_fleet_proxy.py): Debian's packages unpacked
+# under build/proxies without root; where that cannot be done the tests skip (CI requires them).
+proxies:
+	@bash deploy/fetch-proxies.sh >/dev/null || echo "no haproxy/nginx for the fleet tests (deploy/fetch-proxies.sh); they skip"
+
+test: lint typecheck models-test proxies
 	$(BIN)/python -m pytest -m "not slow and not vllm" -q $(PYTEST_ARGS)
 
 # vLLM's CPU build as a verifier (tests/test_vllm.py): its own venv and the gemma target converted

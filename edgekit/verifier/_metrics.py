@@ -16,6 +16,7 @@ below are named without it.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from itertools import accumulate
 from typing import TYPE_CHECKING
@@ -28,9 +29,13 @@ if TYPE_CHECKING:
 
     from prometheus_client.core import Metric
 
-__all__ = ["BATCH_ROWS_BUCKETS", "BATCH_SIZE_BUCKETS", "MetricsEndpoint", "StatsCollector", "check_installed"]
+    from ._budgets import Budgets
+
+__all__ = ["BATCH_ROWS_BUCKETS", "BATCH_SIZE_BUCKETS", "BUDGET_BUCKETS", "MetricsEndpoint", "StatsCollector",
+           "check_installed"]
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # works per batch
+BUDGET_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # draft tokens a session may send
 BATCH_ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # rows per batch
 
 
@@ -43,10 +48,12 @@ def check_installed() -> None:
 
 
 class StatsCollector:
-    """A prometheus_client collector over `stats`: every scrape reads a fresh snapshot."""
+    """A prometheus_client collector over `stats`: every scrape reads a fresh snapshot. With
+    `budgets` (a verifier that assigns draft budgets, GOODSPEED), their figures too."""
 
-    def __init__(self, stats: ServingStats) -> None:
+    def __init__(self, stats: ServingStats, budgets: Budgets | None = None) -> None:
         self.stats = stats
+        self.budgets = budgets
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -136,6 +143,25 @@ class StatsCollector:
             for cls, c in classes:
                 h.add_metric([cls], *_buckets(hist(c)))
             yield h
+        if self.budgets is not None:
+            yield from self._budget_metrics(self.budgets)
+
+    @staticmethod
+    def _budget_metrics(budgets: Budgets) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+
+        states = list(budgets.states().values())
+        yield GaugeMetricFamily(
+            "edgekit:budget_capacity", "Draft tokens per target pass shared among the active sessions (GOODSPEED's C).",
+            value=budgets.last_capacity,
+        )
+        h = HistogramMetricFamily("edgekit:budget_tokens", "The draft budget each open session was last told.")
+        h.add_metric([], *_buckets(_binned(Counter(st.told for st in states), BUDGET_BUCKETS)))
+        yield h
+        yield GaugeMetricFamily(
+            "edgekit:budget_acceptance_estimate", "Mean over open sessions of their acceptance estimate (eq. 3).",
+            value=sum(st.alpha for st in states) / len(states) if states else float("nan"),
+        )
 
 
 def _binned(counts: Mapping[int, int], bounds: tuple[int, ...]) -> Histogram:
@@ -160,12 +186,12 @@ class MetricsEndpoint:
     """`stats` served as Prometheus text at http://host:port/metrics (port 0: a free one),
     from a thread of its own until `close`."""
 
-    def __init__(self, stats: ServingStats, host: str, port: int) -> None:
+    def __init__(self, stats: ServingStats, host: str, port: int, budgets: Budgets | None = None) -> None:
         check_installed()
         from prometheus_client import CollectorRegistry, start_http_server
 
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(StatsCollector(stats))
+        registry.register(StatsCollector(stats, budgets))
         try:
             server, thread = start_http_server(port, addr=host, registry=registry)
         except OSError as exc:

@@ -220,7 +220,7 @@ class VerifierServer:
     def start(self) -> VerifierServer:
         c = self.config
         if c.metrics_port is not None and self._metrics is None:
-            self._metrics = MetricsEndpoint(self.service.stats, c.host, c.metrics_port)
+            self._metrics = MetricsEndpoint(self.service.stats, c.host, c.metrics_port, self.service.budgets)
             log.info("metrics on http://%s/metrics", self._metrics.address)
         self._server.start()
         for name in ("", SERVICE_NAME):

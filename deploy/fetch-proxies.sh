@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# HAProxy and nginx for the fleet tests (tests/test_fleet_proxy.py), without root: Debian's own
+# packages, fetched with `apt-get download` and unpacked under build/proxies/, with wrappers in
+# build/proxies/bin that find their libraries. A machine with haproxy and nginx installed
+# (apt-get install haproxy nginx) needs none of this: the tests take those from PATH.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DEST=${EDGEKIT_PROXIES:-$ROOT/build/proxies}
+if [ -x "$DEST/bin/haproxy" ] && [ -x "$DEST/bin/nginx" ]; then exit 0; fi
+command -v apt-get >/dev/null || { echo "no apt-get here: install haproxy and nginx yourself" >&2; exit 1; }
+mkdir -p "$DEST/debs" "$DEST/root" "$DEST/bin"
+packages=(haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1 nginx)
+fetch() { (cd "$DEST/debs" && apt-get download -q "${packages[@]}" 2>&1 | grep -v "^W: Download is performed unsandboxed" || true); }
+fetch
+if ! ls "$DEST"/debs/haproxy_*.deb "$DEST"/debs/nginx_*.deb >/dev/null 2>&1; then
+    # no package lists yet (a fresh container): fetch them, where we may
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq; fetch; fi
+fi
+for deb in "$DEST"/debs/*.deb; do dpkg-deb -x "$deb" "$DEST/root"; done
+for tool in haproxy nginx; do
+    cat > "$DEST/bin/$tool" <<WRAP
+#!/bin/sh
+LD_LIBRARY_PATH="$DEST/root/usr/lib/\$(uname -m)-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "$DEST/root/usr/sbin/$tool" "\$@"
+WRAP
+    chmod +x "$DEST/bin/$tool"
+done
+"$DEST/bin/haproxy" -v | head -1
+"$DEST/bin/nginx" -v
