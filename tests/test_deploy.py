@@ -141,6 +141,7 @@ def test_every_dashboard_query_names_only_metrics_a_verifier_exports():
     assert not named - exported, f"queries name metrics no verifier exports: {sorted(named - exported)}"
     # what the issue asks the dashboard to show
     for wanted in ("edgekit:spec_decode_num_accepted_tokens_total",
-                   "edgekit:spec_decode_num_accepted_tokens_per_pos_total", "edgekit:slo_rounds_total", "edgekit:queue_time_seconds_bucket", "edgekit:slo_violations_total",
+                   "edgekit:spec_decode_num_accepted_tokens_per_pos_total", "edgekit:slo_rounds_total",
+                   "edgekit:queue_time_seconds_bucket", "edgekit:slo_violations_total",
                    "edgekit:budget_capacity", "edgekit:budget_tokens_bucket"):
         assert wanted in named, wanted
