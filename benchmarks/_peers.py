@@ -11,6 +11,9 @@ Systems, by name:
     local                  the target alone on the device core (through `edgekit serve` there, no link)
     centralized            edgekit serve's target-only stream (the verifier decodes every token)
     llama-server           llama.cpp's own server decoding every token (a stock centralized server)
+    llama-cpp-python       llama-cpp-python's OpenAI server decoding every token (another stock one)
+    vllm                   vLLM's CPU build decoding every token, on the target's weights converted to
+                           float32 (engines/vllm): another model's numbers than the GGUF's
     co-located[-N]         llama.cpp's own draft-model speculation on the verifier (`-md --spec-type
                            draft-simple`; without --spec-type it loads the draft and never drafts),
                            drafting its default of up to 3 tokens, or up to N
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.request
 from contextlib import ExitStack, contextmanager
@@ -87,10 +91,22 @@ def proxy_to(address: str):
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid` and its descendants (vLLM runs its engine in a child process)."""
     import psutil
 
-    t = psutil.Process(pid).cpu_times()
-    return float(t.user + t.system)
+    try:
+        p = psutil.Process(pid)
+        procs = [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for q in procs:
+        try:
+            t = q.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 # -- edgekit ------------------------------------------------------------------------------
@@ -196,6 +212,92 @@ def run_llama_server(address: str, prompt: str, max_tokens: int) -> dict:
             "ttft_ms": 1e3 * (first - start) if first else None, "ms_per_token": 1e3 * elapsed / n,
             "verify_ms_per_token": timings.get("predicted_per_token_ms"),
             "drafted": timings.get("draft_n"), "accepted": timings.get("draft_n_accepted")}
+
+
+# -- servers that speak OpenAI's API: llama-cpp-python's, vLLM's -------------------------------
+
+
+def _ready(url: str, proc: subprocess.Popen, what: str, log: Path, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1.0)
+    raise RuntimeError(f"{what} was not ready within {deadline_s:.0f} s; see {log}")
+
+
+@contextmanager
+def llama_cpp_python_server(target: Path, log: Path, *, threads: int = 1, cores: set[int] | None = None):
+    """llama-cpp-python's OpenAI server (`python -m llama_cpp.server`) on `target`, CPU only,
+    `threads` threads pinned to `cores`; its OpenAI base URL (…/v1), model name and process id."""
+    port = F._free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(target), "--host", "127.0.0.1", "--port",
+           str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "4096",
+           "--n_gpu_layers", "0"]
+    with open(log, "w") as out, pinned(cores):
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}/v1"
+        _ready(base + "/models", proc, "llama-cpp-python's server", log, 180)
+        yield base, str(target), proc.pid
+    finally:
+        C.stop_process(proc, 20)
+
+
+@contextmanager
+def vllm_server(log: Path, *, cores: set[int] | None = None):
+    """vLLM's CPU build serving the converted gemma target (engines/vllm: prepare.sh first),
+    pinned to `cores`, one OpenMP thread; its OpenAI base URL, model name and engine process ids."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines" / "vllm"))
+    try:
+        from vllm_server import VllmServer, prepared
+    finally:
+        sys.path.pop(0)
+    missing = prepared()
+    if missing:
+        raise RuntimeError(f"vLLM is not prepared ({', '.join(map(str, missing))}): run make vllm")
+    server = VllmServer(F._free_port(), log)
+    with pinned(cores):
+        server.start()
+    try:
+        server.wait_ready()
+        with urllib.request.urlopen(server.base + "/models", timeout=10) as r:
+            model = json.load(r)["data"][0]["id"]
+        assert server.proc is not None
+        yield server.base, model, server.proc.pid
+    finally:
+        server.stop()
+
+
+def run_openai(base: str, model: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed greedy completion from an OpenAI-compatible server; times as the client sees them."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                       "stream": True, "stream_options": {"include_usage": True}, "seed": 0}).encode()
+    req = urllib.request.Request(f"{base}/completions", data=body, headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    first = None
+    text, chunks, usage = [], 0, None
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            msg = json.loads(line[5:])
+            usage = msg.get("usage") or usage
+            for choice in msg.get("choices") or ():
+                if choice.get("text"):
+                    first = first or time.perf_counter()
+                    text.append(choice["text"])
+                    chunks += 1
+    elapsed = time.perf_counter() - start
+    n = int((usage or {}).get("completion_tokens") or 0) or max(chunks, 1)
+    return {"text": "".join(text), "tokens": n, "elapsed_s": elapsed,
+            "ttft_ms": 1e3 * (first - start) if first else None, "ms_per_token": 1e3 * elapsed / n}
 
 
 # -- a fleet ----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import json
 import shutil
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,8 @@ import _common as C
 import _peers as P
 
 FIXED = (1, 2, 3, 4, 6, 8)
-STATIC = ("local", "centralized", "llama-server", "co-located", "co-located-8",
+OPENAI = ("llama-cpp-python", "vllm")  # stock centralized servers reached by OpenAI's API
+STATIC = ("local", "centralized", "llama-server", *OPENAI, "co-located", "co-located-8",
           *(f"edgekit-fixed-{k}" for k in FIXED), "edgekit-p-min", "edgekit-predictor")
 ADAPTIVE = ("edgekit-latency", "edgekit-auto-draft", "edgekit-auto-draft+proactive", "edgekit-auto")
 STOCK = {"llama-server": (), "co-located": ("--spec-type", "draft-simple"),
@@ -77,9 +78,27 @@ def exchanges(system: str, r: dict) -> int:
     """Round trips a generation of `system` makes: a stream's request; a session's opening and rounds."""
     if system == "local":
         return 0
-    if system in STOCK or system == "centralized":
+    if system in STOCK or system in OPENAI or system == "centralized":
         return 1
     return int(r["rounds"]) + 1
+
+
+@contextmanager
+def stock_server(system: str, args: argparse.Namespace, pair: str, draft: Path, target: Path, cores: set[int]):
+    """A stock server of `system` on the verifier's cores, one thread: its host:port, process id,
+    and how to run one streamed greedy completion through an address (`run(address, prompt, n)`)."""
+    log = Path(args.logs) / f"{pair}-{system}.log"
+    if system in STOCK:
+        with P.llama_server(args.llama_server, target, draft, STOCK[system], log, gpu=False, threads=1,
+                            cores=cores) as (address, pid):
+            yield address, pid, P.run_llama_server
+        return
+    if system == "vllm" and pair != "gemma-270m":
+        raise RuntimeError("engines/vllm converts gemma-270m's target only")
+    server = P.vllm_server(log, cores=cores) if system == "vllm" else \
+        P.llama_cpp_python_server(target, log, threads=1, cores=cores)
+    with server as (base, model, pid):
+        yield base.split("/")[2], pid, lambda address, prompt, n: P.run_openai(f"http://{address}/v1", model, prompt, n)
 
 
 # -- measuring ----------------------------------------------------------------------------
@@ -139,18 +158,17 @@ def measure(args: argparse.Namespace, pair: str, draft: Path, target: Path, prom
                         r = P.run_edgekit(clients[system], prompts[i]["prompt"], system)
                         record(system, rtt, i, r, P.cpu_seconds(served.pid) - before,
                                (proxy.bytes_up - up, proxy.bytes_down - down))
-    for system in [s for s in STOCK if s in systems] if args.llama_server else ():
+    for system in [s for s in (*STOCK, *OPENAI) if s in systems and (s in OPENAI or args.llama_server)]:
         try:
-            server = P.llama_server(args.llama_server, target, draft, STOCK[system], logs / f"{pair}-{system}.log",
-                                    gpu=False, threads=1, cores=cores)
-            with server as (address, pid), P.proxy_to(address) as proxy:
-                P.run_llama_server(address, prompts[0]["prompt"], 4)  # warm-up
+            with stock_server(system, args, pair, draft, target, cores) as (address, pid, run), \
+                    P.proxy_to(address) as proxy:
+                run(address, prompts[0]["prompt"], 4)  # warm-up (vLLM's first request is slow)
                 for rtt in args.rtts:
                     proxy.impairment.rtt_ms = rtt
                     for i, here in plan(rtt, [system]):
                         if here:
                             before, up, down = P.cpu_seconds(pid), proxy.bytes_up, proxy.bytes_down
-                            r = P.run_llama_server(proxy.address, prompts[i]["prompt"], args.tokens)
+                            r = run(proxy.address, prompts[i]["prompt"], args.tokens)
                             record(system, rtt, i, r, P.cpu_seconds(pid) - before,
                                    (proxy.bytes_up - up, proxy.bytes_down - down))
         except Exception as exc:  # a stock server that fails is reported; the rest stands
@@ -310,7 +328,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rtts", default="0,10,25,50,100,200")
     ap.add_argument("--check-rtts", default="100", help="where the carried systems are also measured for real")
     ap.add_argument("--check-prompts", type=int, default=6)
-    ap.add_argument("--systems", default=",".join((*STATIC, *ADAPTIVE)))
+    ap.add_argument("--systems", default=",".join(s for s in (*STATIC, *ADAPTIVE) if s != "vllm"),
+                    help="which systems run (vllm only when named: it needs `make vllm`, ~8 GB, gemma-270m only)")
     ap.add_argument("--numerics", default="exact")
     ap.add_argument("--llama-server", default=shutil.which("llama-server") or "",
                     help="llama.cpp's server binary (a CUDA build falls back to the CPU); none: no stock systems")
