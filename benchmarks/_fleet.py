@@ -265,8 +265,10 @@ class Fleet:
         spec = self.specs[i]
         rng = random.Random(self.seed * 1000 + i)
         time.sleep(rng.uniform(0, 0.5))  # devices do not start in lockstep
+        # each device its own client id: a proxy in front of several verifiers hashes on it
+        config = ClientConfig(timeout=self.timeout, token=self.token, client_id=f"device-{i}")
         try:
-            with GrpcTransport(self.address, ClientConfig(timeout=self.timeout, token=self.token)) as transport:
+            with GrpcTransport(self.address, config) as transport:
                 transport.handshake(self.draft_fingerprint, draft_model="fleet", draft_hidden_size=0)
                 done = 0
                 while time.perf_counter() < self._end or done < self.min_responses:

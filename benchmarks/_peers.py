@@ -304,11 +304,13 @@ def run_openai(base: str, model: str, prompt: str, max_tokens: int) -> dict:
 
 
 def fleet(args: argparse.Namespace, draft: Path, target: Path, *, pair: str, names: tuple[str, str],
-          cores: set[int] | None = None) -> dict:
+          cores: set[int] | None = None, replicas: int = 1, proxy: str = "haproxy") -> dict:
     """Fleet capacity: traces recorded against the verifier (`args.numerics`, `args.gpu_layers`, on
     `cores`), then a sweep of `args.fleet_devices` simulated devices per system of
     `args.fleet_systems`; capacity per SLO class (WISP eq. 20) and goodput. `names`: the draft's
-    and the target's, for the traces."""
+    and the target's, for the traces. With `replicas` > 1, that many verifiers (each on `cores`,
+    each with room for every device) behind `proxy` with deploy/'s config (`_proxies`)."""
+    import _proxies
     from _fleet import load_traces, record_trace, save_traces
 
     from edgekit import ClientConfig
@@ -329,10 +331,14 @@ def fleet(args: argparse.Namespace, draft: Path, target: Path, *, pair: str, nam
                             duration=args.fleet_duration, warmup=min(3.0, args.fleet_duration / 4))
     for system in args.fleet_systems:
         policy = F.SYSTEMS[system][0]
-        with serve(target, numerics=args.numerics, policy=policy, gpu_layers=args.gpu_layers, cores=cores,
-                   sessions=max(args.fleet_devices), log=logs / f"fleet-{system}.log") as served:
+        with ExitStack() as stack:
+            served = [stack.enter_context(serve(
+                target, numerics=args.numerics, policy=policy, gpu_layers=args.gpu_layers, cores=cores,
+                sessions=max(args.fleet_devices), log=logs / f"fleet-{system}-{j}.log")) for j in range(replicas)]
+            address = served[0].address if replicas == 1 else stack.enter_context(
+                _proxies.proxied(proxy, [s.address for s in served], logs / f"fleet-{system}-{proxy}"))
             if not traces:  # the target's output as this verifier decodes it
-                transport = connect(served.address, ClientConfig())
+                transport = connect(served[0].address, ClientConfig())
                 transport.handshake(draft_model.fingerprint(), draft_model=draft.stem, draft_hidden_size=0)
                 for p in C.load_prompts(limit=args.fleet_prompts):
                     prompt = draft_model.tokenize(p["prompt"])
@@ -345,7 +351,7 @@ def fleet(args: argparse.Namespace, draft: Path, target: Path, *, pair: str, nam
                 traces, meta = load_traces(path)
             points = []
             for n in args.fleet_devices:
-                f = F.run_fleet(served.address, system, n, fa, traces, meta)
+                f = F.run_fleet(address, system, n, fa, traces, meta)
                 s = f.summary(fa.warmup)
                 points.append({"devices": n, **s})
                 C.progress(f"fleet {system:12s} N={n:4d} goodput {s['goodput_tokens_per_s']:7.1f} tok/s " + " ".join(

@@ -24,25 +24,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
-import socket
-import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from _wait import until
 
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, Resumed, RoundEvent, ServerConfig
-from edgekit.errors import EdgekitError
 from edgekit.testing import FakeDraftModel, ToyEngine, ToyLanguageModel
-from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import _proxies  # noqa: E402
+
 TARGET = ToyLanguageModel(seed=31, eos_bias=-8.0)
 DEVICES = 16
 TOKENS = 240
@@ -52,59 +49,13 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _binary(name: str) -> str:
-    for candidate in (os.environ.get(f"EDGEKIT_{name.upper()}"), shutil.which(name),
-                      ROOT / "build" / "proxies" / "bin" / name):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
+    found = _proxies.binary(name)
+    if found:
+        return found
     message = f"{name} not found on PATH nor in build/proxies/bin (bash deploy/fetch-proxies.sh)"
     if os.environ.get("EDGEKIT_REQUIRE_PROXIES"):
         pytest.fail(message)
     pytest.skip(message)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _config(kind: str, replicas: list[str], listen: int, tmp: Path) -> Path:
-    """The shipped config, its replicas and listening port made this test's loopback ones."""
-    name = {"haproxy": "haproxy.cfg", "nginx": "nginx.conf"}[kind]
-    text = (ROOT / "deploy" / kind / name).read_text()
-    for i, address in enumerate(replicas, 1):
-        text, n = re.subn(rf"\bverifier{i}:50051\b", address, text)
-        assert n == 1, f"deploy/{kind}/{name} names verifier{i}:50051 once"
-    if kind == "haproxy":
-        text, n = re.subn(r"(?m)^(\s*)bind :50051 ", rf"\g<1>bind 127.0.0.1:{listen} ", text)
-    else:
-        text, n = re.subn(r"(?m)^(\s*)listen 50051 ", rf"\g<1>listen 127.0.0.1:{listen} ", text)
-        text = text.replace("/tmp/edgekit-nginx", str(tmp / "nginx"))
-    assert n == 1, f"deploy/{kind}/{name} listens on 50051 once"
-    path = tmp / name
-    path.write_text(text)
-    return path
-
-
-def _start_proxy(kind: str, config: Path, tmp: Path) -> subprocess.Popen:
-    binary = _binary(kind)
-    if kind == "haproxy":
-        check, cmd = [binary, "-c", "-f", str(config)], [binary, "-db", "-f", str(config)]
-    else:
-        check = [binary, "-t", "-p", str(tmp), "-c", str(config)]
-        cmd = [binary, "-p", str(tmp), "-c", str(config), "-g", "daemon off;"]
-    checked = subprocess.run(check, capture_output=True, text=True)
-    assert checked.returncode == 0, f"{kind} refuses deploy/{kind}'s config: {checked.stderr[-2000:]}"
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / f"{kind}.log", "w"))
-
-
-def _answers(address: str) -> bool:
-    try:
-        with GrpcTransport(address, ClientConfig(timeout=2, connect_timeout=2)) as t:
-            t.ping()
-        return True
-    except EdgekitError:
-        return False
 
 
 @dataclass
@@ -164,39 +115,35 @@ def test_a_killed_and_a_drained_replica_lose_no_answer_behind_the_shipped_proxy(
     _binary(kind)  # skip (or fail) before starting anything
     c = ServerConfig(port=0, max_sessions=DEVICES, max_context=1024, max_block=8)
     replicas = [VerifierServer(ToyEngine(TARGET, n_seq=DEVICES, max_context=1024), c).start() for _ in range(3)]
-    listen = _free_port()
-    proxy = _start_proxy(kind, _config(kind, [r.address for r in replicas], listen, tmp_path), tmp_path)
-    address = f"127.0.0.1:{listen}"
     devices = [Device(i, [1 + (i * 5 + j) % 50 for j in range(4 + i % 6)]) for i in range(DEVICES)]
     gate = Gate()
-    threads = [threading.Thread(target=_device, args=(address, d, gate), daemon=True) for d in devices]
     report: dict = {"proxy": kind}
     try:
-        until(lambda: _answers(address), f"{kind} answering on {address}", timeout=30)
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        gate.wait_for(KILL_AT, DEVICES)  # every device mid-answer, its session open on some replica
-        held = [_held(r) for r in replicas]
-        assert sum(held) == DEVICES and max(held) < DEVICES, f"sessions per replica {held}: the hash spread none"
-        killed = max(range(3), key=lambda i: held[i])  # the replica holding the most sessions
-        replicas[killed].stop(grace=0)
-        gate.open[KILL_AT].set()
-        gate.wait_for(DRAIN_AT, DEVICES)
-        held_after_kill = [0 if i == killed else _held(r) for i, r in enumerate(replicas)]
-        drained = max((i for i in range(3) if i != killed), key=lambda i: held_after_kill[i])
-        # a rolling restart's SIGTERM (`edgekit serve` drains on it) while every device is between
-        # two rounds: new sessions refused, health NOT_SERVING, then quiet, and it stops
-        replicas[drained].drain(timeout=8.0, quiet=1.0)
-        gate.open[DRAIN_AT].set()
-        for t in threads:
-            t.join(180)
-        wall = time.monotonic() - t0
+        # the shipped config, answering through the proxy
+        with _proxies.proxied(kind, [r.address for r in replicas], tmp_path) as address:
+            threads = [threading.Thread(target=_device, args=(address, d, gate), daemon=True) for d in devices]
+            t0 = time.monotonic()
+            for t in threads:
+                t.start()
+            gate.wait_for(KILL_AT, DEVICES)  # every device mid-answer, its session open on some replica
+            held = [_held(r) for r in replicas]
+            assert sum(held) == DEVICES and max(held) < DEVICES, f"sessions per replica {held}: the hash spread none"
+            killed = max(range(3), key=lambda i: held[i])  # the replica holding the most sessions
+            replicas[killed].stop(grace=0)
+            gate.open[KILL_AT].set()
+            gate.wait_for(DRAIN_AT, DEVICES)
+            held_after_kill = [0 if i == killed else _held(r) for i, r in enumerate(replicas)]
+            drained = max((i for i in range(3) if i != killed), key=lambda i: held_after_kill[i])
+            # a rolling restart's SIGTERM (`edgekit serve` drains on it) while every device is between
+            # two rounds: new sessions refused, health NOT_SERVING, then quiet, and it stops
+            replicas[drained].drain(timeout=8.0, quiet=1.0)
+            gate.open[DRAIN_AT].set()
+            for t in threads:
+                t.join(180)
+            wall = time.monotonic() - t0
     finally:
         for ev in gate.open.values():
             ev.set()
-        proxy.terminate()
-        proxy.wait(10)
         for r in replicas:
             r.stop(grace=0)
     errors = {d.index: repr(d.error) for d in devices if d.error}

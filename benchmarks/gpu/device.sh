@@ -10,6 +10,8 @@
 #   bash benchmarks/gpu/device.sh stage         # after each carrying call
 #   bash benchmarks/gpu/device.sh check         # the environment: GPU, imports, offload
 #   bash benchmarks/gpu/device.sh run [ARGS]    # assemble the model, then suite.py --out $OUT ARGS
+#   bash benchmarks/gpu/device.sh replicas [ARGS]  # fleet_replicas.py on the GPU, HAProxy from the
+#                                               # Debian packages carried in build/proxies/debs
 set -euo pipefail
 STAGE=${EDGEKIT_GPU_STAGE:-/tmp/edgekit-gpu}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -80,5 +82,17 @@ print('gpu offload', gpu_offload()); print(llama_build()['llama_build'])"
         tar czf "$out/logs.tgz" -C "$STAGE" logs  # one file: a call brings back at most 8
         exit $status
         ;;
-    *) echo "usage: $0 stage|check|run [suite args]" >&2; exit 2 ;;
+    replicas)
+        shift
+        stage
+        environment
+        model
+        bash "$ROOT/deploy/fetch-proxies.sh"  # unpacks the carried debs (no network there)
+        out=${OUT:-$STAGE/out}
+        status=0
+        python3 "$ROOT/benchmarks/fleet_replicas.py" --gpu-layers -1 --out "$out" --logs "$STAGE/logs" "$@" || status=$?
+        tar czf "$out/logs.tgz" -C "$STAGE" logs
+        exit $status
+        ;;
+    *) echo "usage: $0 stage|check|run|replicas [args]" >&2; exit 2 ;;
 esac
