@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from edgekit import ClientConfig
 from edgekit.client import FinalStats, Resumed, RouteChooser
 from edgekit.client._route import SPECULATIVE, STREAM
 from edgekit.errors import VerifierUnavailableError
@@ -111,6 +112,27 @@ def test_a_stream_cut_off_by_an_outage_goes_on_speculatively_from_what_it_delive
     assert resumed[0].reprefilled_tokens == len(PROMPT) + 7
     assert final.stats.outages == 1 and final.stats.drafted > 0  # the rest was drafted
     assert verifier.count("open_session") == 1
+
+
+def test_a_cut_stream_whose_verifier_is_still_away_opens_its_session_with_back_off():
+    def cut(call):
+        for n, token in enumerate(call.forward()):
+            if n == 5:
+                raise VerifierUnavailableError("connection reset", address="scripted")
+            yield token
+
+    # the first two openings after the cut find no verifier; the third does
+    script = {"generate": {1: cut}, "open_session": {1: "drop", 2: "drop"}}
+    verifier = ScriptedTransport(toy_verifier(TARGET), script=script)
+    config = ClientConfig(retry_initial=0.01, retry_max=0.02, retry_for=10)
+    with toy_client(TARGET, verifier=verifier, config=config, max_tokens=40) as client:
+        _prefer_stream(client)
+        events = list(client.generate(PROMPT))
+    assert list(events[-1].token_ids) == TARGET.greedy(PROMPT, 40)
+    resumed = [e for e in events if isinstance(e, Resumed)]
+    assert len(resumed) == 1 and resumed[0].attempts == 3
+    assert resumed[0].causes == ("VerifierUnavailableError",)
+    assert verifier.count("open_session") == 3
 
 
 def test_the_target_only_baseline_itself_does_not_resume():

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ClientConfig, GenerationConfig, ServerConfig
 from ..drafting import Controller, ControllerFactory, FixedWindow
-from ..errors import ConfigError, IncompatibleModelsError, VerifierUnavailableError
+from ..errors import ConfigError, EdgekitError, IncompatibleModelsError, VerifierUnavailableError
 from ..link import CostTracker, LinkEstimator, LinkPolicy, ProbeResult, probe
 from ..plan import Paced, Phaser, Plan
 from ..protocol import ServerInfo, SpeedObjective
@@ -28,6 +28,7 @@ from ._chat import ChatTemplate, Conversation
 from ._discover import check_remote_draft, discover_pair
 from ._events import Event, FinalStats, Resumed, RoundEvent, TextDelta
 from ._metrics import GenerationStats
+from ._resilience import Backoff
 from ._route import SPECULATIVE, STREAM, RouteChooser
 from ._session import SharedDraft, SpeculativeSession
 from ._setup import discovery_transport, load_draft, model_file, start_local
@@ -402,9 +403,19 @@ class EdgeClient:
             return "length"
         session = self._session(replace(gen, max_tokens=left))
         try:
-            prefill_ms = session.open(tokens + progress.token_ids)
-            resumed = Resumed((time.perf_counter() - start) * 1e3, 1, len(tokens) + len(progress.token_ids),
-                              (type(cause).__name__,))
+            backoff = Backoff(self.config)  # the verifier may still be away: open it with back-off
+            causes = [type(cause).__name__]
+            while True:
+                try:
+                    prefill_ms = session.open(tokens + progress.token_ids)
+                    break
+                except EdgekitError as exc:
+                    if self.config.on_disconnect == "fail":
+                        raise
+                    causes.append(type(exc).__name__)
+                    backoff.wait(exc)  # raises once trying again is not worth it (retry_for)
+            resumed = Resumed((time.perf_counter() - start) * 1e3, backoff.attempts + 1,
+                              len(tokens) + len(progress.token_ids), tuple(dict.fromkeys(causes)))
             progress.add(resumed)
             yield resumed
             finish = None
