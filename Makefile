@@ -94,8 +94,9 @@ figures: install
 # The documentation site (mkdocs.yml, docs/) into build/site. --strict: a broken link or anchor, a page
 # left out of the navigation or a reference mkdocstrings cannot resolve fails the build.
 # tests/test_docs.py builds it the same way and checks the commands the guides show.
+# (NO_MKDOCS_2_WARNING: Material for MkDocs' banner about its own end of life, not about this site.)
 docs: install
-	$(BIN)/mkdocs build --strict --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 # The shipped rejection predictors, from the traces in predictors/traces/ (seconds, deterministic).
 predictors: install
