@@ -1,6 +1,7 @@
-# Two commands on a fresh machine:
+# On a fresh machine:
 #   make chat   installs everything (builds llama.cpp, pulls the qwen-coder weights) and starts `edgekit chat`
 #   make test   installs the test extras, lints and type-checks, pulls the small gemma pair, runs the test suite
+#   make docs   builds the documentation site into build/site
 # Everything lives in .venv; model weights in ~/.cache/edgekit/models (EDGEKIT_CACHE_DIR overrides).
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ BIN    := $(VENV)/bin
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
 
-.PHONY: chat test test-vllm vllm proxies test-all test-numerics-avx2 lint typecheck install models-test models-chat predictors traces figures clean
+.PHONY: chat test test-vllm vllm proxies test-all test-numerics-avx2 lint typecheck install models-test models-chat predictors traces figures docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +90,13 @@ typecheck: install
 # Every figure the README shows, redrawn from benchmarks/results/*.json (no model runs).
 figures: install
 	$(BIN)/python benchmarks/figures.py
+
+# The documentation site (mkdocs.yml, docs/) into build/site. --strict: a broken link or anchor, a page
+# left out of the navigation or a reference mkdocstrings cannot resolve fails the build.
+# tests/test_docs.py builds it the same way and checks the commands the guides show.
+# (NO_MKDOCS_2_WARNING: Material for MkDocs' banner about its own end of life, not about this site.)
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 # The shipped rejection predictors, from the traces in predictors/traces/ (seconds, deterministic).
 predictors: install
