@@ -130,12 +130,12 @@ def serve(
     budget_eta: float | None = typer.Option(
         None, "--budget-eta", min=0.001, max=1.0,
         help="With --budgets: smoothing of each client's acceptance estimate (GOODSPEED eq. 3; default: measured, "
-        "see the README).",
+        "see docs/concepts/budgets.md).",
     ),
     budget_beta: float | None = typer.Option(
         None, "--budget-beta", min=0.001, max=1.0,
         help="With --budgets: smoothing of each client's goodput estimate (GOODSPEED eq. 4; default: measured, "
-        "see the README).",
+        "see docs/concepts/budgets.md).",
     ),
     calibrate: bool = typer.Option(
         False, "--calibrate",

@@ -222,7 +222,7 @@ class ClientConfig:
     # did not shorten answers beyond the retries' jitter and 60 of 64 provisional tokens were
     # replaced (a single greedy path rarely survives past its first uncertain token), and it
     # puts each verify call on a thread of its own. "draft" is for apps that would rather
-    # show the draft's continuation than nothing (README: when the verifier goes away).
+    # show the draft's continuation than nothing (docs/guides/outages-and-auth.md).
     on_disconnect: OnDisconnect = "wait"
     draft_ahead_after: float = 1.0
     max_provisional: int = 64

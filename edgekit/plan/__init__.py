@@ -13,7 +13,8 @@
   (`EdgeClient.generate_many(prompts, plan=...)`).
 
 The paper's bandwidth allocation across users (sec. III-A) belongs to whoever runs the
-radio network, not to a device; the README says how an operator would use it.
+radio network, not to a device; docs/concepts/pipelining.md says how an operator would
+use it.
 """
 
 from ._calibrate import calibrate_draft, calibrate_verify, verifier_shape
