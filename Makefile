@@ -87,7 +87,7 @@ typecheck: install
 	# what users write against the public types (never run): tests/typing/
 	MYPYPATH=$(TYPECHECK_TREE) $(BIN)/mypy --cache-dir build/mypy-cache tests/typing
 
-# Every figure the README shows, redrawn from benchmarks/results/*.json (no model runs).
+# The figures benchmarks/figures.py knows (every one README.md shows), redrawn from benchmarks/results/*.json (no model runs).
 figures: install
 	$(BIN)/python benchmarks/figures.py
 

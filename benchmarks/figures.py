@@ -1,11 +1,12 @@
-"""Every figure the README shows, redrawn from the stored results (no model is run).
+"""Figures the README and the documentation show, redrawn from the stored results (no model is run).
 
     python benchmarks/figures.py              # needs the bench extra (matplotlib)
     python benchmarks/figures.py --out DIR    # the PNGs into DIR instead, beside nothing
 
-Each benchmark draws its own figure when it runs; this redraws them from
-`benchmarks/results/*.json` with the benchmarks' own plot functions, after a
-change to a plot or to make sure the PNGs match the JSON beside them.
+Each benchmark draws its own figure when it runs; this redraws the ones listed
+below from `benchmarks/results/*.json` with the benchmarks' own plot functions,
+after a change to a plot or to make sure the PNGs match the JSON beside them.
+tests/test_figures.py checks that it redraws every figure README.md shows.
 """
 
 from __future__ import annotations
