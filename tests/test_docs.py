@@ -1,5 +1,6 @@
-"""The documentation site (mkdocs.yml, docs/): it builds with --strict, and every `edgekit` command a
-page shows exists and takes the options it is shown with.
+"""The documentation site (mkdocs.yml, docs/) and the README: the site builds with --strict, every
+`edgekit` command a page or the README shows exists and takes the options it is shown with, and every
+relative link of the README (which GitHub renders, and no build checks) points to a file that exists.
 
 A command is a line of a fenced code block that starts with `edgekit ` (or `$ edgekit `, or after
 `VAR=value` assignments), joined with the lines its trailing backslashes continue. Its command path
@@ -25,6 +26,7 @@ from edgekit.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+README = ROOT / "README.md"
 FENCE = re.compile(r"^\s*(```|~~~)")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=\S*\s+")
 
@@ -58,15 +60,15 @@ def shown_commands(text: str) -> list[tuple[int, str]]:
     return found
 
 
-def _docs_commands() -> list[tuple[str, str]]:
+def _shown_commands() -> list[tuple[str, str]]:
     return [
-        (f"{page.relative_to(DOCS)}:{number}", command)
-        for page in sorted(DOCS.rglob("*.md"))
+        (f"{page.relative_to(ROOT)}:{number}", command)
+        for page in [README, *sorted(DOCS.rglob("*.md"))]
         for number, command in shown_commands(page.read_text())
     ]
 
 
-SHOWN = _docs_commands()
+SHOWN = _shown_commands()
 
 
 @cache
@@ -141,6 +143,8 @@ def test_the_guides_show_commands():
     assert len(SHOWN) >= 40
     subcommands = {shlex.split(command, comments=True)[1] for _, command in SHOWN}
     assert {"chat", "generate", "serve", "api", "models", "probe", "plan", "predictor", "semantic"} <= subcommands
+    in_readme = {shlex.split(command, comments=True)[1] for where, command in SHOWN if where.startswith("README.md:")}
+    assert {"chat", "serve"} <= in_readme
 
 
 @pytest.mark.parametrize(("where", "command"), SHOWN, ids=[where for where, _ in SHOWN])
@@ -174,3 +178,63 @@ def test_a_made_up_flag_or_command_is_caught():
     assert command_problems("edgekit chatt --json") == ["no command `edgekit chatt`"]
     assert command_problems("edgekit models fetch gemma-270m") == ["no command `edgekit models fetch`"]
     assert "group" in command_problems("edgekit predictor --json")[0]
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _outside_code(text: str) -> list[str]:
+    """The lines of `text` outside its fenced code blocks."""
+    lines, in_code = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            in_code = not in_code
+        elif not in_code:
+            lines.append(line)
+    return lines
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of `page`: lower case, punctuation dropped, spaces to hyphens."""
+    headings = [line.lstrip("#").strip() for line in _outside_code(page.read_text()) if re.match(r"#{1,6} ", line)]
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def link_problems(page: Path) -> list[str]:
+    """Each relative link of `page` whose file does not exist, or whose anchor is no heading of it."""
+    problems = []
+    for line in _outside_code(page.read_text()):
+        for target in LINK.findall(line):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                problems.append(f"{target}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                problems.append(f"{target}: no heading #{anchor} in {path or page.name}")
+    return problems
+
+
+def test_every_relative_link_of_the_readme_resolves():
+    links = [target for line in _outside_code(README.read_text()) for target in LINK.findall(line)]
+    assert len(links) >= 20 and any(target.startswith("docs/") for target in links)
+    assert link_problems(README) == []
+
+
+def test_a_broken_readme_link_is_caught(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text("# A page\n\n## What it says\n\n```sh\n# not a heading\n```\n")
+    page = tmp_path / "README.md"
+    page.write_text("\n".join([
+        "[ok](docs/page.md) [ok](docs/page.md#what-it-says) [ok](https://example.org/x) [ok](#a-readme)",
+        "# A readme",
+        "[gone](docs/gone.md) [no anchor](docs/page.md#not-a-heading)",
+        "```sh",
+        "[in code](docs/gone.md)",
+        "```",
+    ]))
+    assert link_problems(page) == [
+        "docs/gone.md: no such file",
+        "docs/page.md#not-a-heading: no heading #not-a-heading in docs/page.md",
+    ]
