@@ -79,7 +79,8 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
           for n, m in (("sampling_acceptance", sampling_acceptance), ("chat_loops", chat_loops))],
         ("vllm_rounds", lambda: vllm_rounds.plot(_load("vllm_rounds"), png("vllm_rounds"))),
         *[(n, lambda n=n: gpu_suite(n)) for n in ("gpu/gpu_suite_h200_run1", "gpu/gpu_suite_h200_run2")],
-        *[(n, lambda n=n: side_by_side.plot(_load(n), png(n))) for n in ("side_by_side_gemma-270m",)],
+        *[(n, lambda n=n: side_by_side.plot(_load(n), png(n)))
+          for n in ("side_by_side_gemma-270m", "side_by_side_qwen-coder")],
     ]
 
 
