@@ -267,6 +267,11 @@ def print_machine() -> None:
     )
 
 
+def replot(path: str, plot: Any) -> None:
+    """`plot(result, png)` on a stored result JSON, its PNG beside it: a figure redrawn, nothing measured."""
+    plot(json.loads(Path(path).read_text(encoding="utf-8")), Path(path).with_suffix(".png"))
+
+
 def progress(message: str) -> None:
     """A progress line on stderr (stdout carries the table)."""
     print(message, file=sys.stderr, flush=True)

@@ -83,8 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replot", default=None)
     args = ap.parse_args(argv)
     if args.replot:
-        with open(args.replot, encoding="utf-8") as f:
-            plot(json.load(f), Path(args.replot).with_suffix(".png"))
+        C.replot(args.replot, plot)
         return
     from edgekit.models import get_pair, model_path
 

@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replot", default=None, help="redraw this result JSON's figure beside it; measure nothing")
     args = ap.parse_args(argv)
     if args.replot:
-        plot(json.loads(Path(args.replot).read_text()), Path(args.replot).with_suffix(".png"))
+        C.replot(args.replot, plot)
         return
     from edgekit.models import get_pair, model_path
     from edgekit.runtime import llama_build
