@@ -274,8 +274,9 @@ def vllm_server(log: Path, *, cores: set[int] | None = None):
         server.stop()
 
 
-def run_openai(base: str, model: str, prompt: str, max_tokens: int) -> dict:
-    """One streamed greedy completion from an OpenAI-compatible server; times as the client sees them."""
+def run_openai(base: str, model: str, prompt: str | list[int], max_tokens: int) -> dict:
+    """One streamed greedy completion from an OpenAI-compatible server (`prompt`: text, or token
+    ids as edgekit's client makes them); times as the client sees them."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                        "stream": True, "stream_options": {"include_usage": True}, "seed": 0}).encode()
     req = urllib.request.Request(f"{base}/completions", data=body, headers={"Content-Type": "application/json"})

@@ -97,8 +97,17 @@ def stock_server(system: str, args: argparse.Namespace, pair: str, draft: Path, 
         raise RuntimeError("engines/vllm converts gemma-270m's target only")
     server = P.vllm_server(log, cores=cores) if system == "vllm" else \
         P.llama_cpp_python_server(target, log, threads=1, cores=cores)
+    tokenize = None
+    if system == "vllm":  # token ids, as edgekit's client makes them: vLLM's converted tokenizer adds no BOS
+        from edgekit.runtime import LlamaDraftModel
+
+        vocab = LlamaDraftModel(draft, name=draft.stem, n_threads=1)
+        tokenize = vocab.tokenize
     with server as (base, model, pid):
-        yield base.split("/")[2], pid, lambda address, prompt, n: P.run_openai(f"http://{address}/v1", model, prompt, n)
+        def run(address: str, prompt: str, n: int) -> dict:
+            return P.run_openai(f"http://{address}/v1", model, tokenize(prompt) if tokenize else prompt, n)
+
+        yield base.split("/")[2], pid, run
 
 
 # -- measuring ----------------------------------------------------------------------------
