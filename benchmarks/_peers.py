@@ -18,10 +18,11 @@ Systems, by name:
                            draft-simple`; without --spec-type it loads the draft and never drafts),
                            drafting its default of up to 3 tokens, or up to N
     edgekit-POLICY[-K][+proactive]
-                           distributed speculation: POLICY is fixed (K tokens), p-min, predictor,
-                           latency, auto-draft ("auto" drafting only: it never takes the target-only
-                           stream) or auto (the defaults); +proactive drafts the next block while one
-                           is verified
+                           distributed speculation: POLICY is fixed (K tokens), p-min, predictor
+                           (its threshold following its delay schedule), predictor-static (its
+                           one operating threshold), latency, auto-draft ("auto" drafting only: it
+                           never takes the target-only stream) or auto (the defaults); +proactive
+                           drafts the next block while one is verified
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ def edgekit_overrides(system: str) -> dict[str, Any] | None:
         fields.update(drafting="fixed", draft_k=int(k))
     elif policy == "auto-draft":
         fields.update(drafting="auto", stream_when_faster=False)
+    elif policy == "predictor-static":
+        fields.update(drafting="predictor", predictor_schedule=False)
     elif policy in ("p-min", "predictor", "latency", "auto"):
         fields["drafting"] = policy
     else:

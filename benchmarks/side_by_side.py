@@ -53,12 +53,14 @@ import _peers as P
 FIXED = (1, 2, 3, 4, 6, 8)
 OPENAI = ("llama-cpp-python", "vllm")  # stock centralized servers reached by OpenAI's API
 STATIC = ("local", "centralized", "llama-server", *OPENAI, "co-located", "co-located-8",
-          *(f"edgekit-fixed-{k}" for k in FIXED), "edgekit-p-min", "edgekit-predictor")
-ADAPTIVE = ("edgekit-latency", "edgekit-auto-draft", "edgekit-auto-draft+proactive", "edgekit-auto")
+          *(f"edgekit-fixed-{k}" for k in FIXED), "edgekit-p-min", "edgekit-predictor-static")
+# the predictor follows its delay schedule (its threshold moves with what a round costs): adaptive
+ADAPTIVE = ("edgekit-predictor", "edgekit-latency", "edgekit-auto-draft", "edgekit-auto-draft+proactive",
+            "edgekit-auto")
 STOCK = {"llama-server": (), "co-located": ("--spec-type", "draft-simple"),
          "co-located-8": ("--spec-type", "draft-simple", "--spec-draft-n-max", "8")}
-POLICIES = ("edgekit-fixed-4", "edgekit-p-min", "edgekit-predictor", "edgekit-latency", "edgekit-auto-draft",
-            "edgekit-auto-draft+proactive", "edgekit-auto")
+POLICIES = ("edgekit-fixed-4", "edgekit-p-min", "edgekit-predictor-static", "edgekit-predictor", "edgekit-latency",
+            "edgekit-auto-draft", "edgekit-auto-draft+proactive", "edgekit-auto")
 
 
 def held_out(n: int) -> list[dict]:

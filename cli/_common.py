@@ -68,6 +68,11 @@ _DRAFTING = typer.Option("auto", "--drafting", help=DRAFTING_HELP)
 _PREDICTOR = typer.Option(
     None, "--predictor", help="An ONNX rejection predictor (default: the one shipped for the pair)."
 )
+_PREDICTOR_SCHEDULE = typer.Option(
+    True, "--predictor-schedule/--no-predictor-schedule",
+    help="Predictor drafting: follow the predictor's delay schedule (its threshold moves with what a round "
+    "costs: the RTT and the verifier's step) or keep its one operating threshold.",
+)
 _MAX_WINDOW = typer.Option(
     8, "--max-window", min=1, max=64, help="Most tokens per block for predictor and p-min drafting."
 )

@@ -21,6 +21,7 @@ from ._common import (
     _ON_DISCONNECT,
     _P_MIN,
     _PREDICTOR,
+    _PREDICTOR_SCHEDULE,
     _PRESENCE_PENALTY,
     _PROACTIVE,
     _REPEAT_LAST_N,
@@ -224,6 +225,7 @@ def chat(
     draft_k: int = typer.Option(4, "--draft-k", "-k", min=1, max=64, help="Draft window K: tokens drafted per round."),
     drafting: str = _DRAFTING,
     predictor: str | None = _PREDICTOR,
+    predictor_schedule: bool = _PREDICTOR_SCHEDULE,
     max_window: int = _MAX_WINDOW,
     p_min: float = _P_MIN,
     upload: str | None = _UPLOAD,
@@ -263,6 +265,7 @@ def chat(
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=cast(ModeName, chosen), draft_k=draft_k, seed=seed,
         drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
+        predictor_schedule=predictor_schedule,
         slo_class=slo_class, target_speed=target_speed, proactive=proactive,
         upload=cast(Upload, upload_for(upload, chosen)), semantic_threshold=semantic_threshold,
         **({**CHAT_SAMPLING, **explicit} if chosen == "sample" else explicit),

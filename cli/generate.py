@@ -18,6 +18,7 @@ from ._common import (
     _ON_DISCONNECT,
     _P_MIN,
     _PREDICTOR,
+    _PREDICTOR_SCHEDULE,
     _PRESENCE_PENALTY,
     _PROACTIVE,
     _REPEAT_LAST_N,
@@ -75,6 +76,7 @@ def generate(
     ),
     drafting: str = _DRAFTING,
     predictor: str | None = _PREDICTOR,
+    predictor_schedule: bool = _PREDICTOR_SCHEDULE,
     max_window: int = _MAX_WINDOW,
     p_min: float = _P_MIN,
     upload: str | None = _UPLOAD,
@@ -105,6 +107,7 @@ def generate(
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
         drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
+        predictor_schedule=predictor_schedule,
         slo_class=slo_class, target_speed=target_speed, proactive=proactive,
         upload=cast(Upload, upload_for(upload, mode.value)), hidden_encoding=cast(HiddenEncoding, hidden_encoding),
         semantic_threshold=semantic_threshold,

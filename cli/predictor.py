@@ -1,4 +1,4 @@
-"""`edgekit predictor collect|train|list`: traces, training and the shipped predictors."""
+"""`edgekit predictor collect|train|schedule|list`: traces, training and the shipped predictors."""
 
 from __future__ import annotations
 
@@ -90,6 +90,27 @@ def _summary(trace: Trace) -> dict:
     }
 
 
+def _load_traces(traces: list[Path]) -> Trace:
+    """The trace files of one pair as one trace, their prompts kept distinct (the split is by prompt)."""
+    from edgekit.errors import ConfigError
+    from edgekit.predictors.collect import Trace
+
+    try:
+        loaded = [Trace.load(t) for t in traces]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"cannot read trace: {exc}") from exc
+    pairs = {(t.header.get("draft"), t.header.get("target")) for t in loaded}
+    if len(pairs) > 1:
+        raise ConfigError(f"the traces come from different model pairs: {sorted(pairs)}")
+    offset = 0
+    for t in loaded:
+        t.prompt = t.prompt + offset
+        offset += len(t.header.get("prompts", [])) or int(t.prompt.max(initial=-1)) + 1
+    trace = Trace.concat(loaded)
+    trace.header = dict(loaded[0].header, prompts=[p for t in loaded for p in t.header.get("prompts", [])])
+    return trace
+
+
 @app.command()
 def train(
     traces: list[Path] = typer.Argument(..., help="Trace files from `edgekit predictor collect` (same pair)."),
@@ -119,25 +140,11 @@ def train(
         """export to ONNX with a metric card."""
     )
     from edgekit.errors import ConfigError
-    from edgekit.predictors.collect import Trace
     from edgekit.predictors.features import FEATURE_NAMES
     from edgekit.predictors.pipeline import train_from_trace
     from edgekit.predictors.train import DEFAULT_FEATURES, CostModel
 
-    try:
-        loaded = [Trace.load(t) for t in traces]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"cannot read trace: {exc}") from exc
-    pairs = {(t.header.get("draft"), t.header.get("target")) for t in loaded}
-    if len(pairs) > 1:
-        raise ConfigError(f"the traces come from different model pairs: {sorted(pairs)}")
-    # Keep prompts distinct across files so the split stays by prompt.
-    offset = 0
-    for t in loaded:
-        t.prompt = t.prompt + offset
-        offset += len(t.header.get("prompts", [])) or int(t.prompt.max(initial=-1)) + 1
-    trace = Trace.concat(loaded)
-    trace.header = dict(loaded[0].header, prompts=[p for t in loaded for p in t.header.get("prompts", [])])
+    trace = _load_traces(traces)
     names = tuple(n.strip() for n in features.split(",")) if features else DEFAULT_FEATURES
     unknown = [n for n in names if n not in FEATURE_NAMES]
     if unknown:
@@ -162,6 +169,29 @@ def train(
         f"(best fixed window {card['best_fixed_window']}: "
         f"{card['replay_validation']['fixed-' + str(card['best_fixed_window'])]['goodput_tok_s']:.1f})"
     )
+
+
+@app.command()
+def schedule(
+    card: Path = typer.Argument(..., help="A trained predictor's card (STEM.json, beside STEM.onnx)."),
+    traces: list[Path] = typer.Argument(..., help="The trace files it was trained on, in the same order."),
+    json_out: bool = typer.Option(False, "--json", help="Print the card as JSON."),
+) -> None:
+    """Tabulate a trained predictor's stopping rule by round cost (its delay schedule) into its card.
+
+    `train` writes the schedule already; this adds it to a card trained before it existed,
+    from the same validation prompts, without touching the ONNX file."""
+    from edgekit.errors import ConfigError
+    from edgekit.predictors.pipeline import schedule_card
+
+    if not card.is_file() or not card.with_suffix(".onnx").is_file():
+        raise ConfigError(f"{card} is not a predictor card beside its ONNX model ({card.with_suffix('.onnx')})")
+    out = schedule_card(card, _load_traces(traces))
+    if json_out:
+        print_json(out)
+        return
+    points = out["delay_schedule"]
+    note(f"wrote the delay schedule of {card} ({len(points)} round costs) and {card.with_suffix('.md')}")
 
 
 @app.command("list")

@@ -79,6 +79,10 @@ class GenerationConfig:
     max_window: int = 8  # bound of the adaptive policies (the shipped predictors saw blocks of up to 8)
     predictor: str | None = None  # an ONNX predictor file; None: the one shipped for the pair
     predictor_threshold: float | None = None  # None: the predictor's own operating threshold
+    # With drafting "predictor" or "auto" and no predictor_threshold: where the predictor's card
+    # has a delay schedule, the threshold, stop rule and largest block follow what a round costs
+    # (the measured RTT and verifier time, in draft steps) rather than one operating point.
+    predictor_schedule: bool = True
     p_min: float = 0.5
     draft_top_k: int = 32  # support of the uploaded draft distribution when sampling
     # Draft hidden states to the verifier (WISV): "tokens" sends none; "fh" every

@@ -26,6 +26,7 @@ from .train import (
     Mlp,
     best_threshold,
     classification_metrics,
+    delay_schedule,
     features_matrix,
     replay_policy,
     split_by_prompt,
@@ -33,7 +34,7 @@ from .train import (
     train_mlp,
 )
 
-__all__ = ["train_from_trace"]
+__all__ = ["schedule_card", "train_from_trace"]
 
 
 def _ablation(
@@ -117,8 +118,12 @@ def train_from_trace(
                   "edgekit.pair": pair, "edgekit.model": chosen, "edgekit.stop": stop},
     )
     # The exported graph must reproduce the numpy model.
-    onnx_p = OnnxPredictor(onnx_path).p_accept_batch(val.features)
+    exported = OnnxPredictor(onnx_path)
+    onnx_p = exported.p_accept_batch(val.features)
     onnx_max_diff = float(np.abs(onnx_p - model.predict(x_va)).max())
+    # tabulated on the exported model's scores, as the drafting loop will compute them
+    schedule = delay_schedule(va, exported.p_accept_batch(va.features), max_window=max_window,
+                              operating=(threshold, stop))
 
     labelled = trace.labelled()
     card = {
@@ -144,6 +149,7 @@ def train_from_trace(
             **{f"fixed-{k}": v for k, v in fixed.items()},
         },
         "best_fixed_window": int(best_fixed),
+        "delay_schedule": schedule,
         "best_p_min": {"p_min": p_min, "stop": p_min_stop},
         "best_p_min_llama": {"p_min": llama_p_min[0], "stop": "before"},
         "candidates": {k: {"threshold": v["threshold"], "stop": v["stop"], "metrics": v["metrics"]}
@@ -168,6 +174,59 @@ def train_from_trace(
     out_stem.with_suffix(".md").write_text(render_card(card))
     card["path"] = str(onnx_path)
     return card
+
+
+def schedule_card(card_path: str | os.PathLike[str], trace: Trace) -> dict:
+    """Adds (or replaces) the delay schedule of a trained predictor's card, from the trace it was
+    trained on: the same validation prompts (the card's seed), the exported model's scores. The
+    ONNX file is not touched; the card's JSON and Markdown are written again."""
+    from edgekit.drafting import OnnxPredictor
+
+    card_path = Path(card_path)
+    card = json.loads(card_path.read_text())
+    _, val_rows = split_by_prompt(trace, 0.2, int(card.get("seed", 0)))
+    va = Trace(trace.features[val_rows], trace.label[val_rows], trace.prompt[val_rows], trace.round[val_rows],
+               trace.header)
+    score = OnnxPredictor(card_path.with_suffix(".onnx")).p_accept_batch(va.features)
+    card["delay_schedule"] = delay_schedule(va, score, max_window=int(card["max_window"]),
+                                            operating=(float(card["threshold"]), card["stop"]))
+    card.pop("path", None)
+    card_path.write_text(json.dumps(card, indent=2) + "\n")
+    card_path.with_suffix(".md").write_text(render_card(card))
+    return card
+
+
+def _schedule_lines(card: dict) -> list[str]:
+    points = card.get("delay_schedule")
+    if not points:
+        return []
+    sigmas = sorted({p["verify_token_steps"] for p in points})
+    rhos = sorted({p["round_steps"] for p in points})
+    at = {(p["round_steps"], p["verify_token_steps"]): p for p in points}
+    lines = [
+        "",
+        "## Stopping rule by round cost (the delay schedule)",
+        "",
+        "What the drafting loop uses each round, from what a round costs now in draft steps: its fixed time "
+        "(the RTT and the verifier's step; rows) and the verification per block token (columns). Each cell: "
+        "the threshold on P(accepted), the stop rule (b: before, a: after) and the largest block, then the "
+        "replayed goodput over the operating point above. `fixed-k` is a fixed window of k.",
+        "",
+        "| round, draft steps | " + " | ".join(f"{s:g} per token" for s in sigmas) + " |",
+        "|---|" + "---|" * len(sigmas),
+    ]
+    for rho in rhos:
+        cells = []
+        for sigma in sigmas:
+            p = at[(rho, sigma)]
+            capped = f" <= {p['max_window']}" if p["max_window"] < card["max_window"] else ""
+            rule = f"{p['threshold']:.2f} {p['stop'][0]}{capped}"
+            if p["threshold"] == 0.0:
+                rule = f"fixed-{p['max_window']}"
+            gain = p.get("gain_over_operating_point")
+            cells.append(rule + (f" ({100 * gain:+.1f}%)" if gain is not None else ""))
+        lines.append(f"| {rho:g} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def render_card(card: dict) -> str:
@@ -212,6 +271,7 @@ def render_card(card: dict) -> str:
             f"| {name} | {r['acceptance_rate']:.3f} | {r['accepted_per_round']:.2f} | {r['wasted']} | {r['rounds']} | "
             f"{r['target_passes_per_token']:.3f} | {r['goodput_tok_s']:.1f} |"
         )
+    lines += _schedule_lines(card)
     lines += [
         "",
         "## Feature ablation (logistic regression, validation AUC)",

@@ -29,6 +29,7 @@ __all__ = [
     "Mlp",
     "auc",
     "classification_metrics",
+    "delay_schedule",
     "replay_policy",
     "split_by_prompt",
     "standardiser",
@@ -261,16 +262,29 @@ def classification_metrics(y: np.ndarray, p: np.ndarray, threshold: float) -> di
     }
 
 
-def rounds_of(trace: Trace) -> list[tuple[np.ndarray, int, int]]:
-    """Each traced round as (row indices in block order, drafted, accepted)."""
-    out = []
+@dataclass(frozen=True)
+class TracedRounds:
+    """A trace's rounds side by side: round r drafted `drafted[r]` tokens, rows
+    `first[r]` onwards in block order, and `accepted[r]` of them were accepted."""
+
+    first: np.ndarray  # [R] the round's first row
+    drafted: np.ndarray  # [R]
+    accepted: np.ndarray  # [R]
+
+    def rows(self, width: int) -> np.ndarray:
+        """[R, width] row indices of positions 0..width-1 (clipped to the round's last row)."""
+        offsets = np.minimum(np.arange(width)[None, :], np.maximum(self.drafted[:, None] - 1, 0))
+        return self.first[:, None] + offsets
+
+
+def rounds_of(trace: Trace) -> TracedRounds:
+    """The traced rounds (consecutive rows of one prompt and round index)."""
     key = trace.prompt.astype(np.int64) * 1_000_000 + trace.round
     _, starts = np.unique(key, return_index=True)
-    bounds = list(np.sort(starts)) + [len(key)]
-    for a, b in itertools.pairwise(bounds):
-        labels = trace.label[a:b]
-        out.append((np.arange(a, b), b - a, int((labels == 1).sum())))
-    return out
+    first = np.sort(starts)
+    drafted = np.diff(np.append(first, len(key)))
+    accepted = np.add.reduceat((trace.label == 1).astype(np.int64), first) if len(first) else first
+    return TracedRounds(first, drafted, accepted)
 
 
 def replay_policy(
@@ -281,6 +295,7 @@ def replay_policy(
     max_window: int | None = None,
     min_window: int = 1,
     stop: str = "before",
+    traced: TracedRounds | None = None,
 ) -> dict:
     """Replays stop-at-first-predicted-rejection over the traced rounds.
 
@@ -291,27 +306,29 @@ def replay_policy(
     sends as its last token ("after"); at least `min_window` tokens, at most
     `max_window` and what the round drafted. Its accepted tokens are those of
     the traced outcome within it. Offline: a shorter block would move later
-    rounds, which is not modelled.
+    rounds, which is not modelled. `traced`: `rounds_of(trace)`, where many
+    replays share it.
     """
-    drafted = accepted = steps = rounds = 0
-    time_ms = 0.0
-    after = stop == "after"
-    for rows, n, acc in rounds_of(trace):
-        limit = min(n, max_window or n)
-        k = min(min_window, limit)
-        while k < limit and keep[rows[k]]:
-            k += 1
-        if k < limit and after:  # the first predicted rejection goes in, and the block ends
-            k += 1
-            step = k
-        else:
-            step = k + 1 if k < limit else k  # stopping before a token costs the step that produced it
-        a = min(k, acc)
-        drafted += k
-        accepted += a
-        steps += step
-        rounds += 1
-        time_ms += float(cost.round_time(np.array(step), np.array(k)))
+    t = traced if traced is not None else rounds_of(trace)
+    n = t.drafted
+    limit = np.minimum(n, max_window) if max_window else n
+    start = np.minimum(min_window, limit)
+    width = int(limit.max(initial=0))
+    pos = np.arange(width)[None, :]
+    # a position that can end the block: within [start, limit) and predicted rejected
+    ends = (pos >= start[:, None]) & (pos < limit[:, None]) & ~keep[t.rows(width)] if width else \
+        np.zeros((len(n), 0), bool)
+    stopped = ends.any(axis=1)
+    k = np.where(stopped, ends.argmax(axis=1) if width else 0, limit)
+    if stop == "after":  # the first predicted rejection goes in, and the block ends
+        k = k + stopped
+        step = k
+    else:
+        step = k + stopped  # stopping before a token costs the step that produced it
+    acc = np.minimum(k, t.accepted)
+    rounds = len(n)
+    drafted, accepted, steps = int(k.sum()), int(acc.sum()), int(step.sum())
+    time_ms = float(cost.round_time(step, k).sum())
     committed = accepted + rounds
     return {
         "rounds": rounds,
@@ -347,6 +364,64 @@ def best_threshold(
                 best = (float(thr), stop, r)
     assert best is not None
     return best
+
+
+# The round costs a delay schedule is made for, in draft steps: a round's fixed time (the RTT and
+# the verifier's step) from a quarter of a draft step (a GPU next door) to 128 (a CPU device
+# drafting for a verifier across a continent), and the verification time per block token.
+ROUND_STEPS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+VERIFY_TOKEN_STEPS = (0.0, 0.25, 0.5, 1.0, 2.0)
+
+
+def delay_schedule(
+    trace: Trace,
+    score: np.ndarray,
+    *,
+    max_window: int,
+    round_steps: tuple[float, ...] = ROUND_STEPS,
+    verify_token_steps: tuple[float, ...] = VERIFY_TOKEN_STEPS,
+    candidates: int = 99,
+    operating: tuple[float, str] | None = None,
+) -> list[dict]:
+    """The stopping rule with the highest replayed goodput at each round cost: the threshold
+    on `score`, the stop rule and the largest block, for a round whose fixed time is
+    `round_steps` draft steps and whose verification adds `verify_token_steps` per block token.
+
+    Goodput depends on the costs only through these ratios, so one schedule serves any
+    device speed. The best threshold falls as the round grows dearer (a longer wait makes a
+    longer block worth its risk; UCB-SpecStop's delay-adaptive threshold) and rises as it
+    grows cheap, down to a fixed window of 1 where a round costs less than a draft step.
+    Fixed windows are candidates too (threshold 0 under a cap). Each point also gives its
+    goodput over the best fixed window's, and over `operating` (one threshold and stop rule
+    for every cost, as a predictor without a schedule runs), both replayed on `trace`."""
+    traced = rounds_of(trace)
+    grid = np.quantile(score, np.linspace(0.0, 1.0, candidates))
+    grid = np.unique(np.append(grid, operating[0]) if operating is not None else grid)
+    keep = [(float(t), score >= t) for t in grid]
+    everything = np.ones(len(score), bool)
+    points = []
+    for sigma in verify_token_steps:
+        for rho in round_steps:
+            cost = CostModel(draft_step_ms=1.0, round_ms=rho, verify_token_ms=sigma)
+            fixed = {k: replay_policy(trace, everything, cost, max_window=k, traced=traced)["goodput_tok_s"]
+                     for k in range(1, max_window + 1)}
+            best_k = max(fixed, key=lambda k: fixed[k])
+            best = (fixed[best_k], 0.0, "before", best_k)
+            for stop in ("before", "after"):
+                for t, mask in keep:
+                    g = replay_policy(trace, mask, cost, max_window=max_window, stop=stop, traced=traced)[
+                        "goodput_tok_s"]
+                    if g > best[0]:
+                        best = (g, t, stop, max_window)
+            point = {"round_steps": rho, "verify_token_steps": sigma, "threshold": best[1], "stop": best[2],
+                     "max_window": best[3], "gain_over_best_fixed": best[0] / fixed[best_k] - 1.0,
+                     "best_fixed_window": best_k}
+            if operating is not None:
+                g = replay_policy(trace, score >= operating[0], cost, max_window=max_window, stop=operating[1],
+                                  traced=traced)["goodput_tok_s"]
+                point["gain_over_operating_point"] = best[0] / g - 1.0 if g else 0.0
+            points.append(point)
+    return points
 
 
 def split_by_prompt(trace: Trace, fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

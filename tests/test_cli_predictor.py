@@ -90,13 +90,28 @@ def test_collect_then_train_then_generate_with_the_result(fake_client, prompts, 
     assert train(again) == trained.replace("<tmp>/out/", "<tmp>/again/")
     assert again.with_suffix(".onnx").read_bytes() == stem.with_suffix(".onnx").read_bytes()
 
+    # the card holds the rule for every round cost, and the schedule command writes it again alike
+    schedule = card["delay_schedule"]
+    assert len(schedule) == 50 and {p["stop"] for p in schedule} <= {"before", "after"}
+    assert "## Stopping rule by round cost" in stem.with_suffix(".md").read_text()
+    r = runner.invoke(app, ["predictor", "schedule", str(stem.with_suffix(".json")), str(trace)])
+    assert r.exit_code == 0 and r.stdout == "", r.output
+    assert "wrote the delay schedule of" in r.stderr and "(50 round costs)" in r.stderr
+    assert json.loads(stem.with_suffix(".json").read_text())["delay_schedule"] == schedule
+
+    # one operating threshold: the rounds do not depend on measured times, so the transcript is exact
     r = runner.invoke(
         app,
         ["generate", "--prompt", "hello", "-n", "30", "--drafting", "predictor", "--predictor",
-         str(stem.with_suffix(".onnx")), "--json"],
+         str(stem.with_suffix(".onnx")), "--no-predictor-schedule", "--json"],
     )
     assert r.exit_code == 0, r.output
     assert normalise_json(r.stdout) == transcript("generate-predictor-toy.json") and r.stderr == ""
+    # by default the predictor follows its schedule (the rounds follow the measured costs)
+    r = runner.invoke(app, ["generate", "--prompt", "hello", "-n", "30", "--drafting", "predictor", "--predictor",
+                            str(stem.with_suffix(".onnx")), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["drafting"] == "predictor-toy+delay"
 
 
 def edgekit_main(capsys, *args: str) -> tuple[int, str, str]:
@@ -112,6 +127,14 @@ def edgekit_main(capsys, *args: str) -> tuple[int, str, str]:
         sys.argv = argv
     out = capsys.readouterr()
     return exc.value.code, out.out, out.err
+
+
+def test_schedule_refuses_a_card_without_its_model(fake_client, tmp_path, capsys):
+    card = tmp_path / "lonely.json"
+    card.write_text("{}")
+    code, out, err = edgekit_main(capsys, "predictor", "schedule", str(card), str(tmp_path / "t.npz"))
+    assert code != 0 and out == ""
+    assert "is not a predictor card beside its ONNX model" in err
 
 
 def test_train_refuses_what_it_cannot_use(fake_client, tmp_path, capsys):

@@ -144,7 +144,10 @@ def test_adaptive_windows_stay_token_identical(client, target_only, drafting):
     drafted = []
     for prompt in PROMPTS[:8]:
         controller = ConfidenceThreshold(0.6, 8, min_window=0) if drafting == "p-min" else None
-        final = client.generate(prompt, drafting=drafting, max_window=8, controller=controller).until_done()
+        # the predictor at its one operating threshold: its delay schedule may settle on one window
+        # (a window of 1 where, as here, a round costs about a draft step)
+        final = client.generate(prompt, drafting=drafting, max_window=8, controller=controller,
+                                predictor_schedule=False).until_done()
         assert final.token_ids == target_only[prompt], prompt
         assert final.stats.drafting.startswith(drafting)
         drafted += [r.drafted for r in final.stats.rounds_detail]

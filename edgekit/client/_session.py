@@ -107,7 +107,8 @@ class SpeculativeSession:
 
     # Settings the verifier knows about: changing one needs a new session.
     _SERVER_SIDE = ("mode", "seed", "slo_class", "target_speed", "semantic_threshold", "logprobs")
-    _DRAFTING = ("drafting", "draft_k", "max_window", "predictor", "predictor_threshold", "p_min")
+    _DRAFTING = ("drafting", "draft_k", "max_window", "predictor", "predictor_threshold", "predictor_schedule",
+                 "p_min")
 
     @property
     def config(self) -> GenerationConfig:

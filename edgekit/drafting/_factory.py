@@ -27,6 +27,10 @@ class ControllerFactory:
     - "auto": "predictor" where one is shipped (or given) and onnxruntime is
       installed, else "fixed".
 
+    A predictor whose card holds a delay schedule follows it (its threshold, stop rule and
+    largest block for what a round costs now) unless `config.predictor_threshold` fixes
+    the threshold or `config.predictor_schedule` is off.
+
     "latency" and "auto" are wrapped in `PlainWhenFaster` unless `config.plain_when_faster`
     is off: speculation stops while plain target decoding is expected to be faster.
 
@@ -70,7 +74,12 @@ class ControllerFactory:
                 f"no predictor is shipped for draft {self.draft!r} with target {self.target!r} ({config.mode}); "
                 "give one (predictor=PATH, --predictor PATH) or train one with `edgekit predictor train`"
             )
-        return PredictorController(self._predictor(str(path)), config.max_window, threshold=config.predictor_threshold)
+        predictor = self._predictor(str(path))
+        schedule = getattr(predictor, "schedule", None)
+        if not config.predictor_schedule or config.predictor_threshold is not None:
+            schedule = None  # one threshold for every round: the config's, or the predictor's own
+        return PredictorController(predictor, config.max_window, threshold=config.predictor_threshold,
+                                   schedule=schedule, policy=policy if schedule is not None else None)
 
     def _predictor(self, path: str) -> AcceptancePredictor:
         if path not in self._predictors:

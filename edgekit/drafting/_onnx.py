@@ -10,12 +10,15 @@ from `FEATURE_NAMES`); a model without it must take all of `FEATURE_NAMES` in
 order. `edgekit.threshold` holds the operating threshold chosen at training and
 `edgekit.stop` the stop rule ("before": a predicted rejection is not sent, WISP
 eq. 25; "after": it is sent as the block's last token), also chosen there.
+The metric card beside the model (`<stem>.json`, as training writes it) may hold
+a "delay_schedule": the rule for each round cost (`DelaySchedule`), read here.
 A model that does not fit is refused when loaded, with the reason.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +27,7 @@ import numpy as np
 
 from ..errors import DependencyMissingError, PredictorError
 from ..runtime import FEATURE_NAMES, LogitStats
+from ._delay import DelaySchedule
 
 if TYPE_CHECKING:
     from ._controller import StopRule
@@ -98,8 +102,21 @@ class OnnxPredictor:
         if stop not in ("before", "after"):
             raise PredictorError(f"{self.path}: edgekit.stop must be 'before' or 'after', got {stop!r}")
         self.stop: StopRule = stop
+        self.schedule = self._read_schedule()
         self._check_output()
         self._bind()
+
+    def _read_schedule(self) -> DelaySchedule | None:
+        """The delay schedule in the card beside the model, if it has one."""
+        card_path = self.path.with_suffix(".json")
+        if not card_path.is_file():
+            return None
+        try:
+            card = json.loads(card_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise PredictorError(f"{card_path}: the predictor's card cannot be read: {exc}") from exc
+        entries = card.get("delay_schedule") if isinstance(card, dict) else None
+        return None if entries is None else DelaySchedule.from_card(entries, str(card_path))
 
     def _check_output(self) -> None:
         try:

@@ -5,13 +5,17 @@ probability as the predictor (llama.cpp's `--draft-p-min`)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from ..errors import ConfigError
 from ..runtime import DraftOutput, LogitStats
 from ._controller import Decision, StopRule
+from ._delay import DelaySchedule, round_cost_in_steps
+
+if TYPE_CHECKING:
+    from ..link import LinkPolicy
 
 __all__ = ["AcceptancePredictor", "AcceptanceTracker", "ConfidenceThreshold", "PredictorController"]
 
@@ -45,7 +49,12 @@ class PredictorController:
     """Stop-at-first-predicted-rejection: draft while the predictor says the
     next token will be accepted (p >= threshold), within [min_window, max_window];
     at a predicted rejection, end the block before or after that token (`stop`,
-    by default the predictor's own rule)."""
+    by default the predictor's own rule).
+
+    With a `schedule` (and the session's link `policy`), the threshold, the stop rule and
+    the largest block are the schedule's for what a round costs now, in draft steps, as the
+    latency model measures it: each round they follow the link's delay and the verifier's
+    speed (`DelaySchedule`; the name gains "+delay")."""
 
     def __init__(
         self,
@@ -56,7 +65,11 @@ class PredictorController:
         threshold: float | None = None,
         stop: StopRule | None = None,
         name: str | None = None,
+        schedule: DelaySchedule | None = None,
+        policy: LinkPolicy | None = None,
     ) -> None:
+        if schedule is not None and policy is None:
+            raise ConfigError("a delay schedule needs the session's link policy to read round costs from")
         self.predictor = predictor
         self.max_window = max_window
         self.min_window = min_window
@@ -64,12 +77,21 @@ class PredictorController:
         self.stop: StopRule = stop if stop is not None else getattr(predictor, "stop", "before")
         path = getattr(predictor, "path", None)
         self.name = name or f"predictor-{path.stem if path is not None else type(predictor).__name__}"
+        self.schedule, self.policy = schedule, policy
+        if schedule is not None:
+            self.name += "+delay"
         self.acceptance = AcceptanceTracker()
         self._k = max_window  # this round's window, set by window()
         self.decisions = 0  # predictor calls so far
 
     def window(self, limit: int) -> int:
-        self._k = min(self.max_window, limit)
+        cap = self.max_window
+        if self.schedule is not None and self.policy is not None:
+            rho, sigma = round_cost_in_steps(self.policy.model(), self.policy.upload_for(cap), cap)
+            point = self.schedule.at(rho, sigma)
+            self.threshold, self.stop = point.threshold, point.stop
+            cap = min(cap, point.max_window)
+        self._k = min(cap, limit)
         return self._k
 
     def draft_next(self, index: int, step: DraftOutput) -> Decision:
