@@ -173,6 +173,37 @@ def test_the_exported_names_are_the_documented_ones():
     } == names  # per-position counts appear with the first draft
 
 
+def test_the_budget_figures_are_the_budgets_own():
+    """With GOODSPEED budgets: C, the budget each open session was last told and the mean of their
+    acceptance estimates, as scraped, are what `Budgets.states()` holds."""
+    server = _server(budgets="goodspeed", token_budget=10)
+    try:
+        with GrpcTransport(server.address, ClientConfig(timeout=10)) as t:
+            t.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
+            for plan in (PLAN[:2], PLAN[2:4], PLAN[:1]):  # three sessions, each its own luck
+                opened = t.open_session(OpenRequest(PROMPT, mode="greedy", seed=0, draft=DRAFT.fingerprint()))
+                context, base = list(PROMPT), opened.committed_length
+                for make, _ in plan:
+                    block = make(context)
+                    r = t.verify(BlockRequest(opened.session_id, base, block))
+                    context += block[: r.accepted] + ([r.next_token] if r.next_token is not None else [])
+                    base = r.committed_length
+            m = _scrape(server.metrics_address)
+            budgets = server.service.budgets
+            states = list(budgets.states().values())
+    finally:
+        server.stop()
+    assert len(states) == 3
+    told = [st.told for st in states]
+    alphas = [st.alpha for st in states]
+    assert len(set(alphas)) > 1 and set(alphas) != {0.5}  # the verdicts moved the estimates apart
+    assert _get(m, "edgekit:budget_capacity") == budgets.last_capacity == 10
+    assert _get(m, "edgekit:budget_tokens_count") == 3 and _get(m, "edgekit:budget_tokens_sum") == sum(told)
+    for bound in (1, 2, 4, 8, 32):
+        assert _get(m, "edgekit:budget_tokens_bucket", le=f"{float(bound)}") == sum(b <= bound for b in told)
+    assert _get(m, "edgekit:budget_acceptance_estimate") == pytest.approx(sum(alphas) / 3)
+
+
 # -- SH rounds, Generate and the stats object -------------------------------------------------------
 
 
