@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ClientConfig, GenerationConfig, ServerConfig
 from ..drafting import Controller, ControllerFactory, FixedWindow
-from ..errors import ConfigError, EdgekitError, IncompatibleModelsError, VerifierUnavailableError
+from ..errors import ConfigError, IncompatibleModelsError, VerifierUnavailableError
 from ..link import CostTracker, LinkEstimator, LinkPolicy, ProbeResult, probe
 from ..plan import Paced, Phaser, Plan
 from ..protocol import ServerInfo, SpeedObjective
@@ -26,9 +26,9 @@ from ..transport import VerifierTransport, connect, needs_tokenizer
 from ._accumulator import StatsAccumulator
 from ._chat import ChatTemplate, Conversation
 from ._discover import check_remote_draft, discover_pair
-from ._events import Event, FinalStats, Resumed, RoundEvent, TextDelta
+from ._events import Event, FinalStats, Provisional, Resumed, RoundEvent, TextDelta
 from ._metrics import GenerationStats
-from ._resilience import Backoff
+from ._resilience import through_outages
 from ._route import SPECULATIVE, STREAM, RouteChooser
 from ._session import SharedDraft, SpeculativeSession
 from ._setup import discovery_transport, load_draft, model_file, start_local
@@ -349,14 +349,13 @@ class EdgeClient:
         return gen.drafting == "auto" and gen.stream_when_faster and lossless and gen.stop_at_eos
 
     def _measured(self, gen: GenerationConfig, route: str, events: Iterator[Event]) -> Iterator[Event]:
-        """`events`, their generation's speed counted for `route` once it ends (not when stopped).
-        A drafted token's cost is counted as the least it can add to the answer's time: all of
-        it, or half where proactive drafting overlaps it with the round before (a block of one
-        and the verifier's token)."""
+        """`events`, their generation's speed counted for `route` once it ends (not when stopped),
+        with what a draft token cost where it drafted."""
         for ev in events:
             if isinstance(ev, FinalStats) and ev.stats.finish_reason != "stopped":
-                draft_ms = ev.stats.draft_ms_per_token / (2 if gen.proactive else 1) if route == SPECULATIVE else None
-                self.routes.observe(gen.mode, route, ev.stats.completion_tokens, ev.stats.elapsed_s, draft_ms)
+                draft_ms = ev.stats.draft_ms_per_token if route == SPECULATIVE else None
+                self.routes.observe(gen.mode, route, ev.stats.completion_tokens, ev.stats.elapsed_s, draft_ms,
+                                    overlapped=gen.proactive)
             yield ev
 
     def _streamed(self, tokens: list[int], gen: GenerationConfig, *, resume: bool) -> Iterator[Event]:
@@ -403,18 +402,18 @@ class EdgeClient:
             return "length"
         session = self._session(replace(gen, max_tokens=left))
         try:
-            backoff = Backoff(self.config)  # the verifier may still be away: open it with back-off
-            causes = [type(cause).__name__]
-            while True:
-                try:
-                    prefill_ms = session.open(tokens + progress.token_ids)
-                    break
-                except EdgekitError as exc:
-                    if self.config.on_disconnect == "fail":
-                        raise
-                    causes.append(type(exc).__name__)
-                    backoff.wait(exc)  # raises once trying again is not worth it (retry_for)
-            resumed = Resumed((time.perf_counter() - start) * 1e3, backoff.attempts + 1,
+            def open_it() -> Generator[Provisional, None, float]:
+                return session.open(tokens + progress.token_ids)
+                yield  # a generator: through_outages runs attempts that may yield
+
+            def sleep(delay: float) -> Iterator[Provisional]:
+                time.sleep(delay)
+                yield from ()
+
+            # the verifier may still be away: open the session with back-off, as a round would be
+            prefill_ms, outage = yield from through_outages(open_it, self.config, reopen=lambda: 0, between=sleep)
+            causes = (type(cause).__name__, *(outage.causes if outage is not None else ()))
+            resumed = Resumed((time.perf_counter() - start) * 1e3, (outage.attempts if outage is not None else 0) + 1,
                               len(tokens) + len(progress.token_ids), tuple(dict.fromkeys(causes)))
             progress.add(resumed)
             yield resumed

@@ -44,7 +44,8 @@ STREAM = "target-only"
 class _Route:
     ms_per_token: float | None = None  # smoothed
     runs: int = 0  # generations measured
-    draft_ms_per_token: float | None = None  # smoothed, the device's cost of a draft token (speculative only)
+    # smoothed, the least a draft token adds to an answer's time (speculative only; see observe)
+    draft_ms_per_token: float | None = None
 
 
 class RouteChooser:
@@ -96,9 +97,11 @@ class RouteChooser:
             return best
 
     def observe(self, mode: str, route: str, tokens: int, elapsed_s: float,
-                draft_ms_per_token: float | None = None) -> None:
+                draft_ms_per_token: float | None = None, *, overlapped: bool = False) -> None:
         """A generation by `route` gave `tokens` output tokens in `elapsed_s`, as its user saw it;
-        a speculative one also says what a draft token cost the device (`draft_ms_per_token`)."""
+        a speculative one also says what a draft token cost the device (`draft_ms_per_token`), and
+        whether drafting overlapped the rounds (proactive drafting): then the least a draft token
+        can add to an answer's time is half of it (a block of one beside the verifier's token)."""
         if tokens < self.min_tokens or elapsed_s <= 0:
             return
         ms = 1e3 * elapsed_s / tokens
@@ -106,7 +109,8 @@ class RouteChooser:
             r = self._route(mode, route)
             r.ms_per_token = self._smoothed(r.ms_per_token, ms)
             if draft_ms_per_token:
-                r.draft_ms_per_token = self._smoothed(r.draft_ms_per_token, draft_ms_per_token)
+                least = draft_ms_per_token / 2 if overlapped else draft_ms_per_token
+                r.draft_ms_per_token = self._smoothed(r.draft_ms_per_token, least)
             r.runs += 1
 
     def _smoothed(self, old: float | None, new: float) -> float:
