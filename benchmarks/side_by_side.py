@@ -12,24 +12,28 @@ Every system runs every prompt, greedy, the same GGUF files; at each prompt the 
 after another in a rotating order, so that the shared machine's noise falls on all alike.
 
 Systems whose time does not depend on the RTT by decision (local, the stock servers, fixed
-windows, p-min, the predictor) are measured at RTT 0 and carried to the other RTTs exactly as
+windows, p-min, the predictor at its one operating threshold: `edgekit-predictor-static`) are
+measured at RTT 0 and carried to the other RTTs exactly as
 the link adds to them: one RTT per exchange (a speculative generation's opening and each round;
 a stream's one request). That carrying is checked: those systems are also measured for real at
 `--check-rtts` on `--check-prompts` prompts, and the JSON and the output give how far off it was.
-Systems that decide by the RTT (latency, auto, and proactive drafting, which overlaps drafting
-with the wait) are measured for real at every RTT.
+Systems that decide by the RTT (the predictor following its delay schedule, latency, auto, and
+proactive drafting, which overlaps drafting with the wait) are measured for real at every RTT.
+Before the delay schedule (results before 2026-11-26's `delay-schedule` run), `edgekit-predictor`
+was the predictor at its one threshold, measured at RTT 0 and carried.
 
 The oracle (issue 37, item 3; UCB-SpecStop's offline oracle): for each prompt and RTT, the
 fastest of the fixed windows (1, 2, 3, 4, 6, 8) in hindsight. Each policy's gap is its total
 time over the oracle's, at each RTT; also against the best single fixed window.
 
 Also: the verifier process's CPU time per committed token (what the operator pays), bytes on
-the link per generation (what 20 and 100 Mbit/s would add), whether every lossless system's
+the link per generation (what 20 and 100 Mbit/s would add; `--rate-mbps` paces the emulated link
+at a rate for real, every system alike), whether every lossless system's
 text equals centralized decoding's on every prompt, and the capacity of a verifier core with
 1, 2, 4, 8 devices (the fleet simulator, `benchmarks/fleet.py`: centralized, fcfs, wisp).
 
     python benchmarks/side_by_side.py [--pairs gemma-270m] [--prompts 44] [--tokens 32]
-        [--llama-server PATH] [--out benchmarks/results]
+        [--rate-mbps 20] [--llama-server PATH] [--out benchmarks/results]
 
 Writes OUT/side_by_side_<pair>[_TAG].json and .png.
 """
@@ -52,13 +56,12 @@ import _peers as P
 
 FIXED = (1, 2, 3, 4, 6, 8)
 OPENAI = ("llama-cpp-python", "vllm")  # stock centralized servers reached by OpenAI's API
-STATIC = ("local", "centralized", "llama-server", *OPENAI, "co-located", "co-located-8",
+STATIC = ("local", "centralized", "llama-server", *OPENAI, "co-located", "co-located-8", "co-located-tuned",
           *(f"edgekit-fixed-{k}" for k in FIXED), "edgekit-p-min", "edgekit-predictor-static")
 # the predictor follows its delay schedule (its threshold moves with what a round costs): adaptive
 ADAPTIVE = ("edgekit-predictor", "edgekit-latency", "edgekit-auto-draft", "edgekit-auto-draft+proactive",
             "edgekit-auto")
-STOCK = {"llama-server": (), "co-located": ("--spec-type", "draft-simple"),
-         "co-located-8": ("--spec-type", "draft-simple", "--spec-draft-n-max", "8")}
+STOCK = tuple(P.STOCK)  # llama-server's systems
 POLICIES = ("edgekit-fixed-4", "edgekit-p-min", "edgekit-predictor-static", "edgekit-predictor", "edgekit-latency",
             "edgekit-auto-draft", "edgekit-auto-draft+proactive", "edgekit-auto")
 
@@ -91,7 +94,7 @@ def stock_server(system: str, args: argparse.Namespace, pair: str, draft: Path, 
     and how to run one streamed greedy completion through an address (`run(address, prompt, n)`)."""
     log = Path(args.logs) / f"{pair}-{system}.log"
     if system in STOCK:
-        with P.llama_server(args.llama_server, target, draft, STOCK[system], log, gpu=False, threads=1,
+        with P.llama_server(args.llama_server, target, draft, P.stock_flags(system, pair), log, gpu=False, threads=1,
                             cores=cores) as (address, pid):
             yield address, pid, P.run_llama_server
         return
@@ -155,6 +158,7 @@ def measure(args: argparse.Namespace, pair: str, draft: Path, target: Path, prom
                  log=logs / f"{pair}-verifier.log") as served, P.proxy_to(served.address) as proxy:
         for rtt in args.rtts:
             proxy.impairment.rtt_ms = rtt
+            proxy.impairment.uplink_mbps = proxy.impairment.downlink_mbps = args.rate_mbps
             todo = plan(rtt, ours)
             if not any(s for _, s in todo):
                 continue
@@ -176,6 +180,7 @@ def measure(args: argparse.Namespace, pair: str, draft: Path, target: Path, prom
                 run(address, prompts[0]["prompt"], 4)  # warm-up (vLLM's first request is slow)
                 for rtt in args.rtts:
                     proxy.impairment.rtt_ms = rtt
+                    proxy.impairment.uplink_mbps = proxy.impairment.downlink_mbps = args.rate_mbps
                     for i, here in plan(rtt, [system]):
                         if here:
                             before, up, down = P.cpu_seconds(pid), proxy.bytes_up, proxy.bytes_down
@@ -337,6 +342,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=44)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rtts", default="0,10,25,50,100,200")
+    ap.add_argument("--rate-mbps", type=float, default=0.0,
+                    help="the link's rate each way (DelayProxy paces every system's bytes at it); 0: unlimited")
     ap.add_argument("--check-rtts", default="100", help="where the carried systems are also measured for real")
     ap.add_argument("--check-prompts", type=int, default=6)
     ap.add_argument("--systems", default=",".join(s for s in (*STATIC, *ADAPTIVE) if s != "vllm"),

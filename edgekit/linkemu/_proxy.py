@@ -3,7 +3,14 @@ jitter and retransmission-style loss, preserving byte order (as TCP does), and
 that can lose the link altogether for a while (`outage`): "reset" cuts every
 connection and refuses new ones (a restarted verifier, an interface that went
 down), "silent" holds every byte until the link is back (out of radio range:
-TCP retransmits what was sent once the path returns, new connections hang)."""
+TCP retransmits what was sent once the path returns, new connections hang).
+
+A rate each way (`uplink_mbps`, `downlink_mbps`) makes each direction a bottleneck
+that every connection shares: bytes leave one after another at that rate, TCP/IP
+headers counted per segment, then take the one-way delay. A queue that never drops
+(as `tc tbf` with a deep limit; `Testbed` shapes in the kernel where it has root),
+paced in user space, so any machine can emulate a slow link. Its timing is as good
+as the event loop's timers (about a millisecond)."""
 
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from ..link import MIN_RTO_MS
 __all__ = ["DelayProxy", "Impairment"]
 
 MSS = 1448  # bytes of payload per TCP segment on an Ethernet-sized path
+HEADERS = 52  # bytes of IPv4 and TCP headers (with timestamps) per segment
 
 
 @dataclass
@@ -28,6 +36,8 @@ class Impairment:
     rtt_ms: float = 0.0  # added round trip, half each way
     jitter_ms: float = 0.0  # |N(0, jitter)| extra per chunk, order kept
     loss: float = 0.0  # per-segment loss probability; a loss costs RTO + RTT
+    uplink_mbps: float = 0.0  # client to upstream, megabits per second on the wire; 0: unlimited
+    downlink_mbps: float = 0.0  # upstream to client; 0: unlimited
 
 
 class DelayProxy:
@@ -53,6 +63,7 @@ class DelayProxy:
         self.down: str | None = None  # None, or the kind of outage under way
         self._up = asyncio.Event()  # set while the link is up (used in the proxy's loop only)
         self._writers: set[asyncio.StreamWriter] = set()
+        self._free_at = {"up": 0.0, "down": 0.0}  # when each direction's bottleneck is next idle (loop only)
 
     def start(self) -> DelayProxy:
         self._thread.start()
@@ -117,9 +128,11 @@ class DelayProxy:
         if kind == "reset":
             for w in list(self._writers):
                 w.transport.abort()  # RST: both ends see the connection fail at once
+            self._free_at = {"up": 0.0, "down": 0.0}  # what was queued on the bottlenecks is gone with them
 
     def _come_up(self) -> None:
         self.down = None
+        self._free_at = {"up": 0.0, "down": 0.0}  # what a silent outage held is booked again as it goes
         self._up.set()
 
     def _run(self) -> None:
@@ -144,6 +157,18 @@ class DelayProxy:
                 self.losses += 1
                 d += MIN_RTO_MS + imp.rtt_ms
         return d / 1e3
+
+    def _sent_at(self, direction: str, nbytes: int, now: float) -> float:
+        """When the last of `nbytes` read now leaves the direction's bottleneck (`now` where it has no
+        rate): after what is queued before them, at the rate, with a header per segment."""
+        imp = self.impairment
+        mbps = imp.uplink_mbps if direction == "up" else imp.downlink_mbps
+        if mbps <= 0:
+            return now
+        wire_bits = 8 * (nbytes + HEADERS * max(1, math.ceil(nbytes / MSS)))
+        done = max(now, self._free_at[direction]) + wire_bits / (mbps * 1e6)
+        self._free_at[direction] = done
+        return done
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -178,8 +203,11 @@ class DelayProxy:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                if not self._up.is_set():  # a silent outage: the bytes go when the path is back
-                    await self._up.wait()
+                if not self._up.is_set():  # a silent outage: the bytes go when the path is back,
+                    await self._up.wait()  # through the bottleneck again (held, they had not crossed it)
+                    wait = self._sent_at(direction, len(data), time.monotonic()) - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
                 writer.write(data)
                 await writer.drain()
             writer.close()
@@ -192,7 +220,8 @@ class DelayProxy:
                     self.bytes_up += len(data)
                 else:
                     self.bytes_down += len(data)
-                last_due = max(last_due, time.monotonic() + self._delay_s(len(data)))  # in order, as TCP delivers
+                sent = self._sent_at(direction, len(data), time.monotonic())
+                last_due = max(last_due, sent + self._delay_s(len(data)))  # in order, as TCP delivers
                 queue.put_nowait((last_due, data))
         except (ConnectionError, OSError):
             pass
