@@ -118,7 +118,7 @@ def train_from_trace(
                   "edgekit.pair": pair, "edgekit.model": chosen, "edgekit.stop": stop},
     )
     # The exported graph must reproduce the numpy model.
-    exported = OnnxPredictor(onnx_path)
+    exported = OnnxPredictor(onnx_path, schedule=False)  # an earlier card may still lie beside it
     onnx_p = exported.p_accept_batch(val.features)
     onnx_max_diff = float(np.abs(onnx_p - model.predict(x_va)).max())
     # tabulated on the exported model's scores, as the drafting loop will compute them
@@ -183,13 +183,26 @@ def schedule_card(card_path: str | os.PathLike[str], trace: Trace) -> dict:
     from edgekit.drafting import OnnxPredictor
 
     card_path = Path(card_path)
-    card = json.loads(card_path.read_text())
-    _, val_rows = split_by_prompt(trace, 0.2, int(card.get("seed", 0)))
+    try:
+        card = json.loads(card_path.read_text())
+        seed, max_window = int(card.get("seed", 0)), int(card["max_window"])
+        operating = (float(card["threshold"]), str(card["stop"]))
+        trained_on = card["training_data"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{card_path} is not a predictor's metric card: {exc!r}") from exc
+    _, val_rows = split_by_prompt(trace, 0.2, seed)
     va = Trace(trace.features[val_rows], trace.label[val_rows], trace.prompt[val_rows], trace.round[val_rows],
                trace.header)
-    score = OnnxPredictor(card_path.with_suffix(".onnx")).p_accept_batch(va.features)
-    card["delay_schedule"] = delay_schedule(va, score, max_window=int(card["max_window"]),
-                                            operating=(float(card["threshold"]), card["stop"]))
+    # the same validation prompts as at training, or the schedule would be tabulated on training prompts
+    got = (len(trace.labelled().label), len(va.labelled().label))
+    want = (trained_on.get("labelled_positions"), trained_on.get("validation_samples"))
+    if got != want:
+        raise ConfigError(
+            f"these traces are not the ones {card_path.name} was trained on: {got[0]} labelled positions, "
+            f"{got[1]} in validation, against its {want[0]} and {want[1]} (give the same files, in the same order)"
+        )
+    score = OnnxPredictor(card_path.with_suffix(".onnx"), schedule=False).p_accept_batch(va.features)
+    card["delay_schedule"] = delay_schedule(va, score, max_window=max_window, operating=operating)
     card.pop("path", None)
     card_path.write_text(json.dumps(card, indent=2) + "\n")
     card_path.with_suffix(".md").write_text(render_card(card))
@@ -202,14 +215,14 @@ def _schedule_lines(card: dict) -> list[str]:
         return []
     sigmas = sorted({p["verify_token_steps"] for p in points})
     rhos = sorted({p["round_steps"] for p in points})
-    at = {(p["round_steps"], p["verify_token_steps"]): p for p in points}
+    at = {(p["round_steps"], p["verify_token_steps"]): p for p in points}  # a full grid, as training writes
     lines = [
         "",
         "## Stopping rule by round cost (the delay schedule)",
         "",
         "What the drafting loop uses each round, from what a round costs now in draft steps: its fixed time "
         "(the RTT and the verifier's step; rows) and the verification per block token (columns). Each cell: "
-        "the threshold on P(accepted), the stop rule (b: before, a: after) and the largest block, then the "
+        "the threshold on P(accepted) and the stop rule (b: before, a: after), or a fixed window, then the "
         "replayed goodput over the operating point above. `fixed-k` is a fixed window of k.",
         "",
         "| round, draft steps | " + " | ".join(f"{s:g} per token" for s in sigmas) + " |",
@@ -218,11 +231,11 @@ def _schedule_lines(card: dict) -> list[str]:
     for rho in rhos:
         cells = []
         for sigma in sigmas:
-            p = at[(rho, sigma)]
-            capped = f" <= {p['max_window']}" if p["max_window"] < card["max_window"] else ""
-            rule = f"{p['threshold']:.2f} {p['stop'][0]}{capped}"
-            if p["threshold"] == 0.0:
-                rule = f"fixed-{p['max_window']}"
+            p = at.get((rho, sigma))
+            if p is None:
+                cells.append("-")
+                continue
+            rule = f"fixed-{p['max_window']}" if p["threshold"] == 0.0 else f"{p['threshold']:.2f} {p['stop'][0]}"
             gain = p.get("gain_over_operating_point")
             cells.append(rule + (f" ({100 * gain:+.1f}%)" if gain is not None else ""))
         lines.append(f"| {rho:g} | " + " | ".join(cells) + " |")

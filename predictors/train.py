@@ -310,6 +310,7 @@ def replay_policy(
     replays share it.
     """
     t = traced if traced is not None else rounds_of(trace)
+    keep = np.asarray(keep, bool)
     n = t.drafted
     limit = np.minimum(n, max_window) if max_window else n
     start = np.minimum(min_window, limit)

@@ -62,6 +62,47 @@ def test_the_best_threshold_falls_as_rounds_grow_dear():
     assert mine["goodput_tok_s"] == pytest.approx(one["goodput_tok_s"] * (1 + dear["gain_over_operating_point"]))
 
 
+def replay_one_round_at_a_time(trace, keep, cost, *, max_window=None, min_window=1, stop="before"):
+    """The replay as a loop over rounds (as it was written before it was vectorised): the reference."""
+    from edgekit.predictors.train import rounds_of
+
+    t = rounds_of(trace)
+    drafted = accepted = steps = 0
+    time_ms = 0.0
+    for first, n, acc in zip(t.first, t.drafted, t.accepted, strict=True):
+        limit = min(n, max_window or n)
+        k = min(min_window, limit)
+        while k < limit and keep[first + k]:
+            k += 1
+        if k < limit and stop == "after":
+            k += 1
+            step = k
+        else:
+            step = k + 1 if k < limit else k
+        drafted, accepted, steps = drafted + k, accepted + min(k, acc), steps + step
+        time_ms += float(cost.round_time(np.array(step), np.array(k)))
+    return drafted, accepted, steps, (accepted + len(t.first)) / (time_ms / 1e3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_vectorised_replay_is_the_loop(seed):
+    from edgekit.predictors.train import CostModel
+
+    rng = np.random.default_rng(seed)
+    trace, score = calibrated_trace(rounds=120, window=int(rng.integers(3, 9)), seed=seed)
+    cost = CostModel(draft_step_ms=float(rng.uniform(1, 20)), round_ms=float(rng.uniform(0, 100)),
+                     verify_token_ms=float(rng.uniform(0, 5)))
+    for max_window in (None, 1, 3, 20):
+        for min_window in (0, 1, 2):
+            for stop in ("before", "after"):
+                keep = score >= rng.uniform(0.2, 1.0)
+                got = replay_policy(trace, keep, cost, max_window=max_window, min_window=min_window, stop=stop)
+                want = replay_one_round_at_a_time(trace, keep, cost, max_window=max_window, min_window=min_window,
+                                                  stop=stop)
+                assert (got["drafted"], got["accepted"], got["draft_steps"]) == want[:3]
+                assert got["goodput_tok_s"] == pytest.approx(want[3])
+
+
 def schedule() -> DelaySchedule:
     return DelaySchedule([
         StopPoint(1.0, 0.0, 0.9, "before", 2), StopPoint(32.0, 0.0, 0.1, "after", 8),
@@ -84,6 +125,10 @@ def test_lookup_takes_the_nearest_point_and_the_edges_beyond():
     ({"round_steps": 1.0, "verify_token_steps": 0.0, "threshold": 1.5, "stop": "after", "max_window": 4},
      "out of range"),
     ({"round_steps": 1.0, "threshold": 0.5, "stop": "after", "max_window": 4}, "malformed"),
+    ({"round_steps": 1.0, "verify_token_steps": float("nan"), "threshold": 0.5, "stop": "after", "max_window": 4},
+     "out of range"),
+    ({"round_steps": 1.0, "verify_token_steps": 0.0, "threshold": 0.5, "stop": "after", "max_window": 2.9},
+     "out of range"),
 ])
 def test_a_malformed_schedule_is_refused_with_its_source(entry, why):
     with pytest.raises(PredictorError, match=f"card.json: a (malformed )?delay_schedule entry.*{why}|{why}"):
@@ -166,10 +211,36 @@ def test_the_schedule_is_read_from_the_card_beside_the_model(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps(written))
     s = OnnxPredictor(onnx).schedule
     assert s is not None and len(s.points) == 50
+    # a card that cannot be used costs the schedule, not the model: a warning says why
     written["delay_schedule"][3]["stop"] = "never"
     (tmp_path / "p.json").write_text(json.dumps(written))
-    with pytest.raises(PredictorError, match="p.json: a delay_schedule entry out of range"):
-        OnnxPredictor(onnx)
+    with pytest.warns(RuntimeWarning, match="p.json: a delay_schedule entry out of range"):
+        assert OnnxPredictor(onnx).schedule is None
     (tmp_path / "p.json").write_text("{not json")
-    with pytest.raises(PredictorError, match="card cannot be read"):
-        OnnxPredictor(onnx)
+    with pytest.warns(RuntimeWarning, match="its delay schedule is not used"):
+        assert OnnxPredictor(onnx).schedule is None
+    other = {**{k: v for k, v in card.items() if k != "path"}, "threshold": 0.9}  # another model's card
+    (tmp_path / "p.json").write_text(json.dumps(other))
+    with pytest.warns(RuntimeWarning, match="another model's card"):
+        pred = OnnxPredictor(onnx)
+    assert pred.schedule is None and pred.threshold == pytest.approx(card["threshold"])
+
+
+def test_a_schedule_is_tabulated_on_the_traces_the_card_was_trained_on_only(tmp_path):
+    from pathlib import Path
+
+    from edgekit.errors import ConfigError
+    from edgekit.predictors.pipeline import schedule_card
+
+    card = gemma_card()
+    stem = tmp_path / "g"
+    shutil.copy(card["path"], stem.with_suffix(".onnx"))
+    written = {k: v for k, v in card.items() if k != "path"}
+    stem.with_suffix(".json").write_text(json.dumps(written))
+    other = Trace.load(Path(card["path"]).parent.parent / "traces" / "qwen-coder.npz")
+    with pytest.raises(ConfigError, match="not the ones g.json was trained on"):
+        schedule_card(stem.with_suffix(".json"), other)
+    assert json.loads(stem.with_suffix(".json").read_text()) == written  # nothing written
+    stem.with_suffix(".json").write_text("{}")
+    with pytest.raises(ConfigError, match="is not a predictor's metric card"):
+        schedule_card(stem.with_suffix(".json"), other)

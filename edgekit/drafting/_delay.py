@@ -46,29 +46,34 @@ class DelaySchedule:
         if not points:
             raise PredictorError("a delay schedule needs at least one point")
         self.points = points
-        self._sigmas = sorted({p.verify_token_steps for p in points})
+        # per-token cost, then the points at it with log2 of their round cost (looked up every round)
+        self._columns: dict[float, list[tuple[float, StopPoint]]] = {}
+        for p in points:
+            self._columns.setdefault(p.verify_token_steps, []).append((math.log2(p.round_steps), p))
 
     @classmethod
     def from_card(cls, entries: list[dict], source: str = "the card") -> DelaySchedule:
         try:
             points = [
                 StopPoint(float(e["round_steps"]), float(e["verify_token_steps"]), float(e["threshold"]),
-                          e["stop"], int(e["max_window"]))
+                          e["stop"], e["max_window"])
                 for e in entries
             ]
         except (KeyError, TypeError, ValueError) as exc:
             raise PredictorError(f"{source}: a malformed delay_schedule entry ({exc!r})") from exc
         for p in points:
-            if p.stop not in ("before", "after") or not 0.0 <= p.threshold <= 1.0 or p.max_window < 1 \
+            finite = all(map(math.isfinite, (p.round_steps, p.verify_token_steps, p.threshold)))
+            if not finite or p.stop not in ("before", "after") or not 0.0 <= p.threshold <= 1.0 \
+                    or not isinstance(p.max_window, int) or isinstance(p.max_window, bool) or p.max_window < 1 \
                     or p.round_steps <= 0 or p.verify_token_steps < 0:
                 raise PredictorError(f"{source}: a delay_schedule entry out of range: {p}")
         return cls(points)
 
     def at(self, round_steps: float, verify_token_steps: float) -> StopPoint:
-        sigma = min(self._sigmas, key=lambda s: abs(math.log1p(s) - math.log1p(max(verify_token_steps, 0.0))))
+        want = math.log1p(max(verify_token_steps, 0.0))
+        sigma = min(self._columns, key=lambda s: abs(math.log1p(s) - want))
         rho = math.log2(max(round_steps, 1e-6))
-        return min((p for p in self.points if p.verify_token_steps == sigma),
-                   key=lambda p: abs(math.log2(p.round_steps) - rho))
+        return min(self._columns[sigma], key=lambda lp: abs(lp[0] - rho))[1]
 
 
 def round_cost_in_steps(model: LatencyModel, upload: str, window: int) -> tuple[float, float]:
@@ -81,6 +86,6 @@ def round_cost_in_steps(model: LatencyModel, upload: str, window: int) -> tuple[
     step = max(costs.draft_step_ms, 1e-3)
     a, b = costs.verify_line()
     k = max(window, 1)
-    comm0 = model.comm_ms(0, "tokens")
+    comm0 = model.comm_ms(0, upload)
     c = max((model.comm_ms(k, upload) - comm0) / k, 0.0)
     return max(comm0 + a - c, 0.0) / step, (b + c) / step

@@ -11,7 +11,9 @@ order. `edgekit.threshold` holds the operating threshold chosen at training and
 `edgekit.stop` the stop rule ("before": a predicted rejection is not sent, WISP
 eq. 25; "after": it is sent as the block's last token), also chosen there.
 The metric card beside the model (`<stem>.json`, as training writes it) may hold
-a "delay_schedule": the rule for each round cost (`DelaySchedule`), read here.
+a "delay_schedule": the rule for each round cost (`DelaySchedule`), read here;
+a card that cannot be used (unreadable, malformed, another model's) is warned
+about and left out, and the model runs at its one operating threshold.
 A model that does not fit is refused when loaded, with the reason.
 """
 
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,11 +50,12 @@ class OnnxPredictor:
     Both are one decision at a time, as the client's draft lock orders them;
     `p_accept_batch` allocates and may be called from anywhere."""
 
-    def __init__(self, path: str | os.PathLike[str], *, threshold: float | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, threshold: float | None = None, schedule: bool = True) -> None:
         try:
             import onnxruntime as ort
         except ImportError as exc:
             raise DependencyMissingError("onnxruntime", "predictor") from exc
+        fixed = threshold is not None  # a threshold given: one for every round, no schedule
         self.path = Path(path)
         if not self.path.is_file():
             raise PredictorError(f"no predictor at {self.path}")
@@ -102,21 +107,37 @@ class OnnxPredictor:
         if stop not in ("before", "after"):
             raise PredictorError(f"{self.path}: edgekit.stop must be 'before' or 'after', got {stop!r}")
         self.stop: StopRule = stop
-        self.schedule = self._read_schedule()
+        # the card's schedule; `schedule=False`: not read (training scores a model it is rewriting the card of)
+        self.schedule = self._read_schedule() if schedule and not fixed else None
         self._check_output()
         self._bind()
 
     def _read_schedule(self) -> DelaySchedule | None:
-        """The delay schedule in the card beside the model, if it has one."""
+        """The delay schedule in the card beside the model, if it has one and the card is this
+        model's (its threshold and stop rule are the model's metadata). A card that cannot be
+        used costs the schedule, not the model: a warning says why, and the model runs at its
+        one operating threshold."""
         card_path = self.path.with_suffix(".json")
         if not card_path.is_file():
             return None
         try:
             card = json.loads(card_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise PredictorError(f"{card_path}: the predictor's card cannot be read: {exc}") from exc
-        entries = card.get("delay_schedule") if isinstance(card, dict) else None
-        return None if entries is None else DelaySchedule.from_card(entries, str(card_path))
+            entries = card.get("delay_schedule") if isinstance(card, dict) else None
+            if entries is None:
+                return None
+            if "edgekit.threshold" in self.metadata and (
+                not math.isclose(float(card.get("threshold", -1.0)), self.threshold, abs_tol=1e-6)
+                or card.get("stop") != self.stop
+            ):
+                raise PredictorError(
+                    f"{card_path}: the card's threshold and stop rule ({card.get('threshold')}, {card.get('stop')}) "
+                    f"are not the model's ({self.threshold}, {self.stop}): another model's card"
+                )
+            return DelaySchedule.from_card(entries, str(card_path))
+        except (OSError, ValueError, TypeError, PredictorError) as exc:
+            warnings.warn(f"{self.path}: its delay schedule is not used ({exc}); drafting at its one operating "
+                          "threshold", RuntimeWarning, stacklevel=3)
+            return None
 
     def _check_output(self) -> None:
         try:

@@ -99,6 +99,8 @@ class PredictorController:
             return Decision.DRAFT
         if index >= self._k and self.stop == "after":
             return Decision.DRAFT  # the block's last token goes either way: no decision to make
+        if self.threshold <= 0.0:
+            return Decision.DRAFT  # every token passes (a schedule's fixed window): no call to make
         self.decisions += 1
         if self.predictor.p_accept_step(step.stats, index, self.acceptance.value) >= self.threshold:
             return Decision.DRAFT
