@@ -17,6 +17,8 @@ Systems, by name:
     co-located[-N]         llama.cpp's own draft-model speculation on the verifier (`-md --spec-type
                            draft-simple`; without --spec-type it loads the draft and never drafts),
                            drafting its default of up to 3 tokens, or up to N
+    co-located-tuned       the same, up to 8 tokens, with --spec-draft-p-min at the value that
+                           replayed best on the pair's traces (llama.cpp's default p-min is 0)
     edgekit-POLICY[-K][+proactive]
                            distributed speculation: POLICY is fixed (K tokens), p-min, predictor
                            (its threshold following its delay schedule), predictor-static (its
@@ -153,6 +155,27 @@ def run_edgekit(client: Any, prompt: str, system: str) -> dict:
 
 # -- llama.cpp's server ---------------------------------------------------------------------
 
+# llama-server's flags for each stock system it plays ("co-located-tuned" adds its p-min, per pair)
+STOCK = {"llama-server": (), "co-located": ("--spec-type", "draft-simple"),
+         "co-located-8": ("--spec-type", "draft-simple", "--spec-draft-n-max", "8"),
+         "co-located-tuned": ("--spec-type", "draft-simple", "--spec-draft-n-max", "8")}
+
+
+def stock_flags(system: str, pair: str) -> tuple[str, ...]:
+    """llama-server's flags for `system`. "co-located-tuned" drafts up to 8 tokens while the draft's
+    top probability is at least the p-min that replayed best as llama.cpp runs it (the unsure token
+    dropped) on the pair's predictor traces (its card's `best_p_min_llama`; llama.cpp's default is 0)."""
+    flags = STOCK[system]
+    if system == "co-located-tuned":
+        from edgekit.drafting import shipped_cards
+
+        card = next((c for c in shipped_cards() if c["pair"] == pair), None)
+        if card is None:
+            raise RuntimeError(f"no shipped predictor card for {pair}: no tuned p-min")
+        flags += ("--spec-draft-p-min", f"{card['best_p_min_llama']['p_min']:.3f}")
+    return flags
+
+
 
 @contextmanager
 def llama_server(binary: str, target: Path, draft: Path, flags: tuple[str, ...], log: Path, *, gpu: bool = True,
@@ -171,18 +194,7 @@ def llama_server(binary: str, target: Path, draft: Path, flags: tuple[str, ...],
     with open(log, "w") as out, pinned(cores):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
-        end = time.monotonic() + 180
-        while time.monotonic() < end:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {proc.returncode}; see {log}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise RuntimeError(f"llama-server was not ready within 180 s; see {log}")
+        _ready(f"http://127.0.0.1:{port}/health", proc, "llama-server", log, 180)
         yield f"127.0.0.1:{port}", proc.pid
     finally:
         C.stop_process(proc, 20)
@@ -221,6 +233,7 @@ def run_llama_server(address: str, prompt: str, max_tokens: int) -> dict:
 
 
 def _ready(url: str, proc: subprocess.Popen, what: str, log: Path, deadline_s: float) -> None:
+    """Waits until `url` answers 200 (a server's health), failing where `proc` exits or the deadline passes."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if proc.poll() is not None:
@@ -230,7 +243,7 @@ def _ready(url: str, proc: subprocess.Popen, what: str, log: Path, deadline_s: f
                 if r.status == 200:
                     return
         except OSError:
-            time.sleep(1.0)
+            time.sleep(0.5)
     raise RuntimeError(f"{what} was not ready within {deadline_s:.0f} s; see {log}")
 
 

@@ -13,6 +13,8 @@ same prompts, greedy, the same GGUF files:
     co-located        llama.cpp's own draft-model speculation on the GPU (llama-server -md --spec-type
                       draft-simple: without --spec-type it loads the draft and never drafts), its defaults
     co-located-8      the same drafting up to 8 tokens a round (--spec-draft-n-max 8; the default is 3)
+    co-located-tuned  up to 8, with --spec-draft-p-min at the value that replayed best on the pair's
+                      traces (the default p-min is 0)
     edgekit-fixed-4   distributed speculation, a fixed window of 4
     edgekit-auto      distributed speculation, the default policy (drafting="auto")
 
@@ -35,6 +37,7 @@ built with CUDA in the Python environment (else it says so, and runs on the CPU 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -55,9 +58,8 @@ import _common as C  # noqa: E402
 import _peers as P  # noqa: E402
 
 PAIR = "gemma-270m"
-LOSSLESS = ("local", "centralized", "llama-server", "co-located", "co-located-8", "edgekit-fixed-4", "edgekit-auto")
-STOCK = {"llama-server": (), "co-located": ("--spec-type", "draft-simple"),
-         "co-located-8": ("--spec-type", "draft-simple", "--spec-draft-n-max", "8")}  # llama-server's flags
+LOSSLESS = ("local", "centralized", "llama-server", "co-located", "co-located-8", "co-located-tuned", "edgekit-fixed-4",
+            "edgekit-auto")
 
 
 def gpu_name() -> str | None:
@@ -114,7 +116,7 @@ def side_by_side(args: argparse.Namespace, draft: Path, target: Path, prompts: l
     errors: dict[str, str] = {}
 
     def stock(system: str) -> None:
-        server = P.llama_server(args.llama_server, target, draft, STOCK[system], logs / f"{system}.log")
+        server = P.llama_server(args.llama_server, target, draft, P.stock_flags(system, PAIR), logs / f"{system}.log")
         with server as (address, pid), P.proxy_to(address) as proxy:
             P.run_llama_server(address, prompts[0]["prompt"], 4)  # warm-up: the first CUDA kernels
             for rtt in args.rtts:
@@ -124,7 +126,7 @@ def side_by_side(args: argparse.Namespace, draft: Path, target: Path, prompts: l
                     r = P.run_llama_server(proxy.address, p["prompt"], args.tokens)
                     record(system, rtt, i, r, P.cpu_seconds(pid) - before)
 
-    for system in [s for s in STOCK if s in args.systems] if args.llama_server else ():
+    for system in [s for s in P.STOCK if s in args.systems] if args.llama_server else ():
         try:
             stock(system)
         except Exception as exc:  # a stock server that fails is reported; the rest stands
@@ -233,7 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     kinds: dict[str, list[dict]] = {}
     for p in C.load_prompts():
         kinds.setdefault(p["kind"], []).append(p)
-    prompts = [p for group in zip(*kinds.values()) for p in group][: args.prompts]  # the kinds in turn
+    # the kinds in turn, each until it runs out (zip would stop at the smallest kind's count)
+    turns = itertools.zip_longest(*kinds.values())
+    prompts = [p for group in turns for p in group if p is not None][: args.prompts]
+    if len(prompts) < args.prompts:
+        C.progress(f"--prompts {args.prompts}: the prompt set has {len(prompts)}; running those")
     started = time.time()
     payload: dict[str, Any] = {
         "benchmark": "gpu_suite", "command": " ".join(sys.argv), "dry_run": args.dry_run, "gpu": gpu_name(),
