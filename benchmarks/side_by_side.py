@@ -298,7 +298,8 @@ def plot(payload: dict, png: Path) -> None:
                      ls="-" if system in ADAPTIVE else "--", lw=2.2 if system == "edgekit-auto" else 1.2,
                      color=color[system], label=system if ours else f"{system} (peer)")
     axes[0].set(xlabel="RTT ms", ylabel="ms per token (as the user sees it)", yscale="log",
-                title=f"{payload['pair']}: time per token, {len(payload['prompts'])} prompts\n"
+                title=f"{payload['pair']}: time per token, {len(payload['prompts'])} prompts"
+                      + (f", {rate:g} Mbit/s each way" if (rate := payload["settings"].get("rate_mbps")) else "") + "\n"
                       "(-- carried from RTT 0, - measured at each RTT)")
     axes[0].legend(fontsize=6, ncol=2)
     orc = res["oracle"]
@@ -306,17 +307,20 @@ def plot(payload: dict, png: Path) -> None:
     if not orc:
         axes[1].text(0.5, 0.5, "no fixed windows in this run:\nno oracle", ha="center", va="center",
                      transform=axes[1].transAxes)
-    drafting = [s for s in POLICIES if s != "edgekit-auto" and s in present]
+        axes[1].set_axis_off()
+    drafting = [s for s in POLICIES if s != "edgekit-auto" and s in present] if orc else []
     for system in drafting:
         ys = [100 * orc[f"{r:g}"]["policies"].get(system, {}).get("gap_to_oracle", float("nan")) for r in rtts]
         axes[1].plot(rtts, ys, marker="o", color=color.get(system, "k"), label=system)
-    axes[1].axhline(3, color="k", ls=":", lw=1, label="3% (the goal)")
-    axes[1].plot(rtts, [100 * (orc[f"{r:g}"]["best_fixed_s"] / orc[f"{r:g}"]["oracle_s"] - 1) for r in rtts],
-                 color="grey", ls="--", label="best single fixed window")
+    if orc:
+        axes[1].axhline(3, color="k", ls=":", lw=1, label="3% (the goal)")
+        axes[1].plot(rtts, [100 * (orc[f"{r:g}"]["best_fixed_s"] / orc[f"{r:g}"]["oracle_s"] - 1) for r in rtts],
+                     color="grey", ls="--", label="best single fixed window")
     auto = [100 * orc[f"{r:g}"]["policies"].get("edgekit-auto", {}).get("gap_to_oracle", float("nan")) for r in rtts]
     note = f"auto (may stream): {min(auto):+.0f}% to {max(auto):+.0f}%" if auto and auto[0] == auto[0] else ""
     axes[1].set(xlabel="RTT ms", ylabel="% slower than the oracle",
-                title=f"drafting policies against the per-prompt oracle\n(best fixed window in hindsight); {note}")
+                title="drafting policies against the per-prompt oracle\n(best fixed window in hindsight)"
+                      + (f"; {note}" if note else ""))
     if orc:
         axes[1].legend(fontsize=6)
     cost = [(s, v["verifier_cpu_ms_per_token"]) for s in shown for v in summary.values()
