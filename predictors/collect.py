@@ -44,9 +44,12 @@ class Trace:
     round: np.ndarray  # [N] int32: round index within its prompt's generation
     header: dict = field(default_factory=dict)
 
-    def labelled(self) -> Trace:
-        keep = self.label >= 0
+    def rows(self, keep: np.ndarray) -> Trace:
+        """The rows `keep` selects (a mask or indices), with the same header."""
         return Trace(self.features[keep], self.label[keep], self.prompt[keep], self.round[keep], self.header)
+
+    def labelled(self) -> Trace:
+        return self.rows(self.label >= 0)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         path = Path(path)

@@ -72,10 +72,7 @@ def train_from_trace(
         raise ConfigError(f"the trace drafted {window} tokens per round; it cannot evaluate a window of {max_window}")
     cost = cost or CostModel(draft_step_ms=float(header["cost_model"]["draft_step_ms"]))
     train_rows, val_rows = split_by_prompt(trace, 0.2, seed)
-    tr = Trace(
-        trace.features[train_rows], trace.label[train_rows], trace.prompt[train_rows], trace.round[train_rows], header
-    )
-    va = Trace(trace.features[val_rows], trace.label[val_rows], trace.prompt[val_rows], trace.round[val_rows], header)
+    tr, va = trace.rows(train_rows), trace.rows(val_rows)
     trl, val = tr.labelled(), va.labelled()
     x_tr, y_tr = features_matrix(trl, feature_names), trl.label.astype(np.float64)
     x_va, y_va = features_matrix(val, feature_names), val.label.astype(np.float64)
@@ -191,8 +188,7 @@ def schedule_card(card_path: str | os.PathLike[str], trace: Trace) -> dict:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{card_path} is not a predictor's metric card: {exc!r}") from exc
     _, val_rows = split_by_prompt(trace, 0.2, seed)
-    va = Trace(trace.features[val_rows], trace.label[val_rows], trace.prompt[val_rows], trace.round[val_rows],
-               trace.header)
+    va = trace.rows(val_rows)
     # the same validation prompts as at training, or the schedule would be tabulated on training prompts
     got = (len(trace.labelled().label), len(va.labelled().label))
     want = (trained_on.get("labelled_positions"), trained_on.get("validation_samples"))

@@ -17,6 +17,11 @@ from edgekit.testing import ToyLanguageModel
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import ToyEngine, VerifierServer
 
+# The proxy's pacing is a floor: it books at least these headers (it counts them per chunk read, never
+# fewer), and the clocks start before the bytes go and stop after they came. What may come early is
+# the event loop's timer, by at most its granularity.
+TIMER_S = 1e-3
+
 
 def wire_seconds(nbytes: int, mbps: float) -> float:
     return 8 * (nbytes + HEADERS * -(-nbytes // MSS)) / (mbps * 1e6)
@@ -96,7 +101,7 @@ def test_bytes_leave_no_faster_than_the_rate_and_arrive_intact(mbps):
     assert data == payload
     least = wire_seconds(len(payload), mbps) + 0.010  # serialisation at the rate, then half the RTT
     took = arrived - start
-    assert took >= least * 0.98, (took, least)  # pacing is a floor however the machine runs
+    assert took >= least - TIMER_S, (took, least)  # pacing is a floor however the machine runs
     assert took < least + 2.0, (took, least)  # and a link, not a stall
 
 
@@ -119,7 +124,7 @@ def test_connections_share_one_bottleneck_and_directions_are_apart():
     assert [d for d, _ in sink.received] == [payload] * 3
     last = max(t for _, t in sink.received) - start
     both = 3 * wire_seconds(len(payload), 20)
-    assert both * 0.98 <= last < both + 2.0  # three at once take as long as three in turn
+    assert both - TIMER_S <= last < both + 2.0  # three at once take as long as three in turn
 
 
 def test_the_probe_measures_the_paced_rates():
@@ -136,6 +141,10 @@ def test_the_probe_measures_the_paced_rates():
     finally:
         server.stop()
     assert 20 <= link.rtt_ms < 40
+    # the probe times a 256 KiB payload (105 ms up, 42 ms down at these rates) against an empty ping
+    # and keeps the least extra time of three: a loaded machine's delays, or an empty ping slower than
+    # the loaded one's own round trip, move it either way. 30%, as the root testbed's test allows; the
+    # pacing itself is held to its floor by the tests above
     assert link.uplink_mbps == pytest.approx(20, rel=0.3)
     assert link.downlink_mbps == pytest.approx(50, rel=0.3)
 
@@ -155,18 +164,20 @@ def test_an_outage_leaves_no_phantom_backlog_and_what_it_held_crosses_at_the_rat
             start = time.monotonic()
             send(proxy.address, b"y" * 10_000)  # 80 ms at 1 Mbit/s, not behind the dropped 4 s
             small = sink.arrival(b"y" * 10_000) - start
-            assert wire_seconds(10_000, 1) * 0.98 <= small < 2.0, small
+            assert wire_seconds(10_000, 1) - TIMER_S <= small < 2.0, small
             # silent: what is sent meanwhile is held, then crosses at the rate once the link is back
             proxy.outage("silent")
             before = proxy.bytes_up
             sender = threading.Thread(target=send, args=(proxy.address, b"h" * 100_000))
             sender.start()
             read_all(proxy, before + 100_000)
-            time.sleep(1.0)  # the outage lasts a second, longer than the held bytes take at the rate
+            # the outage outlasts the held bytes' time at the rate: had they been booked when read,
+            # they would all have crossed by now, and come out at once on restore
+            time.sleep(1.2 * wire_seconds(100_000, 1))
+            back = time.monotonic()  # before the link is up: what crosses after takes the rate's time
             proxy.restore()
-            back = time.monotonic()
             sender.join(30)
             held = sink.arrival(b"h" * 100_000) - back
     finally:
         sink.close()
-    assert held >= wire_seconds(100_000, 1) * 0.98, held
+    assert held >= wire_seconds(100_000, 1) - TIMER_S, held
