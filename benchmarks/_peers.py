@@ -74,7 +74,7 @@ def pinned(cores: set[int] | None):
 def serve(target: Path, *, numerics: str, policy: str = "fcfs", cores: set[int] | None = None, gpu_layers: int = -1,
           threads: int | None = None, sessions: int = 4, log: Path | None = None):
     """`edgekit serve` on a free port, pinned to `cores`; its address and process id."""
-    serve_args = ["--model", str(target), "--policy", policy, "--max-sessions", str(sessions),
+    serve_args = ["--model", str(target), *F.serve_flags(policy), "--max-sessions", str(sessions),
                   "--numerics", numerics, "--gpu-layers", str(gpu_layers), "--max-context", "2048"]
     if threads:
         serve_args += ["--threads", str(threads)]

@@ -65,6 +65,8 @@ SYSTEMS: dict[str, tuple[str, str, str]] = {  # name: (verifier policy[/budget],
     "wisp": ("wisp", "speculative", "predictor"),
     "wisp-fixed": ("wisp", "speculative", "fixed"),
     "wisp-response": ("wisp/response", "speculative", "predictor"),  # response budgets (--slo-budget response)
+    # wisp as Algorithm 1 orders late work: first, even a session out of reach (before 2026-11-26)
+    "wisp-late-first": ("wisp --unreachable-share 1", "speculative", "predictor"),
     # Draft budgets the verifier assigns (GOODSPEED, issue 17): devices draft what they are given.
     "goodspeed": ("fcfs+goodspeed", "speculative", "budget"),
     "fixed-s": ("fcfs+fixed", "speculative", "budget"),
@@ -161,15 +163,22 @@ def serve_process(serve_args: list[str], log: Path | None):
             out.close()  # type: ignore[union-attr]
 
 
+def serve_flags(policy: str) -> list[str]:
+    """`edgekit serve`'s flags for a system's verifier policy: "fcfs" or "wisp", "/response" for
+    response budgets, "+goodspeed", "+fixed" or "+random" for draft budgets it assigns, then any
+    other flags after a space (`SYSTEMS`)."""
+    policy, *flags = policy.split()
+    policy, _, budgets = policy.partition("+")
+    policy, _, budget = policy.partition("/")
+    return ["--policy", policy, "--slo-budget", budget or "round", "--budgets", budgets or "none", *flags]
+
+
 @contextmanager
 def verifier(pair: str, policy: str, max_sessions: int, threads: int | None, numerics: str, log: Path | None,
              token_budget: int = 0, extra: Sequence[str] = ()):
-    """The pair's verifier under `policy` ("fcfs", "wisp", "wisp/response", and "+goodspeed",
-    "+fixed" or "+random" for draft budgets it assigns, C = `token_budget` or auto); its address."""
-    policy, _, budgets = policy.partition("+")
-    policy, _, budget = policy.partition("/")
-    args = ["--pair", pair, "--policy", policy, "--max-sessions", str(max_sessions), "--numerics", numerics,
-            "--slo-budget", budget or "round", "--budgets", budgets or "none", "--token-budget", str(token_budget)]
+    """The pair's verifier under `policy` (`serve_flags`; C = `token_budget` or auto); its address."""
+    args = ["--pair", pair, *serve_flags(policy), "--max-sessions", str(max_sessions), "--numerics", numerics,
+            "--token-budget", str(token_budget)]
     if threads:
         args += ["--threads", str(threads)]
     with serve_process([*args, *extra], log) as served:

@@ -125,13 +125,16 @@ class Simulation:
                  controller: Callable[[], object], pools: list[Pools] | None = None, switch_s: float | None = None,
                  log_rounds: bool = False) -> None:
         policy, self.mode, _ = SYSTEMS[system]
+        policy, *flags = policy.split()  # serve flags: only --unreachable-share is simulated
+        share = float(flags[flags.index("--unreachable-share") + 1]) if "--unreachable-share" in flags else 0.8
         policy, _, budget_policy = policy.partition("+")
         policy, _, budget = policy.partition("/")
         self.now = 0.0
         self.estimator = VerifyTimeEstimator(WISP_A100_QWEN3_32B)
         clock: Callable[[], float] = lambda: self.now  # noqa: E731
         self.scheduler = (WispScheduler(self.estimator, guard_ms=args.guard_ms, starvation_s=args.starvation,
-                                        max_rows=args.max_rows, min_efficiency=args.min_efficiency, clock=clock)
+                                        max_rows=args.max_rows, min_efficiency=args.min_efficiency,
+                                        unreachable_share=share, clock=clock)
                           if policy == "wisp" else FcfsScheduler(max_rows=args.max_rows))
         self.slo = SpeedClasses(DEFAULT_SLO_CLASSES, budget=budget or "round")
         self.rng = random.Random(args.seed * 7919 + n)

@@ -114,6 +114,11 @@ def serve(
         help="wisp: while less than this share of a batch's predicted time is work rather than the per-batch "
         "constant, deadlines do not stop it growing (0: Algorithm 1 as published).",
     ),
+    unreachable_share: float = typer.Option(
+        0.8, "--unreachable-share", min=0.01, max=1.0,
+        help="wisp: a session more than this share of whose recent rounds went to the engine too late for "
+        "their deadlines goes after every reachable one until they go in time again (1: Algorithm 1's order).",
+    ),
     starvation: float = typer.Option(
         2.0, "--starvation", min=0.01, help="wisp: the longest any work waits before it goes first, in seconds."
     ),
@@ -198,6 +203,7 @@ def serve(
         slo_budget=cast(Literal["round", "response"], slo_budget),
         starvation_s=starvation,
         min_efficiency=min_efficiency,
+        unreachable_share=unreachable_share,
         budgets=cast(BudgetPolicyName, budgets),
         token_budget=token_budget,
         **smoothing,

@@ -304,6 +304,10 @@ class ServerConfig:
     # constant), deadlines do not stop it growing (0: Algorithm 1 as published, whose small
     # batches halved goodput past ~150 devices in the GPU-scale simulation).
     min_efficiency: float = 0.75
+    # wisp: a session more than this share of whose recent rounds went to the engine too late
+    # to meet their deadlines (under overload: out of reach) goes after every reachable one
+    # until its rounds go in time again (1: Algorithm 1's order, late work first always).
+    unreachable_share: float = 0.8
     max_queue: int = 256  # works waiting for the engine before new ones are refused (RESOURCE_EXHAUSTED)
     # Draft budgets the verifier assigns each session (`next_budget`): "goodspeed" (GOODSPEED's
     # gradient scheduling, eq. 5, log utility), its baselines "fixed" (C/N each) and "random", or
@@ -356,6 +360,8 @@ class ServerConfig:
             raise ConfigError("token_budget must be >= 0, budget_eta and budget_beta in (0, 1]")
         if not 0 <= self.min_efficiency < 1:
             raise ConfigError(f"min_efficiency must be in [0, 1), got {self.min_efficiency}")
+        if not 0 < self.unreachable_share <= 1:
+            raise ConfigError(f"unreachable_share must be in (0, 1], got {self.unreachable_share}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be a port number (0 for a free one), got {self.metrics_port}")
         if self.reclaim_after < 0 or self.max_sessions_per_client < 0:

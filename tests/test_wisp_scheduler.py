@@ -211,3 +211,65 @@ def test_every_policy_the_config_takes_has_a_scheduler_by_name():
         assert (scheduler.prefill_chunk, scheduler.max_queue) == (32, 7)  # the config's bounds
     with pytest.raises(ConfigError, match="policy must be one of fcfs, wisp"):
         ServerConfig(policy="lifo")  # type: ignore[arg-type]
+
+
+def _rounds(s: WispScheduler, clock: Clock, session: str, n: int, *, due_ms: float) -> None:
+    """`n` rounds of `session`, each due `due_ms` after it arrives, each dispatched alone at once."""
+    for _ in range(n):
+        s.submit(_work(session, clock, due_ms=due_ms))
+        assert _names(s.schedule()) == [session]
+        clock.now += 0.050
+
+
+def _contended(s: WispScheduler, clock: Clock) -> list[str]:
+    """A late round of "far" (due in 2 ms; 10 ms alone) beside two reachable ones due in 30 ms."""
+    s.submit(_work("far", clock, due_ms=2.0))
+    s.submit(_work("near0", clock, due_ms=30.0))
+    s.submit(_work("near1", clock, due_ms=30.0))
+    return _names(s.schedule())
+
+
+def test_a_session_whose_rounds_keep_going_late_goes_after_the_reachable_ones():
+    clock = Clock()
+    s = _scheduler(clock, max_rows=15)
+    # Seven late rounds: 1 - 0.8^7 = 0.79 of them late, not more than 0.8: still late-first, as soon as
+    # it can be (10 ms alone + 5 ms guard), so one reachable round joins it and the other waits.
+    _rounds(s, clock, "far", 7, due_ms=2.0)
+    assert not s.out_of_reach("far")
+    assert _contended(s, clock) == ["far", "near0"]
+    assert _names(s.schedule()) == ["near1"]
+    # That was its eighth late round (0.83): out of reach. Its work now goes behind both reachable
+    # rounds, which fit in 15 ms; its deadline stops nothing, so it joins them (20 ms, within 30).
+    assert s.out_of_reach("far")
+    clock.now += 0.050
+    assert _contended(s, clock) == ["near0", "near1", "far"]
+
+
+def test_an_out_of_reach_session_takes_its_place_back_when_its_rounds_go_in_time():
+    clock = Clock()
+    s = _scheduler(clock)
+    _rounds(s, clock, "far", 10, due_ms=2.0)
+    assert s.out_of_reach("far")
+    _rounds(s, clock, "far", 1, due_ms=30.0)  # dispatched in time: 0.89 * 0.8 = 0.71 of its rounds late
+    assert not s.out_of_reach("far")
+
+
+def test_prefills_and_best_effort_work_do_not_count_toward_being_out_of_reach():
+    clock = Clock()
+    s = _scheduler(clock)
+    for _ in range(20):  # a prefill due in 1 ms, late, and best-effort rounds: nothing counts
+        s.submit(Work(Feed(0, 0, tuple(range(20)), 0), session_id="p",
+                      objective=Objective(clock.now + 0.001, 1.0, 1.0, clock.now), submitted=clock.now))
+        s.submit(_work("b", clock))
+        s.schedule(), s.schedule()
+    assert not s.out_of_reach("p") and not s.out_of_reach("b")
+
+
+def test_unreachable_share_one_keeps_late_work_first():
+    clock = Clock()
+    s = _scheduler(clock, max_rows=15, unreachable_share=1.0)
+    _rounds(s, clock, "far", 50, due_ms=2.0)
+    assert not s.out_of_reach("far")
+    assert _contended(s, clock) == ["far", "near0"]
+    with pytest.raises(ValueError):
+        _scheduler(clock, unreachable_share=0.0)

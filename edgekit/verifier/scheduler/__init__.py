@@ -29,6 +29,7 @@ def _wisp(estimator: VerifyTimeEstimator, config: ServerConfig) -> Scheduler:
         guard_ms=config.guard_ms,
         starvation_s=config.starvation_s,
         min_efficiency=config.min_efficiency,
+        unreachable_share=config.unreachable_share,
         prefill_chunk=config.prefill_chunk,
         max_queue=config.max_queue,
     )

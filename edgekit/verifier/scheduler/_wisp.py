@@ -38,11 +38,28 @@ What Algorithm 1 leaves open, decided here:
   about 150 devices while FCFS's kept rising; at 0.75 it held, and capacity
   doubled. On a CPU a round's rows cost far more than the constant, so the
   floor does not bind there.
+- Under overload, deadline order serves no one: the tightest classes' rounds
+  are late and go first, and the others wait behind them until they are late
+  too (EDF's domino effect). A session more than `unreachable_share` of whose
+  recent rounds (an exponential average, weight 0.2 on the newest, so about
+  the last eight) went to the engine too late to meet their deadlines even
+  alone is out of reach: its works go after every reachable one, by utility,
+  and its deadlines stop no batch from growing, until its rounds go in time
+  again (where the load lets them: whatever waits behind the reachable work
+  still fills the batch, and `starvation_s` still bounds its wait). The
+  tightest classes, late the most, are the first out of reach, and the
+  verifier keeps the classes it can still serve. On one CPU core with a 1.5B
+  target (qwen-coder), where no system met realtime or interactive from two
+  devices on, late-first let relaxed devices miss their speed on 60-67% of
+  responses at 4-8 devices, where FCFS met it
+  (benchmarks/results/side_by_side_qwen-coder_fleet-90s.json).
+  `unreachable_share=1` keeps Algorithm 1's order: late work first, always.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -51,6 +68,9 @@ from .._estimator import VerifyTimeEstimator, batch_features
 from ._base import Batch, Work, WorkQueue
 
 __all__ = ["WispScheduler"]
+
+_REACH_WEIGHT = 0.2  # the newest round's weight in a session's share of rounds dispatched late
+_REACH_SESSIONS = 4096  # sessions whose share is kept (the least recently seen go first)
 
 
 class WispScheduler(WorkQueue):
@@ -64,19 +84,43 @@ class WispScheduler(WorkQueue):
         starvation_s: float = 2.0,
         max_rows: int = 512,
         min_efficiency: float = 0.75,
+        unreachable_share: float = 0.8,
         clock: Callable[[], float] = time.perf_counter,
         prefill_chunk: int | None = None,
         max_queue: int | None = None,
     ) -> None:
         if max_rows < 1 or guard_ms < 0 or starvation_s <= 0 or not 0 <= min_efficiency < 1:
             raise ValueError("max_rows must be >= 1, guard_ms >= 0, starvation_s > 0 and min_efficiency in [0, 1)")
+        if not 0 < unreachable_share <= 1:
+            raise ValueError(f"unreachable_share must be in (0, 1], got {unreachable_share}")
         self.min_efficiency = min_efficiency
+        self.unreachable_share = unreachable_share
+        self._late: OrderedDict[str, float] = OrderedDict()  # per session: share of its rounds dispatched late
         super().__init__(prefill_chunk=prefill_chunk, max_queue=max_queue)
         self.estimator = estimator
         self.guard_ms = guard_ms
         self.starvation_s = starvation_s
         self.max_rows = max_rows
         self.clock = clock  # the dispatch epoch's time: perf_counter, or a simulation's virtual clock
+
+    def out_of_reach(self, session_id: str) -> bool:
+        """Whether more than `unreachable_share` of the session's recent rounds were late when they
+        went to the engine."""
+        return self._late.get(session_id, 0.0) > self.unreachable_share
+
+    def _count_late(self, works: Sequence[Work], now: float) -> None:
+        """Each round's session counts whether it went to the engine too late to meet its deadline
+        even alone (a prefill's lateness says nothing of its session's class)."""
+        coef = self.estimator.coefficients.vector()
+        for w in works:
+            d = w.objective.deadline
+            if d is None or w.feed.n_out == 0:
+                continue
+            late = now + float(batch_features([w.feed]) @ coef) / 1e3 > d
+            share = self._late.pop(w.session_id, 0.0)
+            self._late[w.session_id] = (1 - _REACH_WEIGHT) * share + _REACH_WEIGHT * late
+            if len(self._late) > _REACH_SESSIONS:
+                self._late.popitem(last=False)
 
     def schedule(self) -> Batch | None:
         with self._lock:
@@ -85,6 +129,7 @@ class WispScheduler(WorkQueue):
                 return None
             now = self.clock()
             chosen, estimated_ms = self.plan(self._queue, now)
+            self._count_late(chosen, now)
             taken = {id(w) for w in chosen}
             self._queue = [w for w in self._queue if id(w) not in taken]
             for work in chosen:
@@ -97,15 +142,22 @@ class WispScheduler(WorkQueue):
         feats = {id(w): batch_features([w.feed]) for w in queue}
         solo_ms = {id(w): float(feats[id(w)] @ coef) for w in queue}
 
+        unreachable = {id(w) for w in queue if self.out_of_reach(w.session_id)}
+
+        def deadline(w: Work) -> float | None:
+            return None if id(w) in unreachable else w.objective.deadline
+
         def late(w: Work) -> bool:
-            d = w.objective.deadline
+            d = deadline(w)
             return d is not None and now + solo_ms[id(w)] / 1e3 > d
 
-        forced, critical, overdue, rest = [], [], [], []
+        forced, critical, overdue, rest, hopeless = [], [], [], [], []
         for w in queue:
-            d = w.objective.deadline
+            d = deadline(w)
             if now - w.arrived >= self.starvation_s:
                 forced.append(w)
+            elif id(w) in unreachable:
+                hopeless.append(w)
             elif late(w):
                 overdue.append(w)
             elif d is not None and now >= d - (solo_ms[id(w)] + self.guard_ms) / 1e3:  # past LST (eq. 17)
@@ -116,7 +168,8 @@ class WispScheduler(WorkQueue):
         critical.sort(key=lambda w: (w.objective.deadline, w.arrived))  # EDF
         overdue.sort(key=lambda w: (w.objective.deadline, w.arrived))
         # Utility: expected committed tokens per predicted ms (eq. 16); ties go to the older work.
-        rest.sort(key=lambda w: (-w.objective.value / max(solo_ms[id(w)], 1e-3), w.arrived))
+        for group in (rest, hopeless):
+            group.sort(key=lambda w: (-w.objective.value / max(solo_ms[id(w)], 1e-3), w.arrived))
 
         batch: list[Work] = []
         x = np.zeros(len(coef))
@@ -128,7 +181,7 @@ class WispScheduler(WorkQueue):
             x2 = x + feats[id(w)]
             x2[-1] = 1.0  # one batch: one constant
             rows2 = rows + w.rows
-            d = w.objective.deadline
+            d = deadline(w)
             if d is not None and late(w):
                 d = now + (solo_ms[id(w)] + self.guard_ms) / 1e3  # as soon as possible
             d_min2 = d_min if d is None else min(d_min, d)
@@ -151,7 +204,7 @@ class WispScheduler(WorkQueue):
                 stop = True  # a violation: the batch stops growing
                 break
         if not stop:
-            for group in (overdue, rest):
+            for group in (overdue, rest, hopeless):
                 if not all(feasible_add(w) for w in group):
                     break
         if not batch:
