@@ -14,6 +14,7 @@ from edgekit import ClientConfig
 from edgekit.client import FinalStats, Resumed, RouteChooser
 from edgekit.client._route import SPECULATIVE, STREAM
 from edgekit.errors import VerifierUnavailableError
+from edgekit.verifier._calibration import DECODE_STEP_CONTEXT
 from edgekit.testing import ScriptedTransport, ToyLanguageModel, toy_client, toy_verifier
 
 TARGET = ToyLanguageModel(seed=23, eos_bias=-8.0)
@@ -163,3 +164,78 @@ def test_a_speculative_answer_tells_the_chooser_what_a_draft_token_cost_halved_w
             assert final.stats.drafted > 0 and final.stats.draft_ms_per_token > 0
             spec = client.routes._route("greedy", SPECULATIVE)
             assert spec.draft_ms_per_token == pytest.approx(share * final.stats.draft_ms_per_token)
+
+
+def test_where_the_verifiers_step_is_under_a_draft_step_the_first_answer_streams_and_drafting_waits_the_longest():
+    c = RouteChooser(explore_every=2, max_explore_every=5, margin=1.1)
+    c.expect(3.0, 10.0)  # an H200's step against one CPU core's draft step: drafting is dominated
+    assert c.expecting
+    assert c.choose("greedy") == STREAM
+    c.observe("greedy", STREAM, 40, 0.16)  # measured: 4 ms a token, still under 10 by the margin
+    assert [c.choose("greedy") for _ in range(4)] == [STREAM] * 3 + [SPECULATIVE]  # the try, at the 5th
+    c.observe("greedy", SPECULATIVE, 40, 1.2, draft_ms_per_token=10.0)  # 30 ms: measured from here on
+    assert c.choose("greedy") == STREAM
+
+
+def test_an_expected_step_that_does_not_dominate_drafting_or_a_stream_measured_slow_leaves_the_first_draft():
+    c = RouteChooser(margin=1.1)
+    c.expect(9.5, 10.0)  # under the draft step, not by the margin
+    assert c.choose("greedy") == SPECULATIVE
+    c = RouteChooser(margin=1.1)
+    c.expect(3.0, 10.0)
+    assert c.choose("greedy") == STREAM
+    c.observe("greedy", STREAM, 40, 0.8)  # a loaded verifier: 20 ms a token, no longer under the draft's
+    assert c.choose("greedy") == SPECULATIVE
+    c = RouteChooser()
+    c.expect(0.0, 10.0)  # a verifier that does not say
+    assert not c.expecting and c.choose("greedy") == SPECULATIVE
+
+
+def test_a_verifier_says_its_step_in_the_handshake_once_its_estimator_knows_it():
+    from edgekit.testing import toy_verifier
+    from edgekit.verifier import Coefficients
+
+    def step(verifier) -> float:  # over the wire's messages, as a client reads it
+        return verifier.handshake(TARGET.fingerprint(), draft_model="toy", draft_hidden_size=8).decode_step_ms
+
+    assert step(toy_verifier(TARGET)) == 0.0  # not calibrated: not known
+    cost = Coefficients(a=0.25, b_read=0.01, d_out=0.5, c=2.0)  # one new token, 64 cached, one logit row
+    assert DECODE_STEP_CONTEXT == 64 and step(toy_verifier(TARGET, cost=cost)) == pytest.approx(0.25 + 0.64 + 0.5 + 2.0)
+
+
+def test_a_client_whose_verifier_steps_faster_than_its_draft_streams_its_first_answer():
+    from edgekit.testing import toy_verifier
+    from edgekit.verifier import Coefficients
+
+    fast = toy_verifier(TARGET, cost=Coefficients(c=1e-6))  # a step in a nanosecond: no draft step is as quick
+    with toy_client(TARGET, verifier=fast, max_tokens=40) as client:
+        first = client.generate(PROMPT).until_done()
+        assert client.routes.expecting
+        assert first.stats.drafting == "target-only" and first.stats.drafted == 0
+        assert list(first.token_ids) == TARGET.greedy(PROMPT, 40)
+    slow = toy_verifier(TARGET, cost=Coefficients(c=5.0))  # 5 ms a step: the toy draft's is microseconds
+    with toy_client(TARGET, verifier=slow, max_tokens=40) as client:
+        first = client.generate(PROMPT).until_done()
+        assert client.routes.expecting
+        assert first.stats.drafting != "target-only" and first.stats.drafted > 0
+        assert list(first.token_ids) == TARGET.greedy(PROMPT, 40)
+
+
+def test_a_verifier_not_yet_calibrated_times_a_step_before_serving_and_says_it():
+    from edgekit import ServerConfig
+    from edgekit.transport import connect
+    from edgekit.verifier import Coefficients, ToyEngine, VerifierServer, VerifyTimeEstimator
+
+    step = VerifyTimeEstimator(Coefficients(c=4.0)).predict  # every batch: at least 4 ms (the toy sleeps)
+    engine = ToyEngine(TARGET, n_seq=2, max_context=256, cost=step)
+    with VerifierServer(engine, ServerConfig(port=0, max_sessions=2)) as server:
+        assert not server.service.estimator.calibrated  # fcfs does not calibrate
+        assert all(engine.cached(s) == 0 for s in range(2))  # the timing's sequence was emptied
+        transport = connect(server.address, ClientConfig())
+        try:
+            said = transport.handshake(TARGET.fingerprint(), draft_model="toy", draft_hidden_size=8).decode_step_ms
+        finally:
+            transport.close()
+    assert said == server.service.timed_step_ms and 4.0 <= said  # a sleep's floor, no ceiling on a busy machine
+    with VerifierServer(engine, ServerConfig(port=0, max_sessions=2, calibrate="off")) as server:
+        assert server.service.timed_step_ms == 0.0  # told not to spend time measuring

@@ -155,6 +155,7 @@ class EdgeClient:
         self._costs: dict[str, CostTracker] = {}
         # Whether an "auto" generation drafts or streams the target's tokens: from what each cost here.
         self.routes = RouteChooser()
+        self._expected = False  # whether `routes` was told the verifier's and the draft's step
 
     @property
     def draft(self) -> DraftModel:
@@ -322,6 +323,8 @@ class EdgeClient:
         gen = self._config(overrides)
         tokens = self.tokenize(prompt)
         chosen = controller is None and self._may_stream(gen)
+        if chosen and not self._expected:
+            self._expect_routes(tokens)
         route = self.routes.choose(gen.mode) if chosen else SPECULATIVE
         if route == STREAM:
             return GenerationStream(self._measured(gen, STREAM, self._streamed(tokens, gen, resume=True)))
@@ -339,6 +342,17 @@ class EdgeClient:
         gen = self._config(overrides)
         self.server_info()
         return GenerationStream(self._streamed(self.tokenize(prompt), gen, resume=False))
+
+    def _expect_routes(self, tokens: Sequence[int]) -> None:
+        """Once: where the verifier says what a target step takes, a draft step is timed here, so
+        that the first "auto" answer may stream where drafting could not be faster (`RouteChooser`)."""
+        try:
+            step_ms = self.server_info().decode_step_ms
+        except VerifierUnavailableError:
+            return  # the generation meets the outage its own way; this waits for the next one
+        self._expected = True
+        if step_ms > 0 and tokens:
+            self.routes.expect(step_ms, self._shared.step_ms(tokens))
 
     @staticmethod
     def _may_stream(gen: GenerationConfig) -> bool:

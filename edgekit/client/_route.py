@@ -9,7 +9,8 @@ still pay a round trip per token; this chooses between the two ways of generatin
 from what this client measured them to cost (milliseconds per output token, as the user saw
 them), so links, verifier load and prompts it has not seen are all in the figure.
 
-The first generation of a mode drafts; the next one it streams, to measure the stream; then
+The first generation of a mode drafts (but see below); the next one it streams, to measure the
+stream; then
 the faster by `margin` is taken, and after `explore_every` generations the other once, so
 that a changed link or verifier load is noticed. Each try that finds the other way still
 slower doubles the wait before the next (up to `max_explore_every`): on a 200 ms link a
@@ -27,6 +28,14 @@ margin, no acceptance rate makes drafting faster. On an H200 the stream ran at ~
 and the device drafted at ~10 on one CPU core: three drafted tries in 36 answers made `auto`
 1.0-2.3x slower than the stream (benchmarks/results/gpu). The test is made on the newest
 measurements, so a stream that slows (a loaded verifier) brings the tries back.
+
+Before anything was measured, a verifier that says what a target step takes
+(`ServerInfo.decode_step_ms`) and the device's own draft step (`expect`) can settle the first
+answer: where the step is under the draft's by the margin, drafting is dominated from the start,
+and the first answer streams. Its measured time then stands in for the step, and the first
+drafted try waits `max_explore_every` generations, as for a dominated draft. On an H100 the
+first answer's drafting made `auto` 1.58x centralized decoding over 8 prompts
+(benchmarks/results/gpu/gpu_suite_h100_run1.json).
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ class RouteChooser:
         self._since_explore: dict[str, int] = {}
         self._wait: dict[str, int] = {}  # generations between tries of the other way, per mode
         self._best: dict[str, str] = {}  # the way last taken as the faster, per mode
+        self._expected: tuple[float, float] | None = None  # (the verifier's step, a draft step), ms
         self._lock = threading.Lock()  # a client's generations may run on several threads
 
     def _route(self, mode: str, route: str) -> _Route:
@@ -70,12 +80,23 @@ class RouteChooser:
         with self._lock:
             return self._route(mode, route).ms_per_token
 
+    def expect(self, step_ms: float, draft_ms: float) -> None:
+        """What the verifier says a target step takes, and what a draft step was measured to cost
+        the device, both in ms, before either way was measured."""
+        with self._lock:
+            self._expected = (step_ms, draft_ms) if step_ms > 0 and draft_ms > 0 else None
+
+    @property
+    def expecting(self) -> bool:
+        with self._lock:
+            return self._expected is not None
+
     def choose(self, mode: str) -> str:
         """The route of the next generation in `mode`: SPECULATIVE or STREAM."""
         with self._lock:
             spec, stream = self._route(mode, SPECULATIVE), self._route(mode, STREAM)
             if spec.ms_per_token is None:
-                return SPECULATIVE
+                return self._unmeasured(mode, stream)
             if stream.ms_per_token is None:
                 return STREAM
             best = STREAM if stream.ms_per_token * self.margin < spec.ms_per_token else SPECULATIVE
@@ -95,6 +116,20 @@ class RouteChooser:
                 return SPECULATIVE if best == STREAM else STREAM
             self._since_explore[mode] = n
             return best
+
+    def _unmeasured(self, mode: str, stream: _Route) -> str:
+        """Drafting not measured yet: it is, unless `expect` found it dominated (and a measured
+        stream has not contradicted that) and the wait for a try has not run out."""
+        if self._expected is None:
+            return SPECULATIVE
+        step_ms, draft_ms = self._expected
+        stream_ms = stream.ms_per_token if stream.ms_per_token is not None else step_ms
+        n = self._since_explore.get(mode, 0) + 1
+        if not stream_ms * self.margin < draft_ms or n >= self.max_explore_every:
+            self._since_explore[mode] = 0
+            return SPECULATIVE
+        self._since_explore[mode] = n
+        return STREAM
 
     def observe(self, mode: str, route: str, tokens: int, elapsed_s: float,
                 draft_ms_per_token: float | None = None, *, overlapped: bool = False) -> None:

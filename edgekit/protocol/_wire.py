@@ -18,6 +18,7 @@ scalars, read and written where they are used.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import numpy as np
@@ -111,6 +112,7 @@ def server_info_from_pb(r: pb.HandshakeResponse) -> ServerInfo:
         max_message_bytes=c.max_message_bytes,
         sampler_features=tuple(c.sampler_features),
         max_top_logprobs=c.max_top_logprobs,
+        decode_step_ms=c.decode_step_ms if math.isfinite(c.decode_step_ms) and c.decode_step_ms > 0 else 0.0,
     )
 
 
@@ -140,6 +142,7 @@ def server_info_to_pb(info: ServerInfo) -> pb.HandshakeResponse:
             semantic_threshold=info.semantic_threshold,
             sampler_features=info.sampler_features,
             max_top_logprobs=info.max_top_logprobs,
+            decode_step_ms=info.decode_step_ms,
         ),
         server_version=info.server_version,
         chat_template=info.chat_template or "",

@@ -27,11 +27,19 @@ from ..__version__ import __version__
 from ._estimator import VerifyTimeEstimator, batch_features
 from .engine import Engine, Feed, cpu_name, default_calibration_dir
 
-__all__ = ["calibrated_estimator", "calibration_key", "default_calibration_dir", "profile_batches"]
+__all__ = [
+    "DECODE_STEP_CONTEXT",
+    "calibrated_estimator",
+    "calibration_key",
+    "default_calibration_dir",
+    "profile_batches",
+    "time_decode_step",
+]
 
 log = logging.getLogger("edgekit.verifier")
 
 KINDS = ("cold", "warm", "mixed")
+DECODE_STEP_CONTEXT = 64  # cached tokens of the step a verifier says it takes (a short chat's)
 
 
 def calibration_key(engine: Engine, threads: int | None) -> dict[str, object]:
@@ -99,6 +107,26 @@ def profile_batches(
     finally:
         for seq in cold + warm:
             engine.release(seq)
+
+
+def time_decode_step(engine: Engine, *, context: int = DECODE_STEP_CONTEXT, tries: int = 3, seed: int = 0) -> float:
+    """What one target step of one sequence takes (ms): the least of `tries` one-token steps with
+    logits after `context` cached tokens, after one that pays for what the engine sets up once.
+    Runs before the engine serves, on sequence 0, emptied at the end; `KVCacheFullError` where
+    `context + tries + 1` tokens do not fit."""
+    rng = np.random.default_rng(seed)
+    tokens = [int(t) for t in rng.integers(10, engine.n_vocab, context + tries + 1)]
+    try:
+        engine.run_batch([Feed(0, 0, tuple(tokens[:context]), 0)])
+        engine.run_batch([Feed(0, context, (tokens[context],), 1)])
+        best = float("inf")
+        for i in range(1, tries + 1):
+            t0 = time.perf_counter()
+            engine.run_batch([Feed(0, context + i, (tokens[context + i],), 1)])
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        engine.release(0)
+    return 1e3 * best
 
 
 def calibrated_estimator(

@@ -16,9 +16,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ..config import ServerConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, KVCacheFullError
 from ..protocol import SERVICE_NAME
-from ._calibration import calibrated_estimator, default_calibration_dir
+from ._calibration import DECODE_STEP_CONTEXT, calibrated_estimator, default_calibration_dir, time_decode_step
 from ._estimator import VerifyTimeEstimator
 from ._metrics import MetricsEndpoint, check_installed
 from ._service import VerifierService
@@ -145,7 +145,9 @@ class VerifierServer:
                 gpu_layers=c.gpu_layers,
             )
         self.engine = target
-        self.service = VerifierService(self.engine, c, estimator=self._estimator(), clock=clock)
+        estimator = self._estimator()
+        step_ms = self._timed_step(estimator)
+        self.service = VerifierService(self.engine, c, estimator=estimator, clock=clock, timed_step_ms=step_ms)
         tokens = Tokens(c.token, c.tokens_file)
         interceptors: list[grpc.ServerInterceptor] = [_TokenAuth(tokens)] if tokens else []
         # gRPC's hard cap sits a little above ours, so a request just over the limit reaches the
@@ -216,6 +218,18 @@ class VerifierServer:
             measure=c.policy == "wisp" or c.calibrate == "force",
             force=c.calibrate == "force",
         )
+
+    def _timed_step(self, estimator: VerifyTimeEstimator) -> float:
+        """What a target step takes, for clients to choose their first answer's route by, timed in a
+        few steps where the estimator cannot forecast it yet (0: not timed)."""
+        c = self.config
+        if estimator.calibrated or c.calibrate == "off":
+            return 0.0
+        try:
+            return time_decode_step(self.engine, context=max(1, min(DECODE_STEP_CONTEXT, c.max_context // 2)))
+        except KVCacheFullError:  # an engine smaller than the config says: the handshake will not say
+            log.info("the engine holds too few tokens to time a step; the handshake leaves it unsaid")
+            return 0.0
 
     def start(self) -> VerifierServer:
         c = self.config

@@ -56,6 +56,7 @@ from ..protocol import (
 )
 from ._baseline import TargetOnly
 from ._budgets import BUDGET_POLICIES, Budgets, BudgetState, capacity_within
+from ._calibration import DECODE_STEP_CONTEXT
 from ._core import EngineCore
 from ._estimator import VerifyTimeEstimator
 from ._rounds import Rounds
@@ -64,7 +65,7 @@ from ._sessions import Caller, SessionTable
 from ._slo import BEST_EFFORT, SpeedClasses
 from ._stats import ServingStats
 from ._validation import RequestChecks, clip
-from .engine import Engine
+from .engine import Engine, Feed
 from .scheduler import SCHEDULERS, Scheduler
 
 __all__ = ["VerifierService"]
@@ -90,12 +91,15 @@ class VerifierService:
         estimator: VerifyTimeEstimator | None = None,
         semantic_head: DecisionHead | None = None,
         clock: Callable[[], float] = time.monotonic,
+        timed_step_ms: float = 0.0,
     ) -> None:
         """`semantic_head`: the decision head of the semantic mode (default: the one the config
-        names, loaded here; neither: the mode is not offered). `clock`: seconds, what session
+        names, loaded here; neither: the mode is not offered). `timed_step_ms`: a target step as
+        timed before serving (`time_decode_step`), said until the estimator knows better. `clock`: seconds, what session
         idleness and draining are measured on (tests pass a virtual one); the engine's
         deadlines stay on `time.monotonic`."""
         self.clock = clock
+        self.timed_step_ms = timed_step_ms
         self.engine = engine
         self.config = config
         self.fingerprint = engine.fingerprint()
@@ -292,7 +296,17 @@ class VerifierService:
             semantic_threshold=self.rounds.semantic.default_threshold,
             server_version=__version__,
             chat_template=self.engine.chat_template() or None,
+            decode_step_ms=self.decode_step_ms(),
         )
+
+    def decode_step_ms(self) -> float:
+        """What one target step of one sequence takes (a token of an unloaded target-only stream,
+        at `DECODE_STEP_CONTEXT` cached tokens): the estimator's forecast once it is calibrated or
+        has learnt from batches, before that `timed_step_ms` (0: not known)."""
+        if not self.estimator.calibrated:
+            return self.timed_step_ms
+        step = Feed(0, DECODE_STEP_CONTEXT, (0,), 1)
+        return max(0.0, self.estimator.predict([step]))
 
     def ping(self, req: Message, deadline: float | None = None, caller: Caller = Caller()) -> pb.PingResponse:
         assert isinstance(req, pb.PingRequest)
