@@ -16,7 +16,9 @@ windows, p-min, the predictor at its one operating threshold: `edgekit-predictor
 measured at RTT 0 and carried to the other RTTs exactly as
 the link adds to them: one RTT per exchange (a speculative generation's opening and each round;
 a stream's one request). That carrying is checked: those systems are also measured for real at
-`--check-rtts` on `--check-prompts` prompts, and the JSON and the output give how far off it was.
+`--check-rtts` on `--check-prompts` prompts, and the JSON and the output give how far off it was;
+the tables and the oracle take those measurements where they exist (since 2026-11-26; with
+`--check-prompts` at `--prompts` and every RTT in `--check-rtts`, nothing is carried).
 Systems that decide by the RTT (the predictor following its delay schedule, latency, auto, and
 proactive drafting, which overlaps drafting with the wait) are measured for real at every RTT.
 Before the delay schedule (results before 2026-11-26's `delay-schedule` run), `edgekit-predictor`
@@ -258,7 +260,10 @@ def oracle(table: list[dict], rtts: list[float]) -> dict:
 def analyse(runs: list[dict], args: argparse.Namespace) -> dict:
     good = [r for r in runs if "error" not in r]
     extended, check = carried(good, args.rtts)
-    table = extended + [r for r in good if r["system"] not in STATIC]
+    # where a static system was also measured at an RTT (the check), the table takes the measurement
+    real = {(r["system"], r["prompt"], r["rtt_ms"]): r for r in good if r["system"] in STATIC}
+    table = [real.get((r["system"], r["prompt"], r["rtt_ms"]), r) for r in extended]
+    table += [r for r in good if r["system"] not in STATIC]
     links = {}
     for r in good:
         if r["measured"] and r["system"] != "local":
