@@ -87,6 +87,7 @@ SYSTEMS = {"sled": ("fcfs", "reprefill", "fixed"), "centralized": ("fcfs", "cent
            "fcfs": ("fcfs", "speculative", "fixed"), "fcfs-predictor": ("fcfs", "speculative", "predictor"),
            "wisp-fixed": ("wisp", "speculative", "fixed"),
            "wisp-response": ("wisp/response", "speculative", "predictor"),
+           "wisp-late-first": ("wisp --unreachable-share 1", "speculative", "predictor"),  # Algorithm 1's late work
            # server-assigned draft budgets (GOODSPEED): devices draft all of what they are given
            "goodspeed": ("fcfs+goodspeed", "speculative", "budget"),
            "fixed-s": ("fcfs+fixed", "speculative", "budget"),
@@ -126,7 +127,8 @@ class Simulation:
                  log_rounds: bool = False) -> None:
         policy, self.mode, _ = SYSTEMS[system]
         policy, *flags = policy.split()  # serve flags: only --unreachable-share is simulated
-        share = float(flags[flags.index("--unreachable-share") + 1]) if "--unreachable-share" in flags else 0.8
+        share = (float(flags[flags.index("--unreachable-share") + 1]) if "--unreachable-share" in flags
+                 else args.unreachable_share)
         policy, _, budget_policy = policy.partition("+")
         policy, _, budget = policy.partition("/")
         self.now = 0.0
@@ -349,6 +351,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--noise", type=float, default=0.05, help="lognormal sigma of batch times around the estimate")
     ap.add_argument("--guard-ms", type=float, default=20.0)
     ap.add_argument("--starvation", type=float, default=2.0)
+    ap.add_argument("--unreachable-share", type=float, default=ServerConfig().unreachable_share,
+                    help="wisp: the share of a session's rounds dispatched late past which it is out of reach")
     ap.add_argument("--min-efficiency", type=float, default=ServerConfig().min_efficiency,
                     help="WispScheduler's min_efficiency (the verifier's default; 0: Algorithm 1 as published)")
     ap.add_argument("--k", type=int, default=4)

@@ -115,7 +115,7 @@ def serve(
         "constant, deadlines do not stop it growing (0: Algorithm 1 as published).",
     ),
     unreachable_share: float = typer.Option(
-        0.8, "--unreachable-share", min=0.01, max=1.0,
+        0.9, "--unreachable-share", min=0.01, max=1.0,
         help="wisp: a session more than this share of whose recent rounds went to the engine too late for "
         "their deadlines goes after every reachable one until they go in time again (1: Algorithm 1's order).",
     ),

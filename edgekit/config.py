@@ -307,7 +307,7 @@ class ServerConfig:
     # wisp: a session more than this share of whose recent rounds went to the engine too late
     # to meet their deadlines (under overload: out of reach) goes after every reachable one
     # until its rounds go in time again (1: Algorithm 1's order, late work first always).
-    unreachable_share: float = 0.8
+    unreachable_share: float = 0.9
     max_queue: int = 256  # works waiting for the engine before new ones are refused (RESOURCE_EXHAUSTED)
     # Draft budgets the verifier assigns each session (`next_budget`): "goodspeed" (GOODSPEED's
     # gradient scheduling, eq. 5, log utility), its baselines "fixed" (C/N each) and "random", or
