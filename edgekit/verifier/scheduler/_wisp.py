@@ -54,10 +54,11 @@ What Algorithm 1 leaves open, decided here:
   responses at 4-8 devices, where FCFS met it
   (benchmarks/results/side_by_side_qwen-coder_fleet-90s.json). In the GPU-scale
   simulation, 0.9 raised capacity within every class's SLO (realtime 300 to
-  320 devices, interactive 320 to 400, standard 340 to 420) and cost at most
-  1.3% violations below saturation, where late-first had none; 0.8 cost
-  realtime capacity (260) and 0.95 held less past saturation
-  (benchmarks/results/gpu_sim_reach.json). `unreachable_share=1` keeps
+  340 devices, interactive 320 to 400, standard 340 to 420; with response
+  budgets 420 in every class) for at most 1.3% of responses short below
+  saturation, where late-first had none (benchmarks/results/gpu_sim_reach.json);
+  0.8 cost realtime capacity (5.6% short at 280) and 0.95 held less past
+  saturation (12-17% at 360-420). `unreachable_share=1` keeps
   Algorithm 1's order: late work first, always.
 """
 
