@@ -17,8 +17,9 @@ measured at RTT 0 and carried to the other RTTs exactly as
 the link adds to them: one RTT per exchange (a speculative generation's opening and each round;
 a stream's one request). That carrying is checked: those systems are also measured for real at
 `--check-rtts` on `--check-prompts` prompts, and the JSON and the output give how far off it was;
-the tables and the oracle take those measurements where they exist (since 2026-11-26; with
-`--check-prompts` at `--prompts` and every RTT in `--check-rtts`, nothing is carried).
+the tables and the oracle take those measurements where they exist (since 2026-11-26: at a check
+RTT a static system's figures then mix measured prompts and carried ones; with `--check-prompts`
+at `--prompts` and every RTT in `--check-rtts`, nothing is carried).
 Systems that decide by the RTT (the predictor following its delay schedule, latency, auto, and
 proactive drafting, which overlaps drafting with the wait) are measured for real at every RTT.
 Before the delay schedule (results before 2026-11-26's `delay-schedule` run), `edgekit-predictor`

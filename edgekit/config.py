@@ -328,6 +328,8 @@ class ServerConfig:
     # again; "off" never measures (the estimator learns from the live batches only). The exact
     # numerics' batch table (which sub-batches stay bit-exact, by depth) is kept in the same
     # directory; it is always measured when none is kept ("force" measures it again too).
+    # Without a calibration, "auto" and "force" also time a few target steps before serving,
+    # for the handshake's `decode_step_ms`; "off" does not.
     calibrate: Calibrate = "auto"
     calibration_dir: str | None = None  # None: $XDG_CACHE_HOME/edgekit/calibration or ~/.cache/...
     # Serve Prometheus metrics over HTTP on this port of `host` (0 picks a free port); None: no

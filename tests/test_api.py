@@ -126,7 +126,8 @@ def test_requests_beyond_the_queue_are_answered_429():
         return pass_ms(feeds)
 
     slow = ToyEngine(lm, n_seq=4, max_context=512, cost=cost)
-    server = VerifierServer(slow, ServerConfig(port=0, max_sessions=4)).start()
+    # calibrate off: no step timed at start, whose passes would block here before any request
+    server = VerifierServer(slow, ServerConfig(port=0, max_sessions=4, calibrate="off")).start()
     client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=4, noise=0.5)))
     served = Served(create_app(client, concurrency=1, queue=0))
     try:

@@ -128,3 +128,15 @@ def test_a_verifier_of_fewer_than_three_sequences_is_not_calibrated_and_learns_o
                                cache_dir=tmp_path)
     assert not est.calibrated and not list(tmp_path.iterdir())
     assert "too few to calibrate" in caplog.text
+
+
+def test_an_estimator_is_settled_by_a_calibration_or_enough_batches_learnt_online():
+    from edgekit.verifier._estimator import SETTLED_AFTER
+
+    assert VerifyTimeEstimator(Coefficients(a=1.0)).settled  # given
+    online = VerifyTimeEstimator(refit_every=1)
+    feeds = [Feed(0, 8, (1, 2, 3), 3)]
+    for i in range(SETTLED_AFTER):
+        assert not online.settled  # a fit of a few batches is not trusted for a step
+        online.observe(feeds, 5.0 + i % 3)
+    assert online.calibrated and online.settled

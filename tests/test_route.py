@@ -217,11 +217,11 @@ def test_a_client_whose_verifier_steps_faster_than_its_draft_streams_its_first_a
         assert list(first.token_ids) == TARGET.greedy(PROMPT, 40)
 
 
-def test_a_verifier_not_yet_calibrated_times_a_step_before_serving_and_says_it():
+def test_a_verifier_not_yet_calibrated_times_a_step_before_serving_and_says_it(tmp_path):
     step = VerifyTimeEstimator(Coefficients(c=4.0)).predict  # every batch: at least 4 ms (the toy sleeps)
     engine = ToyEngine(TARGET, n_seq=2, max_context=256, cost=step)
-    with VerifierServer(engine, ServerConfig(port=0, max_sessions=2)) as server:
-        assert not server.service.estimator.calibrated  # fcfs does not calibrate
+    with VerifierServer(engine, ServerConfig(port=0, max_sessions=2, calibration_dir=str(tmp_path))) as server:
+        assert not server.service.estimator.calibrated  # fcfs does not calibrate (none is cached here)
         assert all(engine.cached(s) == 0 for s in range(2))  # the timing's sequence was emptied
         transport = connect(server.address, ClientConfig())
         try:
@@ -229,5 +229,6 @@ def test_a_verifier_not_yet_calibrated_times_a_step_before_serving_and_says_it()
         finally:
             transport.close()
     assert said == server.service.timed_step_ms and said >= 4.0  # a sleep's floor, no ceiling on a busy machine
-    with VerifierServer(engine, ServerConfig(port=0, max_sessions=2, calibrate="off")) as server:
+    with VerifierServer(engine, ServerConfig(port=0, max_sessions=2, calibrate="off",
+                                             calibration_dir=str(tmp_path))) as server:
         assert server.service.timed_step_ms == 0.0  # told not to spend time measuring

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Generator, Iterator, Sequence
@@ -156,6 +157,7 @@ class EdgeClient:
         # Whether an "auto" generation drafts or streams the target's tokens: from what each cost here.
         self.routes = RouteChooser()
         self._expected = False  # whether `routes` was told the verifier's and the draft's step
+        self._expecting = threading.Lock()
 
     @property
     def draft(self) -> DraftModel:
@@ -324,7 +326,7 @@ class EdgeClient:
         tokens = self.tokenize(prompt)
         chosen = controller is None and self._may_stream(gen)
         if chosen and not self._expected:
-            self._expect_routes(tokens)
+            self._expect_routes(tokens, gen)
         route = self.routes.choose(gen.mode) if chosen else SPECULATIVE
         if route == STREAM:
             return GenerationStream(self._measured(gen, STREAM, self._streamed(tokens, gen, resume=True)))
@@ -343,16 +345,19 @@ class EdgeClient:
         self.server_info()
         return GenerationStream(self._streamed(self.tokenize(prompt), gen, resume=False))
 
-    def _expect_routes(self, tokens: Sequence[int]) -> None:
-        """Once: where the verifier says what a target step takes, a draft step is timed here, so
-        that the first "auto" answer may stream where drafting could not be faster (`RouteChooser`)."""
-        try:
+    def _expect_routes(self, tokens: Sequence[int], gen: GenerationConfig) -> None:
+        """Once: where the verifier says what a target step takes, a draft step is timed here (half
+        of it where drafting overlaps the rounds, as `RouteChooser.observe` counts it), so that the
+        first "auto" answer may stream where drafting could not be faster. A verifier out of reach
+        raises here as the generation would; the next one asks again."""
+        with self._expecting:
+            if self._expected:
+                return
             step_ms = self.server_info().decode_step_ms
-        except VerifierUnavailableError:
-            return  # the generation meets the outage its own way; this waits for the next one
-        self._expected = True
-        if step_ms > 0 and tokens:
-            self.routes.expect(step_ms, self._shared.step_ms(tokens))
+            if step_ms > 0 and tokens:
+                draft_ms = self._shared.step_ms(tokens)
+                self.routes.expect(step_ms, draft_ms / 2 if gen.proactive else draft_ms)
+            self._expected = True
 
     @staticmethod
     def _may_stream(gen: GenerationConfig) -> bool:

@@ -53,8 +53,8 @@ class SharedDraft:
 
     def step_ms(self, tokens: Sequence[int], tries: int = 3) -> float:
         """What one draft step costs here (ms): the least of `tries` one-token steps after the first
-        of `tokens` (a prompt's opening: the cheapest steps the draft takes), on a cache of its own,
-        which the next session to draft fills again."""
+        of `tokens` (a prompt's opening: the cheapest steps the draft takes). It empties the
+        draft's cache: the next session to draft prefills its tokens again."""
         if not tokens:
             raise ValueError("a draft step needs a token to step on")
         with self.lock:

@@ -74,10 +74,9 @@ def profile_batches(
     warm = list(range(2, min(n_seq, 10)))
     top = max(8, min(max_context - max_block - 2, 2048))
     levels = np.linspace(min(32, top), top, len(warm)).astype(int)
-    vocab = engine.n_vocab
 
     def tokens(n: int) -> tuple[int, ...]:
-        return tuple(int(t) for t in rng.integers(10, vocab, n))
+        return _random_tokens(rng, engine.n_vocab, n)
 
     try:
         for seq, level in zip(warm, levels):
@@ -109,13 +108,16 @@ def profile_batches(
             engine.release(seq)
 
 
+def _random_tokens(rng: np.random.Generator, n_vocab: int, n: int) -> tuple[int, ...]:
+    """`n` token ids past the first ten (control tokens, in most vocabularies) where there are more."""
+    return tuple(int(t) for t in rng.integers(min(10, n_vocab - 1), n_vocab, n))
+
+
 def time_decode_step(engine: Engine, *, context: int = DECODE_STEP_CONTEXT, tries: int = 3, seed: int = 0) -> float:
     """What one target step of one sequence takes (ms): the least of `tries` one-token steps with
     logits after `context` cached tokens, after one that pays for what the engine sets up once.
-    Runs before the engine serves, on sequence 0, emptied at the end; `KVCacheFullError` where
-    `context + tries + 1` tokens do not fit."""
-    rng = np.random.default_rng(seed)
-    tokens = [int(t) for t in rng.integers(10, engine.n_vocab, context + tries + 1)]
+    Runs before the engine serves, on sequence 0, emptied at the end."""
+    tokens = _random_tokens(np.random.default_rng(seed), engine.n_vocab, context + tries + 1)
     try:
         engine.run_batch([Feed(0, 0, tuple(tokens[:context]), 0)])
         engine.run_batch([Feed(0, context, (tokens[context],), 1)])

@@ -38,6 +38,7 @@ __all__ = ["Coefficients", "FitReport", "VerifyTimeEstimator", "batch_features",
 
 FEATURES = ("n_linear", "n_interactions", "n_cached", "n_out", "batches")
 # Features are divided by these before solving, so the normal equations are well conditioned.
+SETTLED_AFTER = 50  # batches learnt online before an estimator without a calibration is trusted for a step
 _SCALE = np.array([100.0, 1e5, 1e3, 10.0, 1.0])
 
 
@@ -172,6 +173,7 @@ class VerifyTimeEstimator:
             self._g0, self._h0, self._q0 = k * x.T @ x, k * x.T @ y, k * float(y @ y)
             if coefficients is None:
                 coefficients = Coefficients.of(_nnls_normal(x.T @ x, x.T @ y, float(y @ y)) / _SCALE)
+        self.given = coefficients is not None or prior is not None  # not only what it learns online
         self.coefficients = coefficients or Coefficients()
         self._g = np.zeros((5, 5))
         self._h = np.zeros(5)
@@ -181,6 +183,12 @@ class VerifyTimeEstimator:
     @property
     def calibrated(self) -> bool:
         return bool(self.coefficients.vector().any())
+
+    @property
+    def settled(self) -> bool:
+        """Whether its forecasts rest on a calibration (or given coefficients), or on `SETTLED_AFTER`
+        batches learnt online: a fit of the first few, mostly prefills, can be far off for a step."""
+        return self.calibrated and (self.given or self.observed >= SETTLED_AFTER)
 
     def predict(self, feeds: Sequence[Feed]) -> float:
         return self.predict_features(batch_features(feeds))

@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ..config import ServerConfig
-from ..errors import ConfigError, KVCacheFullError
+from ..errors import ConfigError
 from ..protocol import SERVICE_NAME
 from ._calibration import DECODE_STEP_CONTEXT, calibrated_estimator, default_calibration_dir, time_decode_step
 from ._estimator import VerifyTimeEstimator
@@ -223,12 +223,12 @@ class VerifierServer:
         """What a target step takes, for clients to choose their first answer's route by, timed in a
         few steps where the estimator cannot forecast it yet (0: not timed)."""
         c = self.config
-        if estimator.calibrated or c.calibrate == "off":
+        if estimator.settled or c.calibrate == "off":
             return 0.0
         try:
             return time_decode_step(self.engine, context=max(1, min(DECODE_STEP_CONTEXT, c.max_context // 2)))
-        except KVCacheFullError:  # an engine smaller than the config says: the handshake will not say
-            log.info("the engine holds too few tokens to time a step; the handshake leaves it unsaid")
+        except Exception as e:  # (an engine smaller than the config says, one out of memory): serve anyway
+            log.warning("could not time a target step (%s: %s); the handshake leaves it unsaid", type(e).__name__, e)
             return 0.0
 
     def start(self) -> VerifierServer:

@@ -302,8 +302,9 @@ class VerifierService:
     def decode_step_ms(self) -> float:
         """What one target step of one sequence takes (a token of an unloaded target-only stream,
         at `DECODE_STEP_CONTEXT` cached tokens): the estimator's forecast once it is calibrated or
-        has learnt from batches, before that `timed_step_ms` (0: not known)."""
-        if not self.estimator.calibrated:
+        has learnt from enough batches (`VerifyTimeEstimator.settled`), before that
+        `timed_step_ms` (0: not known)."""
+        if not self.estimator.settled:
             return self.timed_step_ms
         step = Feed(0, DECODE_STEP_CONTEXT, (0,), 1)
         return max(0.0, self.estimator.predict([step]))

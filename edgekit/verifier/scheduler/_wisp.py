@@ -112,17 +112,22 @@ class WispScheduler(WorkQueue):
     def out_of_reach(self, session_id: str) -> bool:
         """Whether more than `unreachable_share` of the session's recent rounds were late when they
         went to the engine."""
+        with self._lock:
+            return self._out_of_reach(session_id)
+
+    def _out_of_reach(self, session_id: str) -> bool:  # under the lock
         return self._late.get(session_id, 0.0) > self.unreachable_share
 
-    def _count_late(self, works: Sequence[Work], now: float) -> None:
+    def _count_late(self, works: Sequence[Work], now: float, solo_ms: dict[int, float]) -> None:
         """Each round's session counts whether it went to the engine too late to meet its deadline
-        even alone (a prefill's lateness says nothing of its session's class)."""
-        coef = self.estimator.coefficients.vector()
+        even alone (`solo_ms`, by work; a prefill's lateness says nothing of its session's class).
+        Past `_REACH_SESSIONS` sessions the least recently dispatched one's share is forgotten
+        (a session that comes back starts from none)."""
         for w in works:
             d = w.objective.deadline
             if d is None or w.feed.n_out == 0:
                 continue
-            late = now + float(batch_features([w.feed]) @ coef) / 1e3 > d
+            late = now + solo_ms[id(w)] / 1e3 > d
             share = self._late.pop(w.session_id, 0.0)
             self._late[w.session_id] = (1 - _REACH_WEIGHT) * share + _REACH_WEIGHT * late
             if len(self._late) > _REACH_SESSIONS:
@@ -134,21 +139,29 @@ class WispScheduler(WorkQueue):
             if not self._queue:
                 return None
             now = self.clock()
-            chosen, estimated_ms = self.plan(self._queue, now)
-            self._count_late(chosen, now)
+            solo_ms = self._solo_ms(self._queue)
+            chosen, estimated_ms = self._plan(self._queue, now, solo_ms)
+            self._count_late(chosen, now, solo_ms)
             taken = {id(w) for w in chosen}
             self._queue = [w for w in self._queue if id(w) not in taken]
             for work in chosen:
                 work.future.set_running_or_notify_cancel()
             return Batch(tuple(chosen), dispatched=now, estimated_ms=estimated_ms)
 
+    def _solo_ms(self, queue: Sequence[Work]) -> dict[int, float]:
+        """Each work's predicted time alone, by id."""
+        coef = self.estimator.coefficients.vector()
+        return {id(w): float(batch_features([w.feed]) @ coef) for w in queue}
+
     def plan(self, queue: Sequence[Work], now: float) -> tuple[list[Work], float]:
         """Algorithm 1 at epoch `now` over `queue` (in arrival order): the batch, and its predicted ms."""
+        with self._lock:
+            return self._plan(queue, now, self._solo_ms(queue))
+
+    def _plan(self, queue: Sequence[Work], now: float, solo_ms: dict[int, float]) -> tuple[list[Work], float]:
         coef = self.estimator.coefficients.vector()
         feats = {id(w): batch_features([w.feed]) for w in queue}
-        solo_ms = {id(w): float(feats[id(w)] @ coef) for w in queue}
-
-        unreachable = {id(w) for w in queue if self.out_of_reach(w.session_id)}
+        unreachable = {id(w) for w in queue if self._out_of_reach(w.session_id)}
 
         def deadline(w: Work) -> float | None:
             return None if id(w) in unreachable else w.objective.deadline
