@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -303,7 +304,7 @@ def _maybe_verifier(args: argparse.Namespace, policy: str):
     if args.verifier:
         yield args.verifier
         return
-    log = RESULTS / f"fleet_serve_{args.pair}_{policy.replace('/', '-')}.log"
+    log = RESULTS / f"fleet_serve_{args.pair}_{re.sub(r'[^A-Za-z0-9.+-]+', '-', policy)}.log"
     with verifier(args.pair, policy, max(args.max_sessions, 2), args.threads, args.numerics, log,
                   getattr(args, "token_budget", 0)) as address:
         yield address

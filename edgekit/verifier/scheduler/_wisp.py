@@ -50,9 +50,9 @@ What Algorithm 1 leaves open, decided here:
   tightest classes, late the most, are the first out of reach, and the
   verifier keeps the classes it can still serve. On one CPU core with a 1.5B
   target (qwen-coder), where no system met realtime or interactive from two
-  devices on, late-first let relaxed devices miss their speed on 60-67% of
-  responses at 4-8 devices, where FCFS met it
-  (benchmarks/results/side_by_side_qwen-coder_fleet-90s.json). In the GPU-scale
+  devices on, late-first let relaxed devices miss their speed on 67% of
+  responses at 4 devices, where FCFS met it; out of reach, 25%
+  (benchmarks/results/side_by_side_qwen-coder_fleet-90s-reach.json). In the GPU-scale
   simulation, 0.9 raised capacity within every class's SLO (realtime 300 to
   340 devices, interactive 320 to 400, standard 340 to 420; with response
   budgets 420 in every class) for at most 1.3% of responses short below
