@@ -286,6 +286,12 @@ def analyse(runs: list[dict], args: argparse.Namespace) -> dict:
 # -- the figure ----------------------------------------------------------------------------
 
 
+def _all_measured(payload: dict) -> bool:
+    """Whether the run measured its static systems at every RTT on every prompt (nothing carried)."""
+    st = payload["settings"]
+    return st["check_prompts"] >= len(payload["prompts"]) and set(st["rtts"]) - {0.0} <= set(st["check_rtts"])
+
+
 def plot(payload: dict, png: Path) -> None:
     import matplotlib
 
@@ -306,7 +312,8 @@ def plot(payload: dict, png: Path) -> None:
     axes[0].set(xlabel="RTT ms", ylabel="ms per token (as the user sees it)", yscale="log",
                 title=f"{payload['pair']}: time per token, {len(payload['prompts'])} prompts"
                       + (f", {rate:g} Mbit/s each way" if (rate := payload["settings"].get("rate_mbps")) else "") + "\n"
-                      "(-- carried from RTT 0, - measured at each RTT)")
+                      + ("(-- static systems, measured at each RTT too)" if _all_measured(payload)
+                         else "(-- carried from RTT 0, - measured at each RTT)"))
     axes[0].legend(fontsize=6, ncol=2)
     orc = res["oracle"]
     rtts = sorted(float(r) for r in orc)
