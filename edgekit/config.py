@@ -26,6 +26,7 @@ Policy = Literal["fcfs", "wisp"]
 BudgetPolicyName = Literal["none", "goodspeed", "fixed", "random"]
 Calibrate = Literal["auto", "force", "off"]
 OnDisconnect = Literal["draft", "wait", "fail"]
+FirstRoute = Literal["auto", "speculative", "target-only"]
 
 # Token-speed SLO classes a verifier serves by default: WISP's four (sec. 5.1), tokens/s.
 DEFAULT_SLO_CLASSES: Mapping[str, float] = {"realtime": 8.0, "interactive": 6.0, "standard": 4.0, "relaxed": 2.0}
@@ -234,6 +235,14 @@ class ClientConfig:
     # client's acceptance and goodput estimates from one session to the next. "": a random
     # id per EdgeClient (nothing stable leaves the device unless this is set).
     client_id: str = ""
+    # How this client's first "auto" answer of a mode goes, before either way was measured
+    # (`edgekit.client.RouteChooser`): "auto" streams it where the verifier says its target steps
+    # faster than a draft step timed here (`ServerInfo.decode_step_ms`), else drafts it;
+    # "speculative" drafts it; "target-only" streams it and takes drafting as dominated, tried
+    # only after `max_explore_every` answers. Later answers go by what each way was measured to
+    # cost. Where the two steps are close, the machine's timing decides "auto" run by run: tests
+    # and benchmarks that need one route pin it here (EDGEKIT_FIRST_ROUTE in `from_env`).
+    first_route: FirstRoute = "auto"
 
     def __post_init__(self) -> None:
         if not (self.timeout > 0 and self.connect_timeout > 0):
@@ -248,6 +257,8 @@ class ClientConfig:
             raise ConfigError("draft_ahead_after must be positive and max_provisional between 0 and 4096")
         if len(self.client_id) > 256:
             raise ConfigError(f"client_id must be at most 256 characters, got {len(self.client_id)}")
+        if self.first_route not in get_args(FirstRoute):
+            raise ConfigError(f"first_route must be auto, speculative or target-only, got {self.first_route!r}")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ClientConfig:

@@ -20,5 +20,9 @@ with EdgeClient(args.verifier, pair=args.pair, generation=GenerationConfig(max_t
             if event.type == "text":
                 print(event.text, end="", flush=True)
     stats = stream.final.stats
-    print(f"\n\n{stats.completion_tokens} tokens in {stats.rounds} rounds, "
-          f"acceptance {stats.acceptance_rate:.2f}, {stats.tokens_per_second:.1f} tokens/s")
+    if stats.drafting == "target-only":  # "auto" found the verifier's own stream faster than drafting here
+        print(f"\n\n{stats.completion_tokens} tokens streamed by the verifier's target, "
+              f"{stats.tokens_per_second:.1f} tokens/s")
+    else:
+        print(f"\n\n{stats.completion_tokens} tokens in {stats.rounds} rounds, "
+              f"acceptance {stats.acceptance_rate:.2f}, {stats.tokens_per_second:.1f} tokens/s")

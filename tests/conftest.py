@@ -8,16 +8,65 @@ would look green while testing nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import socket
 import threading
 
 import pytest
 
-from edgekit import ClientConfig, LlamaDraftModel, ModelNotFoundError, ServerConfig
+from edgekit import ClientConfig, EdgeClient, LlamaDraftModel, ModelNotFoundError, ServerConfig
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
 
 _MODEL_FIXTURES = frozenset({"gemma_paths", "gemma_server", "gemma_draft"})  # and whatever uses them
+
+
+FIRST_ROUTES = ("auto", "speculative", "target-only")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--first-route", choices=FIRST_ROUTES, default=os.environ.get("EDGEKIT_FIRST_ROUTE") or "auto",
+        help="route every client's first 'auto' answer this way (ClientConfig.first_route), whatever this "
+             "machine's timing says; tests marked `routes` keep their own. Default: EDGEKIT_FIRST_ROUTE, else auto",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"edgekit: first 'auto' answers routed {config.getoption('--first-route')}"
+
+
+_UNPINNED_INIT = EdgeClient.__init__
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`--first-route`, for every client made in this process with the "auto" first route (the
+    default), module and session fixtures' included, and every `edgekit` command a test starts
+    (EDGEKIT_FIRST_ROUTE, which the CLI reads). Run the suite both ways, and a test that asserts
+    drafting's figures without fixing its route fails on any machine, not only where the timing
+    falls the other way (a draft as fast as its target's step)."""
+    route = config.getoption("--first-route")
+    if route == "auto":
+        os.environ.pop("EDGEKIT_FIRST_ROUTE", None)
+        return
+    os.environ["EDGEKIT_FIRST_ROUTE"] = route
+
+    def pinned(self: EdgeClient, *args: object, **kwargs: object) -> None:
+        _UNPINNED_INIT(self, *args, **kwargs)  # type: ignore[arg-type]
+        if self.config.first_route == "auto":  # a client that pins its route keeps it
+            self.config = dataclasses.replace(self.config, first_route=route)
+
+    EdgeClient.__init__ = pinned  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _routes_unpinned(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests of the "auto" choice itself (marked `routes`) set the step times they decide on: the
+    clients they make are left as they are."""
+    if request.node.get_closest_marker("routes") is not None:
+        monkeypatch.setattr(EdgeClient, "__init__", _UNPINNED_INIT)
+        monkeypatch.delenv("EDGEKIT_FIRST_ROUTE", raising=False)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -13,7 +13,7 @@ import openai
 import pytest
 from _served import Served
 
-from edgekit import EdgeClient, ServerConfig
+from edgekit import ClientConfig, EdgeClient, ServerConfig
 from edgekit.api import create_app
 from edgekit.testing import FakeDraftModel, ToyLanguageModel
 from edgekit.verifier import ToyEngine, VerifierServer
@@ -26,17 +26,28 @@ def _openai(url: str, key: str = "sekret") -> openai.OpenAI:
 PROMPT = "def fibonacci(n):"
 
 
-def test_an_unchanged_openai_client_lists_the_model_and_completes_greedily_as_edgekit_generate(gemma_api):
-    served, client = gemma_api
-    api = _openai(served.url)
-    assert [m.id for m in api.models.list().data] == ["gemma-3-270m", "gemma-270m"]
-    out = api.completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=24, temperature=0)
-    expected = client.generate_target_only(PROMPT, max_tokens=24, mode="greedy").until_done()
-    assert out.choices[0].text == expected.text and out.choices[0].finish_reason == "length"
-    u = out.usage.model_dump()
-    assert u["completion_tokens"] == 24 and u["prompt_tokens"] == len(client.tokenize(PROMPT))
-    assert u["num_draft_tokens"] >= u["num_accepted_draft_tokens"] > 0 and 0 < u["draft_acceptance_rate"] <= 1
-    assert u["mean_acceptance_length"] >= 1 and sum(u["acceptance_histogram"]) == u["rounds"] > 0
+@pytest.mark.parametrize("route", ["speculative", "target-only"])
+def test_an_unchanged_openai_client_lists_the_model_and_completes_greedily_as_edgekit_generate(gemma_server, route):
+    """Either way an "auto" answer goes, the text is the target's; the usage says what was drafted
+    (the route is pinned: which one "auto" takes first depends on the machine's draft and target steps)."""
+    with EdgeClient(gemma_server.address, config=ClientConfig(first_route=route)) as client:
+        served = Served(create_app(client, api_key="sekret"))
+        try:
+            api = _openai(served.url)
+            assert [m.id for m in api.models.list().data] == ["gemma-3-270m", "gemma-270m"]
+            out = api.completions.create(model="gemma-3-270m", prompt=PROMPT, max_tokens=24, temperature=0)
+        finally:
+            served.stop()
+        expected = client.generate_target_only(PROMPT, max_tokens=24, mode="greedy").until_done()
+        assert out.choices[0].text == expected.text and out.choices[0].finish_reason == "length"
+        u = out.usage.model_dump()
+        assert u["completion_tokens"] == 24 and u["prompt_tokens"] == len(client.tokenize(PROMPT))
+    if route == "speculative":
+        assert u["num_draft_tokens"] >= u["num_accepted_draft_tokens"] > 0 and 0 < u["draft_acceptance_rate"] <= 1
+        assert u["mean_acceptance_length"] >= 1 and sum(u["acceptance_histogram"]) == u["rounds"] > 0
+    else:  # the verifier's target-only stream: nothing drafted, a target pass (a "round") per token
+        assert u["num_draft_tokens"] == u["num_accepted_draft_tokens"] == 0 and u["rounds"] == 24
+        assert u["acceptance_histogram"] == [] and u["mean_acceptance_length"] == 1.0
 
 
 def test_chat_streams_deltas_and_ends_with_the_usage(gemma_api):

@@ -247,11 +247,11 @@ def test_an_edge_client_sends_one_id_for_all_its_sessions():
     def sent() -> list[str]:  # the client ids of the sessions opened so far
         return [c.arguments["request"].client_id for c in v.calls if c.method == "open_session"]
 
-    with toy_client(TARGET, noise=0.0, verifier=v) as client:
+    with toy_client(TARGET, noise=0.0, verifier=v, stream_when_faster=False) as client:  # sessions, every time
         for prompt in ([1, 2, 3], [4, 5, 6]):
             list(client.generate(prompt, max_tokens=4))
     ids = sent()
     assert len(ids) == 2 and ids[0] == ids[1] and len(ids[0]) == 32
-    with toy_client(TARGET, noise=0.0, verifier=v) as other:
+    with toy_client(TARGET, noise=0.0, verifier=v, stream_when_faster=False) as other:
         list(other.generate([1, 2, 3], max_tokens=2))
     assert sent()[2] != ids[0]  # another client, another id

@@ -20,7 +20,8 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_minimal(gemma_server):
     r = run(str(EXAMPLES / "minimal.py"), "--pair", "gemma-270m", "--verifier", gemma_server.address)
     assert r.returncode == 0, r.stderr
-    assert "tokens in" in r.stdout and "acceptance" in r.stdout
+    drafted = "tokens in" in r.stdout and "acceptance" in r.stdout
+    assert drafted or "tokens streamed by the verifier's target" in r.stdout  # the route "auto" took, either way
 
 
 def test_iot_report_with_a_local_verifier():

@@ -57,9 +57,10 @@ def _pool(slots: int, delay_s: float = 0.002, *, batched: bool = False,
 
 
 def _client(draft: DraftPool | ToyLanguageModel, **config) -> EdgeClient:
-    """A client of a toy verifier of 16 sessions (`config`: its other settings) drafting with `draft`."""
+    """A client of a toy verifier of 16 sessions (`config`: its other settings) drafting with `draft`
+    (every answer: these are tests of the drafting, never of the route an "auto" answer takes)."""
     return toy_client(TARGET, draft=draft, verifier=toy_verifier(TARGET, max_sessions=16, **config), max_tokens=24,
-                      draft_k=4)
+                      draft_k=4, stream_when_faster=False)
 
 
 def test_every_task_of_a_pipelined_batch_writes_what_it_writes_alone():
@@ -118,7 +119,8 @@ def test_the_async_client_runs_a_pipelined_batch_without_blocking_its_event_loop
                 ticks += 1
 
         async with AsyncEdgeClient(toy_verifier(TARGET, max_sessions=16), draft_model=pool,
-                                   generation=GenerationConfig(max_tokens=24, draft_k=4)) as client:
+                                   generation=GenerationConfig(max_tokens=24, draft_k=4,
+                                                               stream_when_faster=False)) as client:
             ticker = asyncio.create_task(tick())  # counts only while the batch runs
             results = await client.generate_many(PROMPTS[:4])
             ticker.cancel()

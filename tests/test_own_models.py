@@ -50,7 +50,9 @@ def ollama(tmp_path, monkeypatch, gemma_paths):
 
 
 def _generate(*args: str) -> dict:
-    r = runner.invoke(app, ["generate", "--prompt", PROMPT, "-n", "16", "--json", *args])
+    """`edgekit generate --json` drafting (its first "auto" answer's route pinned: these are tests of the draft)."""
+    r = runner.invoke(app, ["generate", "--prompt", PROMPT, "-n", "16", "--json", *args],
+                      env={"EDGEKIT_FIRST_ROUTE": "speculative"})
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 

@@ -199,7 +199,7 @@ def test_generate_json_keeps_what_came_before_the_verifier_died(monkeypatch):
 
     def build_client(*, generation, retry_for=None, **_):
         client, _transport = _client({4: VerifierUnavailableError("gone", address="in-process")},
-                                     config=ClientConfig(retry_for=retry_for or 0.0))
+                                     config=ClientConfig(retry_for=retry_for or 0.0, first_route="speculative"))
         client.generation = generation
         return client
 

@@ -82,7 +82,7 @@ def test_killing_the_verifier_mid_answer_and_restarting_it_loses_nothing(gemma_p
         _wait_serving(port, procs[0])
         config = ClientConfig(timeout=20, retry_for=120, retry_initial=0.2, retry_max=1.0)
         prompt = "The three primary colors are"
-        gen = GenerationConfig(max_tokens=48, draft_k=4)
+        gen = GenerationConfig(max_tokens=48, draft_k=4, stream_when_faster=False)  # a session to lose
         with EdgeClient(address, draft_model=gemma_draft, config=config, generation=gen) as client:
             reference = client.generate_target_only(prompt).until_done().token_ids
             prompt_tokens = len(client.tokenize(prompt))
@@ -117,7 +117,7 @@ def test_sigterm_drains_the_verifier_finishing_the_answer_under_way(gemma_paths,
     proc = _serve(str(gemma_paths[1]), port, "--drain-timeout", "120", "--drain-quiet", "60")
     try:
         _wait_serving(port, proc)
-        gen = GenerationConfig(max_tokens=40, draft_k=4)
+        gen = GenerationConfig(max_tokens=40, draft_k=4, stream_when_faster=False)  # a session to drain
         config = ClientConfig(timeout=20, retry_for=0)  # nothing may need a retry: the drain serves the answer
         prompt = "Write a short poem about the sea:"
         with EdgeClient(f"127.0.0.1:{port}", draft_model=gemma_draft, config=config, generation=gen) as client:
@@ -152,7 +152,7 @@ def test_killing_one_of_two_verifiers_fails_over_to_the_other_and_loses_nothing(
             _wait_serving(port, proc)
         config = ClientConfig(timeout=20, retry_for=60, retry_initial=0.2, retry_max=1.0)
         prompt = "The three primary colors are"
-        gen = GenerationConfig(max_tokens=48, draft_k=4)
+        gen = GenerationConfig(max_tokens=48, draft_k=4, stream_when_faster=False)  # a session to lose
         verifiers = [f"127.0.0.1:{port}" for port in ports]
         with EdgeClient(verifiers, draft_model=gemma_draft, config=config, generation=gen) as client:
             reference = client.generate_target_only(prompt).until_done().token_ids

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgekit import ClientConfig, ServerConfig
+from edgekit import ClientConfig, ConfigError, IncompatibleModelsError, ServerConfig
 from edgekit.client import FinalStats, Resumed, RouteChooser
 from edgekit.client._route import SPECULATIVE, STREAM
 from edgekit.errors import VerifierUnavailableError
@@ -21,6 +21,7 @@ from edgekit.verifier._calibration import DECODE_STEP_CONTEXT
 
 TARGET = ToyLanguageModel(seed=23, eos_bias=-8.0)
 PROMPT = [1, 2, 3]
+DRAFT_FIRST = ClientConfig(first_route="speculative")  # the scenario, not the machine's timing, decides
 
 
 def test_the_first_generation_drafts_the_next_streams_then_the_faster_is_kept_and_the_other_tried_ever_less_often():
@@ -69,7 +70,7 @@ def _prefer_stream(client) -> None:
 
 
 def test_a_client_that_measured_the_stream_faster_streams_the_targets_own_tokens():
-    with toy_client(TARGET, max_tokens=40) as client:
+    with toy_client(TARGET, config=DRAFT_FIRST, max_tokens=40) as client:
         first = client.generate(PROMPT).until_done()
         assert first.stats.drafting != "target-only" and first.stats.drafted > 0
         assert client.routes.estimate("greedy", SPECULATIVE) is not None  # the generation was measured
@@ -161,7 +162,7 @@ def test_where_a_draft_token_costs_more_than_a_streamed_one_drafting_is_tried_on
 
 def test_a_speculative_answer_tells_the_chooser_what_a_draft_token_cost_halved_where_drafting_overlaps_rounds():
     for proactive, share in ((False, 1.0), (True, 0.5)):
-        with toy_client(TARGET, max_tokens=40, proactive=proactive) as client:
+        with toy_client(TARGET, config=DRAFT_FIRST, max_tokens=40, proactive=proactive) as client:
             final = client.generate(PROMPT).until_done()  # the first "auto" answer drafts
             assert final.stats.drafted > 0 and final.stats.draft_ms_per_token > 0
             spec = client.routes._route("greedy", SPECULATIVE)
@@ -202,6 +203,7 @@ def test_a_verifier_says_its_step_in_the_handshake_once_its_estimator_knows_it()
     assert DECODE_STEP_CONTEXT == 64 and step(toy_verifier(TARGET, cost=cost)) == pytest.approx(0.25 + 0.64 + 0.5 + 2.0)
 
 
+@pytest.mark.routes
 def test_a_client_whose_verifier_steps_faster_than_its_draft_streams_its_first_answer():
     fast = toy_verifier(TARGET, cost=Coefficients(c=1e-6))  # a step in a nanosecond: no draft step is as quick
     with toy_client(TARGET, verifier=fast, max_tokens=40) as client:
@@ -215,6 +217,56 @@ def test_a_client_whose_verifier_steps_faster_than_its_draft_streams_its_first_a
         assert client.routes.expecting
         assert first.stats.drafting != "target-only" and first.stats.drafted > 0
         assert list(first.token_ids) == TARGET.greedy(PROMPT, 40)
+
+
+def test_a_pinned_first_route_holds_whatever_the_verifier_says_its_step_takes():
+    fast = toy_verifier(TARGET, cost=Coefficients(c=1e-6))  # "auto" would stream the first answer here
+    with toy_client(TARGET, verifier=fast, config=DRAFT_FIRST, max_tokens=40) as client:
+        first = client.generate(PROMPT).until_done()
+        assert first.stats.drafting != "target-only" and first.stats.drafted > 0
+        assert not client.routes.expecting  # nothing assumed: the next answer measures the stream
+        assert client.generate(PROMPT).until_done().stats.drafting == "target-only"
+    for verifier in (toy_verifier(TARGET, cost=Coefficients(c=5.0)), toy_verifier(TARGET)):  # slow; unsaid
+        config = ClientConfig(first_route="target-only")
+        with toy_client(TARGET, verifier=verifier, config=config, max_tokens=40) as client:
+            client.routes.max_explore_every = 4
+            answers = [client.generate(PROMPT).until_done() for _ in range(4)]
+            assert [a.stats.drafting == "target-only" for a in answers] == [True] * 3 + [False]  # the try, at the 4th
+            assert all(list(a.token_ids) == TARGET.greedy(PROMPT, 40) for a in answers)
+
+
+def test_a_first_answer_streamed_from_the_start_is_refused_a_foreign_tokenizer_first():
+    foreign = ToyLanguageModel(TARGET.vocab_size + 7, seed=5)  # ids the draft could not turn into text
+    config = ClientConfig(first_route="target-only")
+    with toy_client(TARGET, draft=foreign, config=config, max_tokens=8) as client:
+        with pytest.raises(IncompatibleModelsError, match="does not share a tokenizer"):
+            client.generate(PROMPT).until_done()
+
+
+def test_what_a_session_would_refuse_a_streamed_answer_refuses_too(monkeypatch):
+    monkeypatch.setattr("edgekit.verifier._service.MAX_TOP_LOGPROBS", 0)  # a verifier from before logprobs
+    for route in ("speculative", "target-only"):
+        with toy_client(TARGET, config=ClientConfig(first_route=route), max_tokens=8) as client:
+            with pytest.raises(ConfigError, match="does not return the target's log-probabilities"):
+                client.generate(PROMPT, logprobs=0).until_done()
+
+
+def test_the_first_route_is_checked_and_read_from_the_environment(monkeypatch):
+    with pytest.raises(ConfigError, match="first_route must be auto, speculative or target-only"):
+        ClientConfig(first_route="stream")  # type: ignore[arg-type]
+    monkeypatch.setenv("EDGEKIT_FIRST_ROUTE", "target-only")
+    assert ClientConfig.from_env().first_route == "target-only"
+    assert ClientConfig().first_route == "auto"  # a config made in code is not surprised by the environment
+
+
+def test_taking_drafting_as_dominated_streams_until_the_longest_wait():
+    c = RouteChooser(explore_every=2, max_explore_every=4)
+    c.expect_dominated()
+    assert c.expecting
+    assert [c.choose("greedy") for _ in range(4)] == [STREAM] * 3 + [SPECULATIVE]
+    c.observe("greedy", SPECULATIVE, 40, 1.2, draft_ms_per_token=10.0)  # measured from here on
+    c.observe("greedy", STREAM, 40, 0.12)
+    assert c.choose("greedy") == STREAM
 
 
 def test_a_verifier_not_yet_calibrated_times_a_step_before_serving_and_says_it(tmp_path):

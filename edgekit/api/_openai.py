@@ -207,7 +207,7 @@ def usage(stats: GenerationStats) -> dict:
         "draft_acceptance_rate": stats.acceptance_rate,
         "num_draft_tokens": stats.drafted,
         "num_accepted_draft_tokens": stats.accepted,
-        "acceptance_histogram": [histogram.get(k, 0) for k in range(top + 1)],
+        "acceptance_histogram": [histogram.get(k, 0) for k in range(top + 1)] if histogram else [],  # none drafted
         "rounds": stats.rounds,  # with those that drafted nothing (plain target steps)
         "target_passes_per_token": stats.target_passes_per_token,
         "wasted_draft_tokens": stats.wasted_draft_tokens,

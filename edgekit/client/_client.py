@@ -30,6 +30,7 @@ from ._discover import check_remote_draft, discover_pair
 from ._events import Event, FinalStats, Provisional, Resumed, RoundEvent, TextDelta
 from ._metrics import GenerationStats
 from ._resilience import through_outages
+from ._round import check_supported
 from ._route import SPECULATIVE, STREAM, RouteChooser
 from ._session import SharedDraft, SpeculativeSession
 from ._setup import discovery_transport, load_draft, model_file, start_local
@@ -325,8 +326,11 @@ class EdgeClient:
         gen = self._config(overrides)
         tokens = self.tokenize(prompt)
         chosen = controller is None and self._may_stream(gen)
-        if chosen and not self._expected:
-            self._expect_routes(tokens, gen)
+        if chosen:
+            if not self._expected:
+                self._expect_routes(tokens, gen)
+            # what a session would refuse (logprobs the verifier cannot give, say), refused whichever route
+            check_supported(gen, self.server_info(), self.transport.address)
         route = self.routes.choose(gen.mode) if chosen else SPECULATIVE
         if route == STREAM:
             return GenerationStream(self._measured(gen, STREAM, self._streamed(tokens, gen, resume=True)))
@@ -346,15 +350,19 @@ class EdgeClient:
         return GenerationStream(self._streamed(self.tokenize(prompt), gen, resume=False))
 
     def _expect_routes(self, tokens: Sequence[int], gen: GenerationConfig) -> None:
-        """Once: where the verifier says what a target step takes, a draft step is timed here (half
-        of it where drafting overlaps the rounds, as `RouteChooser.observe` counts it), so that the
-        first "auto" answer may stream where drafting could not be faster. A verifier out of reach
-        raises here as the generation would; the next one asks again."""
+        """Once, as `ClientConfig.first_route` says: by default, where the verifier says what a
+        target step takes, a draft step is timed here (half of it where drafting overlaps the
+        rounds, as `RouteChooser.observe` counts it), so that the first "auto" answer may stream
+        where drafting could not be faster. A verifier out of reach raises here as the generation
+        would; the next one asks again."""
         with self._expecting:
             if self._expected:
                 return
-            step_ms = self.server_info().decode_step_ms
-            if step_ms > 0 and tokens:
+            step_ms = self.server_info().decode_step_ms  # the handshake refuses a foreign tokenizer before a stream
+            first = self.config.first_route
+            if first == STREAM:
+                self.routes.expect_dominated()
+            elif first == "auto" and step_ms > 0 and tokens:
                 draft_ms = self._shared.step_ms(tokens)
                 self.routes.expect(step_ms, draft_ms / 2 if gen.proactive else draft_ms)
             self._expected = True

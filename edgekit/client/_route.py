@@ -35,11 +35,14 @@ answer: where the step is under the draft's by the margin, drafting is dominated
 and the first answer streams. Its measured time then stands in for the step, and the first
 drafted try waits `max_explore_every` generations, as for a dominated draft. On an H100 the
 first answer's drafting made `auto` 1.58x centralized decoding over 8 prompts
-(benchmarks/results/gpu/gpu_suite_h100_run1.json).
+(benchmarks/results/gpu/gpu_suite_h100_run1.json). Where the two steps are close, that test is
+the machine's noise: `ClientConfig.first_route` pins the first answer's route instead (the
+client calls `expect_dominated` for "target-only", and expects nothing for "speculative").
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -85,6 +88,13 @@ class RouteChooser:
         the device, both in ms, before either way was measured."""
         with self._lock:
             self._expected = (step_ms, draft_ms) if step_ms > 0 and draft_ms > 0 else None
+
+    def expect_dominated(self) -> None:
+        """Before anything was measured, take drafting as dominated (as `expect` does where the
+        verifier's step is under the draft's by the margin): answers stream, and a drafted try
+        waits `max_explore_every` generations (`ClientConfig.first_route` "target-only")."""
+        with self._lock:
+            self._expected = (0.0, math.inf)
 
     @property
     def expecting(self) -> bool:

@@ -188,6 +188,8 @@ class LlamaModel:
         return list(buf[:n])
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        if not 0 <= token < self.n_vocab:  # llama.cpp reads past its table (a crash) rather than refuse
+            raise InferenceError(f"token {token} is not in {self.name!r}'s vocabulary of {self.n_vocab}")
         buf = ctypes.create_string_buffer(64)
         n = _lc.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
