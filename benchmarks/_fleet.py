@@ -226,7 +226,8 @@ class Fleet:
     `min_responses`: a device goes on past `duration` until it has finished that
     many responses (tests: every device finishes one, however long it took to start).
     `on_divergence`: what a verdict that leaves the recorded target output does. "fail" stops
-    the device with a FaithfulnessError (a verifier with exact numerics never diverges); "end"
+    the device with a FaithfulnessError (a verifier with exact numerics that builds the KV as the
+    recording did never diverges; SLED's re-prefill does not, see `fleet.run_fleet`); "end"
     ends that response where it diverged (the verifier's tokens up to there count) and counts it
     in `divergences`: for verifiers whose kernels depend on the batch (a GPU, fast numerics),
     where a near tie can go the other way in a batch than in the recording.
