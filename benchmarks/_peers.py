@@ -254,7 +254,7 @@ def llama_cpp_python_server(target: Path, log: Path, *, threads: int = 1, cores:
     port = F._free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(target), "--host", "127.0.0.1", "--port",
            str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "4096",
-           "--n_gpu_layers", "0"]
+           "--n_gpu_layers", "0", "--n_ubatch", "1"]  # the verifiers guide's: AMX CPUs crash without it
     with open(log, "w") as out, pinned(cores):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:

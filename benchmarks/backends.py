@@ -2,7 +2,8 @@
 (stateless: the whole context every round) on the same target, side by side.
 
 The stock server is llama-cpp-python's own (`python -m llama_cpp.server`), started
-here with the pair's target GGUF, one thread, like our verifier. Per prompt, both
+here with the pair's target GGUF, one thread, like our verifier, and the verifiers guide's
+`--n_ubatch 1` (since 2026-11-28: without it the server crashes on CPUs with AMX). Per prompt, both
 backends run the same drafting (fixed window, greedy) in alternating order.
 Figures: rounds, verifier time per committed token (our verifier's reported
 verify time; for the stateless server the whole HTTP call, as it reports none),
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 import _common as C
 
@@ -24,12 +26,14 @@ from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel, ServerConfig
 from edgekit.models import get_pair, model_path
 
 
-def start_llama_server(target: str, threads: int, log: str) -> tuple[subprocess.Popen, str]:
+def start_llama_server(target: str, threads: int, log: str, flags: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
+    """llama-cpp-python's server on `target` with `flags` after the ones set here; its edgekit URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", target, "--host", "127.0.0.1", "--port", str(port),
-           "--n_ctx", "2048", "--n_threads", str(threads), "--n_threads_batch", str(threads), "--logits_all", "true"]
+           "--n_ctx", "2048", "--n_threads", str(threads), "--n_threads_batch", str(threads), "--logits_all", "true",
+           *flags]
     with open(log, "w") as out:  # the child keeps its own descriptor
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     for _ in range(240):
@@ -76,8 +80,9 @@ def main() -> None:
     prompts = C.load_prompts("eval", args.prompts)
     draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=2048)
     gen = GenerationConfig(max_tokens=args.max_tokens, drafting="fixed", draft_k=args.draft_k, stop_at_eos=False)
+    # the verifiers guide's flag: llama.cpp's AMX kernel for several rows crashes on CPUs with AMX
     proc, url = start_llama_server(str(model_path(spec.target)), args.threads,
-                                   str(C.RESULTS_DIR / "backends-llama-server.log"))
+                                   str(C.RESULTS_DIR / "backends-llama-server.log"), ["--n_ubatch", "1"])
     ours = EdgeClient(None, pair=args.pair, draft_model=draft, generation=gen,
                       local_server=ServerConfig(port=0, max_sessions=2, threads=args.threads))
     stock = EdgeClient(url, draft_model=draft, generation=gen)

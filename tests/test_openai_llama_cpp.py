@@ -3,6 +3,7 @@ llama-cpp-python's own server, started here with the gemma target."""
 
 from __future__ import annotations
 
+import shlex
 import socket
 import subprocess
 import sys
@@ -19,12 +20,61 @@ pytestmark = pytest.mark.models
 pytest.importorskip("fastapi", reason="llama-cpp-python's server needs the test extras (fastapi, uvicorn)")
 
 PROMPTS = ["def fibonacci(n):\n", "The three primary colours are", "Paris is the capital of"]
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "verifiers-and-engines.md"
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _started(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
+    """`cmd` started, once its port takes connections; its output in `log`."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"llama-cpp-python's server exited: {log.read_text()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    pytest.fail(f"llama-cpp-python's server did not listen within 120 s: {log.read_text()[-2000:]}")
+
+
+def guide_recipe() -> list[str]:
+    """The command the verifiers guide gives for llama-cpp-python's server, as words."""
+    lines = [line.strip() for line in GUIDE.read_text().splitlines()]
+    shown = [line for line in lines if line.startswith("python -m llama_cpp.server ")]
+    assert len(shown) == 1, f"{GUIDE.name} should show llama-cpp-python's server command once, shows {len(shown)}"
+    return shlex.split(shown[0], comments=True)
+
+
+def test_the_guides_llama_cpp_python_recipe_starts_a_server_that_verifies(gemma_paths, gemma_draft, tmp_path):
+    """The recipe as a user copies it, only the model path and port theirs: on a CPU with AMX, the
+    server's defaults die on the first completion (the guide says why), so a recipe that answers here
+    and on such a CPU is the one the guide must show."""
+    words = guide_recipe()
+    assert words[:3] == ["python", "-m", "llama_cpp.server"]
+    port = _free_port()
+    cmd = [sys.executable, *words[1:]]
+    for option, value in (("--model", str(gemma_paths[1])), ("--port", str(port))):
+        assert option in cmd, f"the guide's recipe names no {option}"
+        cmd[cmd.index(option) + 1] = value
+    proc = _started(cmd, port, tmp_path / "server.log")
+    try:
+        with _client(f"openai+http://127.0.0.1:{port}/v1", gemma_draft, max_tokens=16) as client:
+            final = client.generate(PROMPTS[2]).until_done()
+            assert len(final.token_ids) == 16 and final.stats.rounds > 0 and final.stats.accepted > 0
+            assert final.text.strip()
+        assert proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +92,7 @@ def llama_server(gemma_paths, tmp_path_factory):
     cmd = [sys.executable, str(launcher), "--model", str(gemma_paths[1]), "--host", "127.0.0.1", "--port", str(port),
            "--n_ctx", "1024", "--n_threads", "1", "--n_threads_batch", "1", "--logits_all", "true",
            "--flash_attn", "true", "--n_batch", "1", "--n_ubatch", "1"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"llama-cpp-python's server exited: {log.read_text()[-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            time.sleep(0.5)
+    proc = _started(cmd, port, log)
     yield f"openai+http://127.0.0.1:{port}/v1"
     proc.terminate()
     proc.wait(10)
