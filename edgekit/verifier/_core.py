@@ -14,7 +14,9 @@ deadline passes, the core asks the scheduler to withdraw its work, and answers t
 call DEADLINE_EXCEEDED if none of it had started. Every batch's run time goes to
 the verification-time estimator (which the SLO-aware policy plans with), to the
 serving statistics with its size and forecast, to the scheduler with the outputs,
-and, at debug level, to the log beside that forecast.
+and, at debug level, to the log beside that forecast. The loop's time by stage (idle,
+scheduling, the run, the bookkeeping after it) and each caller's wait, split into its
+queue, its batch's run and the handoff back, go to the statistics' `stages` (`_stages`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import replace
 
 from ..errors import LimitExceededError, VerifierUnavailableError
 from ._estimator import VerifyTimeEstimator, batch_features
+from ._stages import ENGINE_STEP, mark, mark_wait
 from ._stats import ServingStats
 from .engine import Engine, Feed
 from .scheduler import Batch, Objective, Scheduler, Work, WorkResult
@@ -80,6 +83,7 @@ class EngineCore:
         """Runs `feed`: its logits and timings, or the engine's error. `objective` is what
         the policy weighs; `deadline` a `time.monotonic()` by which the work (each chunk of
         it, for a prefill the scheduler cuts) must have started (the call's own deadline)."""
+        mark("checks")  # the caller's part, up to here
         objective = objective or Objective(arrived=time.perf_counter())
         work = Work(feed, session_id, slo_class, objective)
         with self._wake:
@@ -90,7 +94,10 @@ class EngineCore:
                 self._thread = threading.Thread(target=self._loop, name="edgekit-engine", daemon=True)
                 self._thread.start()
             self._wake.notify()
-        return self._wait(work, future, deadline)
+        mark("submit")
+        result = self._wait(work, future, deadline)
+        mark_wait(work.submitted + result.queue_ms / 1e3, result.run_ms / 1e3)
+        return result
 
     def _wait(self, work: Work, future: Future[WorkResult], deadline: float | None) -> WorkResult:
         try:
@@ -107,17 +114,24 @@ class EngineCore:
 
     def _loop(self) -> None:
         while True:
+            began = time.perf_counter()
             with self._wake:
+                scheduling = time.perf_counter()
                 batch = self.scheduler.schedule()
                 while batch is None:
                     woken = self._wake.wait(timeout=self.idle_s)
+                    scheduling = time.perf_counter()
                     batch = self.scheduler.schedule()
                     if batch is None and (self._closed or not woken):
                         self._thread = None
                         return
-            self._step(batch)
+                scheduled = time.perf_counter()
+            self._step(batch, {"idle": scheduling - began, "schedule": scheduled - scheduling})
 
-    def _step(self, batch: Batch) -> None:
+    def _step(self, batch: Batch, loop_s: dict[str, float]) -> None:
+        """Runs `batch`; `loop_s`: the loop's seconds before it (waiting for work, scheduling),
+        counted with the step's own stages (`_stages`)."""
+        t_plan = time.perf_counter()
         self.epochs += 1
         feeds = batch.feeds
         x = batch_features(feeds)
@@ -130,7 +144,8 @@ class EngineCore:
         except Exception as exc:  # each work's caller raises it
             self.scheduler.update(batch, exc, (time.perf_counter() - t0) * 1e3)
             return
-        ms = (time.perf_counter() - t0) * 1e3
+        t_ran = time.perf_counter()
+        ms = (t_ran - t0) * 1e3
         rows = sum(len(f.tokens) for f in feeds)
         self.stats.record_batch(len(batch.works), rows, ms, estimated)
         if log.isEnabledFor(logging.DEBUG):
@@ -139,7 +154,11 @@ class EngineCore:
                 len(feeds), rows, int(x[2]), estimated, ms,
             )
         self.estimator.observe_features(x, ms)
+        t_recorded = time.perf_counter()
         self.scheduler.update(batch, outputs, ms)
+        loop_s.update(plan=t0 - t_plan, run=t_ran - t0, record=t_recorded - t_ran,
+                      update=time.perf_counter() - t_recorded)
+        self.stats.stages.add(ENGINE_STEP, loop_s)
 
     def close(self, timeout: float = 10.0) -> None:
         """Runs what is queued, then stops the thread; later work is refused."""

@@ -63,6 +63,7 @@ from ._rounds import Rounds
 from ._semantic import DecisionHead, SemanticMode
 from ._sessions import Caller, SessionTable
 from ._slo import BEST_EFFORT, SpeedClasses
+from ._stages import mark
 from ._stats import ServingStats
 from ._validation import RequestChecks, clip
 from .engine import Engine, Feed
@@ -188,14 +189,18 @@ class VerifierService:
         (a `time.monotonic()`): work for the engine not started by then is withdrawn."""
         cls, fn = self._unary[method]
         self._enter()
+        timing = self.stats.stages.begin(method)
         try:
-            return fn(self._parse(cls, raw), deadline, caller)
+            req = self._parse(cls, raw)
+            mark("decode")
+            return fn(req, deadline, caller)
         except EdgekitError:
             raise
         except Exception as exc:  # a bug: say so, as INTERNAL, and keep serving
             log.exception("%s failed", method)
             raise InternalError(f"{method} failed inside the verifier: {type(exc).__name__}") from exc
         finally:
+            timing.end()
             self._leave()
 
     def call_stream(
@@ -338,7 +343,10 @@ class VerifierService:
         arrived = time.perf_counter()
         # Sizes before anything is copied out of the message.
         self.checks.block_size(len(req.draft_tokens), len(req.draft_distributions))
-        answer = self.rounds.verify(verify_request_from_pb(req), arrived=arrived, deadline=deadline, caller=caller)
+        block = verify_request_from_pb(req)
+        mark("decode")
+        answer = self.rounds.verify(block, arrived=arrived, deadline=deadline, caller=caller)
+        mark("accept")
         return verify_response_to_pb(answer)
 
     def close_session(

@@ -1,8 +1,9 @@
 """`ServingStats`: what the verifier has served, for its operators.
 
 The engine core records each batch it runs, the rounds each verdict, the
-target-only baseline each token; everything else (a Prometheus endpoint, a
-benchmark, a test) reads a `StatsSnapshot`. No third-party import: the
+target-only baseline each token, and every call its time by stage (`stages`,
+see `_stages`); everything else (a Prometheus endpoint, a benchmark, a test)
+reads a `StatsSnapshot`. No third-party import: the
 endpoint that turns a snapshot into Prometheus text (`_metrics`) is optional.
 
 The speculative-decoding counters are vLLM's: a draft is a verified block with
@@ -21,8 +22,10 @@ import time
 from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
+
+from ._stages import StageTimes
 
 __all__ = ["TIME_BUCKETS_S", "ClassStats", "Histogram", "ServingStats", "StatsSnapshot"]
 
@@ -86,6 +89,8 @@ class StatsSnapshot:
     window_s: float  # the window goodput was measured over (shorter than asked for just after start)
     semantic_rounds: int = 0  # rounds verified in semantic mode (lossy, WISV)
     semantic_accepted: int = 0  # mismatches its decision head accepted in them (counted in accepted_tokens too)
+    # Seconds by call and stage, and calls ({method: {"calls": n, stage: s}}; `StageTimes.totals`).
+    stages: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def batches(self) -> int:
@@ -155,6 +160,7 @@ class ServingStats:
         self._committed = self._generated = 0
         self._semantic_rounds = self._semantic_accepted = 0
         self._recent: deque[list[int]] = deque()  # [second, tokens committed in it], oldest first
+        self.stages = StageTimes()  # where calls and the engine loop spend their time; recorded by them
 
     # -- what the verifier's parts record --------------------------------------------------------
 
@@ -218,6 +224,7 @@ class ServingStats:
 
     def snapshot(self) -> StatsSnapshot:
         depth, sessions = self._queue_depth(), self._sessions()
+        stages = self.stages.totals()
         with self._lock:
             now = self._clock()
             self._prune(now)
@@ -244,6 +251,7 @@ class ServingStats:
                 # Not below one second: a token in the first instant is not a rate of thousands.
                 goodput=recent / max(span, 1.0),
                 window_s=span,
+                stages=stages,
             )
 
     @property

@@ -1,0 +1,531 @@
+"""The load generator of `serve_load.py`: many devices in a few lean processes.
+
+Devices are spread over worker processes, one per core it is given, each pinned
+to its core. A worker runs its devices as coroutines of one asyncio loop over
+grpc.aio (`mode="aio"`), or as one thread each over gRPC's blocking stubs
+(`mode="threads"`, for comparison). A device speaks edgekit.verifier.v1 with the
+project's protobuf messages directly, none of the client's machinery between it
+and the wire: a handshake, then sessions one after another, each opened with a
+prompt, verify rounds back to back (every one naming its base position) until
+`tokens` tokens are committed, and closed. Every device has a channel (a
+connection) of its own, as real devices do, unless `channels="worker"`.
+
+Drafting is a table lookup. The toy target and its noisy draft (`ToyLanguageModel`)
+depend on a context's last `order` tokens only, so every prompt's greedy target
+continuation, the draft's block at each position of it and what greedy
+verification must answer there are computed once, before the clock starts
+(`Tables`): an instant device costs its process one protobuf message and one
+call a round. A paced device (`draft_ms`, per draft token) waits that long
+before each round, as a device that drafts on its own hardware would. Every
+verdict is checked against the table: accepted count, correction or bonus token
+and committed length must be what the target's greedy decoding gives; a
+mismatch ends the session and is counted (there must be none).
+
+A worker counts the rounds that finish inside the measuring window `[start, end]`
+(`time.monotonic`, one clock for every process on Linux), their round trips and
+the server's timings they carry, and every error and mismatch whenever it happens.
+
+The instant verifier (`python _loadgen.py instant`) answers every round at once,
+correctly, from the same tables, on a gRPC server built as the verifier's is: the
+generator against it drives what gRPC alone allows, without the verifier's own cost.
+
+Asyncio or threads: against the instant verifier at 64 devices (2-core VM, one
+core each side), a round cost a worker 346-355 us of CPU on asyncio and 377-399
+us on threads (a channel per device or one per worker), as cheap within the
+noise; asyncio is the default, one thread then serving a thousand devices. Either
+way gRPC's own code takes most of it (py-spy: the device's own code ~5%).
+
+Processes talk over their stdin and stdout in JSON lines (`LineProcess`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent import futures
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from edgekit.protocol import GREEDY, PROTOCOL_VERSION, SERVICE_NAME, fingerprint_to_pb, pb, sampling_to_pb  # noqa: E402
+from edgekit.runtime import ToyLanguageModel  # noqa: E402
+
+__all__ = ["LineProcess", "MemoToyLM", "Tables", "Workload", "cpu_seconds", "parse_cores", "prepare_process", "spawn",
+           "toy_target"]
+
+
+# -- the toy pair and its tables -------------------------------------------------------------
+
+
+class MemoToyLM(ToyLanguageModel):
+    """A toy LM whose logits are computed once per context: they depend on the last `order`
+    tokens only, so a row is a dict lookup after the first time (a verifier over it costs
+    its engine next to nothing, and the tables below build in a fraction of a second)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._memo: dict[tuple[int, ...], np.ndarray] = {}
+
+    def logits(self, context: Sequence[int]) -> np.ndarray:
+        key = tuple(context[-self.order :])
+        row = self._memo.get(key)
+        if row is None:
+            row = self._memo[key] = super().logits(context)
+            row.flags.writeable = False  # shared by every caller
+        return row
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the devices do, and the toy pair they do it with."""
+
+    vocab: int = 64
+    seed: int = 0
+    noise: float = 0.4  # the draft's noise: at vocab 64, about 0.6 of draft tokens accepted (greedy, K = 4)
+    k: int = 4  # draft tokens a round
+    prompt_len: int = 16
+    tokens: int = 128  # tokens committed before a session is closed and the next opened
+    prompts: int = 64
+    draft_ms: float = 0.0  # per draft token; 0: instant devices
+
+    @property
+    def max_context(self) -> int:
+        """What a session may reach: its prompt, its tokens and a last block past them."""
+        return self.prompt_len + self.tokens + self.k + 2
+
+
+def toy_target(w: Workload) -> MemoToyLM:
+    # continue_after_eog is set on every round, so the end-of-text token is just a token
+    return MemoToyLM(w.vocab, seed=w.seed, name="toy-target")
+
+
+def toy_draft(w: Workload) -> MemoToyLM:
+    """The target with noise: the same tokenizer (fingerprint), logits that disagree now and then."""
+    return MemoToyLM(w.vocab, seed=w.seed, noise=w.noise, name="toy-target")
+
+
+class Tables:
+    """For each prompt: the target's greedy continuation, and at each position i of it the
+    draft's block there, how many of it greedy verification accepts and the token after them."""
+
+    def __init__(self, w: Workload) -> None:
+        self.workload = w
+        target, draft = toy_target(w), toy_draft(w)
+        self.fingerprint = fingerprint_to_pb(target.fingerprint())
+        rng = random.Random(w.seed)
+        real = target.real_vocab_size
+        self.prompts: list[list[int]] = [[rng.randrange(2, real) for _ in range(w.prompt_len)]
+                                         for _ in range(w.prompts)]
+        self.target: list[list[int]] = []
+        self.blocks: list[list[tuple[int, ...]]] = []
+        self.accepted: list[list[int]] = []
+        self.next: list[list[int]] = []
+        span = w.tokens + w.k + 1
+        for prompt in self.prompts:
+            out = _greedy(target, prompt, span)
+            blocks = [tuple(_greedy(draft, prompt + out[:i], w.k)) for i in range(w.tokens)]
+            accepted = [_common_prefix(b, out[i:]) for i, b in enumerate(blocks)]
+            self.target.append(out)
+            self.blocks.append(blocks)
+            self.accepted.append(accepted)
+            self.next.append([out[i + a] for i, a in enumerate(accepted)])
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted over drafted tokens, over every position of every prompt."""
+        return sum(map(sum, self.accepted)) / (self.workload.k * self.workload.tokens * len(self.prompts))
+
+
+def _greedy(lm: ToyLanguageModel, context: Sequence[int], n: int) -> list[int]:
+    ctx, out = list(context), []
+    for _ in range(n):
+        ctx.append(int(np.argmax(lm.logits(ctx)[: lm.real_vocab_size])))
+        out.append(ctx[-1])
+    return out
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+# -- a device ------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """A device's counts, a worker's once merged: rounds and their figures inside the window,
+    errors and mismatches whenever they happen."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    committed: int = 0
+    sessions: int = 0  # opened inside the window
+    server_queue_ms: float = 0.0  # the verdicts' own timings, summed
+    server_verify_ms: float = 0.0
+    batch_size: int = 0  # summed: over rounds, the mean works per batch a round ran in
+    rounds_all: int = 0  # rounds whenever they finished (warm-up included)
+    mismatches: int = 0
+    mismatch_examples: list[str] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    rtt_ms: array = field(default_factory=lambda: array("d"))
+
+    def merge(self, other: dict[str, Any]) -> None:
+        for name in ("rounds", "drafted", "accepted", "committed", "sessions", "server_queue_ms",
+                     "server_verify_ms", "batch_size", "rounds_all", "mismatches"):
+            setattr(self, name, getattr(self, name) + other[name])
+        self.mismatch_examples += other["mismatch_examples"][: 5 - len(self.mismatch_examples)]
+        self.errors.update(other["errors"])
+        self.rtt_ms.extend(other["rtt_ms"])
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["errors"] = dict(self.errors)
+        out["rtt_ms"] = list(self.rtt_ms)
+        return out
+
+
+Call = tuple[str, Any, float]  # (method, request, seconds to wait before sending it)
+Answer = tuple[Any, float, float]  # (response or the grpc.RpcError, sent, answered): time.monotonic()
+
+
+class Device:
+    """One device's calls, as a generator: it yields each `Call` and is sent its `Answer`.
+    Both drivers (asyncio, threads) run the same device."""
+
+    def __init__(self, index: int, tables: Tables, window: tuple[float, float]) -> None:
+        self.index = index
+        self.t = tables
+        self.tally = Tally()  # its own: devices on threads never add to one counter at once
+        self.start, self.end = window
+        self.rng = random.Random(index)
+        w = tables.workload
+        self.draft_s = w.draft_ms * w.k / 1e3
+        self.client_id = f"device-{index}"
+
+    def calls(self) -> Iterator[Call]:
+        t, tally = self.t, self.tally
+        fp = t.fingerprint
+        answer = yield "Handshake", pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, draft_tokenizer=fp,
+                                                        draft_model="toy-draft"), 0.0
+        if self._failed(answer):
+            return
+        sampling = sampling_to_pb("greedy", GREEDY, 0)
+        backoff = 0.0
+        while time.monotonic() < self.end:
+            p = self.rng.randrange(len(t.prompts))
+            prompt = t.prompts[p]
+            answer = yield "OpenSession", pb.OpenSessionRequest(
+                prompt_tokens=prompt, sampling=sampling, draft_tokenizer=fp, client_id=self.client_id), backoff
+            backoff = 0.05  # after a failure: not a storm of retries
+            if self._failed(answer):
+                continue
+            opened, _, done = answer
+            sid = opened.session_id
+            if self.start <= done <= self.end:
+                tally.sessions += 1
+            i, base, n = 0, len(prompt), 0
+            target, blocks, accepted, nxt = t.target[p], t.blocks[p], t.accepted[p], t.next[p]
+            ok = opened.committed_length == base or self._mismatch(f"opened at {opened.committed_length}, not {base}")
+            while ok and i < len(blocks) and time.monotonic() < self.end:
+                block = blocks[i]
+                answer = yield "Verify", pb.VerifyRequest(
+                    session_id=sid, base_position=base + i, draft_tokens=block, round_index=n,
+                    continue_after_eog=True, draft_ms=self.draft_s * 1e3), self.draft_s
+                if self._failed(answer):
+                    ok = False
+                    break
+                r, sent, done = answer
+                v, a = r.verdict, accepted[i]
+                if (r.WhichOneof("result") != "verdict" or v.accepted != a or v.next_token != nxt[i]
+                        or v.committed_length != base + i + a + 1):
+                    ok = self._mismatch(
+                        f"prompt {p} at {i}: got accepted {v.accepted}, next {v.next_token}, committed "
+                        f"{v.committed_length}; the target's greedy: accepted {a}, next {nxt[i]} ({target[i:i + 6]})")
+                    break
+                tally.rounds_all += 1
+                if self.start <= done <= self.end:
+                    tally.rounds += 1
+                    tally.drafted += len(block)
+                    tally.accepted += a
+                    tally.committed += a + 1
+                    tally.server_queue_ms += r.timings.queue_ms
+                    tally.server_verify_ms += r.timings.verify_ms
+                    tally.batch_size += r.timings.batch_size
+                    tally.rtt_ms.append((done - sent) * 1e3)
+                i += a + 1
+                n += 1
+            answer = yield "CloseSession", pb.CloseSessionRequest(session_id=sid), 0.0
+            if not self._failed(answer):
+                backoff = 0.0
+
+    def _failed(self, answer: Answer) -> bool:
+        if isinstance(answer[0], grpc.RpcError):
+            code = answer[0].code() if hasattr(answer[0], "code") else None
+            self.tally.errors[getattr(code, "name", type(answer[0]).__name__)] += 1
+            return True
+        return False
+
+    def _mismatch(self, what: str) -> bool:
+        self.tally.mismatches += 1
+        if len(self.tally.mismatch_examples) < 5:
+            self.tally.mismatch_examples.append(f"device {self.index}: {what}")
+        return False
+
+
+_METHODS = {
+    "Handshake": (pb.HandshakeRequest, pb.HandshakeResponse),
+    "OpenSession": (pb.OpenSessionRequest, pb.OpenSessionResponse),
+    "Verify": (pb.VerifyRequest, pb.VerifyResponse),
+    "CloseSession": (pb.CloseSessionRequest, pb.CloseSessionResponse),
+}
+_CHANNEL_OPTIONS = [("grpc.enable_retries", 0), ("grpc.max_receive_message_length", 16 << 20)]
+
+
+def _stubs(channel: Any) -> dict[str, Callable[..., Any]]:
+    return {name: channel.unary_unary(f"/{SERVICE_NAME}/{name}", request_serializer=req.SerializeToString,
+                                      response_deserializer=resp.FromString)
+            for name, (req, resp) in _METHODS.items()}
+
+
+async def _drive_aio(device: Device, stubs: dict[str, Callable[..., Any]]) -> None:
+    calls = device.calls()
+    answer: Answer | None = None
+    while True:
+        try:
+            method, request, wait = calls.send(answer)  # type: ignore[arg-type]
+        except StopIteration:
+            return
+        if wait:
+            await asyncio.sleep(wait)
+        sent = time.monotonic()
+        try:
+            response = await stubs[method](request, timeout=120.0)
+        except grpc.RpcError as exc:
+            response = exc
+        answer = (response, sent, time.monotonic())
+
+
+def _drive_blocking(device: Device, stubs: dict[str, Callable[..., Any]]) -> None:
+    calls = device.calls()
+    answer: Answer | None = None
+    while True:
+        try:
+            method, request, wait = calls.send(answer)  # type: ignore[arg-type]
+        except StopIteration:
+            return
+        if wait:
+            time.sleep(wait)
+        sent = time.monotonic()
+        try:
+            response = stubs[method](request, timeout=120.0)
+        except grpc.RpcError as exc:
+            response = exc
+        answer = (response, sent, time.monotonic())
+
+
+async def _run_aio(devices: list[Device], address: str, per_device: bool) -> None:
+    channels = [grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                for _ in (devices if per_device else [None])]
+    stubs = [_stubs(c) for c in channels]
+    await asyncio.gather(*(_drive_aio(d, stubs[i if per_device else 0]) for i, d in enumerate(devices)))
+    for c in channels:
+        await c.close()
+
+
+def _run_threads(devices: list[Device], address: str, per_device: bool) -> None:
+    channels = [grpc.insecure_channel(address, options=_CHANNEL_OPTIONS) for _ in (devices if per_device else [None])]
+    stubs = [_stubs(c) for c in channels]
+    threads = [threading.Thread(target=_drive_blocking, args=(d, stubs[i if per_device else 0]), daemon=True)
+               for i, d in enumerate(devices)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for c in channels:
+        c.close()
+
+
+def worker_main() -> None:
+    """A worker process: its spec on stdin, "ready", the window on stdin, then its tally on stdout."""
+    spec = _read_line()
+    prepare_process(spec.get("cores"))
+    tables = Tables(Workload(**spec["workload"]))
+    _write_line({"ready": True, "acceptance": tables.acceptance})
+    window = _read_line()
+    devices = [Device(i, tables, (window["start"], window["end"])) for i in spec["devices"]]
+    per_device = spec.get("channels", "device") == "device"
+    if spec.get("mode", "aio") == "aio":
+        asyncio.run(_run_aio(devices, spec["address"], per_device))
+    else:
+        _run_threads(devices, spec["address"], per_device)
+    tally = Tally()
+    for d in devices:
+        tally.merge(d.tally.as_json())
+    _write_line({"tally": tally.as_json()})
+
+
+# -- the instant verifier ------------------------------------------------------------------
+
+
+def instant_main() -> None:
+    """A verifier that answers every call at once, from the tables: the generator's ceiling."""
+    spec = _read_line()
+    prepare_process(spec.get("cores"))
+    tables = Tables(Workload(**spec["workload"]))
+    by_prompt = {tuple(p): i for i, p in enumerate(tables.prompts)}
+    counter = iter(range(1 << 62))
+
+    def handshake(req: Any, context: Any) -> Any:
+        return pb.HandshakeResponse(protocol_version=PROTOCOL_VERSION)
+
+    def open_session(req: Any, context: Any) -> Any:
+        p = by_prompt[tuple(req.prompt_tokens)]
+        return pb.OpenSessionResponse(session_id=f"{p}/{next(counter)}", committed_length=len(req.prompt_tokens))
+
+    def verify(req: Any, context: Any) -> Any:
+        p = int(req.session_id.split("/", 1)[0])
+        i = req.base_position - len(tables.prompts[p])
+        out = tables.target[p]
+        a = _common_prefix(req.draft_tokens, out[i:])
+        return pb.VerifyResponse(
+            verdict=pb.Verdict(accepted=a, next_token=out[i + a], committed_length=req.base_position + a + 1),
+            timings=pb.ServerTimings(batch_size=1))
+
+    def close_session(req: Any, context: Any) -> Any:
+        return pb.CloseSessionResponse()
+
+    handlers = {"Handshake": handshake, "OpenSession": open_session, "Verify": verify, "CloseSession": close_session}
+    generic = grpc.method_handlers_generic_handler(SERVICE_NAME, {
+        name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_METHODS[name][0].FromString,
+                                                  response_serializer=_METHODS[name][1].SerializeToString)
+        for name, fn in handlers.items()})
+    # Built as the verifier's server is (a thread per call in flight): on grpc.aio the same stub
+    # cost the server's core 1.6x the CPU a round (770 against 475 us, 64 devices, 2-core VM).
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=spec["max_sessions"] + 8),
+                         options=[("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((generic,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    _serve_commands(port)
+    server.stop(0.5).wait()
+
+
+def _serve_commands(port: int) -> None:
+    """Says the server is ready, then answers "stats" (its CPU so far) until "quit"."""
+    _write_line({"ready": True, "address": f"127.0.0.1:{port}", "pid": os.getpid()})
+    for line in sys.stdin:
+        if json.loads(line)["command"] == "quit":
+            return
+        _write_line({"cpu_s": sum(os.times()[:2]), "t": time.monotonic()})
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+def _read_line() -> dict[str, Any]:
+    return json.loads(sys.stdin.readline())
+
+
+def _write_line(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def prepare_process(cores: Iterable[int] | None) -> None:
+    """Pins this process to `cores`, and lets it open as many files as it may: a connection per
+    device is a socket each, past the 1,024 many systems allow by default."""
+    import resource
+
+    if cores:
+        os.sched_setaffinity(0, set(cores))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    unlimited = resource.RLIM_INFINITY
+    if soft != unlimited and (hard == unlimited or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1 << 20) if hard == unlimited else hard, hard))
+
+
+def parse_cores(text: str) -> list[int]:
+    """'0', '1-3', '0,2,4-7' -> core numbers."""
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+class LineProcess:
+    """A child process spoken to in JSON lines over its stdin and stdout (other lines it prints,
+    a profiler's say, are skipped)."""
+
+    def __init__(self, cmd: Sequence[str], *, cores: Sequence[int] | None = None, log: Path | None = None) -> None:
+        self._log = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115  (closed in `wait`)
+        self.proc = subprocess.Popen(
+            list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1,
+            preexec_fn=(lambda: os.sched_setaffinity(0, set(cores))) if cores else None,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def send(self, obj: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def recv(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{self.proc.args[:4]} ended (exit {self.proc.wait()}) without answering")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+        finally:
+            if self._log is not subprocess.DEVNULL:
+                self._log.close()  # type: ignore[union-attr]
+
+
+def spawn(role: str, spec: dict[str, Any], *, cores: Sequence[int] | None = None,
+          log: Path | None = None) -> LineProcess:
+    """A worker or an instant verifier (`role`) in a process of its own, pinned to `cores`, told `spec`."""
+    proc = LineProcess([sys.executable, str(Path(__file__).resolve()), role], cores=cores, log=log)
+    proc.send({**spec, "cores": list(cores) if cores else None})
+    return proc
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process `pid`, all its threads, so far."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+if __name__ == "__main__":
+    {"worker": worker_main, "instant": instant_main}[sys.argv[1]]()

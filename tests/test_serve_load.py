@@ -1,0 +1,79 @@
+"""benchmarks/serve_load.py in its smallest configuration, so that it does not rot between the
+runs that measure at scale: 8 instant devices for 2 s against the real verifier (a toy engine
+at zero cost) in a process of its own, the generator in another. Every verdict a device gets
+is checked against the toy target's greedy decoding: none may differ, no call may fail."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def serve_load(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import serve_load
+
+    yield serve_load
+    # the benchmark's modules stay importable by name for other tests, but not half-configured
+    for name in ("serve_load", "_loadgen", "_common"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.timeout(60)
+def test_the_smallest_run_measures_rounds_and_stages(serve_load, tmp_path):
+    serve_load.main(["--devices", "8", "--kinds", "zero", "--duration", "2", "--warmup", "0.5", "--profile", "",
+                     "--results-dir", str(tmp_path), "--out", "serve_load_test", "--no-plot"])
+    result = json.loads((tmp_path / "serve_load_test.json").read_text())
+    assert {"machine", "settings", "workload", "roofline_7b_ms", "stages", "points", "done_when"} <= result.keys()
+    (point,) = result["points"]
+    assert "failed" not in point, point
+    assert point["kind"] == "zero" and point["devices"] == 8
+    assert point["rounds_per_s"] > 0 and point["committed_tokens_per_s"] > point["rounds_per_s"]
+    assert point["mismatches"] == 0 and point["errors"] == {}, (point["mismatch_examples"], point["errors"])
+    assert 0 < point["acceptance"] < 1
+    # the verifier counted the rounds the devices saw, and timed each stage of them
+    assert point["verifier"]["rounds_per_s"] > 0
+    assert 0 < point["verifier"]["engine_busy_share"] < 1
+    assert set(point["round_ms"]) == set(serve_load.STAGES)
+    assert all(point["round_ms"][s] >= 0 for s in serve_load.STAGES if s != "grpc")
+    assert point["verifier"]["call_ms"] < point["rtt_ms"]["mean"]
+    assert point["engine_step_share"]["run"] > 0
+    assert point["ceiling_rounds_per_s"]["generator_cpu"] > 0 and point["loadgen"]["cpu_share"]
+
+
+def test_the_cost_model_is_the_roofline_at_its_points(serve_load):
+    """A batch of B sessions' blocks of 4 (5 rows each) takes the roofline's verify time for B;
+    B single tokens its plain-decoding time; in between and beyond, lines through the points."""
+    for b, (plain, verify) in serve_load.ROOFLINE_7B.items():
+        assert serve_load.rows_ms(5 * b, b) == pytest.approx(verify)
+        assert serve_load.rows_ms(b, b) == pytest.approx(plain)
+    assert serve_load.rows_ms(5 * 96, 96) == pytest.approx((11.9 + 20.2) / 2)
+    assert serve_load.rows_ms(5 * 512, 512) > serve_load.rows_ms(5 * 256, 256)
+
+
+def test_the_verifier_times_every_round_by_stage():
+    """In process (no gRPC): each verify call is counted once, its stages are those of a round that
+    reached the engine, and the engine loop counted a step per batch with the run the statistics
+    have."""
+    from edgekit.testing import ToyLanguageModel, toy_client
+
+    client = toy_client(ToyLanguageModel(seed=4), max_tokens=40, draft_k=4, stop_at_eos=False)
+    for _ in client.generate("hello"):
+        pass
+    snap = client.transport.service.stats.snapshot()
+    verify, step = snap.stages["Verify"], snap.stages["engine step"]
+    rounds = sum(c.rounds for c in snap.classes.values())
+    assert verify["calls"] == rounds > 0
+    assert set(verify) == {"calls", "decode", "checks", "submit", "queue", "engine", "handoff", "accept", "answer"}
+    assert all(v >= 0 for v in verify.values())
+    assert step["calls"] == snap.batches and step["run"] == pytest.approx(snap.engine_s)
+    # one session: a batch per round, and one for the prompt; the rounds' engine time is the other runs
+    opened = snap.stages["OpenSession"]
+    assert verify["engine"] + opened["engine"] == pytest.approx(step["run"], rel=1e-3)
+    assert opened["calls"] == 1
