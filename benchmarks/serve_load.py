@@ -76,7 +76,6 @@ ROOFLINE_7B: dict[int, tuple[float, float]] = {  # B: (plain ms, verify T=5 ms)
     128: (8.6, 20.2),
     256: (13.0, 39.3),
 }
-FCFS_MAX_ROWS = 512  # FcfsScheduler's default: rows a batch may hold (ServerConfig has no field for it)
 # py-spy: only the thread holding the GIL is sampled (the verifier's Python runs one thread at a
 # time, so these samples are where its Python time goes; gRPC's C core outside the GIL is not in
 # them), without pausing the process. Here, pausing it cut the rounds 4x at 100 Hz (2x at 50 Hz, 1.3x
@@ -113,12 +112,12 @@ def step_ms(feeds: Sequence[Any]) -> float:
     return rows_ms(sum(len(f.tokens) for f in feeds), len(feeds))
 
 
-def engine_bound(devices: int, k: int) -> dict[str, float]:
+def engine_bound(devices: int, k: int, max_rows: int) -> dict[str, float]:
     """Rounds/s with the engine the only limit: every device's round in one batch, and with batches
-    cut at FCFS's row cap (the verifier's default scheduler), as a reference for the `7b` runs."""
+    cut at the scheduler's row cap (`max_rows`), as a reference for the `7b` runs."""
     rows = k + 1
     one = devices / (rows_ms(devices * rows, devices) / 1e3)
-    per = FCFS_MAX_ROWS // rows
+    per = max(max_rows // rows, 1)
     full, rest = divmod(devices, per)
     ms = full * rows_ms(per * rows, per) + (rows_ms(rest * rows, rest) if rest else 0.0)
     return {"one_batch": one, "fcfs_row_cap": devices / (ms / 1e3)}
@@ -140,7 +139,7 @@ def serve_main() -> None:
                        cost=step_ms if spec["kind"] == "7b" else None)
     # calibrate off: no timing run before serving; the queue bound above the devices: no refusal
     config = ServerConfig(port=0, max_sessions=n, max_context=w.max_context, max_block=max(w.k, 8),
-                          calibrate="off", max_queue=max(256, n + 8))
+                          calibrate="off", max_queue=max(256, n + 8), max_batch_rows=spec["max_batch_rows"])
     server = VerifierServer(engine, config).start()
     print(json.dumps({"ready": True, "address": server.address, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
@@ -196,7 +195,8 @@ def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workl
               profile: Path | None = None) -> dict[str, Any]:
     """`devices` devices against a verifier of `kind` for the window; the point's figures."""
     logs = Path(tempfile.mkdtemp(prefix="serve_load-"))
-    spec = {"workload": asdict(workload), "kind": kind, "max_sessions": devices + 16, "cores": args.server_cores}
+    spec = {"workload": asdict(workload), "kind": kind, "max_sessions": devices + 16, "cores": args.server_cores,
+            "max_batch_rows": args.max_batch_rows}
     if kind == "instant":
         server = spawn("instant", spec, cores=args.server_cores, log=logs / "verifier.log")
     else:
@@ -320,7 +320,7 @@ def _summary(kind: str, devices: int, args: argparse.Namespace, workload: Worklo
     out["engine_step_share"] = {s: step.get(s, 0.0) / span for s in ENGINE_STEP_STAGES}  # of wall time
     out["engine_step_ms"] = {s: C.ratio(step.get(s, 0.0) * 1e3, step.get("calls", 0)) for s in ENGINE_STEP_STAGES}
     if kind == "7b":
-        out["engine_bound_rounds_per_s"] = engine_bound(devices, workload.k)
+        out["engine_bound_rounds_per_s"] = engine_bound(devices, workload.k, args.max_batch_rows)
         # the cost model's time for the mean batch, beside the run measured: what the engine thread
         # adds (the toy's own Python, the sleep's overshoot, waiting for the GIL after it)
         if d["batches"]:
@@ -423,6 +423,8 @@ def profile_summary(path: Path, top: int = 20) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    from edgekit import ServerConfig
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", default="64,128,256,1024", help="device counts, comma-separated")
     ap.add_argument("--kinds", default="instant,zero,7b",
@@ -439,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     help="a gRPC channel (connection) per device, or one per worker (which gRPC caps at 100 "
                          "calls in flight: more devices than that queue in the worker)")
     ap.add_argument("--draft-ms", type=float, default=0.0, help="drafting time per token (0: instant devices)")
+    ap.add_argument("--max-batch-rows", type=int, default=ServerConfig.max_batch_rows,
+                    help="the verifier's cap on a batch's rows (its --max-batch-rows)")
     ap.add_argument("--k", type=int, default=4, help="draft tokens per round")
     ap.add_argument("--tokens", type=int, default=128, help="tokens per session before the next opens")
     ap.add_argument("--noise", type=float, default=Workload.noise, help="the toy draft's noise (acceptance)")
@@ -479,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "workload": asdict(workload),
         "roofline_7b_ms": {str(b): {"plain_T1": p, "verify_T5": v} for b, (p, v) in ROOFLINE_7B.items()},
         "roofline_source": "/work/shared/gpu/roofline_h200.md, qwen2.5-7b shape, 1024-token context, H200",
-        "fcfs_max_rows": FCFS_MAX_ROWS,
+        "max_batch_rows": args.max_batch_rows,
         "stages": {
             "grpc": "the devices' mean round trip less the verifier's mean call: gRPC at both ends, the loopback, "
                     "the generator's own event loop",

@@ -41,6 +41,11 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for all interfaces)."),
     port: int = typer.Option(50551, "--port", min=0, max=65535, help="Port to listen on; 0 picks a free one."),
     max_sessions: int = typer.Option(16, "--max-sessions", min=1, help="Concurrent sessions (KV sequences)."),
+    resident_sessions: int = typer.Option(
+        0, "--resident-sessions", min=0,
+        help="Sessions whose KV the target's context holds at once; the rest are parked in host memory "
+        "(0: all of --max-sessions, up to llama.cpp's 256).",
+    ),
     max_block: int = typer.Option(32, "--max-block", min=1, help="Longest draft block accepted in one round."),
     max_generate_tokens: int = typer.Option(
         4096, "--max-generate-tokens", min=1,
@@ -91,6 +96,10 @@ def serve(
     prefill_chunk: int = typer.Option(
         128, "--prefill-chunk", min=1,
         help="Prompts and turns go to the engine in chunks of this many tokens, other sessions' rounds between them.",
+    ),
+    max_batch_rows: int = typer.Option(
+        2048, "--max-batch-rows", min=1,
+        help="The most tokens one engine batch puts through; the scheduler cuts batches there.",
     ),
     policy: Policy = typer.Option(
         Policy.fcfs,
@@ -183,6 +192,7 @@ def serve(
         host=host,
         port=port,
         max_sessions=max_sessions,
+        resident_sessions=resident_sessions,
         max_block=max_block,
         max_generate_tokens=max_generate_tokens,
         max_context=max_context,
@@ -198,6 +208,7 @@ def serve(
         threads=threads,
         gpu_layers=gpu_layers,
         prefill_chunk=prefill_chunk,
+        max_batch_rows=max_batch_rows,
         policy=policy.value,
         guard_ms=guard_ms,
         slo_budget=cast(Literal["round", "response"], slo_budget),

@@ -272,6 +272,10 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50551  # 0 picks a free port
     max_sessions: int = 16
+    # Sessions whose KV the engine's context holds at once (0: all of max_sessions, up to the 256
+    # sequences a llama.cpp context holds); the others are parked, their KV copied to host memory
+    # and loaded back when they next call. KV memory in the context is max_context x this.
+    resident_sessions: int = 0
     max_block: int = 32  # draft tokens per round
     max_context: int = 4096  # tokens per session; KV memory is max_context x max_sessions
     idle_timeout: float = 900.0  # seconds before an idle session may be evicted
@@ -301,6 +305,10 @@ class ServerConfig:
     # Prompts and turns longer than this go to the engine in chunks, other sessions'
     # rounds between them: the longest a prefill holds the engine is one chunk.
     prefill_chunk: int = 128
+    # The most rows (tokens) one engine batch puts through: the scheduler cuts batches there, the
+    # oldest work always going (vLLM's max_num_batched_tokens). A GPU target wants every waiting
+    # round in one step (128 devices x 5 rows: 640); a CPU one gains little past a few hundred.
+    max_batch_rows: int = 2048
     # Which work the engine runs next: "fcfs" (arrival order, SLED's verifier) or
     # "wisp" (WISP's Algorithm 1: deadlines first, then expected tokens per ms).
     policy: Policy = "fcfs"
@@ -357,6 +365,12 @@ class ServerConfig:
             raise ConfigError("max_sessions and max_block must be >= 1, max_context >= 8")
         if self.prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be at least 1, got {self.prefill_chunk}")
+        if self.resident_sessions < 0:
+            raise ConfigError(
+                f"resident_sessions must be >= 0 (0: as many as max_sessions), got {self.resident_sessions}"
+            )
+        if self.max_batch_rows < 1:
+            raise ConfigError(f"max_batch_rows must be at least 1, got {self.max_batch_rows}")
         if self.numerics not in ("exact", "fast"):
             raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
         if self.policy not in get_args(Policy):  # each has a scheduler in verifier.scheduler.SCHEDULERS

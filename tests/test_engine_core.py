@@ -64,6 +64,23 @@ def test_fcfs_batches_in_arrival_order_within_its_row_budget_and_the_oldest_alwa
     assert [len(one.schedule().works) for _ in range(3)] == [1, 1, 1]
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "wisp"])
+def test_every_policy_cuts_batches_at_the_configs_row_cap(policy):
+    from edgekit.verifier._estimator import VerifyTimeEstimator
+    from edgekit.verifier.scheduler import SCHEDULERS
+
+    config = ServerConfig(max_batch_rows=12, policy=policy)
+    s = SCHEDULERS[policy](VerifyTimeEstimator(), config)
+    for seq in range(5):
+        s.submit(_work(seq, 0, 5))  # 25 rows wait: 10 fit under 12, the third round would pass it
+    sizes = []
+    while (batch := s.schedule()) is not None:
+        sizes.append(sum(w.rows for w in batch.works))
+    assert sizes == [10, 10, 5]
+    with pytest.raises(Exception, match="max_batch_rows"):
+        ServerConfig(max_batch_rows=0)
+
+
 def test_a_cancelled_work_is_never_scheduled():
     s = FcfsScheduler()
     gone, kept = _work(0, 0, 1), _work(1, 0, 1)
@@ -265,3 +282,25 @@ def test_closing_runs_what_is_queued_then_refuses_new_work():
     core.close()
     with pytest.raises(VerifierUnavailableError, match="shutting down"):
         core.run(Feed(0, 3, (5,), 1))
+
+
+@pytest.mark.parametrize("settings, reduced", [
+    ({}, True),  # plain greedy: each row's best id, reduced by the engine
+    ({"logprobs": 2}, False),  # the committed tokens' logprobs want the rows
+    ({"repetition_penalty": 1.3}, False),  # the sampler adjusts the rows before its argmax
+])
+def test_a_greedy_round_over_plain_logits_asks_the_engine_only_for_its_rows_best_ids(settings, reduced):
+    from edgekit.testing import toy_client
+
+    target = ToyLanguageModel(seed=5)
+    plain = toy_client(target, noise=1.0, max_tokens=40, draft_k=4, stop_at_eos=False, **settings)
+    engine = plain.transport.service.engine
+    feeds: list[Feed] = []
+    run = engine.run_batch
+    engine.run_batch = lambda batch: (feeds.extend(batch), run(batch))[1]
+    got = plain.generate("hello").until_done()
+    rounds = [f for f in feeds if f.n_out]
+    assert rounds and all(bool(f.argmax) == reduced for f in rounds)
+    assert all(f.argmax == target.vocab_size - target.padding for f in rounds if f.argmax)  # the target's own ids
+    alone = toy_client(target, max_tokens=40, stop_at_eos=False, **settings).generate_target_only("hello").until_done()
+    assert got.token_ids == alone.token_ids and got.stats.drafted > 0

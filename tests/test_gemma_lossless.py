@@ -190,6 +190,48 @@ def test_concurrent_sessions_do_not_disturb_each_other(gemma_server, gemma_paths
     assert max(shared) > 1, shared  # rounds of several sessions went through the engine together
 
 
+def test_sessions_parked_out_of_the_context_come_back_exact(gemma_paths, target_only):
+    """Six sessions at once on a verifier whose context holds two: the others' KV is parked in host
+    memory and loaded back round after round, and every answer is still the target's own. Exact
+    because a context sequence is a stream of its own: a sequence loaded back holds its cells in
+    the order, and with the values, it built them (llama.cpp's per-sequence state, copied whole)."""
+    from edgekit import ClientConfig, LlamaDraftModel, ServerConfig
+    from edgekit.verifier import VerifierServer
+
+    config = ServerConfig(port=0, max_sessions=6, resident_sessions=2, max_context=256, max_block=8)
+    server = VerifierServer(gemma_paths[1], config, name="gemma-3-270m").start()
+    prompts = PROMPTS[:6]
+    results: dict[str, tuple[int, ...]] = {}
+    errors: list[BaseException] = []
+    all_open = threading.Barrier(len(prompts), timeout=120)
+
+    def run(prompt):
+        try:
+            draft = LlamaDraftModel(gemma_paths[0], n_ctx=256)
+            gen = GenerationConfig(max_tokens=MAX_TOKENS, draft_k=4, drafting="fixed")
+            with EdgeClient(server.address, draft_model=draft, generation=gen,
+                            config=ClientConfig(first_route="speculative")) as c:
+                all_open.wait()  # every session drafts at once: more than the context holds
+                results[prompt] = c.generate(prompt).until_done().token_ids
+            draft.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=run, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        slots = server.engine.slots
+    finally:
+        server.stop()
+    assert not errors, errors
+    for p in prompts:
+        assert results[p] == target_only[p], p
+    assert slots.resident == 2 and slots.parks > 0 and slots.loads > 0, (slots.parks, slots.loads)
+
+
 def test_prefix_is_reused_between_rounds(client, gemma_server):
     """After every round the verifier holds all committed tokens but the last in KV:
     a round decodes only that token and the block."""

@@ -187,3 +187,27 @@ def test_a_local_verifier_loads_the_pairs_shipped_head_unless_told_not_to(gemma_
     with EdgeClient(pair="gemma-270m", draft_model=gemma_draft, local_server=off) as client:
         info = client.server_info()
         assert not info.semantic_head and "semantic" not in info.modes
+
+
+@pytest.mark.numerics
+def test_rows_reduced_where_they_are_made_are_the_argmax_of_the_rows_copied_out(gemma_paths):
+    """A greedy round's rows reduced in llama.cpp's output buffer (`Feed.argmax`) name the ids the
+    copied rows' argmax names, over the ids asked for, in one batch with feeds that copy theirs;
+    with fast numerics too, where every row of the batch goes in one decode."""
+    for exact in (True, False):
+        engine = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=3, max_block=8, exact=exact)
+        try:
+            tokens = tuple(engine.model.tokenize(PROMPT))
+            head, block = tokens[:-6], tokens[-6:]
+            for seq in (0, 1, 2):
+                engine.run_batch([Feed(seq, 0, head, 0)])
+            n = len(block)
+            full, best, fewer = engine.run_batch([
+                Feed(0, len(head), block, n),
+                Feed(1, len(head), block, n, argmax=engine.n_vocab),
+                Feed(2, len(head), block, n, argmax=1000),
+            ])
+            assert best.dtype == np.int64 and best.tolist() == np.argmax(full, axis=1).tolist()
+            assert fewer.tolist() == np.argmax(full[:, :1000], axis=1).tolist()
+        finally:
+            engine.close()

@@ -372,6 +372,15 @@ class LlamaContext:
             raise InferenceError(f"no logits for batch row {i}")
         return np.ctypeslib.as_array(ptr, shape=self._logits_view_shape)
 
+    def output_logits(self, n: int) -> np.ndarray:
+        """The last decode's `n` output rows' logits, in batch order, as one [n, n_vocab] view: copy to keep."""
+        if n == 0:
+            return np.empty((0, self.model.n_vocab), dtype=np.float32)
+        ptr = _lc.llama_get_logits(self._ctx)
+        if not ptr:
+            raise InferenceError("no logits from the last decode")
+        return np.ctypeslib.as_array(ptr, shape=(n, self.model.n_vocab))
+
     def hidden(self, i: int) -> np.ndarray:
         """Final-layer, post-norm hidden state of batch row i, as a view."""
         ptr = _lc.llama_get_embeddings_ith(self._ctx, i)
@@ -390,3 +399,20 @@ class LlamaContext:
     def seq_length(self, seq: int) -> int:
         """Cells the sequence holds: its largest position plus one (0 when empty)."""
         return int(_lc.llama_memory_seq_pos_max(self._mem, seq)) + 1
+
+    def save_sequence(self, seq: int) -> np.ndarray:
+        """The sequence's KV as llama.cpp serialises it (its cells, their positions and values)."""
+        size = int(_lc.llama_state_seq_get_size(self._ctx, seq))
+        state = np.empty(size, dtype=np.uint8)
+        written = int(_lc.llama_state_seq_get_data(self._ctx, state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                                   size, seq))
+        if written != size:
+            raise InferenceError(f"llama.cpp wrote {written} of sequence {seq}'s {size} bytes of state")
+        return state
+
+    def load_sequence(self, state: np.ndarray, seq: int) -> None:
+        """Loads a state `save_sequence` returned into sequence `seq` (which should be empty)."""
+        read = int(_lc.llama_state_seq_set_data(self._ctx, state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                                state.nbytes, seq))
+        if read == 0:
+            raise KVCacheFullError(f"llama.cpp could not load {state.nbytes} bytes of state into sequence {seq}")

@@ -40,6 +40,7 @@ FEATURES = ("n_linear", "n_interactions", "n_cached", "n_out", "batches")
 # Features are divided by these before solving, so the normal equations are well conditioned.
 SETTLED_AFTER = 50  # batches learnt online before an estimator without a calibration is trusted for a step
 _SCALE = np.array([100.0, 1e5, 1e3, 10.0, 1.0])
+_WELL_CONDITIONED = 1e8  # cond(G) below which one solve is trusted to be the unique optimum
 
 
 def batch_features(feeds: Sequence[Feed]) -> np.ndarray:
@@ -84,8 +85,16 @@ class FitReport:
 def _nnls_normal(g: np.ndarray, h: np.ndarray, q: float) -> np.ndarray:
     """min ||y - X w||^2 subject to w >= 0, from the normal equations (G = X'X, h = X'y,
     q = y'y): the best non-negative solution over every subset of free coefficients
-    (five coefficients: 31 subsets, exact)."""
+    (five coefficients: 31 subsets, exact).
+
+    Where G is well conditioned and its unconstrained solution is positive throughout, that
+    solution is the only optimum, and no subset can match it: it is returned at the cost of one
+    solve (what online refits mostly meet) instead of the 31 (milliseconds on the engine's thread)."""
     n = len(h)
+    if np.linalg.cond(g) < _WELL_CONDITIONED:
+        w = np.linalg.solve(g, h)
+        if np.all(w > 0):
+            return w
     best, best_sse = np.zeros(n), q
     for k in range(1, n + 1):
         for subset in itertools.combinations(range(n), k):

@@ -212,7 +212,11 @@ class Rounds:
             checks_ms = (time.perf_counter() - t0) * 1e3
             base = len(sess.tokens)
             run = self._tokens_of_target(block)  # the target runs its own tokens only
-            feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block[:run]), run + 1, hidden=semantic)
+            # Greedy over plain logits wants only each row's best id: the engine reduces its rows
+            # where they are made (no row of logits copied); logprobs and SH's pending rows want them whole.
+            reduced = sess.mode == "greedy" and not sess.sampler.adjusts and sess.logprobs < 0 and r.upload != "sh"
+            feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block[:run]), run + 1, hidden=semantic,
+                        argmax=self.checks.n_real if reduced else 0)
             ran = self._run(sess, feed, deadline, objective)
             verify_ms = ran.run_ms + checks_ms
             if r.upload == "sh":
@@ -272,8 +276,11 @@ class Rounds:
         logits = self._judged_logits(ran.logits)
         t0 = time.perf_counter()
         semantic_accepted = 0
+        best = ran.best.tolist() if ran.best is not None else None  # the engine's reduction of plain greedy rows
         if sess.mode == "greedy":
-            accepted, nxt = accept_top1(sess.sampler.best_of_rows(logits, sess.tokens, judged), judged)
+            if best is None:
+                best = sess.sampler.best_of_rows(logits, sess.tokens, judged)
+            accepted, nxt = accept_top1(best, judged)
         elif sess.mode == "semantic":
             accepted, nxt, semantic_accepted = self.semantic.decide(
                 logits, judged, hidden, ran.hidden, sess.semantic_threshold, r.link
@@ -284,7 +291,10 @@ class Rounds:
         ratios = 0.0
         if self.budgets is not None and block:
             dists = r.distributions[: len(judged)] if sess.mode == "sample" else ()
-            ratios = float(acceptance_ratios(logits, judged, dists, sess.sampler, sess.tokens).sum())
+            if best is not None:  # greedy's ratios: whether each token is the target's choice (as acceptance_ratios)
+                ratios = float(sum(b == t for b, t in zip(best, judged)))
+            else:
+                ratios = float(acceptance_ratios(logits, judged, dists, sess.sampler, sess.tokens).sum())
         verdict = decide(
             block,
             accepted,

@@ -143,6 +143,7 @@ class VerifierServer:
                 cache_dir=Path(c.calibration_dir) if c.calibration_dir else default_calibration_dir(),
                 recalibrate=c.calibrate == "force",
                 gpu_layers=c.gpu_layers,
+                resident=c.resident_sessions or None,
             )
         self.engine = target
         estimator = self._estimator()
@@ -207,9 +208,11 @@ class VerifierServer:
         c = self.config
         if c.calibrate == "off":
             return VerifyTimeEstimator()
+        # its batches on sequences the context holds at once: parking would be timed with them
+        resident = self.engine.slots.resident if isinstance(self.engine, LlamaEngine) else c.max_sessions
         return calibrated_estimator(
             self.engine,
-            n_seq=c.max_sessions,
+            n_seq=resident,
             max_context=c.max_context,
             max_block=c.max_block,
             prefill_chunk=c.prefill_chunk,

@@ -24,6 +24,9 @@ class Feed:
     turn wants no logits (`n_out=0`); a verification round wants the block's K+1.
     `hidden`: the round also wants the target's final-layer, post-norm hidden state
     at those positions (the semantic mode reads them; no other mode pays for them).
+    `argmax`: the round wants only each of those rows' best id among the first `argmax` ids
+    (greedy with plain logits: the engine reduces its rows where they are made, and no row of
+    logits is copied out); 0, the default: their logits.
     """
 
     seq: int
@@ -31,9 +34,11 @@ class Feed:
     tokens: tuple[int, ...]
     n_out: int
     hidden: bool = False
+    argmax: int = 0
 
 
-FeedOutput = np.ndarray | tuple[np.ndarray, np.ndarray]  # logits, or (logits, hidden) for a `hidden` feed
+# logits; (logits, hidden) for a `hidden` feed; the rows' best ids ([n_out] int64) for an `argmax` one
+FeedOutput = np.ndarray | tuple[np.ndarray, np.ndarray]
 
 
 def split_output(out: FeedOutput) -> tuple[np.ndarray, np.ndarray | None]:
@@ -48,7 +53,8 @@ class Engine(Protocol):
 
     `run_batch` runs feeds of several sequences and returns, per feed, the
     logits of its last `n_out` positions ([n_out, n_vocab] float32, copies),
-    or for a feed with `hidden` set the pair (logits, hidden [n_out, n_embd]).
+    or for a feed with `hidden` set the pair (logits, hidden [n_out, n_embd]), or for a feed
+    with `argmax` set its rows' best ids ([n_out] int64; the first best where several tie).
     A feed that does not fit raises `KVCacheFullError`, leaving the sequences
     at their feeds' starts. `truncate` cuts a sequence, `release` empties it (for
     callers outside the verifier: it needs neither); `cached` says how many

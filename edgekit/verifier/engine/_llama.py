@@ -26,8 +26,10 @@ kernel llama.cpp has.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -37,10 +39,15 @@ from ...protocol import Fingerprint
 from ...runtime import LlamaContext, LlamaModel, default_threads, gpu_offload
 from ._base import Feed, FeedOutput
 from ._cache import load_cached, machine_key, store_cached
+from ._parking import SequenceSlots
+
+# The most sequences a llama.cpp context holds (LLAMA_MAX_SEQ in the vendored version: a larger
+# n_seq_max fails to create the context); an engine with more parks the rest (`SequenceSlots`).
+MAX_RESIDENT = 256
 
 __all__ = [
-    "LlamaEngine", "bands_between", "calibrate_invariant_batches", "calibration_depths", "mixes_sessions_exactly",
-    "rows_exact_between",
+    "MAX_RESIDENT", "LlamaEngine", "bands_between", "calibrate_invariant_batches", "calibration_depths",
+    "mixes_sessions_exactly", "rows_exact_between",
 ]
 
 _CALIBRATION_TEXT = (
@@ -165,7 +172,9 @@ def mixes_sessions_exactly(model: LlamaModel, n: int, threads: int | None = None
 
 
 class LlamaEngine:
-    """The `Engine` over a GGUF target: `max_context` cells per sequence, `n_seq` sequences."""
+    """The `Engine` over a GGUF target: `max_context` cells per sequence, `n_seq` sequences, of
+    which `resident` (at most `MAX_RESIDENT`) are held in the llama.cpp context at once, the
+    others parked (`SequenceSlots`: their KV copied aside, loaded back when named)."""
 
     def __init__(
         self,
@@ -180,9 +189,15 @@ class LlamaEngine:
         cache_dir: Path | None = None,
         recalibrate: bool = False,
         gpu_layers: int | None = None,
+        resident: int | None = None,
     ) -> None:
         """`cache_dir`: where the exact mode's calibration is kept between starts (None: measured
-        every time); `recalibrate` measures again whatever is kept. `gpu_layers`: see `LlamaModel`."""
+        every time); `recalibrate` measures again whatever is kept. `gpu_layers`: see `LlamaModel`.
+        `resident`: sequences the context holds (None: all `n_seq`, up to `MAX_RESIDENT`); KV
+        memory in the context is `max_context` x `resident`."""
+        resident = min(n_seq, MAX_RESIDENT) if resident is None else resident
+        if not 1 <= resident <= MAX_RESIDENT:
+            raise ValueError(f"a llama.cpp context holds 1 to {MAX_RESIDENT} sequences, not {resident}")
         self.model = LlamaModel(model_path, name=name, repack=not exact, gpu_layers=gpu_layers)
         self.name = self.model.name
         stat = os.stat(model_path)
@@ -192,13 +207,19 @@ class LlamaEngine:
         self.n_vocab = self.model.n_vocab
         self.n_embd = self.model.n_embd
         n_batch = max(512, max_block + 1)
+        resident = min(resident, n_seq)
         self._ctx = LlamaContext(
             self.model,
-            n_ctx=max_context * n_seq,
+            n_ctx=max_context * resident,
             n_batch=n_batch,
-            n_seq=n_seq,
+            n_seq=resident,
             n_threads=threads,
             flash_attn=True if exact else None,
+        )
+        ctx = self._ctx
+        self.slots = SequenceSlots(
+            n_seq, resident, save=ctx.save_sequence, load=ctx.load_sequence, remove=ctx.remove,
+            truncate=ctx.truncate, length=ctx.seq_length,
         )
         self.exact = exact
         # Exact mode: rows per sub-batch that keep logits bit-exact, by depth (see calibrate_invariant_batches).
@@ -239,7 +260,20 @@ class LlamaEngine:
         return self.model.chat_template()
 
     def run_batch(self, feeds: Sequence[Feed]) -> list[FeedOutput]:
-        outs = [np.empty((f.n_out, self.n_vocab), dtype=np.float32) for f in feeds]
+        if not self.slots.parking:
+            return self._run_resident(feeds)
+        # More sessions than the context holds: each run of the batch naming at most as many
+        # sequences as it holds is placed (others parked) and run on the context's sequences.
+        outputs: list[FeedOutput] = []
+        for group in self.slots.groups([f.seq for f in feeds]):
+            placed = self.slots.place({feeds[i].seq for i in group})
+            outputs += self._run_resident([replace(feeds[i], seq=placed[feeds[i].seq]) for i in group])
+        return outputs
+
+    def _run_resident(self, feeds: Sequence[Feed]) -> list[FeedOutput]:
+        """Runs feeds whose sequences are the context's own."""
+        outs = [np.empty(f.n_out, dtype=np.int64) if f.argmax else np.empty((f.n_out, self.n_vocab), dtype=np.float32)
+                for f in feeds]
         hidden = [np.empty((f.n_out, self.n_embd), dtype=np.float32) if f.hidden else None for f in feeds]
         for f in feeds:
             held = self._ctx.seq_length(f.seq)
@@ -286,28 +320,46 @@ class LlamaEngine:
             rows = [(i, r) for i in group for r in range(len(feeds[i].tokens))]
             for lo in range(0, len(rows), step):
                 chunk = rows[lo : lo + step]
+                wanted = [r >= len(feeds[i].tokens) - feeds[i].n_out for i, r in chunk]
                 self._ctx.decode(
                     [feeds[i].tokens[r] for i, r in chunk],
                     [feeds[i].start + r for i, r in chunk],
                     [feeds[i].seq for i, _ in chunk],
-                    [r >= len(feeds[i].tokens) - feeds[i].n_out for i, r in chunk],
+                    wanted,
                 )
-                for row, (i, r) in enumerate(chunk):
-                    head = len(feeds[i].tokens) - feeds[i].n_out
-                    if r >= head:
-                        outs[i][r - head] = self._ctx.logits(row)  # indexed by batch row
-                        rows_out = hidden[i]
-                        if rows_out is not None:
-                            rows_out[r - head] = self._ctx.hidden(row)
+                self._take_outputs(chunk, wanted, feeds, outs, hidden)
+
+    def _take_outputs(self, chunk: list[tuple[int, int]], wanted: list[bool], feeds: Sequence[Feed],
+                      outs: list[np.ndarray], hidden: list[np.ndarray | None]) -> None:
+        """A decode's outputs to their feeds: each feed's rows in one slice of llama.cpp's output
+        buffer (in batch order), reduced there for an `argmax` feed, else copied whole."""
+        view = self._ctx.output_logits(sum(wanted))
+        taken = 0
+        for i, run in itertools.groupby(zip(range(len(chunk)), chunk, wanted), key=lambda x: x[1][0]):
+            rows = [(row, r) for row, (_, r), want in run if want]  # a suffix of the feed's rows in this chunk
+            if not rows:
+                continue
+            f = feeds[i]
+            first, m = rows[0][1] - (len(f.tokens) - f.n_out), len(rows)
+            block = view[taken : taken + m]
+            if f.argmax:
+                outs[i][first : first + m] = np.argmax(block[:, : f.argmax], axis=1)
+            else:
+                outs[i][first : first + m] = block
+            rows_out = hidden[i]
+            if rows_out is not None:
+                for k, (row, _) in enumerate(rows):
+                    rows_out[first + k] = self._ctx.hidden(row)
+            taken += m
 
     def truncate(self, seq: int, length: int) -> None:
-        self._ctx.truncate(seq, length)
+        self.slots.truncate(seq, length)
 
     def release(self, seq: int) -> None:
-        self._ctx.remove(seq)
+        self.slots.release(seq)
 
     def cached(self, seq: int) -> int:
-        return self._ctx.seq_length(seq)
+        return self.slots.length(seq)
 
     def close(self) -> None:
         self._ctx.close()

@@ -82,6 +82,8 @@ class ToyEngine:
         n = len(kv)
         rows = [self.lm.logits(kv[: n - feed.n_out + i + 1]) for i in range(feed.n_out)]
         logits = np.stack(rows) if rows else np.empty((0, self.n_vocab), dtype=np.float32)
+        if feed.argmax:
+            return np.argmax(logits[:, : feed.argmax], axis=1)
         if not feed.hidden:
             return logits
         hidden = [self.hidden(kv[: n - feed.n_out + i + 1]) for i in range(feed.n_out)]

@@ -1,7 +1,8 @@
 """Which work the verifier's engine runs next, and whether it is taken at all: the `Scheduler`
 seam and its policies, by name in `SCHEDULERS` (what `ServerConfig.policy` and `edgekit serve
---policy` name). Each is built with the config's bounds on the queue (`max_queue`) and on a
-prefill's chunk (`prefill_chunk`); the engine core only runs what it schedules."""
+--policy` name). Each is built with the config's bounds on the queue (`max_queue`), on a
+prefill's chunk (`prefill_chunk`) and on a batch's rows (`max_batch_rows`); the engine core only
+runs what it schedules."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ __all__ = ["SCHEDULERS", "Batch", "FcfsScheduler", "Objective", "Scheduler", "Wi
 
 
 def _fcfs(estimator: VerifyTimeEstimator, config: ServerConfig) -> Scheduler:
-    return FcfsScheduler(prefill_chunk=config.prefill_chunk, max_queue=config.max_queue)
+    return FcfsScheduler(max_rows=config.max_batch_rows, prefill_chunk=config.prefill_chunk, max_queue=config.max_queue)
 
 
 def _wisp(estimator: VerifyTimeEstimator, config: ServerConfig) -> Scheduler:
@@ -30,6 +31,7 @@ def _wisp(estimator: VerifyTimeEstimator, config: ServerConfig) -> Scheduler:
         starvation_s=config.starvation_s,
         min_efficiency=config.min_efficiency,
         unreachable_share=config.unreachable_share,
+        max_rows=config.max_batch_rows,
         prefill_chunk=config.prefill_chunk,
         max_queue=config.max_queue,
     )

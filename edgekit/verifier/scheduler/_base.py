@@ -48,14 +48,18 @@ class Objective:
     arrived: float | None = None  # time.perf_counter() when its request arrived; None: when submitted
 
 
+_NO_LOGITS = np.empty((0, 0), dtype=np.float32)
+
+
 @dataclass(frozen=True)
 class WorkResult:
-    logits: np.ndarray  # [n_out, n_vocab]
+    logits: np.ndarray  # [n_out, n_vocab]; [0, 0] for an `argmax` feed
     queue_ms: float  # from submission to dispatch
     run_ms: float  # the batch it ran in, on the engine
     batch_size: int  # works in that batch
     estimated_ms: float = 0.0  # what the scheduler's estimator expected of that batch (0: no estimate)
     hidden: np.ndarray | None = None  # [n_out, n_embd], the target's hidden rows when the feed asked for them
+    best: np.ndarray | None = None  # [n_out], each row's best id, for an `argmax` feed (its logits never copied)
 
 
 @dataclass(eq=False)
@@ -129,9 +133,10 @@ def complete(batch: Batch, outputs: Sequence[FeedOutput] | BaseException, run_ms
             work.future.set_exception(outputs)
         else:
             queue_ms = (batch.dispatched - work.submitted) * 1e3
-            logits, hidden = split_output(outputs[i])
+            out, hidden = split_output(outputs[i])
+            logits, best = (_NO_LOGITS, out) if work.feed.argmax else (out, None)
             work.future.set_result(
-                WorkResult(logits, queue_ms, run_ms, len(batch.works), batch.estimated_ms, hidden)
+                WorkResult(logits, queue_ms, run_ms, len(batch.works), batch.estimated_ms, hidden, best)
             )
 
 
