@@ -186,7 +186,8 @@ class Tally:
     rounds_all: int = 0  # rounds whenever they finished (warm-up included)
     mismatches: int = 0
     mismatch_examples: list[str] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)  # by "Method STATUS"
+    error_examples: list[str] = field(default_factory=list)
     rtt_ms: array = field(default_factory=lambda: array("d"))
 
     def merge(self, other: dict[str, Any]) -> None:
@@ -194,6 +195,7 @@ class Tally:
                      "server_verify_ms", "batch_size", "rounds_all", "mismatches"):
             setattr(self, name, getattr(self, name) + other[name])
         self.mismatch_examples += other["mismatch_examples"][: 5 - len(self.mismatch_examples)]
+        self.error_examples += other["error_examples"][: 5 - len(self.error_examples)]
         self.errors.update(other["errors"])
         self.rtt_ms.extend(other["rtt_ms"])
 
@@ -227,7 +229,7 @@ class Device:
         fp = t.fingerprint
         answer = yield "Handshake", pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, draft_tokenizer=fp,
                                                         draft_model="toy-draft"), 0.0
-        if self._failed(answer):
+        if self._failed(answer, "Handshake"):
             return
         sampling = sampling_to_pb("greedy", GREEDY, 0)
         backoff = 0.0
@@ -237,7 +239,7 @@ class Device:
             answer = yield "OpenSession", pb.OpenSessionRequest(
                 prompt_tokens=prompt, sampling=sampling, draft_tokenizer=fp, client_id=self.client_id), backoff
             backoff = 0.05  # after a failure: not a storm of retries
-            if self._failed(answer):
+            if self._failed(answer, "OpenSession"):
                 continue
             opened, _, done = answer
             sid = opened.session_id
@@ -251,7 +253,7 @@ class Device:
                 answer = yield "Verify", pb.VerifyRequest(
                     session_id=sid, base_position=base + i, draft_tokens=block, round_index=n,
                     continue_after_eog=True, draft_ms=self.draft_s * 1e3), self.draft_s
-                if self._failed(answer):
+                if self._failed(answer, "Verify"):
                     ok = False
                     break
                 r, sent, done = answer
@@ -275,13 +277,18 @@ class Device:
                 i += a + 1
                 n += 1
             answer = yield "CloseSession", pb.CloseSessionRequest(session_id=sid), 0.0
-            if not self._failed(answer):
+            if not self._failed(answer, "CloseSession"):
                 backoff = 0.0
 
-    def _failed(self, answer: Answer) -> bool:
-        if isinstance(answer[0], grpc.RpcError):
-            code = answer[0].code() if hasattr(answer[0], "code") else None
-            self.tally.errors[getattr(code, "name", type(answer[0]).__name__)] += 1
+    def _failed(self, answer: Answer, method: str) -> bool:
+        error = answer[0]
+        if isinstance(error, grpc.RpcError):
+            code = error.code() if hasattr(error, "code") else None
+            self.tally.errors[f"{method} {getattr(code, 'name', type(error).__name__)}"] += 1
+            if len(self.tally.error_examples) < 5:
+                details = f"{error.details()} {error.debug_error_string()}" if hasattr(error, "details") else str(error)
+                when = f"{time.monotonic() - self.start:+.2f} s into the window"
+                self.tally.error_examples.append(f"device {self.index}, {method}, {when}: {details}"[:300])
             return True
         return False
 
@@ -421,8 +428,10 @@ def instant_main() -> None:
         for name, fn in handlers.items()})
     # Built as the verifier's server is (a thread per call in flight): on grpc.aio the same stub
     # cost the server's core 1.6x the CPU a round (770 against 475 us, 64 devices, 2-core VM).
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=spec["max_sessions"] + 8),
-                         options=[("grpc.so_reuseport", 0)])
+    handlers = spec["max_sessions"] + 8
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=handlers),
+                         options=[("grpc.so_reuseport", 0), ("grpc.server.max_pending_requests", 2 * handlers),
+                                  ("grpc.server.max_pending_requests_hard_limit", 4 * handlers)])
     server.add_generic_rpc_handlers((generic,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

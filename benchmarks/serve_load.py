@@ -280,6 +280,7 @@ def _summary(kind: str, devices: int, args: argparse.Namespace, workload: Worklo
         "mismatches": tally.mismatches,
         "mismatch_examples": tally.mismatch_examples,
         "errors": dict(tally.errors),
+        "error_examples": tally.error_examples,
         "rounds_all": tally.rounds_all,
         "loadgen": {
             "workers": len(g0),

@@ -47,6 +47,19 @@ def test_the_smallest_run_measures_rounds_and_stages(serve_load, tmp_path):
     assert point["ceiling_rounds_per_s"]["generator_cpu"] > 0 and point["loadgen"]["cpu_share"]
 
 
+@pytest.mark.timeout(180)
+def test_a_thousand_devices_on_one_verifier_see_no_error_and_only_the_targets_tokens(serve_load, tmp_path):
+    """1,024 devices connected at once, each with a call in flight: every verdict the toy target's
+    greedy one, no call failed (gRPC's core cancels calls at random once more than 1,000 wait for
+    the server's Python to take them, unless the verifier makes room: it did not before)."""
+    serve_load.main(["--devices", "1024", "--kinds", "zero", "--duration", "3", "--profile", "",
+                     "--results-dir", str(tmp_path), "--out", "thousand", "--no-plot"])
+    (point,) = json.loads((tmp_path / "thousand.json").read_text())["points"]
+    assert "failed" not in point, point
+    assert point["errors"] == {} and point["mismatches"] == 0, (point["error_examples"], point["mismatch_examples"])
+    assert point["verifier"]["sessions_open"] >= 1000 and point["rounds_per_s"] > 0
+
+
 def test_the_cost_model_is_the_roofline_at_its_points(serve_load):
     """A batch of B sessions' blocks of 4 (5 rows each) takes the roofline's verify time for B;
     B single tokens its plain-decoding time; in between and beyond, lines through the points."""

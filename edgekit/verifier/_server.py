@@ -155,17 +155,21 @@ class VerifierServer:
         # service and gets INVALID_ARGUMENT with its size; one far over it is refused by gRPC
         # (RESOURCE_EXHAUSTED) before it is read into memory.
         hard_cap = c.max_message_bytes + 64 * 1024
+        handlers = max(c.workers, c.max_sessions + 8)
         self._server = grpc.server(
             # A handler per session and a few for handshakes and health: with fewer, calls would queue in
             # gRPC's pool, in arrival order, before the scheduler could see them.
-            futures.ThreadPoolExecutor(
-                max_workers=max(c.workers, c.max_sessions + 8), thread_name_prefix="edgekit-verifier"
-            ),
+            futures.ThreadPoolExecutor(max_workers=handlers, thread_name_prefix="edgekit-verifier"),
             interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", hard_cap),
                 ("grpc.max_send_message_length", hard_cap),
                 ("grpc.so_reuseport", 0),
+                # gRPC Python takes calls from the core one at a time, so with a call in flight per
+                # device most wait in the core's pending queue, whose backlog protector cancels calls
+                # at random past 1,000 (CANCELLED, seen at 1,024 devices): room for every session's call.
+                ("grpc.server.max_pending_requests", 2 * handlers),
+                ("grpc.server.max_pending_requests_hard_limit", 4 * handlers),
             ],
         )
         def tenant_of(context: grpc.ServicerContext) -> str:

@@ -1,0 +1,111 @@
+"""What reducing a greedy round's logits where llama.cpp makes them saves the verifier.
+
+A greedy round over plain logits needs one id per row: the argmax. Before, the engine copied each
+row out of llama.cpp's output buffer (n_vocab floats: 1 MB a row on gemma's 262,144 tokens) and
+the rounds took its argmax; now the feed asks for the ids (`Feed.argmax`) and the engine reduces
+its rows in the buffer, one argmax per decode. This times a batch of B sessions' rounds (K drafted
+tokens each, K + 1 rows) both ways on the same `LlamaEngine`, interleaved, with the argmax the
+rounds would take added to the copying path, and checks both name the same ids.
+
+    python benchmarks/logit_reduction.py                        # gemma-270m, B = 1, 4, 8, exact and fast
+    python benchmarks/logit_reduction.py --pairs qwen-coder --batches 1,8 --repeats 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C
+
+from edgekit.models import pair_paths
+from edgekit.verifier import Feed, LlamaEngine
+
+TEXT = (
+    "A verifier checks the blocks many devices draft, one batch for all of them. "
+    "def mean(xs):\n    return sum(xs) / len(xs)\n"
+) * 6
+
+
+def measure(pair: str, batches: list[int], k: int, repeats: int, exact: bool, threads: int | None) -> dict[str, Any]:
+    _, target = pair_paths(pair)
+    n = max(batches)
+    engine = LlamaEngine(str(target), max_context=256, n_seq=n, max_block=k, exact=exact, threads=threads)
+    tokens = tuple(engine.model.tokenize(TEXT))
+    head, block = tokens[:100], tokens[100 : 100 + k]
+    for seq in range(n):
+        engine.run_batch([Feed(seq, 0, head[:-1], 0)])
+    times: dict[tuple[int, str], list[float]] = {(b, w): [] for b in batches for w in ("copied", "reduced")}
+    ids_of: dict[tuple[int, str], list[list[int]]] = {}
+    cells = list(times)
+    for _ in range(repeats):
+        random.shuffle(cells)
+        for b, way in cells:
+            feeds = [Feed(s, len(head) - 1, (head[-1], *block), k + 1, argmax=engine.n_vocab if way == "reduced" else 0)
+                     for s in range(b)]
+            t0 = time.perf_counter()
+            outs = engine.run_batch(feeds)
+            ids = outs if way == "reduced" else [np.argmax(o, axis=1) for o in outs]  # what the rounds took
+            times[b, way].append((time.perf_counter() - t0) * 1e3)
+            ids_of[b, way] = [i.tolist() for i in ids]
+    same = all(ids_of[b, "copied"] == ids_of[b, "reduced"] for b in batches)
+    engine.close()
+    rows = []
+    for b in batches:
+        copied, reduced = C.median(times[b, "copied"]), C.median(times[b, "reduced"])
+        rows.append({"sessions": b, "rows": b * (k + 1), "copied_ms": copied, "reduced_ms": reduced,
+                     "saved_ms": copied - reduced, "copied_over_reduced": copied / reduced})
+    return {"pair": pair, "numerics": "exact" if exact else "fast", "n_vocab": engine.n_vocab, "k": k,
+            "same_ids": same, "rows": rows}
+
+
+def plot(result: dict[str, Any], png: Path) -> None:
+    fig, (ax,) = C.subplots(width=6.5)
+    for r in result["results"]:
+        xs = [row["sessions"] for row in r["rows"]]
+        ax.plot(xs, [row["saved_ms"] for row in r["rows"]], "o-", label=f"{r['pair']}, {r['numerics']}")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("sessions in the batch (K + 1 rows each)")
+    ax.set_ylabel("ms saved per batch (median): copied - reduced")
+    ax.set_title("Greedy rows reduced in llama.cpp's buffer instead of copied out")
+    C.save_figure(fig, png)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", default="gemma-270m")
+    ap.add_argument("--batches", default="1,4,8", help="sessions per batch, comma-separated")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--numerics", default="exact,fast")
+    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
+    ap.add_argument("--out", default="logit_reduction")
+    ap.add_argument("--replot", metavar="JSON", default=None)
+    args = ap.parse_args()
+    if args.replot:
+        C.replot(args.replot, plot)
+        return
+    threads = C.apply_threads(args.threads)
+    C.print_machine()
+    results = [measure(p, C.csv_list(args.batches, int), args.k, args.repeats, mode == "exact", threads)
+               for p in C.csv_list(args.pairs) for mode in C.csv_list(args.numerics)]
+    print(C.table(
+        ["pair", "numerics", "sessions", "rows", "copied ms", "reduced ms", "saved ms", "ratio", "same ids"],
+        [[r["pair"], r["numerics"], row["sessions"], row["rows"], row["copied_ms"], row["reduced_ms"], row["saved_ms"],
+          row["copied_over_reduced"], r["same_ids"]] for r in results for row in r["rows"]],
+    ))
+    path = C.write_result(args.out, {"settings": vars(args), "results": results})
+    plot({"results": results}, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png').name}")
+
+
+if __name__ == "__main__":
+    main()
