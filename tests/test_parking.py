@@ -96,3 +96,51 @@ def test_the_config_refuses_a_negative_resident_count():
     assert ServerConfig().resident_sessions == 0  # all of max_sessions, up to what a context holds
     with pytest.raises(ConfigError, match="resident_sessions"):
         ServerConfig(resident_sessions=-1)
+
+
+def test_the_least_recently_used_settled_sequence_goes_first_and_is_cut_where_it_settled():
+    slots, ctx = _slots(4, 2)
+    _fill(slots, ctx, 0, [1, 2, 3, 4, 5])  # a round ran: its verdict not yet applied
+    _fill(slots, ctx, 1, [6, 7])
+    slots.settle(1, 1)  # 1's next feed starts at 1: its second cell was a rejected row
+    slots.place([0])
+    slots.place([1])  # 0 is now the least recently used, but unsettled: 1 is parked, cut first
+    _fill(slots, ctx, 2, [8])
+    assert slots.length(1) == 1 and slots.length(0) == 5
+    slots.ran(0, None)
+    _fill(slots, ctx, 3, [9])  # no candidate settled: the least recently used goes
+    assert slots.parks == 2
+
+
+@pytest.mark.models
+@pytest.mark.numerics
+def test_a_sequence_parked_past_the_sliding_window_comes_back_exact_after_its_rows_are_rejected(gemma_paths):
+    """gemma 3's sliding-window layers see 512 positions; llama.cpp saves a sequence without the
+    cells its window no longer sees. A round's rejected rows cut back after loading would leave
+    the window short (the logits moved by up to 2.9 at 1,500 tokens before `settle`): settled
+    where its next feed starts, a sequence parked at 700 and 1,500 tokens verifies its next block
+    bit for bit as one never parked."""
+    from edgekit.verifier import Feed, LlamaEngine
+
+    engine = LlamaEngine(str(gemma_paths[1]), max_context=1600, n_seq=3, resident=2, max_block=8, threads=1)
+    try:
+        text = "The verifier keeps each session's KV cache between rounds. def f(x): return 2*x\n"
+        toks = engine.model.tokenize(text * 80)
+        for n in (700, 1500):
+            head, block, again = tuple(toks[:n]), tuple(toks[n : n + 5]), tuple(toks[n + 2 : n + 7])
+            results = []
+            for parked in (False, True):
+                for seq in (0, 1, 2):
+                    engine.release(seq)
+                engine.run_batch([Feed(0, 0, head[:-1], 0)])
+                engine.run_batch([Feed(0, n - 1, (head[-1], *block), 6)])  # two of its rows accepted, say
+                engine.settle(0, n + 1)
+                if parked:
+                    engine.slots.place([1, 2])  # both context sequences taken: 0 is parked
+                    assert engine.slots.length(0) == n + 1
+                (out,) = engine.run_batch([Feed(0, n + 1, (toks[n + 1], *again), 6)])
+                results.append(out.copy())
+            assert np.array_equal(results[0], results[1]), (n, float(np.abs(results[0] - results[1]).max()))
+        assert engine.slots.parks == 2 and engine.slots.loads == 2
+    finally:
+        engine.close()

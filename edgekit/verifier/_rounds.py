@@ -310,6 +310,7 @@ class Rounds:
         # The KV keeps every committed token but the last (not yet decoded); the block's
         # rejected rows after them go when the session's next feed runs (it starts there).
         sess.tokens.extend(verdict.committed)
+        self.engine.settle(sess.seq, len(sess.tokens) - 1)  # where its next feed starts: the rest is rejected rows
         sess.last_hidden = hidden
         n_hidden = 0 if hidden is None else len(hidden[0])
         sess.hidden_rows += n_hidden

@@ -58,7 +58,9 @@ class Engine(Protocol):
     A feed that does not fit raises `KVCacheFullError`, leaving the sequences
     at their feeds' starts. `truncate` cuts a sequence, `release` empties it (for
     callers outside the verifier: it needs neither); `cached` says how many
-    tokens a sequence holds.
+    tokens a sequence holds. `settle` tells it, once a round's verdict is applied, where the
+    sequence's next feed will start (the cells past it are never read again): an engine that
+    parks sequences (`LlamaEngine`) cuts them there first; any thread may call it.
     """
 
     name: str
@@ -78,6 +80,8 @@ class Engine(Protocol):
     def run_batch(self, feeds: Sequence[Feed]) -> list[FeedOutput]: ...
 
     def truncate(self, seq: int, length: int) -> None: ...
+
+    def settle(self, seq: int, length: int) -> None: ...
 
     def release(self, seq: int) -> None: ...
 

@@ -267,6 +267,9 @@ class LlamaEngine:
         outputs: list[FeedOutput] = []
         for group in self.slots.groups([f.seq for f in feeds]):
             placed = self.slots.place({feeds[i].seq for i in group})
+            for i in group:
+                f = feeds[i]
+                self.slots.ran(f.seq, f.start + len(f.tokens) if f.n_out == 0 else None)
             outputs += self._run_resident([replace(feeds[i], seq=placed[feeds[i].seq]) for i in group])
         return outputs
 
@@ -354,6 +357,9 @@ class LlamaEngine:
 
     def truncate(self, seq: int, length: int) -> None:
         self.slots.truncate(seq, length)
+
+    def settle(self, seq: int, length: int) -> None:
+        self.slots.settle(seq, length)
 
     def release(self, seq: int) -> None:
         self.slots.release(seq)

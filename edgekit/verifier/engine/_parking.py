@@ -11,6 +11,17 @@ context sequence is free. Each context sequence is a stream of its own, its cell
 order, so a sequence loaded back computes what it would have computed had it never left: the
 verifier's exact numerics hold across parking (tested against the real target).
 
+Up to a point, which the caller settles. A round's feed leaves the rows its verdict rejected in
+the sequence, to be cut by the session's next feed; and llama.cpp writes a sequence's state
+without the cells that its sliding-window layers no longer see from the last position (gemma 3:
+five layers in six, a window of 512). A sequence parked holding rejected rows and cut back after
+loading would miss that many cells at the far end of its window: past the window, the next logits
+move (measured: by up to 2.9 on gemma at 1,500 tokens). So the caller says, once a verdict is
+applied, where the sequence's next feed will start (`settle`); a sequence is cut there before it
+is parked, and the least recently used *settled* sequence is parked first. A prompt or a turn (a
+feed without outputs) settles itself at its end. Only where every candidate ran a round whose
+verdict is not yet applied is one parked unsettled.
+
 Re-prefilling from the session's tokens would need no memory aside, but costs a forward pass over
 the whole context per restore (hundreds of times the copy on a CPU: see the serving-stack results)
 and is not bit-exact (issue 52), so parked KV is kept; its memory is what `max_sessions` x
@@ -63,6 +74,7 @@ class SequenceSlots:
             self._placed.update((i, i) for i in range(n_seq))
         self._free = [] if self.resident == n_seq else list(range(self.resident - 1, -1, -1))
         self._parked: dict[int, _Parked] = {}
+        self._settled: dict[int, int] = {}  # engine sequence -> where its next feed starts, as told
         self.parks = 0  # sequences parked so far
         self.loads = 0  # and loaded back
         self.parked_bytes = 0  # held aside now
@@ -109,10 +121,28 @@ class SequenceSlots:
             self._placed[seq] = ctx_seq
         return {seq: self._placed[seq] for seq in seqs}
 
+    def ran(self, seq: int, settles_at: int | None) -> None:
+        """A feed ran on `seq`: it is settled at `settles_at` (a prompt's end), or unsettled until
+        `settle` is called (a round's rows wait for their verdict)."""
+        if settles_at is None:
+            self._settled.pop(seq, None)
+        else:
+            self._settled[seq] = settles_at
+
+    def settle(self, seq: int, length: int) -> None:
+        """The sequence's next feed starts at `length`: cells past it are never read again. Safe
+        from any thread (one assignment)."""
+        self._settled[seq] = length
+
     def _park_one(self, keep: Collection[int]) -> int:
-        victim = next(s for s in self._placed if s not in keep)
+        candidates = [s for s in self._placed if s not in keep]  # least recently used first
+        victim = next((s for s in candidates if s in self._settled), candidates[0])
         ctx_seq = self._placed.pop(victim)
         held = self._length(ctx_seq)
+        settled = self._settled.get(victim)
+        if settled is not None and settled < held:  # the rows its verdict rejected go first
+            self._truncate(ctx_seq, settled)
+            held = settled
         state = self._save(ctx_seq) if held else None
         self._remove(ctx_seq)
         if state is not None:
@@ -140,6 +170,7 @@ class SequenceSlots:
     def release(self, seq: int) -> None:
         """Empties the sequence, resident or parked."""
         self._check(seq)
+        self._settled.pop(seq, None)
         if seq in self._placed:
             self._remove(self._placed[seq])
         parked = self._parked.pop(seq, None)

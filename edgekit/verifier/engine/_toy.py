@@ -97,6 +97,9 @@ class ToyEngine:
     def truncate(self, seq: int, length: int) -> None:
         del self._kv[seq][length:]
 
+    def settle(self, seq: int, length: int) -> None:
+        """Nothing to do: its sequences are never parked."""
+
     def release(self, seq: int) -> None:
         self._kv[seq].clear()
 
