@@ -290,10 +290,12 @@ def test_closing_runs_what_is_queued_then_refuses_new_work():
     ({"repetition_penalty": 1.3}, False),  # the sampler adjusts the rows before its argmax
 ])
 def test_a_greedy_round_over_plain_logits_asks_the_engine_only_for_its_rows_best_ids(settings, reduced):
+    from edgekit import ClientConfig
     from edgekit.testing import toy_client
 
     target = ToyLanguageModel(seed=5)
-    plain = toy_client(target, noise=1.0, max_tokens=40, draft_k=4, stop_at_eos=False, **settings)
+    speculative = ClientConfig(first_route="speculative")  # the rounds asserted on: not the machine's choice
+    plain = toy_client(target, noise=1.0, config=speculative, max_tokens=40, draft_k=4, stop_at_eos=False, **settings)
     engine = plain.transport.service.engine
     feeds: list[Feed] = []
     run = engine.run_batch

@@ -7,10 +7,10 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from _wait import until
 
 from edgekit import ConfigError, EdgeClient, GenerationConfig, ProtocolError
 from edgekit.protocol import OpenRequest
@@ -33,17 +33,22 @@ def _started(cmd: list[str], port: int, log: Path) -> subprocess.Popen:
     """`cmd` started, once its port takes connections; its output in `log`."""
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+
+    def listening() -> bool:
         if proc.poll() is not None:
             pytest.fail(f"llama-cpp-python's server exited: {log.read_text()[-2000:]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc
+            return True
         except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    pytest.fail(f"llama-cpp-python's server did not listen within 120 s: {log.read_text()[-2000:]}")
+            return False
+
+    try:
+        until(listening, "llama-cpp-python's server listening", timeout=120)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
 
 
 def guide_recipe() -> list[str]:
