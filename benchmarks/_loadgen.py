@@ -53,6 +53,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -309,27 +310,53 @@ _CHANNEL_OPTIONS = [("grpc.enable_retries", 0), ("grpc.max_receive_message_lengt
 
 
 def _stubs(channel: Any) -> dict[str, Callable[..., Any]]:
-    return {name: channel.unary_unary(f"/{SERVICE_NAME}/{name}", request_serializer=req.SerializeToString,
-                                      response_deserializer=resp.FromString)
-            for name, (req, resp) in _METHODS.items()}
+    stubs = {name: channel.unary_unary(f"/{SERVICE_NAME}/{name}", request_serializer=req.SerializeToString,
+                                       response_deserializer=resp.FromString)
+             for name, (req, resp) in _METHODS.items()}
+    stubs["Rounds"] = channel.stream_stream(f"/{SERVICE_NAME}/Rounds",
+                                            request_serializer=pb.VerifyRequest.SerializeToString,
+                                            response_deserializer=pb.VerifyResponse.FromString)
+    return stubs
 
 
-async def _drive_aio(device: Device, stubs: dict[str, Callable[..., Any]]) -> None:
+async def _drive_aio(device: Device, stubs: dict[str, Callable[..., Any]], rounds: str = "unary") -> None:
+    """A device's calls, each awaited; with `rounds="stream"` its session's rounds on one Rounds
+    stream (opened at the session's first round, closed with it), as edgekit's client sends them."""
     calls = device.calls()
     answer: Answer | None = None
+    stream: Any = None
     while True:
         try:
             method, request, wait = calls.send(answer)  # type: ignore[arg-type]
         except StopIteration:
-            return
+            break
         if wait:
             await asyncio.sleep(wait)
         sent = time.monotonic()
         try:
-            response = await stubs[method](request, timeout=120.0)
+            if method == "Verify" and rounds == "stream":
+                if stream is None:
+                    stream = stubs["Rounds"](timeout=600.0)
+                await stream.write(request)
+                response = await stream.read()
+                if response is grpc.aio.EOF:
+                    raise RuntimeError("the verifier ended the stream of rounds")
+            else:
+                if method == "CloseSession" and stream is not None:
+                    await _end(stream)
+                    stream = None
+                response = await stubs[method](request, timeout=120.0)
         except grpc.RpcError as exc:
-            response = exc
+            response, stream = exc, None
         answer = (response, sent, time.monotonic())
+    if stream is not None:
+        await _end(stream)
+
+
+async def _end(stream: Any) -> None:
+    await stream.done_writing()
+    while await stream.read() is not grpc.aio.EOF:
+        pass
 
 
 def _drive_blocking(device: Device, stubs: dict[str, Callable[..., Any]]) -> None:
@@ -350,11 +377,11 @@ def _drive_blocking(device: Device, stubs: dict[str, Callable[..., Any]]) -> Non
         answer = (response, sent, time.monotonic())
 
 
-async def _run_aio(devices: list[Device], address: str, per_device: bool) -> None:
+async def _run_aio(devices: list[Device], address: str, per_device: bool, rounds: str = "unary") -> None:
     channels = [grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
                 for _ in (devices if per_device else [None])]
     stubs = [_stubs(c) for c in channels]
-    await asyncio.gather(*(_drive_aio(d, stubs[i if per_device else 0]) for i, d in enumerate(devices)))
+    await asyncio.gather(*(_drive_aio(d, stubs[i if per_device else 0], rounds) for i, d in enumerate(devices)))
     for c in channels:
         await c.close()
 
@@ -381,9 +408,12 @@ def worker_main() -> None:
     window = _read_line()
     devices = [Device(i, tables, (window["start"], window["end"])) for i in spec["devices"]]
     per_device = spec.get("channels", "device") == "device"
+    rounds = spec.get("rounds", "unary")
     if spec.get("mode", "aio") == "aio":
-        asyncio.run(_run_aio(devices, spec["address"], per_device))
+        asyncio.run(_run_aio(devices, spec["address"], per_device, rounds))
     else:
+        if rounds != "unary":
+            raise SystemExit("the threads generator sends Verify calls only: use --mode aio for --rounds stream")
         _run_threads(devices, spec["address"], per_device)
     tally = Tally()
     for d in devices:
@@ -422,16 +452,42 @@ def instant_main() -> None:
         return pb.CloseSessionResponse()
 
     handlers = {"Handshake": handshake, "OpenSession": open_session, "Verify": verify, "CloseSession": close_session}
-    generic = grpc.method_handlers_generic_handler(SERVICE_NAME, {
-        name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_METHODS[name][0].FromString,
-                                                  response_serializer=_METHODS[name][1].SerializeToString)
-        for name, fn in handlers.items()})
-    # Built as the verifier's server is (a thread per call in flight): on grpc.aio the same stub
-    # cost the server's core 1.6x the CPU a round (770 against 475 us, 64 devices, 2-core VM).
-    handlers = spec["max_sessions"] + 8
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=handlers),
-                         options=[("grpc.so_reuseport", 0), ("grpc.server.max_pending_requests", 2 * handlers),
-                                  ("grpc.server.max_pending_requests_hard_limit", 4 * handlers)])
+    unary = {name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_METHODS[name][0].FromString,
+                                                       response_serializer=_METHODS[name][1].SerializeToString)
+             for name, fn in handlers.items()}
+    if spec.get("rounds", "unary") == "stream":
+        # Rounds on streams, served as the verifier serves them: by grpc.aio.
+        async def rounds(requests: Any, context: Any) -> Any:
+            async for req in requests:
+                yield verify(req, context)
+
+        async def serve_aio() -> None:
+            async def call(fn: Callable[..., Any], req: Any, context: Any) -> Any:
+                return fn(req, context)
+
+            methods = {name: grpc.unary_unary_rpc_method_handler(
+                           partial(call, fn), request_deserializer=_METHODS[name][0].FromString,
+                           response_serializer=_METHODS[name][1].SerializeToString)
+                       for name, fn in handlers.items()}
+            methods["Rounds"] = grpc.stream_stream_rpc_method_handler(
+                rounds, request_deserializer=pb.VerifyRequest.FromString,
+                response_serializer=pb.VerifyResponse.SerializeToString)
+            server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            await asyncio.get_running_loop().run_in_executor(None, _serve_commands, port)
+            await server.stop(0.5)
+
+        asyncio.run(serve_aio())
+        return
+    generic = grpc.method_handlers_generic_handler(SERVICE_NAME, unary)
+    # Built as the verifier's unary calls once were (a thread per call in flight): on grpc.aio the same
+    # stub cost the server's core 1.6x the CPU a round (770 against 475 us, 64 devices, 2-core VM).
+    handlers_n = spec["max_sessions"] + 8
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=handlers_n),
+                         options=[("grpc.so_reuseport", 0), ("grpc.server.max_pending_requests", 2 * handlers_n),
+                                  ("grpc.server.max_pending_requests_hard_limit", 4 * handlers_n)])
     server.add_generic_rpc_handlers((generic,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

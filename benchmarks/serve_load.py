@@ -196,7 +196,7 @@ def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workl
     """`devices` devices against a verifier of `kind` for the window; the point's figures."""
     logs = Path(tempfile.mkdtemp(prefix="serve_load-"))
     spec = {"workload": asdict(workload), "kind": kind, "max_sessions": devices + 16, "cores": args.server_cores,
-            "max_batch_rows": args.max_batch_rows}
+            "max_batch_rows": args.max_batch_rows, "rounds": args.rounds}
     if kind == "instant":
         server = spawn("instant", spec, cores=args.server_cores, log=logs / "verifier.log")
     else:
@@ -215,6 +215,7 @@ def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workl
             workers.append(spawn("worker", {
                 "address": ready["address"], "devices": list(range(i, devices, n_workers)),
                 "workload": asdict(workload), "mode": args.mode, "channels": args.channels,
+                "rounds": args.rounds,
             }, cores=[core], log=logs / f"worker{i}.log"))
         readies = [w.recv() for w in workers]  # every worker's: its tables built
         acceptance = readies[0]["acceptance"]
@@ -438,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--workers", type=int, default=0, help="generator processes (default: one per core)")
     ap.add_argument("--mode", default="aio", choices=("aio", "threads"),
                     help="a worker's devices: coroutines or threads")
+    ap.add_argument("--rounds", default="stream", choices=("stream", "unary"),
+                    help="a session's rounds on one Rounds stream, as edgekit's client sends them, "
+                         "or a Verify call each")
     ap.add_argument("--channels", default="device", choices=("device", "worker"),
                     help="a gRPC channel (connection) per device, or one per worker (which gRPC caps at 100 "
                          "calls in flight: more devices than that queue in the worker)")
@@ -470,7 +474,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     kinds = C.csv_list(args.kinds)
     workload = Workload(vocab=args.vocab, noise=args.noise, k=args.k, tokens=args.tokens, draft_ms=args.draft_ms)
     C.print_machine()
-    C.progress(f"verifier on cores {args.server_cores}, generator: {args.workers} {args.mode} worker(s) on "
+    C.progress(f"verifier on cores {args.server_cores}, rounds by {args.rounds}, "
+               f"generator: {args.workers} {args.mode} worker(s) on "
                f"cores {args.loadgen_cores}")
     points = []
     for devices in device_counts:

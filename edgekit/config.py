@@ -243,6 +243,9 @@ class ClientConfig:
     # cost. Where the two steps are close, the machine's timing decides "auto" run by run: tests
     # and benchmarks that need one route pin it here (EDGEKIT_FIRST_ROUTE in `from_env`).
     first_route: FirstRoute = "auto"
+    # Over gRPC, a session's rounds go on one stream (the Rounds RPC) where the verifier offers
+    # it, which costs the verifier a third of a unary call per round; False: a Verify call each.
+    round_streams: bool = True
 
     def __post_init__(self) -> None:
         if not (self.timeout > 0 and self.connect_timeout > 0):

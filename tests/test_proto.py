@@ -30,5 +30,5 @@ def test_the_service_names_every_rpc():
     service = pb.DESCRIPTOR.services_by_name["Verifier"]
     assert service.full_name == "edgekit.verifier.v1.Verifier"
     assert {m.name for m in service.methods} == {
-        "Handshake", "Ping", "OpenSession", "ExtendSession", "Verify", "CloseSession", "Generate"
+        "Handshake", "Ping", "OpenSession", "ExtendSession", "Verify", "Rounds", "CloseSession", "Generate"
     }

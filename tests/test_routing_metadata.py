@@ -9,6 +9,7 @@ from __future__ import annotations
 from concurrent import futures
 
 import grpc
+import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
@@ -24,11 +25,15 @@ TARGET = ToyLanguageModel(seed=11, eos_bias=-8.0)
 
 
 class Recorder(grpc.GenericRpcHandler):
-    """Forwards every call as bytes to `upstream`, keeping (method, metadata) of each."""
+    """Forwards every call as bytes to `upstream`, keeping (method, metadata) of each. A Rounds
+    stream is forwarded as one (`rounds="stream"`), as a unary call (`"unary"`, as a proxy set up
+    for unary methods only would: one request, one answer, then the end of the stream), or not
+    at all (`"none"`: UNIMPLEMENTED, as a verifier older than the method)."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, rounds: str = "stream") -> None:
         self.channel = grpc.insecure_channel(upstream)
         self.calls: list[tuple[str, dict[str, str]]] = []
+        self.rounds = rounds
 
     def service(self, details: grpc.HandlerCallDetails):
         method = details.method
@@ -37,6 +42,11 @@ class Recorder(grpc.GenericRpcHandler):
         if method.endswith("/Generate"):
             stream = self.channel.unary_stream(method)
             return grpc.unary_stream_rpc_method_handler(lambda req, ctx: stream(req, metadata=tuple(meta.items())))
+        if method.endswith("/Rounds") and self.rounds == "none":
+            return None
+        if method.endswith("/Rounds") and self.rounds == "stream":
+            rounds = self.channel.stream_stream(method)
+            return grpc.stream_stream_rpc_method_handler(lambda reqs, ctx: rounds(reqs, metadata=tuple(meta.items())))
         unary = self.channel.unary_unary(method)
         return grpc.unary_unary_rpc_method_handler(lambda req, ctx: unary(req, metadata=tuple(meta.items())))
 
@@ -60,15 +70,42 @@ def test_every_call_names_the_client_and_a_sessions_calls_name_the_session():
         finally:
             proxy.stop(0)
     methods = [m for m, _ in recorder.calls]
-    assert {"Handshake", "OpenSession", "Verify"} <= set(methods), methods
+    # the session's rounds on one stream: the verifier offers it
+    assert {"Handshake", "OpenSession", "CloseSession"} <= set(methods) and methods.count("Rounds") == 1, methods
+    assert "Verify" not in methods
     ours = recorder.calls[:-1]
     assert all(meta.get(CLIENT_HEADER) == "device-7" for _, meta in ours)
     opened = methods.index("OpenSession")
     assert SESSION_HEADER not in recorder.calls[opened][1]  # the verifier gives the id in its answer
-    sessions = {meta.get(SESSION_HEADER) for m, meta in ours if m in ("Verify", "CloseSession", "ExtendSession")}
+    sessions = {meta.get(SESSION_HEADER) for m, meta in ours if m in ("Rounds", "CloseSession", "ExtendSession")}
     assert len(sessions) == 1 and None not in sessions and "" not in sessions
     bare_id = recorder.calls[-1][1].get(CLIENT_HEADER)
     assert bare_id and bare_id != "device-7"
+
+
+@pytest.mark.parametrize("rounds", ["unary", "none"])
+def test_a_proxy_that_carries_no_round_stream_gets_verify_calls(rounds):
+    """The verifier offers Rounds, but the way there does not carry it: the client goes back to
+    Verify calls at the first sign (its round answered again by key), and the answer is the same."""
+    c = ServerConfig(port=0, max_sessions=4, max_context=512)
+    with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=512), c) as verifier:
+        recorder = Recorder(verifier.address, rounds=rounds)
+        proxy = grpc.server(futures.ThreadPoolExecutor(4), handlers=(recorder,))
+        port = proxy.add_insecure_port("127.0.0.1:0")
+        proxy.start()
+        try:
+            gen = GenerationConfig(max_tokens=12, draft_k=3, drafting="fixed", stop_at_eos=False)
+            config = ClientConfig(timeout=10, retry_for=0)  # a failure would end the answer
+            with EdgeClient(f"127.0.0.1:{port}", draft=FakeDraftModel(TARGET), config=config,
+                            generation=gen) as client:
+                out = client.generate([1, 2, 3]).until_done()
+                again = client.generate([1, 2, 3]).until_done()  # a new session: no stream tried again
+        finally:
+            proxy.stop(0)
+    assert list(out.token_ids) == list(again.token_ids) == TARGET.greedy([1, 2, 3], 12)
+    methods = [m for m, _ in recorder.calls]
+    assert methods.count("Rounds") == 1 and methods.count("Verify") >= 4, methods
+    assert methods.index("Rounds") < methods.index("Verify")
 
 
 def test_reflection_lists_the_verifier_and_health_services_and_describes_verify_without_a_token():

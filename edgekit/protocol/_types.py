@@ -123,6 +123,7 @@ class ServerInfo:
     sampler_features: tuple[str, ...] = ()  # what it applies past the temperature (`Sampler.features`)
     max_top_logprobs: int = 0  # most alternatives per token it returns with the target's log-probabilities; 0: none
     decode_step_ms: float = 0.0  # one target step of one sequence (ms), forecast or timed at start; 0: not known
+    round_streams: bool = False  # it takes a session's rounds on one stream (the Rounds RPC)
     tokenizer_check: str = "fingerprint"  # how the target's tokenizer was matched to the draft's
     semantic_head: str = ""  # the decision head of its semantic mode (identity); empty: no semantic mode
     semantic_threshold: float = 0.0  # that head's shipped operating threshold

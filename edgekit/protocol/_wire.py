@@ -113,6 +113,7 @@ def server_info_from_pb(r: pb.HandshakeResponse) -> ServerInfo:
         sampler_features=tuple(c.sampler_features),
         max_top_logprobs=c.max_top_logprobs,
         decode_step_ms=c.decode_step_ms if math.isfinite(c.decode_step_ms) and c.decode_step_ms > 0 else 0.0,
+        round_streams=c.round_streams,
     )
 
 
@@ -143,6 +144,7 @@ def server_info_to_pb(info: ServerInfo) -> pb.HandshakeResponse:
             sampler_features=info.sampler_features,
             max_top_logprobs=info.max_top_logprobs,
             decode_step_ms=info.decode_step_ms,
+            round_streams=info.round_streams,
         ),
         server_version=info.server_version,
         chat_template=info.chat_template or "",

@@ -1,6 +1,6 @@
 """`GrpcTransport`: edgekit.verifier.v1 over gRPC.
 
-Every call carries a deadline; gRPC failures are mapped into the edgekit
+Every call carries a deadline (each round on a session's stream its own); gRPC failures are mapped into the edgekit
 error tree here, with the verifier's address in the message. Nothing is
 retried here: a round that fails is the session's to re-send (the verifier
 recognises a retry of the last round and answers it again), after its own
@@ -12,10 +12,15 @@ Every call also carries routing metadata a proxy in front of several verifiers c
 verifier that opens it, so OpenSession cannot carry it: the recipes hash on the client's id,
 which sends a client's opening and its later calls to the same replica; the session id is there
 for logs and for a proxy that routes by a table of sessions.
+
+Where the verifier offers it, a session's rounds go on one stream (`RoundStream`), opened at
+its first round and closed with the session; the other calls are unary. Where a proxy or a
+replica on the way turns out to carry no Rounds call, the transport goes back to Verify calls.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,8 +32,9 @@ from google.protobuf.message import Message
 
 from ..config import ClientConfig
 from ..errors import EdgekitError
-from ..protocol import SERVICE_NAME, error_from_status, pb_grpc
+from ..protocol import SERVICE_NAME, error_from_status, pb, pb_grpc
 from ._message import MessageTransport
+from ._round_stream import RoundStream
 
 __all__ = ["CLIENT_HEADER", "SESSION_HEADER", "GrpcTransport", "map_rpc_error"]
 
@@ -74,6 +80,8 @@ class GrpcTransport(MessageTransport):
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {c.token}"),) if c.token else ()
         # EdgeClient gives its config an id; a transport built on its own draws one for its calls
         self._metadata += ((CLIENT_HEADER, c.client_id or uuid.uuid4().hex),)
+        self._streams: dict[str, RoundStream] = {}  # session id -> its stream of rounds
+        self._streams_lock = threading.Lock()
 
     def _metadata_for(self, request: Message) -> tuple[tuple[str, str], ...]:
         session = getattr(request, "session_id", "")
@@ -91,6 +99,43 @@ class GrpcTransport(MessageTransport):
         except grpc.RpcError as exc:
             raise map_rpc_error(exc, self.address, during=during, deadline=deadline) from None
         return answer, (time.perf_counter() - t0) * 1e3
+
+    def _round(self, request: pb.VerifyRequest, *, during: str) -> tuple[Message, float]:
+        """A round's exchange on its session's stream where the verifier offers one (and the
+        config allows it), else a Verify call."""
+        if not (self._round_streams and self.config.round_streams):
+            return self._unary("Verify", request, during=during)
+        with self._streams_lock:
+            stream = self._streams.get(request.session_id)
+            if stream is None or stream.over:
+                stream = self._streams[request.session_id] = RoundStream(
+                    self._stub.Rounds, self._metadata_for(request), self.address
+                )
+        try:
+            return stream.exchange(request, during=during, timeout=self.config.timeout)
+        except EdgekitError:
+            if not stream.unsupported:
+                raise
+            # A replica or a proxy on the way has no Rounds call: Verify calls from now on, this
+            # exchange at once (the verifier knows a round it has answered by its key).
+            self._round_streams = False
+            return self._unary("Verify", request, during=during)
+        finally:
+            if stream.over:
+                self._end_stream(request.session_id, stream)
+
+    def _end_stream(self, session_id: str, stream: RoundStream | None = None) -> None:
+        """Closes the session's stream (`stream`, if it is still the one held)."""
+        with self._streams_lock:
+            held = self._streams.get(session_id)
+            if held is None or (stream is not None and held is not stream):
+                return
+            del self._streams[session_id]
+        held.close()
+
+    def close_session(self, session_id: str) -> None:
+        self._end_stream(session_id)
+        super().close_session(session_id)
 
     def _stream(self, method: str, request: Message, *, during: str, timeout: float) -> Iterator[Message]:
         stream = getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata_for(request))
@@ -113,6 +158,10 @@ class GrpcTransport(MessageTransport):
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
     def close(self) -> None:
+        with self._streams_lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.close()
         self._channel.close()
 
     def __enter__(self) -> GrpcTransport:

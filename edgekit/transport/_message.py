@@ -2,7 +2,8 @@
 
 Everything but how one message travels: each request built and each answer read
 by `edgekit.protocol`'s conversions, and SH's second exchange. A subclass provides `_unary` (one request,
-its answer and the round trip) and `_stream` (a server-streaming call):
+its answer and the round trip) and `_stream` (a server-streaming call), and may carry a
+round's exchanges its own way (`_round`: gRPC puts a session's rounds on one stream):
 `GrpcTransport` over gRPC, `edgekit.testing.InProcessTransport` into a verifier
 service in this process. Failures arrive from both as the same edgekit errors
 (`edgekit.protocol.error_from_status`).
@@ -53,6 +54,7 @@ class MessageTransport:
     address: str
     config: ClientConfig
     _version: int = PROTOCOL_VERSION  # what the handshake agreed on
+    _round_streams: bool = False  # whether the verifier takes a session's rounds on one stream
 
     # -- how a message travels: the subclass's part ------------------------------------
 
@@ -65,6 +67,10 @@ class MessageTransport:
     def _stream(self, method: str, request: Message, *, during: str, timeout: float) -> Iterator[Message]:
         """The answers of a server-streaming RPC, as they come."""
         raise NotImplementedError
+
+    def _round(self, request: pb.VerifyRequest, *, during: str) -> tuple[Message, float]:
+        """One exchange of a round: a Verify call, unless the subclass carries it otherwise."""
+        return self._unary("Verify", request, during=during)
 
     def close(self) -> None:
         pass
@@ -91,7 +97,9 @@ class MessageTransport:
                 address=self.address,
             )
         self._version = r.protocol_version
-        return server_info_from_pb(r)
+        info = server_info_from_pb(r)
+        self._round_streams = info.round_streams
+        return info
 
     def ping(self, payload_bytes: int = 0, reply_bytes: int = 0) -> float:
         """One echo; returns its round-trip time in milliseconds."""
@@ -154,7 +162,7 @@ class MessageTransport:
         exchanges: list[Exchange],
         answers: list[VerifyResult | HiddenRequest],
     ) -> VerifyResult | HiddenRequest:
-        r, ms = self._unary("Verify", req, during=f"round {block.round_index}")
+        r, ms = self._round(req, during=f"round {block.round_index}")
         assert isinstance(r, pb.VerifyResponse)
         answer = verify_response_from_pb(r)
         if answer is None:

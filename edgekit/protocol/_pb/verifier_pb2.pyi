@@ -75,7 +75,7 @@ class TokenizerFingerprint(_message.Message):
     def __init__(self, vocab_size: _Optional[int] = ..., token_hash: _Optional[bytes] = ..., bos_token: _Optional[int] = ..., eos_token: _Optional[int] = ..., model_name: _Optional[str] = ...) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("acceptance_modes", "upload_protocols", "hidden_encodings", "max_block", "max_context", "max_sessions", "assigns_budgets", "max_draft_top_k", "prefix_cache", "max_message_bytes", "exact_numerics", "invariant_batch", "slo_classes", "scheduling_policy", "semantic_head", "semantic_threshold", "sampler_features", "max_top_logprobs", "decode_step_ms")
+    __slots__ = ("acceptance_modes", "upload_protocols", "hidden_encodings", "max_block", "max_context", "max_sessions", "assigns_budgets", "max_draft_top_k", "prefix_cache", "max_message_bytes", "exact_numerics", "invariant_batch", "slo_classes", "scheduling_policy", "semantic_head", "semantic_threshold", "sampler_features", "max_top_logprobs", "decode_step_ms", "round_streams")
     class SloClassesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class Capabilities(_message.Message):
     SAMPLER_FEATURES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     DECODE_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_STREAMS_FIELD_NUMBER: _ClassVar[int]
     acceptance_modes: _containers.RepeatedScalarFieldContainer[AcceptanceMode]
     upload_protocols: _containers.RepeatedScalarFieldContainer[UploadProtocol]
     hidden_encodings: _containers.RepeatedScalarFieldContainer[HiddenEncoding]
@@ -121,7 +122,8 @@ class Capabilities(_message.Message):
     sampler_features: _containers.RepeatedScalarFieldContainer[str]
     max_top_logprobs: int
     decode_step_ms: float
-    def __init__(self, acceptance_modes: _Optional[_Iterable[_Union[AcceptanceMode, str]]] = ..., upload_protocols: _Optional[_Iterable[_Union[UploadProtocol, str]]] = ..., hidden_encodings: _Optional[_Iterable[_Union[HiddenEncoding, str]]] = ..., max_block: _Optional[int] = ..., max_context: _Optional[int] = ..., max_sessions: _Optional[int] = ..., assigns_budgets: _Optional[bool] = ..., max_draft_top_k: _Optional[int] = ..., prefix_cache: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., exact_numerics: _Optional[bool] = ..., invariant_batch: _Optional[int] = ..., slo_classes: _Optional[_Mapping[str, float]] = ..., scheduling_policy: _Optional[str] = ..., semantic_head: _Optional[str] = ..., semantic_threshold: _Optional[float] = ..., sampler_features: _Optional[_Iterable[str]] = ..., max_top_logprobs: _Optional[int] = ..., decode_step_ms: _Optional[float] = ...) -> None: ...
+    round_streams: bool
+    def __init__(self, acceptance_modes: _Optional[_Iterable[_Union[AcceptanceMode, str]]] = ..., upload_protocols: _Optional[_Iterable[_Union[UploadProtocol, str]]] = ..., hidden_encodings: _Optional[_Iterable[_Union[HiddenEncoding, str]]] = ..., max_block: _Optional[int] = ..., max_context: _Optional[int] = ..., max_sessions: _Optional[int] = ..., assigns_budgets: _Optional[bool] = ..., max_draft_top_k: _Optional[int] = ..., prefix_cache: _Optional[bool] = ..., max_message_bytes: _Optional[int] = ..., exact_numerics: _Optional[bool] = ..., invariant_batch: _Optional[int] = ..., slo_classes: _Optional[_Mapping[str, float]] = ..., scheduling_policy: _Optional[str] = ..., semantic_head: _Optional[str] = ..., semantic_threshold: _Optional[float] = ..., sampler_features: _Optional[_Iterable[str]] = ..., max_top_logprobs: _Optional[int] = ..., decode_step_ms: _Optional[float] = ..., round_streams: _Optional[bool] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("protocol_version", "draft_tokenizer", "draft_model", "draft_hidden_size", "client_version")

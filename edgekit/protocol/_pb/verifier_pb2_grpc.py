@@ -59,6 +59,11 @@ class VerifierStub:
                 request_serializer=edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.Rounds = channel.stream_stream(
+                '/edgekit.verifier.v1.Verifier/Rounds',
+                request_serializer=edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyResponse.FromString,
+                _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/edgekit.verifier.v1.Verifier/CloseSession',
                 request_serializer=edgekit_dot_protocol_dot___pb_dot_verifier__pb2.CloseSessionRequest.SerializeToString,
@@ -110,6 +115,17 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rounds(self, request_iterator, context):
+        """A session's rounds on one stream, where the verifier offers it
+        (Capabilities.round_streams): each request is a Verify request, answered in
+        order before the next is read, with what Verify would answer. A refusal ends
+        the stream with the status Verify would have had; the client opens another
+        for its next round. A stream saves the verifier the cost of a call per round.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseSession(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -148,6 +164,11 @@ def add_VerifierServicer_to_server(servicer, server):
             ),
             'Verify': grpc.unary_unary_rpc_method_handler(
                     servicer.Verify,
+                    request_deserializer=edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyRequest.FromString,
+                    response_serializer=edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyResponse.SerializeToString,
+            ),
+            'Rounds': grpc.stream_stream_rpc_method_handler(
+                    servicer.Rounds,
                     request_deserializer=edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyRequest.FromString,
                     response_serializer=edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyResponse.SerializeToString,
             ),
@@ -295,6 +316,33 @@ class Verifier:
             request,
             target,
             '/edgekit.verifier.v1.Verifier/Verify',
+            edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyRequest.SerializeToString,
+            edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rounds(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/edgekit.verifier.v1.Verifier/Rounds',
             edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyRequest.SerializeToString,
             edgekit_dot_protocol_dot___pb_dot_verifier__pb2.VerifyResponse.FromString,
             options,
