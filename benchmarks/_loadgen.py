@@ -53,7 +53,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -452,38 +451,20 @@ def instant_main() -> None:
         return pb.CloseSessionResponse()
 
     handlers = {"Handshake": handshake, "OpenSession": open_session, "Verify": verify, "CloseSession": close_session}
-    unary = {name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_METHODS[name][0].FromString,
+    methods = {name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_METHODS[name][0].FromString,
                                                        response_serializer=_METHODS[name][1].SerializeToString)
              for name, fn in handlers.items()}
-    if spec.get("rounds", "unary") == "stream":
-        # Rounds on streams, served as the verifier serves them: by grpc.aio.
-        async def rounds(requests: Any, context: Any) -> Any:
-            async for req in requests:
-                yield verify(req, context)
 
-        async def serve_aio() -> None:
-            async def call(fn: Callable[..., Any], req: Any, context: Any) -> Any:
-                return fn(req, context)
+    def rounds(requests: Any, context: Any) -> Any:
+        for req in requests:
+            yield verify(req, context)
 
-            methods = {name: grpc.unary_unary_rpc_method_handler(
-                           partial(call, fn), request_deserializer=_METHODS[name][0].FromString,
-                           response_serializer=_METHODS[name][1].SerializeToString)
-                       for name, fn in handlers.items()}
-            methods["Rounds"] = grpc.stream_stream_rpc_method_handler(
-                rounds, request_deserializer=pb.VerifyRequest.FromString,
-                response_serializer=pb.VerifyResponse.SerializeToString)
-            server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, methods),))
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            await asyncio.get_running_loop().run_in_executor(None, _serve_commands, port)
-            await server.stop(0.5)
-
-        asyncio.run(serve_aio())
-        return
-    generic = grpc.method_handlers_generic_handler(SERVICE_NAME, unary)
-    # Built as the verifier's unary calls once were (a thread per call in flight): on grpc.aio the same
-    # stub cost the server's core 1.6x the CPU a round (770 against 475 us, 64 devices, 2-core VM).
+    methods["Rounds"] = grpc.stream_stream_rpc_method_handler(
+        rounds, request_deserializer=pb.VerifyRequest.FromString,
+        response_serializer=pb.VerifyResponse.SerializeToString)
+    generic = grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
+    # Built as the verifier's server is (a thread per call or stream in flight): on grpc.aio the same
+    # stub cost the server's core 1.6x the CPU a unary round (770 against 475 us, 64 devices, 2-core VM).
     handlers_n = spec["max_sessions"] + 8
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=handlers_n),
                          options=[("grpc.so_reuseport", 0), ("grpc.server.max_pending_requests", 2 * handlers_n),

@@ -439,9 +439,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--workers", type=int, default=0, help="generator processes (default: one per core)")
     ap.add_argument("--mode", default="aio", choices=("aio", "threads"),
                     help="a worker's devices: coroutines or threads")
-    ap.add_argument("--rounds", default="stream", choices=("stream", "unary"),
-                    help="a session's rounds on one Rounds stream, as edgekit's client sends them, "
-                         "or a Verify call each")
+    ap.add_argument("--rounds", default="unary", choices=("unary", "stream"),
+                    help="a Verify call per round, as edgekit's client sends them by default, or a session's "
+                         "rounds on one Rounds stream (ClientConfig.round_streams)")
     ap.add_argument("--channels", default="device", choices=("device", "worker"),
                     help="a gRPC channel (connection) per device, or one per worker (which gRPC caps at 100 "
                          "calls in flight: more devices than that queue in the worker)")

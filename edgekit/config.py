@@ -243,9 +243,12 @@ class ClientConfig:
     # cost. Where the two steps are close, the machine's timing decides "auto" run by run: tests
     # and benchmarks that need one route pin it here (EDGEKIT_FIRST_ROUTE in `from_env`).
     first_route: FirstRoute = "auto"
-    # Over gRPC, a session's rounds go on one stream (the Rounds RPC) where the verifier offers
-    # it, which costs the verifier a third of a unary call per round; False: a Verify call each.
-    round_streams: bool = True
+    # Over gRPC, True sends a session's rounds on one stream (the Rounds RPC) where the verifier
+    # offers it; False (the default), a Verify call each. Measured on one verifier core, a stream
+    # per session gave 0.7-1.45x the rounds per second of Verify calls and, past 256 devices at
+    # saturation, a tail ten times longer (p99 7-8 s at 1,024 devices, against 0.8-1 s): gRPC served
+    # some streams far more often than others (docs/results/serving-stack.md).
+    round_streams: bool = False
 
     def __post_init__(self) -> None:
         if not (self.timeout > 0 and self.connect_timeout > 0):

@@ -1,15 +1,11 @@
-"""A session's rounds on one stream (issue 50, part 4): the Rounds RPC on the verifier's asyncio
-server, and the round's path on the event loop.
-
-The engine core waited for by a coroutine: its result, its deadline (queued work withdrawn) and
-its caller leaving (queued work withdrawn, never run). A session held by another call is waited
-for off the loop. Over gRPC: a stream's verdicts are those of Verify calls, a refusal ends the
-stream with Verify's status, the token is asked of a stream too, and a client whose round is not
-answered within its deadline gets Verify's timeout error and a new stream for the next round."""
+"""A session's rounds on one stream (issue 50, part 4): the Rounds RPC. A stream's verdicts are
+those of Verify calls, a refusal ends the stream with Verify's status, the token is asked of a
+stream too; a client whose round is not answered within its deadline gets Verify's timeout error
+and a new stream for the next round, and a stream that ended between two rounds is replaced
+without an error."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -17,148 +13,17 @@ from concurrent import futures
 from contextlib import contextmanager
 
 import grpc
-import numpy as np
 import pytest
 from _wait import until
-from test_engine_core import GatedEngine
 
-from edgekit import ClientConfig, EdgeClient, GenerationConfig, LimitExceededError, ServerConfig
+from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
 from edgekit.errors import VerifierUnavailableError
-from edgekit.protocol import GREEDY, SERVICE_NAME, BlockRequest, OpenRequest, pb
+from edgekit.protocol import SERVICE_NAME, BlockRequest, OpenRequest, pb
 from edgekit.testing import FakeDraftModel, ToyEngine, ToyLanguageModel
 from edgekit.transport import GrpcTransport
-from edgekit.verifier import EngineCore, FcfsScheduler, Feed, VerifierServer
-from edgekit.verifier._sessions import SessionTable
+from edgekit.verifier import VerifierServer
 
 TARGET = ToyLanguageModel(seed=5)
-
-
-def test_a_coroutine_gets_the_engines_result_and_its_deadline_withdraws_queued_work():
-    engine = GatedEngine(TARGET, n_seq=2, max_context=64)
-    core = EngineCore(engine, FcfsScheduler())
-    holder = threading.Thread(target=lambda: core.run(Feed(0, 0, (2, 3, 4), 1)))
-    holder.start()
-    assert engine.entered.acquire(timeout=30)  # the engine is busy (held until released)
-
-    async def late() -> None:
-        await core.run_async(Feed(1, 0, (5, 6), 1), deadline=time.monotonic() + 0.05)
-
-    with pytest.raises(LimitExceededError, match="before the call's deadline") as info:
-        asyncio.run(late())
-    assert info.value.code == "DEADLINE_EXCEEDED"
-    engine.gate.release()
-    holder.join(30)
-    assert engine.ran == [[(0, 0, 3)]] and engine.cached(1) == 0  # the withdrawn work never ran
-
-    async def on_time() -> np.ndarray:
-        engine.gate.release()
-        return (await core.run_async(Feed(1, 0, (5, 6), 1), deadline=time.monotonic() + 30)).logits
-
-    logits = asyncio.run(on_time())
-    assert logits.shape == (1, TARGET.vocab_size) and engine.cached(1) == 2
-    core.close()
-
-
-def test_a_cancelled_coroutines_queued_work_is_withdrawn_and_never_runs():
-    engine = GatedEngine(TARGET, n_seq=2, max_context=64)
-    core = EngineCore(engine, FcfsScheduler())
-    holder = threading.Thread(target=lambda: core.run(Feed(0, 0, (2, 3, 4), 1)))
-    holder.start()
-    assert engine.entered.acquire(timeout=30)
-
-    async def leave() -> None:
-        task = asyncio.ensure_future(core.run_async(Feed(1, 0, (5, 6), 1)))
-        await asyncio.sleep(0)  # submitted: it waits behind the held batch
-        until(lambda: core.scheduler.waiting() == 1, "the round queued")
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(leave())
-    engine.gate.release()
-    holder.join(30)
-    until(lambda: core.scheduler.waiting() == 0, "the engine loop past the withdrawn round")
-    assert engine.ran == [[(0, 0, 3)]] and engine.cached(1) == 0
-    core.close()
-
-
-def test_a_session_another_call_holds_is_waited_for_without_blocking_the_loop():
-    table = SessionTable(2, idle_timeout=60)
-    sess = table.create(mode="greedy", sampler=GREEDY, seed=0)
-    sess.lock.acquire()  # a call on a worker thread holds it
-    order: list[str] = []
-
-    async def main() -> None:
-        async def round_() -> None:
-            async with table.acquire_async(sess.id) as held:
-                assert held is sess
-                order.append("round")
-
-        async def other() -> None:
-            order.append("loop free")
-            sess.lock.release()  # the holder's call ends
-
-        task = asyncio.ensure_future(round_())
-        await asyncio.sleep(0.01)
-        assert not task.done()
-        await other()
-        await asyncio.wait_for(task, 30)
-
-    asyncio.run(main())
-    assert order == ["loop free", "round"] and not sess.lock.locked()
-
-
-class _RecordedLock:
-    """A lock that records who took and let it go."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.events: list[tuple[str, str]] = []
-
-    def acquire(self, blocking: bool = True) -> bool:
-        got = self._lock.acquire(blocking)
-        if got:
-            self.events.append(("acquire", threading.current_thread().name))
-        return got
-
-    def release(self) -> None:
-        self.events.append(("release", threading.current_thread().name))
-        self._lock.release()
-
-    def locked(self) -> bool:
-        return self._lock.locked()
-
-
-def test_a_coroutine_that_leaves_while_waiting_for_a_session_lets_it_go_once_taken():
-    table = SessionTable(2, idle_timeout=60)
-    sess = table.create(mode="greedy", sampler=GREEDY, seed=0)
-    lock = sess.lock = _RecordedLock()  # type: ignore[assignment]
-    lock.acquire()  # a call on a worker thread holds it
-    main_thread = threading.current_thread().name
-
-    async def main() -> None:
-        async def round_() -> None:
-            async with table.acquire_async(sess.id):
-                raise AssertionError("never entered")
-
-        task = asyncio.ensure_future(round_())
-        await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        lock.release()  # the holder's call ends: the waiting thread takes the lock, and lets it go
-        for _ in range(3000):
-            if len(lock.events) >= 4:
-                return
-            await asyncio.sleep(0.01)
-
-    asyncio.run(main())
-    (_, holder), (_, ended), (_, taker), (let_go, _) = lock.events
-    assert holder == ended == main_thread and taker != main_thread and let_go == "release"
-    assert not lock.locked()
-
-
-# -- over gRPC --------------------------------------------------------------------------------------
 
 
 def _open(channel: grpc.Channel, prompt: list[int], metadata=()) -> pb.OpenSessionResponse:
@@ -237,12 +102,13 @@ def test_a_stream_without_the_token_is_refused_and_with_it_served():
             assert answer.verdict.accepted == 2
 
 
-class _Silent(grpc.GenericRpcHandler):
-    """Forwards every call to `upstream` but holds the answers of the first Rounds stream's
-    second round until `release` is set: a verifier that stops answering mid-stream."""
+class _Proxy(grpc.GenericRpcHandler):
+    """Forwards every call to `upstream`; the first Rounds stream's answers pass through
+    `first(proxy, n, context)` once answer n is sent on (to hold the next back, or to end the stream)."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, first) -> None:
         self.channel = grpc.insecure_channel(upstream)
+        self.first = first
         self.release = threading.Event()
         self.streams = 0
 
@@ -256,21 +122,33 @@ class _Silent(grpc.GenericRpcHandler):
 
             def forward(requests, context):
                 for n, answer in enumerate(upstream(requests, metadata=meta)):
-                    if first and n == 1:
-                        self.release.wait(30)
                     yield answer
+                    if first:
+                        self.first(self, n, context)
 
             return grpc.stream_stream_rpc_method_handler(forward)
         unary = self.channel.unary_unary(method)
         return grpc.unary_unary_rpc_method_handler(lambda req, ctx: unary(req, metadata=meta))
 
 
+def _silent(proxy: _Proxy, n: int, context) -> None:
+    """A verifier that stops answering mid-stream: the second answer held until `release`."""
+    if n == 0:
+        proxy.release.wait(30)
+
+
+def _ending(proxy: _Proxy, n: int, context) -> None:
+    """A proxy's idle timeout, a replica going away: the stream ended (UNAVAILABLE) after one answer."""
+    if n == 0:
+        context.abort(grpc.StatusCode.UNAVAILABLE, "idle stream closed by the proxy")
+
+
 @contextmanager
-def _behind_a_silent_proxy() -> Iterator[tuple[str, _Silent]]:
-    """A toy verifier behind `_Silent`: the proxy's address and the proxy."""
+def _behind_a_proxy(first=_silent) -> Iterator[tuple[str, _Proxy]]:
+    """A toy verifier behind a `_Proxy`: the proxy's address and the proxy."""
     c = ServerConfig(port=0, max_sessions=4, max_context=512)
     with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=512), c) as verifier:
-        silent = _Silent(verifier.address)
+        silent = _Proxy(verifier.address, first)
         proxy = grpc.server(futures.ThreadPoolExecutor(8), handlers=(silent,))
         port = proxy.add_insecure_port("127.0.0.1:0")
         proxy.start()
@@ -282,9 +160,9 @@ def _behind_a_silent_proxy() -> Iterator[tuple[str, _Silent]]:
 
 
 def test_a_round_not_answered_within_its_deadline_fails_as_a_verify_call_would_and_the_next_gets_a_new_stream():
-    with _behind_a_silent_proxy() as (address, silent):
+    with _behind_a_proxy() as (address, silent):
         gen = GenerationConfig(max_tokens=16, draft_k=3, drafting="fixed", stop_at_eos=False)
-        config = ClientConfig(timeout=0.5, retry_for=30, retry_initial=0.05, retry_max=0.1)
+        config = ClientConfig(timeout=0.5, retry_for=30, retry_initial=0.05, retry_max=0.1, round_streams=True)
         with EdgeClient(address, draft=FakeDraftModel(TARGET), config=config, generation=gen) as client:
             out = client.generate([1, 2, 3]).until_done()
     assert list(out.token_ids) == TARGET.greedy([1, 2, 3], 16)  # the late round re-sent on a new stream
@@ -293,7 +171,8 @@ def test_a_round_not_answered_within_its_deadline_fails_as_a_verify_call_would_a
 
 def test_the_transport_raises_verifys_timeout_error_for_a_round_past_its_deadline():
     draft = FakeDraftModel(TARGET)
-    with _behind_a_silent_proxy() as (address, silent), GrpcTransport(address, ClientConfig(timeout=0.5)) as t:
+    config = ClientConfig(timeout=0.5, round_streams=True)
+    with _behind_a_proxy() as (address, silent), GrpcTransport(address, config) as t:
         t.handshake(draft.fingerprint(), draft_model="toy", draft_hidden_size=0)
         opened = t.open_session(OpenRequest([1, 2, 3], "greedy", 0, draft.fingerprint()))
         first = t.verify(BlockRequest(opened.session_id, 3, tuple(TARGET.greedy([1, 2, 3], 2))))
@@ -307,3 +186,17 @@ def test_the_transport_raises_verifys_timeout_error_for_a_round_past_its_deadlin
         silent.release.set()
         again = t.verify(late)  # a new stream; the verifier answers the applied round again by key
         assert again.accepted == 2 and silent.streams == 2
+
+
+def test_a_stream_ended_between_two_rounds_is_replaced_without_an_error():
+    draft = FakeDraftModel(TARGET)
+    config = ClientConfig(timeout=10, round_streams=True)
+    with _behind_a_proxy(_ending) as (address, ending), GrpcTransport(address, config) as t:
+        t.handshake(draft.fingerprint(), draft_model="toy", draft_hidden_size=0)
+        sid = t.open_session(OpenRequest([1, 2, 3], "greedy", 0, draft.fingerprint())).session_id
+        assert t.verify(BlockRequest(sid, 3, tuple(TARGET.greedy([1, 2, 3], 2)))).accepted == 2
+        until(lambda: sid not in t._streams or t._streams[sid].over, "the proxy ended the stream")
+        context = [1, 2, 3, *TARGET.greedy([1, 2, 3], 3)]
+        second = t.verify(BlockRequest(sid, len(context), tuple(TARGET.greedy(context, 2)), round_index=1))
+        assert second.accepted == 2 and ending.streams == 2
+        assert t._round_streams  # a stream that ended is no sign the way carries none

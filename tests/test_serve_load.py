@@ -48,11 +48,13 @@ def test_the_smallest_run_measures_rounds_and_stages(serve_load, tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_a_thousand_devices_on_one_verifier_see_no_error_and_only_the_targets_tokens(serve_load, tmp_path):
-    """1,024 devices connected at once, each with a call in flight: every verdict the toy target's
-    greedy one, no call failed (gRPC's core cancels calls at random once more than 1,000 wait for
-    the server's Python to take them, unless the verifier makes room: it did not before)."""
-    serve_load.main(["--devices", "1024", "--kinds", "zero", "--duration", "3", "--profile", "",
+@pytest.mark.parametrize("rounds", ["stream", "unary"])
+def test_a_thousand_devices_on_one_verifier_see_no_error_and_only_the_targets_tokens(serve_load, tmp_path, rounds):
+    """1,024 devices connected at once, each with a round in flight, as a Verify call each or on a
+    stream per session (`ClientConfig.round_streams`): every verdict the toy
+    target's greedy one, no call failed (gRPC's core cancels calls at random once more than 1,000
+    wait for the server's Python to take them, unless the verifier makes room: it did not before)."""
+    serve_load.main(["--devices", "1024", "--kinds", "zero", "--duration", "3", "--profile", "", "--rounds", rounds,
                      "--results-dir", str(tmp_path), "--out", "thousand", "--no-plot"])
     (point,) = json.loads((tmp_path / "thousand.json").read_text())["points"]
     assert "failed" not in point, point

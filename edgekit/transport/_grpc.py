@@ -103,14 +103,19 @@ class GrpcTransport(MessageTransport):
     def _round(self, request: pb.VerifyRequest, *, during: str) -> tuple[Message, float]:
         """A round's exchange on its session's stream where the verifier offers one (and the
         config allows it), else a Verify call."""
-        if not (self._round_streams and self.config.round_streams):
-            return self._unary("Verify", request, during=during)
         with self._streams_lock:
             stream = self._streams.get(request.session_id)
-            if stream is None or stream.over:
+            if stream is not None and stream.over:  # it failed, or ended between two rounds
+                del self._streams[request.session_id]
+                stream.close()  # its request feed ends with it
+                self._round_streams &= not stream.unsupported
+                stream = None
+            if self._round_streams and self.config.round_streams and stream is None:
                 stream = self._streams[request.session_id] = RoundStream(
                     self._stub.Rounds, self._metadata_for(request), self.address
                 )
+        if stream is None:
+            return self._unary("Verify", request, during=during)
         try:
             return stream.exchange(request, during=during, timeout=self.config.timeout)
         except EdgekitError:
@@ -131,6 +136,7 @@ class GrpcTransport(MessageTransport):
             if held is None or (stream is not None and held is not stream):
                 return
             del self._streams[session_id]
+            self._round_streams &= not held.unsupported
         held.close()
 
     def close_session(self, session_id: str) -> None:

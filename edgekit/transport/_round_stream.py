@@ -1,13 +1,14 @@
 """`RoundStream`: a session's rounds on one gRPC call (the Rounds RPC).
 
 A verifier that offers it (`ServerInfo.round_streams`) answers each VerifyRequest written
-to the stream, in order, with what a Verify call would have answered; it costs the verifier
-about a third of a unary call per round (benchmarks/grpc_call_cost.py). Each exchange keeps
+to the stream, in order, with what a Verify call would have answered; a message of a stream
+costs gRPC Python's server less than a unary call (benchmarks/grpc_call_cost.py). Each exchange keeps
 a deadline of its own: the answer not read by then, the call is cancelled (the verifier then
 withdraws the round's work if it has not started) and the exchange fails as a Verify call
 past its deadline would. A refusal ends the stream with the status Verify would have had,
-raised here as the same edgekit error. A stream that has failed is over: the transport opens
-another for the session's next exchange, or, where the failure says the way there carries no
+raised here as the same edgekit error. A stream that has failed, or that ended between two rounds (a
+proxy's idle timeout, a verifier restarted), is over: the transport opens another for the
+session's next exchange, or, where the failure says the way there carries no
 Rounds call (`unsupported`), goes back to Verify calls.
 """
 
@@ -48,8 +49,10 @@ class RoundStream:
 
     @property
     def over(self) -> bool:
-        """The call has ended (a refusal, a failure, a deadline missed): it takes no more rounds."""
-        return self._failed is not None
+        """The call has ended (a refusal, a failure, a deadline missed, or, between two rounds, a
+        proxy's or the verifier's end of it): it takes no more rounds."""
+        # between exchanges nothing is waiting to be read unless the call has ended meanwhile
+        return self._failed is not None or not self._answers.empty()
 
     def exchange(self, request: Message, *, during: str, timeout: float) -> tuple[Message, float]:
         """Writes `request`; returns its answer and the round trip in ms, or raises the edgekit
@@ -101,6 +104,8 @@ class RoundStream:
             for answer in answers:
                 self._answers.put(answer)
         except grpc.RpcError as exc:
+            self.unsupported = exc.code() == grpc.StatusCode.UNIMPLEMENTED
             self._answers.put(exc)
             return
+        self.unsupported = True  # ended without a status, which a verifier's Rounds never does
         self._answers.put(_END)

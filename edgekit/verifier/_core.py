@@ -3,8 +3,7 @@
 One thread, the core's, owns the engine: it takes a batch from the scheduler,
 runs it, hands the outputs back (`schedule` -> `Engine.run_batch` -> `update`,
 as vLLM's engine core), and takes the next. Handlers submit work and wait on
-its future (a thread with `run`, a coroutine on an event loop with `run_async`);
-whatever queues while a batch runs goes into the next one, so
+its future; whatever queues while a batch runs goes into the next one, so
 sessions are verified together as soon as they are waiting together. The thread
 starts with the first work and leaves after a while idle.
 
@@ -22,7 +21,6 @@ queue, its batch's run and the handoff back, go to the statistics' `stages` (`_s
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -85,43 +83,6 @@ class EngineCore:
         """Runs `feed`: its logits and timings, or the engine's error. `objective` is what
         the policy weighs; `deadline` a `time.monotonic()` by which the work (each chunk of
         it, for a prefill the scheduler cuts) must have started (the call's own deadline)."""
-        work, future = self._submit(feed, session_id, slo_class, objective)
-        result = self._wait(work, future, deadline)
-        mark_wait(work.submitted + result.queue_ms / 1e3, result.run_ms / 1e3)
-        return result
-
-    async def run_async(
-        self,
-        feed: Feed,
-        *,
-        session_id: str = "",
-        slo_class: str = "best-effort",
-        objective: Objective | None = None,
-        deadline: float | None = None,
-    ) -> WorkResult:
-        """`run` for a coroutine on an event loop: it waits without a thread of its own. Cancelled
-        (its caller gone), its work is withdrawn where none of it has started."""
-        work, future = self._submit(feed, session_id, slo_class, objective)
-        waiter = _waiter_of(future)
-        try:
-            if deadline is None:
-                result = await waiter
-            else:
-                try:
-                    result = await asyncio.wait_for(asyncio.shield(waiter), max(deadline - time.monotonic(), 0.0))
-                except asyncio.TimeoutError:
-                    if self.scheduler.withdraw(work):  # none of it had started: none of it runs
-                        raise _late() from None
-                    result = await waiter  # some of it runs (as `_wait`)
-        except asyncio.CancelledError:  # the caller left: what has not started never runs
-            self.scheduler.withdraw(work)
-            raise
-        mark_wait(work.submitted + result.queue_ms / 1e3, result.run_ms / 1e3)
-        return result
-
-    def _submit(
-        self, feed: Feed, session_id: str, slo_class: str, objective: Objective | None
-    ) -> tuple[Work, Future[WorkResult]]:
         mark("checks")  # the caller's part, up to here
         objective = objective or Objective(arrived=time.perf_counter())
         work = Work(feed, session_id, slo_class, objective)
@@ -134,7 +95,9 @@ class EngineCore:
                 self._thread.start()
             self._wake.notify()
         mark("submit")
-        return work, future
+        result = self._wait(work, future, deadline)
+        mark_wait(work.submitted + result.queue_ms / 1e3, result.run_ms / 1e3)
+        return result
 
     def _wait(self, work: Work, future: Future[WorkResult], deadline: float | None) -> WorkResult:
         try:
@@ -205,33 +168,6 @@ class EngineCore:
             self._wake.notify()
         if thread is not None:
             thread.join(timeout)
-
-
-def _waiter_of(future: Future[WorkResult]) -> asyncio.Future[WorkResult]:
-    """An asyncio future on the running loop that completes with `future` (set on the engine's
-    thread). Unlike `asyncio.wrap_future`, cancelling it leaves `future` alone: a work is
-    taken back through its scheduler, and a work its scheduler cancelled reads as late."""
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[WorkResult] = loop.create_future()
-
-    def settle(f: Future[WorkResult]) -> None:
-        if waiter.done():
-            return
-        if f.cancelled():
-            waiter.set_exception(_late())
-        elif (exc := f.exception()) is not None:
-            waiter.set_exception(exc)
-        else:
-            waiter.set_result(f.result())
-
-    def done(f: Future[WorkResult]) -> None:
-        try:
-            loop.call_soon_threadsafe(settle, f)
-        except RuntimeError:  # the loop has closed: nobody waits any more
-            pass
-
-    future.add_done_callback(done)
-    return waiter
 
 
 def _late() -> LimitExceededError:

@@ -32,7 +32,7 @@ the lossless rule says).
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -170,104 +170,69 @@ class Rounds:
         arrived (eq. 12's a); 0: now."""
         arrived = arrived or time.perf_counter()
         with self.sessions.acquire(r.session_id, caller.tenant) as sess:
-            steps = self._round(sess, r, arrived)
-            try:
-                feed, objective = next(steps)
-                while True:
-                    feed, objective = steps.send(self._run(sess, feed, deadline, objective))
-            except StopIteration as done:
-                answer: VerifyResult | HiddenRequest = done.value
-                return answer
-
-    async def verify_async(
-        self, r: ReceivedBlock, *, arrived: float = 0.0, deadline: float | None = None, caller: Caller = Caller()
-    ) -> VerifyResult | HiddenRequest:
-        """`verify` for a coroutine on an event loop: the same round, waiting for the engine (and
-        for a session another call holds) without blocking the loop."""
-        arrived = arrived or time.perf_counter()
-        async with self.sessions.acquire_async(r.session_id, caller.tenant) as sess:
-            steps = self._round(sess, r, arrived)
-            try:
-                feed, objective = next(steps)
-                while True:
-                    ran = await self.core.run_async(
-                        feed, session_id=sess.id, slo_class=sess.slo_class, objective=objective, deadline=deadline
-                    )
-                    sess.decoded += len(feed.tokens)
-                    feed, objective = steps.send(ran)
-            except StopIteration as done:
-                answer: VerifyResult | HiddenRequest = done.value
-                return answer
-
-    def _round(
-        self, sess: Session, r: ReceivedBlock, arrived: float
-    ) -> Generator[tuple[Feed, Objective], WorkResult, VerifyResult | HiddenRequest]:
-        """A round on a locked session, without its waits: it yields each feed the engine must
-        run (with its objective), is sent the result, and returns the answer. `verify` and
-        `verify_async` run it, one blocking its thread, the other on an event loop."""
-        if sess.last_round is not None and r.key in sess.last_round[0]:
-            return sess.last_round[1]  # a retry of the applied round: same verdict, applied once
-        pending = sess.pending
-        if pending is not None and pending.key == r.key:
-            return pending.answer  # a retried first half: the same request for hidden states
-        if r.upload == "sh" and r.hidden is not None and r.hidden.count and not r.draft_tokens:
-            return self._second_half(sess, r, pending)
-        self._drop_pending(sess)
-        check_base(r.base_position, len(sess.tokens))
-        self.checks.block(
-            len(sess.tokens), r.draft_tokens, r.upload, sess.mode, r.distributions, sess.draft_vocab
-        )
-        block = r.draft_tokens
-        hidden = None
-        t0 = time.perf_counter()
-        semantic = sess.mode == "semantic" and bool(block)
-        if semantic and r.upload not in ("fh", "sh"):
-            raise ProtocolError(
-                "semantic mode reads the draft's hidden states at mismatches: upload them with the block (fh) "
-                "or on request (sh), not tokens only"
+            if sess.last_round is not None and r.key in sess.last_round[0]:
+                return sess.last_round[1]  # a retry of the applied round: same verdict, applied once
+            pending = sess.pending
+            if pending is not None and pending.key == r.key:
+                return pending.answer  # a retried first half: the same request for hidden states
+            if r.upload == "sh" and r.hidden is not None and r.hidden.count and not r.draft_tokens:
+                return self._second_half(sess, r, pending)
+            self._drop_pending(sess)
+            check_base(r.base_position, len(sess.tokens))
+            self.checks.block(
+                len(sess.tokens), r.draft_tokens, r.upload, sess.mode, r.distributions, sess.draft_vocab
             )
-        if r.upload == "fh":
-            offsets = tuple(range(len(block)))
-            hidden = (offsets, self._hidden_rows(sess, r.hidden, offsets))
-        elif r.hidden is not None:
-            what = "SH sends the tokens first" if r.upload == "sh" else "a tokens-only round"
-            raise ProtocolError(f"hidden states arrived with the block, but {what}")
-        budget = self.budgets.limit(sess.id) if self.budgets is not None else None
-        if budget is not None and len(block) > budget:
-            # Past the budget the session was told: the block is cut to it and the rest never
-            # verified (the verdict reads as a rejection there); the request's key stays, so a
-            # retry gets this answer.
-            block = block[:budget]
-            r = replace(r, draft_tokens=block, distributions=r.distributions[:budget])
-            if hidden is not None:
-                hidden = (hidden[0][:budget], hidden[1][:budget])
-        objective = self.slo.objective(
-            sess.speed, sess.acceptance, len(block), r.draft_ms, r.network_ms, arrived, (sess.done, sess.began)
-        )
-        checks_ms = (time.perf_counter() - t0) * 1e3
-        base = len(sess.tokens)
-        run = self._tokens_of_target(block)  # the target runs its own tokens only
-        # Greedy over plain logits wants only each row's best id: the engine reduces its rows
-        # where they are made (no row of logits copied); logprobs and SH's pending rows want them whole.
-        reduced = sess.mode == "greedy" and not sess.sampler.adjusts and sess.logprobs < 0 and r.upload != "sh"
-        feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block[:run]), run + 1, hidden=semantic,
-                    argmax=self.checks.n_real if reduced else 0)
-        ran = yield feed, objective
-        verify_ms = ran.run_ms + checks_ms
-        if r.upload == "sh":
-            judged = block[: run + 1]
-            best = sess.sampler.best_of_rows(self._judged_logits(ran.logits), sess.tokens, judged)
-            positions = tuple(top1_mismatches(best, judged))
-            if positions:
-                budget_ms, met = _outcome(objective)
-                answer = HiddenRequest(
-                    positions, r.hidden_encoding, queue_ms=ran.queue_ms, verify_ms=verify_ms,
-                    batch_size=ran.batch_size, estimated_ms=ran.estimated_ms, budget_ms=budget_ms,
-                    deadline_met=met,
+            block = r.draft_tokens
+            hidden = None
+            t0 = time.perf_counter()
+            semantic = sess.mode == "semantic" and bool(block)
+            if semantic and r.upload not in ("fh", "sh"):
+                raise ProtocolError(
+                    "semantic mode reads the draft's hidden states at mismatches: upload them with the block (fh) "
+                    "or on request (sh), not tokens only"
                 )
-                sess.pending = PendingRound(r.key, r, answer, ran.logits, positions, ran.hidden)
-                return answer
-        return self._finish(sess, r, ran, verify_ms, hidden, r.key, objective)
+            if r.upload == "fh":
+                offsets = tuple(range(len(block)))
+                hidden = (offsets, self._hidden_rows(sess, r.hidden, offsets))
+            elif r.hidden is not None:
+                what = "SH sends the tokens first" if r.upload == "sh" else "a tokens-only round"
+                raise ProtocolError(f"hidden states arrived with the block, but {what}")
+            budget = self.budgets.limit(sess.id) if self.budgets is not None else None
+            if budget is not None and len(block) > budget:
+                # Past the budget the session was told: the block is cut to it and the rest never
+                # verified (the verdict reads as a rejection there); the request's key stays, so a
+                # retry gets this answer.
+                block = block[:budget]
+                r = replace(r, draft_tokens=block, distributions=r.distributions[:budget])
+                if hidden is not None:
+                    hidden = (hidden[0][:budget], hidden[1][:budget])
+            objective = self.slo.objective(
+                sess.speed, sess.acceptance, len(block), r.draft_ms, r.network_ms, arrived, (sess.done, sess.began)
+            )
+            checks_ms = (time.perf_counter() - t0) * 1e3
+            base = len(sess.tokens)
+            run = self._tokens_of_target(block)  # the target runs its own tokens only
+            # Greedy over plain logits wants only each row's best id: the engine reduces its rows
+            # where they are made (no row of logits copied); logprobs and SH's pending rows want them whole.
+            reduced = sess.mode == "greedy" and not sess.sampler.adjusts and sess.logprobs < 0 and r.upload != "sh"
+            feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block[:run]), run + 1, hidden=semantic,
+                        argmax=self.checks.n_real if reduced else 0)
+            ran = self._run(sess, feed, deadline, objective)
+            verify_ms = ran.run_ms + checks_ms
+            if r.upload == "sh":
+                judged = block[: run + 1]
+                best = sess.sampler.best_of_rows(self._judged_logits(ran.logits), sess.tokens, judged)
+                positions = tuple(top1_mismatches(best, judged))
+                if positions:
+                    budget_ms, met = _outcome(objective)
+                    answer = HiddenRequest(
+                        positions, r.hidden_encoding, queue_ms=ran.queue_ms, verify_ms=verify_ms,
+                        batch_size=ran.batch_size, estimated_ms=ran.estimated_ms, budget_ms=budget_ms,
+                        deadline_met=met,
+                    )
+                    sess.pending = PendingRound(r.key, r, answer, ran.logits, positions, ran.hidden)
+                    return answer
+            return self._finish(sess, r, ran, verify_ms, hidden, r.key, objective)
 
     def _second_half(self, sess: Session, r: ReceivedBlock, pending: PendingRound | None) -> VerifyResult:
         """SH's second half: only the requested rows, naming the round by base and index."""

@@ -3,19 +3,16 @@ and the Prometheus endpoint when the config asks for one."""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
-from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ..config import ServerConfig
@@ -23,14 +20,11 @@ from ..errors import ConfigError
 from ..protocol import SERVICE_NAME
 from ._calibration import DECODE_STEP_CONTEXT, calibrated_estimator, default_calibration_dir, time_decode_step
 from ._estimator import VerifyTimeEstimator
-from ._handlers import service_handlers
 from ._metrics import MetricsEndpoint, check_installed
 from ._service import VerifierService
 from .engine import Engine, LlamaEngine
 
 __all__ = ["Tokens", "VerifierServer"]
-
-T = TypeVar("T")
 
 log = logging.getLogger("edgekit.verifier")
 
@@ -86,56 +80,28 @@ def _read_tokens(path: Path) -> list[tuple[bytes, str]]:
     return out
 
 
-class _TokenAuth(grpc.aio.ServerInterceptor):
+class _TokenAuth(grpc.ServerInterceptor):
     """Requires `authorization: Bearer <token>` with a known token on every call but health checks."""
 
     def __init__(self, tokens: Tokens) -> None:
         self._tokens = tokens
 
-    async def intercept_service(
+        def deny(request: object, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token: pass the verifier's --token")
+
+        self._deny: grpc.RpcMethodHandler = grpc.unary_unary_rpc_method_handler(deny)
+
+    def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         # health checks (a load balancer's) and reflection (the API's schema, public as the
         # .proto is) need no token
         public = details.method.startswith(("/grpc.health.v1.", "/grpc.reflection."))
-        handler = await continuation(details)
-        if public or handler is None or self._tokens.tenant(details.invocation_metadata) is not None:
-            return handler
-        return _denied(handler)
-
-
-def _denied(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of `handler`'s kind that refuses the call: UNAUTHENTICATED."""
-
-    async def deny(request: object, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token: pass the verifier's --token")
-
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(deny)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(deny)
-    return grpc.unary_unary_rpc_method_handler(deny)
-
-
-class _Loop:
-    """An asyncio event loop on a thread of its own, which the gRPC server runs on."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="edgekit-grpc", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Runs `coro` on the loop and waits for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        if not self._thread.is_alive():
-            self.loop.close()
+        if public or self._tokens.tenant(details.invocation_metadata) is not None:
+            return continuation(details)
+        return self._deny
 
 
 class VerifierServer:
@@ -183,66 +149,55 @@ class VerifierServer:
         estimator = self._estimator()
         step_ms = self._timed_step(estimator)
         self.service = VerifierService(self.engine, c, estimator=estimator, clock=clock, timed_step_ms=step_ms)
-        self._stopped = threading.Event()
         tokens = Tokens(c.token, c.tokens_file)
+        interceptors: list[grpc.ServerInterceptor] = [_TokenAuth(tokens)] if tokens else []
         # gRPC's hard cap sits a little above ours, so a request just over the limit reaches the
         # service and gets INVALID_ARGUMENT with its size; one far over it is refused by gRPC
         # (RESOURCE_EXHAUSTED) before it is read into memory.
         hard_cap = c.max_message_bytes + 64 * 1024
-        # Rounds run on the server's event loop; the calls that block on the engine (handshakes,
-        # prefills, target-only streams) on worker threads, as many as sessions and a few more.
-        workers = max(c.workers, c.max_sessions + 8)
-        self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgekit-verifier")
-        self._loop = _Loop()
-
-        def tenant_of(context: grpc.aio.ServicerContext) -> str:
+        handlers = max(c.workers, c.max_sessions + 8)
+        self._server = grpc.server(
+            # A handler per session and a few for handshakes and health: with fewer, calls would queue in
+            # gRPC's pool, in arrival order, before the scheduler could see them.
+            futures.ThreadPoolExecutor(max_workers=handlers, thread_name_prefix="edgekit-verifier"),
+            interceptors=interceptors,
+            options=[
+                ("grpc.max_receive_message_length", hard_cap),
+                ("grpc.max_send_message_length", hard_cap),
+                ("grpc.so_reuseport", 0),
+                # gRPC Python takes calls from the core one at a time, so with a call in flight per
+                # device most wait in the core's pending queue, whose backlog protector cancels calls
+                # at random past 1,000 (CANCELLED, seen at 1,024 devices): room for every session's call.
+                ("grpc.server.max_pending_requests", 2 * handlers),
+                ("grpc.server.max_pending_requests_hard_limit", 4 * handlers),
+            ],
+        )
+        def tenant_of(context: grpc.ServicerContext) -> str:
             return tokens.tenant(context.invocation_metadata()) or ""
 
-        async def build() -> tuple[grpc.aio.Server, health_aio.HealthServicer, int]:
-            server = grpc.aio.server(
-                migration_thread_pool=self._pool,
-                interceptors=[_TokenAuth(tokens)] if tokens else [],
-                options=[
-                    ("grpc.max_receive_message_length", hard_cap),
-                    ("grpc.max_send_message_length", hard_cap),
-                    ("grpc.so_reuseport", 0),
-                    # A call in flight per device: room for every one of them in gRPC core's pending
-                    # queue, whose backlog protector otherwise cancels calls at random past 1,000.
-                    ("grpc.server.max_pending_requests", 2 * workers),
-                    ("grpc.server.max_pending_requests_hard_limit", 4 * workers),
-                ],
-            )
-            server.add_generic_rpc_handlers((service_handlers(self.service, self._pool, tenant_of),))
-            self.service.round_streams = True
-            servicer = health_aio.HealthServicer()
-            health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-            # server reflection: grpcurl, Postman and other explorers call the verifier without the .proto
-            reflection.enable_server_reflection(
-                (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-                server)
-            bind = f"{c.host}:{c.port}"
-            if c.tls_cert and c.tls_key:
-                client_ca = Path(c.tls_client_ca).read_bytes() if c.tls_client_ca else None
-                creds = grpc.ssl_server_credentials(
-                    [(Path(c.tls_key).read_bytes(), Path(c.tls_cert).read_bytes())],
-                    root_certificates=client_ca,
-                    require_client_auth=client_ca is not None,  # mutual TLS
-                )
-                return server, servicer, server.add_secure_port(bind, creds)
-            return server, servicer, server.add_insecure_port(bind)
-
-        try:
-            self._server, self._health, port = self._loop.run(build())
-        except BaseException:
-            self._close_loop()
-            raise
+        self._server.add_generic_rpc_handlers((self.service.handlers(tenant_of),))
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        # server reflection: grpcurl, Postman and other explorers call the verifier without the .proto
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self._server)
         bind = f"{c.host}:{c.port}"
+        if c.tls_cert and c.tls_key:
+            client_ca = Path(c.tls_client_ca).read_bytes() if c.tls_client_ca else None
+            creds = grpc.ssl_server_credentials(
+                [(Path(c.tls_key).read_bytes(), Path(c.tls_cert).read_bytes())],
+                root_certificates=client_ca,
+                require_client_auth=client_ca is not None,  # mutual TLS
+            )
+            port = self._server.add_secure_port(bind, creds)
+        else:
+            port = self._server.add_insecure_port(bind)
         if port == 0:
-            self._close_loop()
             raise ConfigError(f"cannot listen on {bind}: the port is taken or the address is not local")
         self.port = port
         self.address = f"{c.host}:{port}"
-        self._stop = threading.Event()  # the reaper's
+        self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap, name="edgekit-reaper", daemon=True)
         self._metrics: MetricsEndpoint | None = None
 
@@ -288,8 +243,9 @@ class VerifierServer:
         if c.metrics_port is not None and self._metrics is None:
             self._metrics = MetricsEndpoint(self.service.stats, c.host, c.metrics_port, self.service.budgets)
             log.info("metrics on http://%s/metrics", self._metrics.address)
-        self._loop.run(self._server.start())
-        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._server.start()
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._reaper.start()
         log.info("verifier for %s listening on %s", self.engine.name, self.address)
         return self
@@ -301,16 +257,8 @@ class VerifierServer:
             if n:
                 log.info("evicted %d idle session(s)", n)
 
-    def _set_health(self, status: int) -> None:
-        async def set_all() -> None:
-            for name in ("", SERVICE_NAME):
-                await self._health.set(name, status)
-
-        self._loop.run(set_all())
-
     def wait(self) -> None:
-        """Blocks until the server stops."""
-        self._stopped.wait()
+        self._server.wait_for_termination()
 
     def drain(self, timeout: float = 10.0, *, quiet: float = 2.0, back_in: float = 2.0) -> float:
         """Drains for a restart, then stops: health turns NOT_SERVING, new sessions are refused
@@ -321,7 +269,8 @@ class VerifierServer:
         flight get a second to finish. Returns the seconds it took."""
         clock = self.service.clock
         t0 = clock()
-        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.service.drain(back_in=timeout + back_in)
         while clock() - t0 < timeout and min(self.service.quiet_for(), clock() - t0) < quiet:
             if self.service.idle():
@@ -331,25 +280,13 @@ class VerifierServer:
         return clock() - t0
 
     def stop(self, grace: float | None = 1.0) -> None:
-        if self._stopped.is_set():
-            return
         self._stop.set()
-
-        async def shut_down() -> None:
-            await self._health.enter_graceful_shutdown()
-            await self._server.stop(grace)
-
-        self._loop.run(shut_down())
-        self._close_loop()
+        self._health.enter_graceful_shutdown()
+        self._server.stop(grace).wait()
         self.service.close()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-
-    def _close_loop(self) -> None:
-        self._loop.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._stopped.set()
 
     def __enter__(self) -> VerifierServer:
         return self.start()

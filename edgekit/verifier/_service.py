@@ -9,8 +9,8 @@ conversions `edgekit.protocol` holds for both ends: no field is mapped here. A r
 is an edgekit error, turned into its gRPC status by `edgekit.protocol.status_of`;
 no refusal touches another session.
 
-`call`, `call_verify` (Verify on an event loop) and `call_stream` are the service on
-bytes, which `_handlers` puts behind gRPC and an in-process transport calls directly. Each call is made by a
+`call` and `call_stream` are the service on bytes, which `handlers()` puts
+behind gRPC and an in-process transport calls directly. Each call is made by a
 `Caller` (its token's tenant, and the client it counts as): sessions belong to
 the tenant that opened them. An error that is not an edgekit error (a bug) is
 logged and answered INTERNAL with a message, never left to gRPC as UNKNOWN.
@@ -27,8 +27,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from typing import NoReturn
 
+import grpc
 from google.protobuf.message import DecodeError, Message
 
 from ..__version__ import __version__
@@ -38,7 +39,7 @@ from ..protocol import (
     MAX_TOP_LOGPROBS,
     PROTOCOL_VERSION,
     SAMPLER_FEATURES,
-    ReceivedBlock,
+    SERVICE_NAME,
     ServerInfo,
     fingerprint_from_pb,
     generated_to_pb,
@@ -49,6 +50,7 @@ from ..protocol import (
     pb,
     sampler_from_pb,
     server_info_to_pb,
+    status_of,
     verify_request_from_pb,
     verify_response_to_pb,
 )
@@ -71,6 +73,8 @@ __all__ = ["VerifierService"]
 
 log = logging.getLogger("edgekit.verifier")
 
+
+_NO_DEADLINE = 7 * 86400.0  # seconds: a call that has more is one without a deadline (grpcurl's default, a proxy's)
 
 class VerifierService:
     """The verifier over `engine`: sessions, rounds and the target-only baseline,
@@ -130,7 +134,7 @@ class VerifierService:
         self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo, self.stats)
         # Draining (`drain`): new sessions are refused, calls on open ones still served.
         self.draining: float | None = None  # when the verifier expects to be back, on `clock`
-        self.round_streams = False  # whether Rounds is served: a server that serves it says so
+        self.round_streams = False  # whether Rounds is served: `handlers()` serves it
         self._in_flight = 0
         self._last_call = clock()
         self._calls = threading.Lock()
@@ -185,33 +189,12 @@ class VerifierService:
         """A unary RPC on a serialized request; raises edgekit errors. `deadline`
         (a `time.monotonic()`): work for the engine not started by then is withdrawn."""
         cls, fn = self._unary[method]
-        with self._serving(method):
-            req = self._parse(cls, raw)
-            mark("decode")
-            return fn(req, deadline, caller)
-
-    async def call_verify(self, raw: bytes, deadline: float | None = None, caller: Caller = Caller()) -> Message:
-        """Verify on a serialized request, as `call` does it, for a coroutine on an event loop:
-        the engine is waited for without a thread (the Verify call and each round of a Rounds
-        stream on the gRPC server)."""
-        with self._serving("Verify"):
-            req = self._parse(pb.VerifyRequest, raw)
-            mark("decode")
-            assert isinstance(req, pb.VerifyRequest)
-            arrived = time.perf_counter()
-            block = self._block_of(req)
-            answer = await self.rounds.verify_async(block, arrived=arrived, deadline=deadline, caller=caller)
-            mark("accept")
-            return verify_response_to_pb(answer)
-
-    @contextmanager
-    def _serving(self, method: str) -> Iterator[None]:
-        """A call in flight, timed by stage; a failure that is not an edgekit error (a bug) is
-        logged and becomes INTERNAL."""
         self._enter()
         timing = self.stats.stages.begin(method)
         try:
-            yield
+            req = self._parse(cls, raw)
+            mark("decode")
+            return fn(req, deadline, caller)
         except EdgekitError:
             raise
         except Exception as exc:  # a bug: say so, as INTERNAL, and keep serving
@@ -248,6 +231,48 @@ class VerifierService:
             return cls.FromString(raw)
         except DecodeError as exc:
             raise ProtocolError(f"malformed {cls.__name__}: {exc}") from None
+
+    def handlers(self, tenant_of: Callable[[grpc.ServicerContext], str] = lambda context: "") -> grpc.GenericRpcHandler:
+        """The service behind gRPC: refusals become status codes (and trailers); Rounds, a
+        session's rounds on one stream, each served as a Verify call. `tenant_of` names the
+        tenant of a call's token ("" where tokens are not used)."""
+        self.round_streams = True
+
+        def caller(context: grpc.ServicerContext) -> Caller:
+            tenant = tenant_of(context)
+            return Caller(tenant, f"tenant:{tenant}" if tenant else f"host:{_peer_host(context.peer())}")
+
+        def unary(method: str) -> Callable[[bytes, grpc.ServicerContext], Message]:
+            def handler(raw: bytes, context: grpc.ServicerContext) -> Message:
+                try:
+                    return self.call(method, raw, _deadline(context), caller(context))
+                except EdgekitError as exc:
+                    _abort(context, exc, method)
+
+            return handler
+
+        def rounds(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Message]:
+            # a session's rounds, each served as a Verify call; a refusal ends the stream
+            who = caller(context)
+            try:
+                for raw in requests:
+                    yield self.call("Verify", raw, _deadline(context), who)
+            except EdgekitError as exc:
+                _abort(context, exc, "Rounds")
+
+        def stream(raw: bytes, context: grpc.ServicerContext) -> Iterator[Message]:
+            try:
+                yield from self.call_stream("Generate", raw, context.is_active, caller(context))
+            except EdgekitError as exc:
+                _abort(context, exc, "Generate")
+
+        methods: dict[str, grpc.RpcMethodHandler] = {
+            name: grpc.unary_unary_rpc_method_handler(unary(name), response_serializer=_serialize)
+            for name in self._unary
+        }
+        methods["Generate"] = grpc.unary_stream_rpc_method_handler(stream, response_serializer=_serialize)
+        methods["Rounds"] = grpc.stream_stream_rpc_method_handler(rounds, response_serializer=_serialize)
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)
 
     # -- one method per RPC ---------------------------------------------------------------
 
@@ -328,16 +353,13 @@ class VerifierService:
         """One round; under SH, one half of one (see the HiddenRequest message)."""
         assert isinstance(req, pb.VerifyRequest)
         arrived = time.perf_counter()
-        answer = self.rounds.verify(self._block_of(req), arrived=arrived, deadline=deadline, caller=caller)
-        mark("accept")
-        return verify_response_to_pb(answer)
-
-    def _block_of(self, req: pb.VerifyRequest) -> ReceivedBlock:
         # Sizes before anything is copied out of the message.
         self.checks.block_size(len(req.draft_tokens), len(req.draft_distributions))
         block = verify_request_from_pb(req)
         mark("decode")
-        return block
+        answer = self.rounds.verify(block, arrived=arrived, deadline=deadline, caller=caller)
+        mark("accept")
+        return verify_response_to_pb(answer)
 
     def close_session(
         self, req: Message, deadline: float | None = None, caller: Caller = Caller()
@@ -384,3 +406,30 @@ def _budgets(config: ServerConfig, estimator: VerifyTimeEstimator, sessions: Ses
         BUDGET_POLICIES[config.budgets](), capacity=capacity, lo=lo, hi=hi, eta=config.budget_eta,
         beta=config.budget_beta, is_live=sessions.__contains__,
     )
+
+
+def _peer_host(peer: str) -> str:
+    """The host of a gRPC peer string ('ipv4:1.2.3.4:5', 'ipv6:[::1]:5', 'unix:...')."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rsplit(":", 1)[0]
+    return peer
+
+
+def _deadline(context: grpc.ServicerContext) -> float | None:
+    """The call's deadline as a `time.monotonic()`; None for a call without one."""
+    remaining = context.time_remaining()  # a call without a deadline: gRPC's "forever", ~2^63 ns
+    return time.monotonic() + remaining if remaining is not None and remaining < _NO_DEADLINE else None
+
+
+def _serialize(msg: Message) -> bytes:
+    return msg.SerializeToString()
+
+
+def _abort(context: grpc.ServicerContext, exc: EdgekitError, method: str) -> NoReturn:
+    status = status_of(exc)
+    if status.code == grpc.StatusCode.INTERNAL:
+        log.exception("internal error in %s", method)
+    if status.trailers:
+        context.set_trailing_metadata(status.trailers)
+    context.abort(status.code, status.message)

@@ -18,19 +18,18 @@ or close another's. Its id holds 128 random bits. With `max_per_client` set, no
 one client (a tenant, or without tokens a peer host) holds more than that many
 sessions at all.
 
-Calls reach a session through `acquire` (`acquire_async` on an event loop), which holds its lock and refuses a
+Calls reach a session through `acquire`, which holds its lock and refuses a
 session closed or evicted meanwhile: once `close` returns, no call runs on the
 session's sequence, which the next session may take.
 """
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -201,26 +200,6 @@ class SessionTable:
                 raise SessionNotFoundError(f"session {clip(session_id)} was closed or evicted; open a new session")
             yield sess
             sess.last_used = self.clock()
-
-    @asynccontextmanager
-    async def acquire_async(self, session_id: str, owner: str = "") -> AsyncIterator[Session]:
-        """`acquire` for a coroutine on an event loop: a session another call holds is waited
-        for on a worker thread, never by blocking the loop (whose coroutine may be the holder)."""
-        sess = self.get(session_id, owner)
-        if not sess.lock.acquire(blocking=False):
-            taken = asyncio.get_running_loop().run_in_executor(None, sess.lock.acquire)
-            try:
-                await asyncio.shield(taken)
-            except asyncio.CancelledError:  # the caller left: the lock is let go once the thread has it
-                taken.add_done_callback(lambda _: sess.lock.release())
-                raise
-        try:
-            if sess.closed:
-                raise SessionNotFoundError(f"session {clip(session_id)} was closed or evicted; open a new session")
-            yield sess
-            sess.last_used = self.clock()
-        finally:
-            sess.lock.release()
 
     def close(self, session_id: str, owner: str = "") -> bool:
         with self._lock:

@@ -22,9 +22,7 @@ The engine core's thread counts its own loop too, a "step" per batch: idle (wait
 work), schedule (`Scheduler.schedule`), plan (the batch's features and forecast), run,
 record (statistics, estimator) and update (`Scheduler.update`, which wakes the callers).
 
-The call being timed is the one of the running thread, or of the running asyncio task where
-calls are coroutines sharing the event loop's thread (a context variable). Each thread adds to a
-table of its own, without a lock (a call costs a few
+Each thread adds to a table of its own, without a lock (a call costs a few
 `perf_counter` reads and dict updates, ~2 us); `totals` sums the tables. Nothing here
 changes what a call does: it is for operators and benchmarks (`benchmarks/serve_load.py`)
 to see which stage sets the pace.
@@ -34,14 +32,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from contextvars import ContextVar
 from time import perf_counter
 
 __all__ = ["ENGINE_STEP", "StageTimes", "mark", "mark_wait"]
 
 ENGINE_STEP = "engine step"  # what the engine core's loop is counted under, a call per batch
 
-_current: ContextVar[_Call | None] = ContextVar("edgekit_stage_call", default=None)  # the call being served, if timed
+_current = threading.local()  # the call this thread is serving, if it is timed
 
 
 class _Call:
@@ -59,13 +56,13 @@ class _Call:
         """The call is over: the time since its last mark goes to `rest`."""
         mark(rest)
         self.add("", 1)
-        _current.set(self.previous)
+        _current.call = self.previous
 
 
 def mark(stage: str) -> None:
     """Ends a stage of the call this thread serves: the time since its last mark goes to
     `stage`. Nothing where no call is timed (the engine thread, a test calling a part alone)."""
-    call = _current.get()
+    call: _Call | None = getattr(_current, "call", None)
     if call is None:
         return
     now = perf_counter()
@@ -76,7 +73,7 @@ def mark(stage: str) -> None:
 def mark_wait(dispatched: float, run_s: float) -> None:
     """Ends the wait for the engine, split: until `dispatched` (`perf_counter`, when its
     batch was dispatched) "queue", then `run_s` seconds "engine", the rest "handoff"."""
-    call = _current.get()
+    call: _Call | None = getattr(_current, "call", None)
     if call is None:
         return
     now = perf_counter()
@@ -110,8 +107,8 @@ class StageTimes:
 
     def begin(self, method: str) -> _Call:
         """Starts timing a call of `method` on this thread; end it with `.end()`."""
-        call = _Call(self._seconds(method), _current.get())
-        _current.set(call)
+        call = _Call(self._seconds(method), getattr(_current, "call", None))
+        _current.call = call
         return call
 
     def add(self, method: str, seconds: Mapping[str, float]) -> None:
