@@ -189,6 +189,7 @@ class Tally:
     errors: Counter[str] = field(default_factory=Counter)  # by "Method STATUS"
     error_examples: list[str] = field(default_factory=list)
     rtt_ms: array = field(default_factory=lambda: array("d"))
+    device_rounds: list[int] = field(default_factory=list)  # each device's rounds in the window: its share
 
     def merge(self, other: dict[str, Any]) -> None:
         for name in ("rounds", "drafted", "accepted", "committed", "sessions", "server_queue_ms",
@@ -198,6 +199,7 @@ class Tally:
         self.error_examples += other["error_examples"][: 5 - len(self.error_examples)]
         self.errors.update(other["errors"])
         self.rtt_ms.extend(other["rtt_ms"])
+        self.device_rounds += other["device_rounds"] or [other["rounds"]]
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)

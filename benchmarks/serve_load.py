@@ -177,6 +177,18 @@ def _proc_status(key: str) -> int:
     return 0
 
 
+def _shares(rounds: list[int]) -> dict[str, float]:
+    """How evenly the devices were served: their rounds in the window (min, median, max) and
+    Jain's fairness index, (sum x)^2 / (n sum x^2): 1 when every device got as many rounds,
+    1/n when one got them all."""
+    if not rounds:
+        return {}
+    xs = sorted(rounds)
+    squares = sum(x * x for x in xs)
+    return {"min": xs[0], "median": xs[len(xs) // 2], "max": xs[-1],
+            "jain": sum(xs) ** 2 / (len(xs) * squares) if squares else 1.0}
+
+
 def _delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """b - a, field by field, nested dicts too (counters only grow)."""
     out: dict[str, Any] = {}
@@ -274,6 +286,7 @@ def _summary(kind: str, devices: int, args: argparse.Namespace, workload: Worklo
         "acceptance_of_the_tables": table_acceptance,
         "aal": C.ratio(tally.accepted, tally.rounds),  # accepted draft tokens per round, without the bonus
         "rtt_ms": {"mean": rtt_mean, **{f"p{q}": C.percentile(rtt, q) for q in (50, 90, 99)}},
+        "device_rounds": _shares(tally.device_rounds),
         # what the verdicts said of themselves (ServerTimings), per round
         "verdict_ms": {"queue": C.ratio(tally.server_queue_ms, tally.rounds),
                        "verify": C.ratio(tally.server_verify_ms, tally.rounds),
@@ -567,7 +580,8 @@ def _line(p: dict[str, Any]) -> str:
         return f"FAILED: {p['failed']}"
     busy = p.get("verifier", {}).get("engine_busy_share")
     return (f"{p['rounds_per_s']:.0f} rounds/s, rtt p50 {p['rtt_ms']['p50']:.1f} ms, engine busy "
-            f"{C.fmt(busy)}, verifier cpu {p['verifier_cpu_share']:.2f}, generator cpu "
+            f"{C.fmt(busy)}, fairness {C.fmt(p.get('device_rounds', {}).get('jain'))}, "
+            f"verifier cpu {p['verifier_cpu_share']:.2f}, generator cpu "
             f"{', '.join(f'{x:.2f}' for x in p['loadgen']['cpu_share'])}, mismatches {p['mismatches']}, "
             f"errors {p['errors'] or 0}")
 
@@ -576,13 +590,15 @@ def _table(points: list[dict[str, Any]]) -> str:
     rows = []
     for p in points:
         if "failed" in p:
-            rows.append([p["kind"], p["devices"], "FAILED", *[None] * 9])
+            rows.append([p["kind"], p["devices"], "FAILED", *[None] * 10])
             continue
         v = p.get("verifier", {})
         rows.append([p["kind"], p["devices"], p["rounds_per_s"], p.get("share_of_ceiling"), v.get("engine_busy_share"),
-                     p["rtt_ms"]["p50"], p["rtt_ms"]["p99"], v.get("works_per_batch"), p["verifier_cpu_share"],
+                     p["rtt_ms"]["p50"], p["rtt_ms"]["p99"], p.get("device_rounds", {}).get("jain"),
+                     v.get("works_per_batch"), p["verifier_cpu_share"],
                      max(p["loadgen"]["cpu_share"]), p["mismatches"], sum(p["errors"].values())])
-    return C.table(["kind", "devices", "rounds/s", "of ceiling", "engine busy", "rtt p50", "rtt p99", "works/batch",
+    return C.table(["kind", "devices", "rounds/s", "of ceiling", "engine busy", "rtt p50", "rtt p99",
+                    "fairness (Jain)", "works/batch",
                     "verifier cpu", "generator cpu (max)", "mismatches", "errors"], rows)
 
 
@@ -595,10 +611,12 @@ COLORS = {"instant": "C0", "zero": "C1", "7b": "C2"}
 def plot(result: dict[str, Any], path: Path) -> None:
     points = [p for p in result["points"] if "failed" not in p]
     kinds = list(dict.fromkeys(p["kind"] for p in points))
-    fig, axes = C.subplots(3, width=5.2)
+    fair = [p for p in points if p.get("device_rounds")]
+    fig, axes = C.subplots(4 if fair else 3, width=5.2)
     ax = axes[0]
     labels = {"instant": "instant verifier (gRPC alone)", "zero": "verifier, toy engine at zero cost",
               "7b": "verifier, 7B step times"}
+    names = labels  # (the bars below rebind `labels`)
     for kind in kinds:
         ps = sorted((p for p in points if p["kind"] == kind), key=lambda p: p["devices"])
         x = [p["devices"] for p in ps]
@@ -638,6 +656,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set_ylabel("ms per round (mean)")
     ax.set_title("Where a round's time goes")
+    if fair:
+        ax = axes[3]
+        for kind in kinds:
+            ps = sorted((p for p in fair if p["kind"] == kind), key=lambda p: p["devices"])
+            ax.plot([p["devices"] for p in ps], [p["device_rounds"]["jain"] for p in ps], "o-",
+                    color=COLORS.get(kind), label=names.get(kind, kind))
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("devices")
+        ax.set_ylabel("Jain's index of rounds per device")
+        ax.set_title(f"How evenly devices are served ({result['settings'].get('rounds', 'unary')} rounds)")
+        ax.legend(fontsize=7, loc="lower left")
     ax.tick_params(axis="x", labelsize=7)
     ax.legend(fontsize=7, ncol=2)
     print(f"figure: {C.save_figure(fig, path)}")

@@ -45,6 +45,8 @@ def test_the_smallest_run_measures_rounds_and_stages(serve_load, tmp_path):
     assert point["verifier"]["call_ms"] < point["rtt_ms"]["mean"]
     assert point["engine_step_share"]["run"] > 0
     assert point["ceiling_rounds_per_s"]["generator_cpu"] > 0 and point["loadgen"]["cpu_share"]
+    shares = point["device_rounds"]  # every device's rounds, and how evenly they were served
+    assert 0 < shares["jain"] <= 1 and shares["min"] <= shares["median"] <= shares["max"] > 0
 
 
 @pytest.mark.timeout(180)
