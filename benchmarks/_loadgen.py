@@ -190,6 +190,8 @@ class Tally:
     error_examples: list[str] = field(default_factory=list)
     rtt_ms: array = field(default_factory=lambda: array("d"))
     device_rounds: list[int] = field(default_factory=list)  # each device's rounds in the window: its share
+    flood_calls: int = 0  # an abusive device's calls answered in the window (`_flood`)
+    flood_refusals: Counter[str] = field(default_factory=Counter)
 
     def merge(self, other: dict[str, Any]) -> None:
         for name in ("rounds", "drafted", "accepted", "committed", "sessions", "server_queue_ms",
@@ -200,10 +202,13 @@ class Tally:
         self.errors.update(other["errors"])
         self.rtt_ms.extend(other["rtt_ms"])
         self.device_rounds += other["device_rounds"] or [other["rounds"]]
+        self.flood_calls += other["flood_calls"]
+        self.flood_refusals.update(other["flood_refusals"])
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["errors"] = dict(self.errors)
+        out["flood_refusals"] = dict(self.flood_refusals)
         out["rtt_ms"] = list(self.rtt_ms)
         return out
 
@@ -378,13 +383,49 @@ def _drive_blocking(device: Device, stubs: dict[str, Callable[..., Any]]) -> Non
         answer = (response, sent, time.monotonic())
 
 
-async def _run_aio(devices: list[Device], address: str, per_device: bool, rounds: str = "unary") -> None:
+async def _run_aio(devices: list[Device], address: str, per_device: bool, rounds: str = "unary",
+                   flood: int = 0, tally: Tally | None = None) -> None:
     channels = [grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
                 for _ in (devices if per_device else [None])]
     stubs = [_stubs(c) for c in channels]
-    await asyncio.gather(*(_drive_aio(d, stubs[i if per_device else 0], rounds) for i, d in enumerate(devices)))
+    honest = [_drive_aio(d, stubs[i if per_device else 0], rounds) for i, d in enumerate(devices)]
+    abuse = [_flood(address, devices[0], flood, tally)] if flood and tally is not None else []
+    await asyncio.gather(*honest, *abuse)
     for c in channels:
         await c.close()
+
+
+async def _flood(address: str, like: Device, calls: int, tally: Tally) -> None:
+    """An abusive device on a connection of its own: one session, and `calls` Verify calls of
+    its first round always in flight, each sent again the moment it is answered, until the
+    window ends. Its answers are counted (`flood_calls`), not its rounds."""
+    channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    stubs = _stubs(channel)
+    t = like.t
+    try:
+        await stubs["Handshake"](pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, draft_tokenizer=t.fingerprint,
+                                                     draft_model="toy-draft"), timeout=120.0)
+        opened = await stubs["OpenSession"](pb.OpenSessionRequest(
+            prompt_tokens=t.prompts[0], sampling=sampling_to_pb("greedy", GREEDY, 0), draft_tokenizer=t.fingerprint,
+            client_id="flooder"), timeout=120.0)
+    except grpc.RpcError as exc:
+        tally.errors[f"flood {exc.code().name}"] += 1  # type: ignore[attr-defined]
+        await channel.close()
+        return
+    request = pb.VerifyRequest(session_id=opened.session_id, base_position=len(t.prompts[0]),
+                               draft_tokens=t.blocks[0][0], continue_after_eog=True)
+
+    async def again() -> None:
+        while time.monotonic() < like.end:
+            try:
+                await stubs["Verify"](request, timeout=120.0)
+            except grpc.RpcError as exc:
+                tally.flood_refusals[exc.code().name] += 1  # type: ignore[attr-defined]
+                continue
+            tally.flood_calls += like.start <= time.monotonic() <= like.end
+
+    await asyncio.gather(*(again() for _ in range(calls)))
+    await channel.close()
 
 
 def _run_threads(devices: list[Device], address: str, per_device: bool) -> None:
@@ -410,15 +451,18 @@ def worker_main() -> None:
     devices = [Device(i, tables, (window["start"], window["end"])) for i in spec["devices"]]
     per_device = spec.get("channels", "device") == "device"
     rounds = spec.get("rounds", "unary")
+    flooder = Tally()  # an abusive device's, kept apart from the devices' shares
     if spec.get("mode", "aio") == "aio":
-        asyncio.run(_run_aio(devices, spec["address"], per_device, rounds))
+        asyncio.run(_run_aio(devices, spec["address"], per_device, rounds, spec.get("flood", 0), flooder))
     else:
-        if rounds != "unary":
-            raise SystemExit("the threads generator sends Verify calls only: use --mode aio for --rounds stream")
+        if rounds != "unary" or spec.get("flood"):
+            raise SystemExit("the threads generator sends Verify calls only, and floods none: use --mode aio")
         _run_threads(devices, spec["address"], per_device)
     tally = Tally()
     for d in devices:
         tally.merge(d.tally.as_json())
+    tally.flood_calls, tally.flood_refusals = flooder.flood_calls, flooder.flood_refusals
+    tally.errors.update(flooder.errors)
     _write_line({"tally": tally.as_json()})
 
 

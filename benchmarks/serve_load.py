@@ -185,7 +185,7 @@ def _shares(rounds: list[int]) -> dict[str, float]:
         return {}
     xs = sorted(rounds)
     squares = sum(x * x for x in xs)
-    return {"min": xs[0], "median": xs[len(xs) // 2], "max": xs[-1],
+    return {"devices": len(xs), "min": xs[0], "median": xs[len(xs) // 2], "max": xs[-1],
             "jain": sum(xs) ** 2 / (len(xs) * squares) if squares else 1.0}
 
 
@@ -227,7 +227,7 @@ def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workl
             workers.append(spawn("worker", {
                 "address": ready["address"], "devices": list(range(i, devices, n_workers)),
                 "workload": asdict(workload), "mode": args.mode, "channels": args.channels,
-                "rounds": args.rounds,
+                "rounds": args.rounds, "flood": args.flood if i == 0 else 0,
             }, cores=[core], log=logs / f"worker{i}.log"))
         readies = [w.recv() for w in workers]  # every worker's: its tables built
         acceptance = readies[0]["acceptance"]
@@ -287,6 +287,8 @@ def _summary(kind: str, devices: int, args: argparse.Namespace, workload: Worklo
         "aal": C.ratio(tally.accepted, tally.rounds),  # accepted draft tokens per round, without the bonus
         "rtt_ms": {"mean": rtt_mean, **{f"p{q}": C.percentile(rtt, q) for q in (50, 90, 99)}},
         "device_rounds": _shares(tally.device_rounds),
+        "flood": {"calls_in_flight": args.flood, "calls_per_s": tally.flood_calls / window,
+                  "refused": dict(tally.flood_refusals)} if args.flood else None,
         # what the verdicts said of themselves (ServerTimings), per round
         "verdict_ms": {"queue": C.ratio(tally.server_queue_ms, tally.rounds),
                        "verify": C.ratio(tally.server_verify_ms, tally.rounds),
@@ -455,6 +457,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rounds", default="unary", choices=("unary", "stream"),
                     help="a Verify call per round, as edgekit's client sends them by default, or a session's "
                          "rounds on one Rounds stream (ClientConfig.round_streams)")
+    ap.add_argument("--flood", type=int, default=0, metavar="CALLS",
+                    help="one abusive device more, keeping CALLS Verify calls of one round in flight (0: none)")
     ap.add_argument("--channels", default="device", choices=("device", "worker"),
                     help="a gRPC channel (connection) per device, or one per worker (which gRPC caps at 100 "
                          "calls in flight: more devices than that queue in the worker)")

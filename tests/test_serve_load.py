@@ -94,3 +94,16 @@ def test_the_verifier_times_every_round_by_stage():
     opened = snap.stages["OpenSession"]
     assert verify["engine"] + opened["engine"] == pytest.approx(step["run"], rel=1e-3)
     assert opened["calls"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_flooding_device_is_counted_apart_from_the_devices_it_slows(serve_load, tmp_path):
+    """`--flood`: one abusive device keeping calls in flight beside the measured ones, its answers
+    counted apart; the honest devices' figures stay theirs (issue 50, part 6: the measurement)."""
+    serve_load.main(["--devices", "4", "--kinds", "zero", "--duration", "2", "--warmup", "0.5", "--profile", "",
+                     "--flood", "8", "--results-dir", str(tmp_path), "--out", "flood", "--no-plot"])
+    (point,) = json.loads((tmp_path / "flood.json").read_text())["points"]
+    assert "failed" not in point, point
+    assert point["flood"]["calls_in_flight"] == 8 and point["flood"]["calls_per_s"] > 0
+    assert point["mismatches"] == 0 and point["errors"] == {}, point["error_examples"]
+    assert point["device_rounds"]["min"] > 0 and point["device_rounds"]["devices"] == 4  # the honest ones only
