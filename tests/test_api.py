@@ -202,3 +202,46 @@ def test_a_client_that_leaves_mid_stream_gives_its_draft_slot_back(gemma_api):
     while client._pool.free_slots() != free:
         assert time.monotonic() < deadline, "the left stream still holds its draft slot"
         time.sleep(0.1)
+
+
+def test_streamed_logprobs_never_run_ahead_of_the_text_a_stop_string_cuts():
+    """Issue 52, item 3: a stream's log-probabilities came with every token received, while its text
+    was held back (it might begin a stop string); the stop string then cut text whose tokens'
+    log-probabilities had been sent. A chunk now carries those of the tokens its text completes."""
+    from edgekit.api._openai import Chunks, Request
+    from edgekit.client import GenerationStats
+    from edgekit.protocol import TokenLogprobs
+
+    pieces = {1: "Hel", 2: "lo", 3: " wor", 4: "ld"}
+    req = Request("completion", "m", "p", 8, 0.0, None, ("lo w",), True, False, None, top_logprobs=0)
+    chunks = Chunks(req, text_of=pieces.__getitem__)
+    sent_text, sent_tokens = [], []
+
+    def send(text, stats=None):
+        for c in chunks(text, stats):
+            choice = c["choices"][0]
+            sent_text.append(choice.get("text") or "")
+            if choice.get("logprobs"):
+                sent_tokens.extend(choice["logprobs"]["tokens"])
+
+    # what `pieces` sends as "Hello world" comes with the stop string "lo w": "l" of "Hello" held
+    # back until the stop string shows, then the text before it, then the end
+    req.tokens.append((1, TokenLogprobs(-0.1)))
+    send("He")
+    req.tokens.append((2, TokenLogprobs(-0.2)))
+    send("l")
+    req.tokens.append((3, TokenLogprobs(-0.3)))
+    send("")  # the text before the stop string: nothing more
+    del req.tokens[1:]  # the tokens of the text returned ("Hel")
+    send("", GenerationStats(mode="greedy", draft_k=0, finish_reason="stop"))
+    assert "".join(sent_text) == "Hel" and "".join(sent_tokens) == "Hel", (sent_text, sent_tokens)
+
+    # without a stop string, the last chunk carries every token left
+    req2 = Request("completion", "m", "p", 8, 0.0, None, (), True, False, None, top_logprobs=0)
+    chunks = Chunks(req2, text_of=pieces.__getitem__)
+    sent_text, sent_tokens = [], []
+    req2.tokens.extend([(1, TokenLogprobs(-0.1)), (2, TokenLogprobs(-0.2))])
+    send("Hel")
+    req2.tokens.extend([(3, TokenLogprobs(-0.3)), (4, TokenLogprobs(-0.4))])
+    send("lo world", GenerationStats(mode="greedy", draft_k=0, finish_reason="length"))
+    assert "".join(sent_tokens) == "".join(sent_text) == "Hello world"

@@ -234,16 +234,22 @@ def completion(req: Request, text: str, stats: GenerationStats | None, *,
 
 class Chunks:
     """A streamed answer's chunks, piece by piece: the first carries the role (even of an empty
-    answer), the last the finish, and then the usage where it was asked for."""
+    answer), the last the finish, and then the usage where it was asked for. A chunk's
+    log-probabilities are those of the tokens its text completes: text held back (it may begin a
+    stop string) holds back its tokens' too, so a stop string that cuts it never leaves the
+    log-probabilities of text that was not sent; the last text chunk has the rest."""
 
     def __init__(self, req: Request, *, text_of: Callable[[int], str] = str) -> None:
         self.req, self.rid, self.first = req, new_id(req.kind), True
         self.text_of, self.sent, self.offset = text_of, 0, 0  # tokens whose log-probabilities went, and their text
+        self.shown = 0  # characters of text sent
 
     def __call__(self, text: str, stats: GenerationStats | None) -> list[dict]:
         out = []
-        if text or self.first:
-            new = self.req.tokens[self.sent:]
+        left = self.req.tokens[self.sent:]
+        if text or self.first or (stats is not None and left):
+            self.shown += len(text)
+            new = left if stats is not None else self._completed(left)
             logprobs = logprobs_object(self.req, new, self.text_of, self.offset)
             self.sent += len(new)
             self.offset += sum(len(self.text_of(tok)) for tok, _ in new)
@@ -254,6 +260,17 @@ class Chunks:
             if self.req.include_usage:
                 out.append(chunk(self.req, self.rid, stats=stats))
         return out
+
+
+    def _completed(self, tokens: list[tuple[int, TokenLogprobs]]) -> list[tuple[int, TokenLogprobs]]:
+        """The first of `tokens` whose text lies within the text sent so far."""
+        end, n = self.offset, 0
+        for tok, _ in tokens:
+            end += len(self.text_of(tok))
+            if end > self.shown:
+                break
+            n += 1
+        return tokens[:n]
 
 
 def chunk(req: Request, rid: str, *, text: str | None = None, first: bool = False, finish: str | None = None,
