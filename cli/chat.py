@@ -279,7 +279,7 @@ def chat(
     ) as client:
         pair = client.pair
         log = History(history, pair)
-        recommended: dict[str, float] = getattr(client.draft, "sampling_defaults", dict)() if chosen == "sample" else {}
+        recommended = client.recommended_sampling() if chosen == "sample" else {}
         conv = client.conversation(system=system, **{**recommended, **explicit})
         session = _ChatSession(client, conv, out, log, json_out, markdown=not plain)
         try:

@@ -127,6 +127,23 @@ def test_chat_takes_the_ggufs_recommended_sampler_and_options_win_over_it(fake_c
     assert fake_client[0].transport.open_calls[-1].sampler.repetition_penalty == 1.3  # a new verifier session
 
 
+def test_chat_takes_the_targets_recommended_sampler_over_the_drafts(fake_client, monkeypatch):
+    """Issue 52, item 3: the target's GGUF recommends the sampler that shapes the output; the verifier
+    says it in the handshake and chat takes it over the draft's (it took the draft's before)."""
+    from edgekit.testing import FakeDraftModel
+    from edgekit.verifier import ToyEngine
+
+    monkeypatch.setattr(FakeDraftModel, "sampling_defaults", lambda self: {"temperature": 1.0, "top_k": 20},
+                        raising=False)
+    monkeypatch.setattr(ToyEngine, "sampling_defaults", lambda self: {"temperature": 0.6, "top_k": 40})
+    result = runner.invoke(app, ["chat", "--json", "-n", "4", "--no-history"], input="one\n")
+    assert result.exit_code == 0, result.output
+    sampler = json.loads(result.stdout)["sampler"]
+    assert sampler["temperature"] == 0.6 and sampler["top_k"] == 40, sampler
+    assert fake_client[0].server_info().recommended_sampling == {"temperature": 0.6, "top_k": 40}
+    assert type(fake_client[0].server_info().recommended_sampling["top_k"]) is int  # a count, whole on the wire
+
+
 def test_generate_takes_every_sampler_option_and_names_the_sampler(fake_client):
     args = ["generate", "-p", "x", "--mode", "sample", "-t", "0.9", "--top-k", "5", "--top-p", "0.8", "--min-p", "0.1",
             "--repeat-penalty", "1.2", "--frequency-penalty", "0.3", "--presence-penalty", "0.4", "--repeat-last-n",

@@ -67,6 +67,11 @@ class AsyncEdgeClient:
         client = await self._sync()
         return await asyncio.to_thread(client.server_info)
 
+    async def recommended_sampling(self) -> dict[str, float]:
+        """The target's recommended sampler, else the draft's (see `EdgeClient.recommended_sampling`)."""
+        client = await self._sync()
+        return await asyncio.to_thread(client.recommended_sampling)
+
     async def probe_link(self, **options: Any) -> ProbeResult:
         """Measures RTT, jitter, rates and loss (see `EdgeClient.probe_link`)."""
         client = await self._sync()

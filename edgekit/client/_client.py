@@ -190,6 +190,12 @@ class EdgeClient:
         """A token's text, special tokens included (e.g. '<|im_end|>')."""
         return self.draft.token_bytes(token, special=True).decode("utf-8", errors="replace")
 
+    def recommended_sampling(self) -> dict[str, float]:
+        """The sampler settings the target's GGUF recommends (from the handshake), which shape the
+        output, else those of the draft's GGUF, by GenerationConfig name; {} where neither says."""
+        target = self.server_info().recommended_sampling
+        return dict(target) if target else getattr(self.draft, "sampling_defaults", dict)()
+
     def chat_template(self) -> ChatTemplate:
         """The target's chat template (from the handshake), else the draft's, else plain turns."""
         d = self.draft

@@ -114,6 +114,8 @@ class ServerInfo:
     prefix_cache: bool
     max_draft_top_k: int
     chat_template: str | None = None
+    # the sampler settings the target's GGUF recommends, by GenerationConfig field name; empty: none
+    recommended_sampling: dict[str, float] = field(default_factory=dict)
     server_version: str = ""
     exact_numerics: bool = False
     invariant_batch: int = 0

@@ -84,6 +84,9 @@ def fingerprint_from_pb(m: pb.TokenizerFingerprint) -> Fingerprint:
     return Fingerprint(m.vocab_size, m.token_hash, m.bos_token, m.eos_token, m.model_name)
 
 
+_COUNTS = ("top_k", "penalty_last_n")  # recommended sampler settings that are whole numbers
+
+
 def server_info_from_pb(r: pb.HandshakeResponse) -> ServerInfo:
     """What a handshake told of the verifier (modes or uploads this client does not know are left out)."""
     c = r.capabilities
@@ -101,6 +104,7 @@ def server_info_from_pb(r: pb.HandshakeResponse) -> ServerInfo:
         prefix_cache=c.prefix_cache,
         max_draft_top_k=c.max_draft_top_k,
         chat_template=r.chat_template or None,
+        recommended_sampling={k: int(v) if k in _COUNTS else v for k, v in r.recommended_sampling.items()},
         server_version=r.server_version,
         exact_numerics=c.exact_numerics,
         invariant_batch=c.invariant_batch,
@@ -148,6 +152,7 @@ def server_info_to_pb(info: ServerInfo) -> pb.HandshakeResponse:
         ),
         server_version=info.server_version,
         chat_template=info.chat_template or "",
+        recommended_sampling=dict(info.recommended_sampling),
     )
 
 

@@ -312,6 +312,7 @@ class VerifierService:
             semantic_threshold=self.rounds.semantic.default_threshold,
             server_version=__version__,
             chat_template=self.engine.chat_template() or None,
+            recommended_sampling=self.engine.sampling_defaults(),
             decode_step_ms=self.decode_step_ms(),
             round_streams=self.round_streams,
         )

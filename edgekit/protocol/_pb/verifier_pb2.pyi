@@ -140,7 +140,14 @@ class HandshakeRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., draft_tokenizer: _Optional[_Union[TokenizerFingerprint, _Mapping]] = ..., draft_model: _Optional[str] = ..., draft_hidden_size: _Optional[int] = ..., client_version: _Optional[str] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("protocol_version", "target_tokenizer", "target_model", "target_hidden_size", "capabilities", "server_version", "chat_template")
+    __slots__ = ("protocol_version", "target_tokenizer", "target_model", "target_hidden_size", "capabilities", "server_version", "chat_template", "recommended_sampling")
+    class RecommendedSamplingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +155,7 @@ class HandshakeResponse(_message.Message):
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDED_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     target_tokenizer: TokenizerFingerprint
     target_model: str
@@ -155,7 +163,8 @@ class HandshakeResponse(_message.Message):
     capabilities: Capabilities
     server_version: str
     chat_template: str
-    def __init__(self, protocol_version: _Optional[int] = ..., target_tokenizer: _Optional[_Union[TokenizerFingerprint, _Mapping]] = ..., target_model: _Optional[str] = ..., target_hidden_size: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., server_version: _Optional[str] = ..., chat_template: _Optional[str] = ...) -> None: ...
+    recommended_sampling: _containers.ScalarMap[str, float]
+    def __init__(self, protocol_version: _Optional[int] = ..., target_tokenizer: _Optional[_Union[TokenizerFingerprint, _Mapping]] = ..., target_model: _Optional[str] = ..., target_hidden_size: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., server_version: _Optional[str] = ..., chat_template: _Optional[str] = ..., recommended_sampling: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class PingRequest(_message.Message):
     __slots__ = ("payload", "reply_bytes", "client_send_time")

@@ -259,6 +259,9 @@ class LlamaEngine:
     def chat_template(self) -> str | None:
         return self.model.chat_template()
 
+    def sampling_defaults(self) -> dict[str, float]:
+        return self.model.sampling_defaults()
+
     def run_batch(self, feeds: Sequence[Feed]) -> list[FeedOutput]:
         if not self.slots.parking:
             return self._run_resident(feeds)

@@ -15,7 +15,7 @@ depend on the context, as a real model's do, for the semantic mode's tests.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -36,11 +36,13 @@ class ToyEngine:
         max_context: int,
         hidden_size: int = 8,
         cost: Callable[[Sequence[Feed]], float] | None = None,
+        sampling_defaults: Mapping[str, float] | None = None,
     ) -> None:
         self.lm = lm
         self.name = lm.name
         self.identity = f"toy:{lm.name}:{lm.vocab_size}"
         self.cost = cost
+        self._sampling = dict(sampling_defaults or {})  # what its "model file" recommends
         self.n_vocab = lm.vocab_size
         self.n_embd = hidden_size
         self.exact = True
@@ -58,6 +60,9 @@ class ToyEngine:
 
     def chat_template(self) -> str | None:
         return None
+
+    def sampling_defaults(self) -> dict[str, float]:
+        return dict(self._sampling)
 
     def run_batch(self, feeds: Sequence[Feed]) -> list[FeedOutput]:
         for feed in feeds:
