@@ -14,7 +14,8 @@ Only what varies is replaced. Labels, counts, options echoed back and the text o
   127.0.0.1:<port>      a port the OS picked (4-5 digits; a port a test names, as :9, stays)
   (<grpc detail>)       grpc's own words for a connection it could not make (they vary with its version)
   <tok/s> <ms> <us> <s> <Mbit/s>
-                        a measured figure: a number with a decimal point and its unit, with any
+                        a measured figure: a number with a decimal point and its unit (after a
+                        space, a minus sign: a difference of noisy times may fall below 0), with any
                         padding that right-aligns it folded to one space (an option's value, as
                         "within 2 s" or "the 10 ms RTT rule", has no decimals and stays; costs in
                         "ms/step" and "ms/token" stay where they are defaults)
@@ -68,7 +69,7 @@ _RULES: tuple[tuple[str, str | Callable[[re.Match[str]], str]], ...] = (
     (rf"│ tokens per second │ {_NUMBER} │ {_NUMBER} │", "│ tokens per second │ <tok/s> │ <tok/s> │"),
     (r"│ time to first token │ \d+ ms │", "│ time to first token │ <ms> │"),
     (rf"(best fixed window \d+: ){_NUMBER}\)", r"\1<tok/s>)"),
-    (rf" +{_NUMBER}% of a step", " <%> of a step"),
+    (rf" +(?:(?<= )-)?{_NUMBER}% of a step", " <%> of a step"),  # (profile's added share may be < 0: noise)
     (r"\(\d+ pings, ", "(<n> pings, "),
     (rf"(costs \(measured in a short generation\): draft ){_NUMBER} ms/step, verify {_NUMBER} \+ {_NUMBER} "
      rf"ms/token, acceptance {_NUMBER}", r"\1<ms>/step, verify <ms> + <ms>/token, acceptance <measured>"),
@@ -79,7 +80,7 @@ _RULES: tuple[tuple[str, str | Callable[[re.Match[str]], str]], ...] = (
     (r"invariant batch \d+, (sessions batched together|each session's rows apart)",
      "invariant batch <n>, <batching>"),
     # figures with their unit
-    (rf"( ?) *\b{_NUMBER} (tok/s|Mbit/s|ms|us|s)\b(?!/)", r"\1<\2>"),
+    (rf"( ?) *(?:(?<= )-)?\b{_NUMBER} (tok/s|Mbit/s|ms|us|s)\b(?!/)", r"\1<\2>"),
 )
 _COMPILED = tuple((re.compile(p, re.MULTILINE), r) for p, r in _RULES)
 
