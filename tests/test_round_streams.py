@@ -162,7 +162,8 @@ def _behind_a_proxy(first=_silent) -> Iterator[tuple[str, _Proxy]]:
 def test_a_round_not_answered_within_its_deadline_fails_as_a_verify_call_would_and_the_next_gets_a_new_stream():
     with _behind_a_proxy() as (address, silent):
         gen = GenerationConfig(max_tokens=16, draft_k=3, drafting="fixed", stop_at_eos=False)
-        config = ClientConfig(timeout=0.5, retry_for=30, retry_initial=0.05, retry_max=0.1, round_streams=True)
+        config = ClientConfig(timeout=0.5, retry_for=30, retry_initial=0.05, retry_max=0.1, round_streams=True,
+                              first_route="speculative")  # the rounds this test is about, whatever the timings
         with EdgeClient(address, draft=FakeDraftModel(TARGET), config=config, generation=gen) as client:
             out = client.generate([1, 2, 3]).until_done()
     assert list(out.token_ids) == TARGET.greedy([1, 2, 3], 16)  # the late round re-sent on a new stream

@@ -60,7 +60,7 @@ def test_every_call_names_the_client_and_a_sessions_calls_name_the_session():
         proxy.start()
         try:
             gen = GenerationConfig(max_tokens=12, draft_k=3, drafting="fixed", stop_at_eos=False)
-            config = ClientConfig(client_id="device-7", timeout=10, round_streams=True)
+            config = ClientConfig(client_id="device-7", timeout=10, round_streams=True, first_route="speculative")
             with EdgeClient(f"127.0.0.1:{port}", draft=FakeDraftModel(TARGET), config=config,
                             generation=gen) as client:
                 out = client.generate([1, 2, 3]).until_done()
@@ -95,7 +95,8 @@ def test_a_proxy_that_carries_no_round_stream_gets_verify_calls(rounds):
         proxy.start()
         try:
             gen = GenerationConfig(max_tokens=12, draft_k=3, drafting="fixed", stop_at_eos=False)
-            config = ClientConfig(timeout=10, retry_for=0, round_streams=True)  # a failure would end the answer
+            # a failure would end the answer; the route pinned: the rounds are what is counted
+            config = ClientConfig(timeout=10, retry_for=0, round_streams=True, first_route="speculative")
             with EdgeClient(f"127.0.0.1:{port}", draft=FakeDraftModel(TARGET), config=config,
                             generation=gen) as client:
                 out = client.generate([1, 2, 3]).until_done()

@@ -261,7 +261,6 @@ class Chunks:
                 out.append(chunk(self.req, self.rid, stats=stats))
         return out
 
-
     def _completed(self, tokens: list[tuple[int, TokenLogprobs]]) -> list[tuple[int, TokenLogprobs]]:
         """The first of `tokens` whose text lies within the text sent so far."""
         end, n = self.offset, 0

@@ -25,30 +25,21 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 from google.protobuf.message import Message
 
 from ..config import ClientConfig
 from ..errors import EdgekitError
-from ..protocol import SERVICE_NAME, error_from_status, pb, pb_grpc
+from ..protocol import SERVICE_NAME, pb, pb_grpc
 from ._message import MessageTransport
 from ._round_stream import RoundStream
+from ._rpc_error import map_rpc_error
 
 __all__ = ["CLIENT_HEADER", "SESSION_HEADER", "GrpcTransport", "map_rpc_error"]
 
 CLIENT_HEADER = "x-edgekit-client"
 SESSION_HEADER = "x-edgekit-session"
-
-
-def map_rpc_error(exc: grpc.RpcError, address: str, *, during: str, deadline: float | None = None) -> EdgekitError:
-    """Turns a gRPC failure into the edgekit error that says what to do."""
-    call: Any = exc  # an RpcError raised by a call is also a grpc.Call
-    code = call.code() if hasattr(call, "code") else grpc.StatusCode.UNKNOWN
-    detail = (call.details() if hasattr(call, "details") else None) or str(exc)
-    trailers = call.trailing_metadata() if hasattr(call, "trailing_metadata") else None
-    return error_from_status(code, detail, trailers or (), address=address, during=during, deadline=deadline)
 
 
 class GrpcTransport(MessageTransport):

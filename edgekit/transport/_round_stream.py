@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 
 from ..errors import EdgekitError
 from ..protocol import error_from_status
+from ._rpc_error import map_rpc_error
 
 __all__ = ["RoundStream"]
 
@@ -71,12 +72,7 @@ class RoundStream:
         if isinstance(answer, Message):
             return answer, (time.perf_counter() - t0) * 1e3
         if isinstance(answer, grpc.RpcError):
-            call: Any = answer
-            self.unsupported = call.code() == grpc.StatusCode.UNIMPLEMENTED
-            self._fail(error_from_status(
-                call.code(), call.details() or str(answer), call.trailing_metadata() or (),
-                address=self.address, during=during,
-            ))
+            self._fail(map_rpc_error(answer, self.address, during=during))
         else:  # the stream ended without a status: what a verifier never does while a round is open
             self.unsupported = True
             self._fail(error_from_status(

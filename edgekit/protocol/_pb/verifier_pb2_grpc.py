@@ -120,7 +120,7 @@ class VerifierServicer:
         (Capabilities.round_streams): each request is a Verify request, answered in
         order before the next is read, with what Verify would answer. A refusal ends
         the stream with the status Verify would have had; the client opens another
-        for its next round. A stream saves the verifier the cost of a call per round.
+        for its next round.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
