@@ -121,8 +121,10 @@ def test_a_sequence_parked_past_the_sliding_window_comes_back_exact_after_its_ro
     where its next feed starts, a sequence parked at 700 and 1,500 tokens verifies its next block
     bit for bit as one never parked."""
     from edgekit.verifier import Feed, LlamaEngine
+    from edgekit.verifier.engine import default_calibration_dir
 
-    engine = LlamaEngine(str(gemma_paths[1]), max_context=1600, n_seq=3, resident=2, max_block=8, threads=1)
+    engine = LlamaEngine(str(gemma_paths[1]), max_context=1600, n_seq=3, resident=2, max_block=8, threads=1,
+                         cache_dir=default_calibration_dir())  # shared with test_exact_reopen.py
     try:
         text = "The verifier keeps each session's KV cache between rounds. def f(x): return 2*x\n"
         toks = engine.model.tokenize(text * 80)

@@ -17,7 +17,7 @@ from ..drafting import Controller, ControllerFactory, FixedWindow
 from ..errors import ConfigError, IncompatibleModelsError, VerifierUnavailableError
 from ..link import CostTracker, LinkEstimator, LinkPolicy, ProbeResult, probe
 from ..plan import Paced, Phaser, Plan
-from ..protocol import ServerInfo, SpeedObjective
+from ..protocol import ContextSpan, ServerInfo, SpeedObjective
 from ..runtime import (
     DraftModel,
     DraftPool,
@@ -436,7 +436,9 @@ class EdgeClient:
         session = self._session(replace(gen, max_tokens=left))
         try:
             def open_it() -> Generator[Provisional, None, float]:
-                return session.open(tokens + progress.token_ids)
+                # the stream's tokens were the target's steps: the verifier rebuilds them as rounds
+                history = (ContextSpan(len(tokens)), ContextSpan(len(progress.token_ids), generated=True))
+                return session.open(tokens + progress.token_ids, history if progress.token_ids else ())
                 yield  # a generator: through_outages runs attempts that may yield
 
             def sleep(delay: float) -> Iterator[Provisional]:

@@ -32,7 +32,7 @@ from ..config import ClientConfig, GenerationConfig
 from ..drafting import Controller, ControllerFactory
 from ..errors import ConfigError, EdgekitError, IncompatibleModelsError, ProtocolError
 from ..link import CostTracker, LinkEstimator, LinkPolicy, probe
-from ..protocol import OpenRequest, ServerInfo, SpeedObjective
+from ..protocol import ContextSpan, OpenRequest, ServerInfo, SpeedObjective
 from ..runtime import DraftModel
 from ..transport import VerifierTransport
 from ._accumulator import StatsAccumulator
@@ -103,6 +103,7 @@ class SpeculativeSession:
         self.target_speed: float | None = None  # tokens/s the verifier holds the session to (None: best effort)
         self.retry = client or getattr(transport, "config", None) or ClientConfig()
         self.progress: StatsAccumulator | None = None  # the figures of the stream under way (or the last one)
+        self._built: tuple[ContextSpan, ...] = ()  # how the verifier built the tokens up to the last turn
         self._on_close = on_close
 
     # Settings the verifier knows about: changing one needs a new session.
@@ -159,24 +160,38 @@ class SpeculativeSession:
 
     # -- session lifecycle -----------------------------------------------------------
 
-    def open(self, prompt_tokens: Sequence[int]) -> float:
-        """Opens the verifier session and prefills both models; returns milliseconds taken."""
+    def open(self, prompt_tokens: Sequence[int], history: Sequence[ContextSpan] = ()) -> float:
+        """Opens the verifier session and prefills both models; returns milliseconds taken.
+        `history`: how a verifier built these tokens before (a target-only stream's prompt and
+        the tokens it generated, going on speculatively), span by span; (): they are one prompt."""
         if not prompt_tokens:
             raise ConfigError("the prompt is empty")
         if len(prompt_tokens) + 2 > self.max_context:
             raise ConfigError(f"the prompt has {len(prompt_tokens)} tokens; the context holds {self.max_context}")
+        if history and sum(span.length for span in history) != len(prompt_tokens):
+            raise ConfigError(f"the history spans {sum(s.length for s in history)} tokens, not the prompt's "
+                              f"{len(prompt_tokens)}")
         t0 = time.perf_counter()
         if self.policy.needs_rates():  # measured once (a second or less)
             probe(self.transport, self.link, pings=5, tries=2, payload_bytes=64 * 1024)
-        self._open_remote(prompt_tokens)
+        built = tuple(history) or (ContextSpan(len(prompt_tokens)),)
+        self._open_remote(prompt_tokens, built)
         self.drafter.reset(prompt_tokens)
+        self._built = built
         return (time.perf_counter() - t0) * 1e3
 
-    def _open_remote(self, tokens: Sequence[int]) -> None:
-        """Opens the verifier's side of the session on `tokens` (it prefills them)."""
+    def history(self) -> tuple[ContextSpan, ...]:
+        """How the verifier built the committed tokens, span by span: the prompt and each turn
+        prefilled, the tokens the rounds committed between them generated. A reopened session
+        sends it, so that the verifier rebuilds its KV as it was (`OpenRequest.history`)."""
+        tail = len(self.tokens) - sum(span.length for span in self._built)
+        return (*self._built, ContextSpan(tail, generated=True)) if tail else self._built
+
+    def _open_remote(self, tokens: Sequence[int], history: Sequence[ContextSpan]) -> None:
+        """Opens the verifier's side of the session on `tokens`, built as `history` says."""
         opened = self.transport.open_session(
             OpenRequest(
-                tokens,
+                tuple(tokens),  # not the live list the rounds go on extending
                 mode=self.config.mode,
                 sampler=self.config.sampler(),
                 seed=self._verifier_seed,
@@ -186,6 +201,7 @@ class SpeculativeSession:
                 client_id=self.retry.client_id,
                 semantic_threshold=self.semantic_threshold,
                 logprobs=-1 if self.config.logprobs is None else self.config.logprobs,
+                history=history,
             )
         )
         self.session_id = opened.session_id
@@ -210,7 +226,7 @@ class SpeculativeSession:
                 self.transport.close_session(old)  # a stale session the verifier still holds
             except EdgekitError:
                 pass
-        self._open_remote(self.tokens)
+        self._open_remote(self.tokens, self.history())
         return len(self.tokens)
 
     def extend(self, tokens: Sequence[int]) -> float:
@@ -224,7 +240,9 @@ class SpeculativeSession:
             yield  # a generator that drafts nothing ahead: a new turn has nothing to draft
 
         committed, _ = drain(self._through_outages(attempt))
+        built = self.history()
         self.tokens.extend(tokens)
+        self._built = (*built, ContextSpan(len(tokens)))
         if committed != len(self.tokens):
             raise ProtocolError(f"verifier reports {committed} committed tokens, the client has {len(self.tokens)}")
         return (time.perf_counter() - t0) * 1e3

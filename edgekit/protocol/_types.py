@@ -17,6 +17,7 @@ __all__ = [
     "MIN_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
     "BlockRequest",
+    "ContextSpan",
     "Exchange",
     "Fingerprint",
     "GeneratedToken",
@@ -134,6 +135,15 @@ class ServerInfo:
 
 
 @dataclass(frozen=True)
+class ContextSpan:
+    """A span of a session's context as the verifier built it: `length` tokens, prefilled (a
+    prompt or a turn) or `generated` (decoded in rounds, or a target-only stream's steps)."""
+
+    length: int
+    generated: bool = False
+
+
+@dataclass(frozen=True)
 class OpenRequest:
     """An OpenSession request: the prompt the verifier prefills and the session's settings.
     `seed` seeds the verifier's acceptance draws; `sampler`: how the target's logits become its
@@ -149,6 +159,8 @@ class OpenRequest:
     client_id: str = ""
     semantic_threshold: float = 0.0  # semantic mode: the threshold asked for (0: the head's own)
     logprobs: int = -1  # the target's log-probabilities of committed tokens, with this many alternatives; -1: none
+    # how the verifier built this context before (a session opened again), span by span; (): one prompt
+    history: Sequence[ContextSpan] = ()
 
 
 @dataclass(frozen=True)

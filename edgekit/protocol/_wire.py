@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from ._pb import verifier_pb2 as pb
 from ._sampler import Sampler
 from ._types import (
     BlockRequest,
+    ContextSpan,
     Fingerprint,
     GeneratedToken,
     HiddenRequest,
@@ -219,6 +221,7 @@ def open_request_to_pb(r: OpenRequest) -> pb.OpenSessionRequest:
         slo_name=r.slo.slo_class or "",
         target_tokens_per_s=r.slo.tokens_per_s or 0.0,
         client_id=r.client_id,
+        history=[pb.ContextSpan(length=h.length, generated=h.generated) for h in r.history],
     )
 
 
@@ -235,6 +238,8 @@ def open_request_from_pb(m: pb.OpenSessionRequest) -> OpenRequest:
         client_id=m.client_id,
         semantic_threshold=float(m.sampling.semantic_threshold),
         logprobs=logprobs_from_pb(m.sampling),
+        # the message's spans (same fields), counted before a copy as the prompt is (`RequestChecks.history`)
+        history=cast(Sequence[ContextSpan], m.history),
     )
 
 

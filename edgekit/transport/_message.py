@@ -55,6 +55,7 @@ class MessageTransport:
     config: ClientConfig
     _version: int = PROTOCOL_VERSION  # what the handshake agreed on
     _round_streams: bool = False  # whether the verifier takes a session's rounds on one stream
+    _step_ms: float = 0.0  # the verifier's target step, as its handshake says (0: not said)
 
     # -- how a message travels: the subclass's part ------------------------------------
 
@@ -99,6 +100,7 @@ class MessageTransport:
         self._version = r.protocol_version
         info = server_info_from_pb(r)
         self._round_streams = info.round_streams
+        self._step_ms = info.decode_step_ms
         return info
 
     def ping(self, payload_bytes: int = 0, reply_bytes: int = 0) -> float:
@@ -108,9 +110,18 @@ class MessageTransport:
 
     def open_session(self, request: OpenRequest) -> OpenedSession:
         self._check_slo(request.slo)
-        r, _ = self._unary("OpenSession", open_request_to_pb(request), during="opening a session")
+        r, _ = self._unary(
+            "OpenSession", open_request_to_pb(request), during="opening a session", timeout=self._open_timeout(request)
+        )
         assert isinstance(r, pb.OpenSessionResponse)
         return opened_from_pb(r)
+
+    def _open_timeout(self, request: OpenRequest) -> float:
+        """The call's deadline, longer by what rebuilding a reopened context's generated spans may
+        take: a row at a time, each about a target step (`decode_step_ms`, 50 ms where the verifier
+        does not say), thrice that for a busy verifier; a prompt's prefill is in the timeout."""
+        generated = sum(span.length for span in request.history if span.generated)
+        return self.config.timeout + 3 * generated * (self._step_ms or 50.0) / 1e3
 
     def _check_slo(self, slo: SpeedObjective) -> None:
         if not slo.best_effort and self._version < 2:

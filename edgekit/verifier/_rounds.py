@@ -40,6 +40,7 @@ import numpy as np
 from ..config import ServerConfig
 from ..errors import HiddenStateError, ProtocolError
 from ..protocol import (
+    ContextSpan,
     EncodedHidden,
     HiddenRequest,
     OpenedSession,
@@ -66,7 +67,7 @@ from ._validation import RequestChecks
 from .engine import Feed
 from .scheduler import Objective, WorkResult
 
-__all__ = ["Rounds"]
+__all__ = ["Rounds", "rebuild_feeds"]
 
 
 class Rounds:
@@ -106,14 +107,16 @@ class Rounds:
         slo_class, speed = self.slo.resolve(r.slo.slo_class or "", r.slo.tokens_per_s or 0.0)
         self.checks.client_id(r.client_id)
         self.checks.prompt(r.prompt_tokens)  # its length before its ids, and before a copy
+        history = self.checks.history(len(r.prompt_tokens), r.history)
         tokens = list(r.prompt_tokens)
         sess = self.sessions.create(
             mode=r.mode, sampler=r.sampler, seed=r.seed, slo_class=slo_class, speed=speed, caller=caller
         )
         try:
             with sess.lock:
-                feed = Feed(sess.seq, 0, tuple(tokens[:-1]), 0)
-                ran = self._run(sess, feed, deadline, self.slo.prefill(speed, arrived))
+                run_ms = 0.0
+                for feed in rebuild_feeds(sess.seq, tokens, history):
+                    run_ms += self._run(sess, feed, deadline, self.slo.prefill(speed, arrived)).run_ms
                 sess.tokens = tokens
                 sess.draft_vocab = r.draft.vocab_size
                 sess.hidden_size = r.draft_hidden_size
@@ -127,7 +130,7 @@ class Rounds:
         if self.budgets is not None:  # a client's estimates are its tenant's: another cannot pose as it
             client = f"{caller.tenant}\0{r.client_id}" if r.client_id else ""
             budget = self.budgets.opened(sess.id, context=len(tokens), epoch=self.core.epochs, client=client)
-        return OpenedSession(sess.id, len(tokens), self.config.max_context, budget, ran.run_ms, speed or 0.0)
+        return OpenedSession(sess.id, len(tokens), self.config.max_context, budget, run_ms, speed or 0.0)
 
     def extend(
         self,
@@ -386,6 +389,27 @@ class Rounds:
             return decode_hidden(h, dim=sess.hidden_size, positions=positions)
         except HiddenStateError as exc:
             raise ProtocolError(str(exc)) from None
+
+
+def rebuild_feeds(seq: int, tokens: Sequence[int], history: Sequence[ContextSpan]) -> list[Feed]:
+    """The feeds that build a context of `tokens` the way its `history` says it was built (its
+    spans' lengths add up to len(tokens); none: the whole context is one prompt). The last
+    committed token is never run (the next round's first row is), so each span's feed is shifted
+    one back: a prompt of P tokens was prefilled at positions 0..P-2, the rounds after it decoded
+    P-1 onward, a turn appended at length L was prefilled from L-1. A prompt or turn comes back as
+    a prefill from the same start (its chunks cut where they were), a generated span as rows
+    decoded the way rounds decode them (`Feed.generated`): the cells, and every logit after them,
+    are what they were."""
+    if not history:
+        history = (ContextSpan(len(tokens)),)
+    feeds = []
+    begin = 0
+    for span in history:
+        lo, hi = max(begin - 1, 0), begin + span.length - 1
+        if hi > lo:
+            feeds.append(Feed(seq, lo, tuple(tokens[lo:hi]), 0, generated=span.generated))
+        begin += span.length
+    return feeds or [Feed(seq, 0, (), 0)]  # a one-token prompt: nothing to run, as a prefill of nothing
 
 
 def _outcome(objective: Objective) -> tuple[float | None, bool | None]:

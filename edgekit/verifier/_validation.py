@@ -18,6 +18,7 @@ from ..protocol import (
     MAX_TOP_LOGPROBS,
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
+    ContextSpan,
     Fingerprint,
     Sampler,
     SparseDistribution,
@@ -105,6 +106,21 @@ class RequestChecks:
                 f"prompt of {len(tokens)} tokens exceeds the context limit of {self.config.max_context}"
             )
         self.tokens(tokens, "the prompt")
+
+    def history(self, n_tokens: int, spans: Sequence[ContextSpan]) -> tuple[ContextSpan, ...]:
+        """How a reopened context was built, span by span (`OpenRequest.history`): their count read
+        before a copy (no more spans than tokens), each at least a token long, adding up to the
+        prompt. As values, copied off the message."""
+        if len(spans) > n_tokens:
+            raise ProtocolError(f"the context's history has {len(spans)} spans for {n_tokens} tokens")
+        out = tuple(ContextSpan(int(s.length), bool(s.generated)) for s in spans)
+        if any(s.length < 1 for s in out):
+            raise ProtocolError("a span of the context's history is empty")
+        if out and sum(s.length for s in out) != n_tokens:
+            raise ProtocolError(
+                f"the context's history spans {sum(s.length for s in out)} tokens; the prompt has {n_tokens}"
+            )
+        return out
 
     def extension(self, committed: int, tokens: Sequence[int]) -> None:
         if committed + len(tokens) + 1 > self.config.max_context:

@@ -252,7 +252,7 @@ class TokenLogprobs(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("prompt_tokens", "sampling", "slo_class", "draft_tokenizer", "client_id", "draft_hidden_size", "slo_name", "target_tokens_per_s")
+    __slots__ = ("prompt_tokens", "sampling", "slo_class", "draft_tokenizer", "client_id", "draft_hidden_size", "slo_name", "target_tokens_per_s", "history")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SLO_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +261,7 @@ class OpenSessionRequest(_message.Message):
     DRAFT_HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     SLO_NAME_FIELD_NUMBER: _ClassVar[int]
     TARGET_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     slo_class: SloClass
@@ -269,7 +270,16 @@ class OpenSessionRequest(_message.Message):
     draft_hidden_size: int
     slo_name: str
     target_tokens_per_s: float
-    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., slo_class: _Optional[_Union[SloClass, str]] = ..., draft_tokenizer: _Optional[_Union[TokenizerFingerprint, _Mapping]] = ..., client_id: _Optional[str] = ..., draft_hidden_size: _Optional[int] = ..., slo_name: _Optional[str] = ..., target_tokens_per_s: _Optional[float] = ...) -> None: ...
+    history: _containers.RepeatedCompositeFieldContainer[ContextSpan]
+    def __init__(self, prompt_tokens: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., slo_class: _Optional[_Union[SloClass, str]] = ..., draft_tokenizer: _Optional[_Union[TokenizerFingerprint, _Mapping]] = ..., client_id: _Optional[str] = ..., draft_hidden_size: _Optional[int] = ..., slo_name: _Optional[str] = ..., target_tokens_per_s: _Optional[float] = ..., history: _Optional[_Iterable[_Union[ContextSpan, _Mapping]]] = ...) -> None: ...
+
+class ContextSpan(_message.Message):
+    __slots__ = ("length", "generated")
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_FIELD_NUMBER: _ClassVar[int]
+    length: int
+    generated: bool
+    def __init__(self, length: _Optional[int] = ..., generated: _Optional[bool] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("session_id", "committed_length", "max_context", "next_budget", "prefill_ms", "reused_tokens", "target_tokens_per_s")

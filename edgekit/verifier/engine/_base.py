@@ -27,6 +27,10 @@ class Feed:
     `argmax`: the round wants only each of those rows' best id among the first `argmax` ids
     (greedy with plain logits: the engine reduces its rows where they are made, and no row of
     logits is copied out); 0, the default: their logits.
+    `generated`: tokens that rounds decoded before, given again to rebuild a session's KV the way
+    it was built (a reopened session's history): decoded as a round's rows are (in exact mode, the
+    calibrated sub-batches, so that every cell is what the rounds left), not in a prompt's chunks;
+    it wants no logits (`n_out=0`).
     """
 
     seq: int
@@ -35,6 +39,7 @@ class Feed:
     n_out: int
     hidden: bool = False
     argmax: int = 0
+    generated: bool = False
 
 
 # logits; (logits, hidden) for a `hidden` feed; the rows' best ids ([n_out] int64) for an `argmax` one

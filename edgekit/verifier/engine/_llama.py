@@ -288,8 +288,11 @@ class LlamaEngine:
             self._ctx.truncate(f.seq, f.start)  # a rolled-back round's cells go first
         try:
             for f in feeds:
-                if f.n_out == 0:  # a prompt or a turn: calls of its own, in n_batch chunks (as target-only prefills)
+                if f.n_out == 0 and not (f.generated and self.exact):
+                    # a prompt or a turn: calls of its own, in n_batch chunks (as target-only prefills)
                     self._ctx.decode_sequence(f.tokens, f.start, f.seq, last_output=False)
+                elif f.n_out == 0:
+                    self._rebuild(f)
             self._decode_rows([i for i, f in enumerate(feeds) if f.n_out and not f.hidden], feeds, outs, hidden)
             wanting = [i for i, f in enumerate(feeds) if f.n_out and f.hidden]
             if wanting:  # only the semantic mode's rounds pay for the hidden rows, in calls of their own
@@ -303,6 +306,19 @@ class LlamaEngine:
                 self._ctx.truncate(f.seq, f.start)  # leave every session as it was
             raise
         return [o if h is None else (o, h) for o, h in zip(outs, hidden)]
+
+    def _rebuild(self, feed: Feed) -> None:
+        """A `generated` feed's rows as rounds decoded them: band by band of the calibrated depths,
+        each in that band's exact sub-batches (one row at a time past the depth where only single
+        rows are exact), in position order, no logits out (the cells do not depend on which rows
+        output: only the last layer's output rows are cut)."""
+        end = feed.start + len(feed.tokens)
+        cuts = [d for d, _ in self.invariant_batches[1:] if feed.start < d < end]
+        bounds = [feed.start, *cuts, end]
+        none: list[np.ndarray] = [np.empty((0, self.n_vocab), dtype=np.float32)]
+        for lo, hi in itertools.pairwise(bounds):
+            piece = replace(feed, start=lo, tokens=feed.tokens[lo - feed.start : hi - feed.start])
+            self._decode_rows([0], [piece], none, [None])
 
     def _decode_rows(
         self, which: list[int], feeds: Sequence[Feed], outs: list[np.ndarray], hidden: list[np.ndarray | None]

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -217,7 +217,7 @@ class WorkQueue:
         # waiting holds for the whole prefill.
         assert self.prefill_chunk is not None
         feed = work.feed
-        part = Feed(feed.seq, feed.start + offset, feed.tokens[offset : offset + self.prefill_chunk], 0)
+        part = replace(feed, start=feed.start + offset, tokens=feed.tokens[offset : offset + self.prefill_chunk])
         return Work(part, work.session_id, work.slo_class, work.objective)
 
     def _next_chunk(self, prefill: _Prefill) -> None:
