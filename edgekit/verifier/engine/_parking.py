@@ -22,10 +22,11 @@ is parked, and the least recently used *settled* sequence is parked first. A pro
 feed without outputs) settles itself at its end. Only where every candidate ran a round whose
 verdict is not yet applied is one parked unsettled.
 
-Re-prefilling from the session's tokens would need no memory aside, but costs a forward pass over
-the whole context per restore (hundreds of times the copy on a CPU: see the serving-stack results)
-and is not bit-exact (issue 52), so parked KV is kept; its memory is what `max_sessions` x
-`max_context` promised, held in the host's memory instead of the context's.
+Rebuilding from the session's tokens would need no memory aside, and is bit-exact only when done
+span by span as the session was built (`rebuild_feeds`, what a reopened session gets), but costs a
+forward pass over the whole context per restore (hundreds of times the copy on a CPU: see the
+serving-stack results), so parked KV is kept; its memory is what `max_sessions` x `max_context`
+promised, held in the host's memory instead of the context's.
 """
 
 from __future__ import annotations
