@@ -41,6 +41,7 @@ Processes talk over their stdin and stdout in JSON lines (`LineProcess`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -65,6 +66,7 @@ if str(ROOT) not in sys.path:
 
 from edgekit.protocol import GREEDY, PROTOCOL_VERSION, SERVICE_NAME, fingerprint_to_pb, pb, sampling_to_pb  # noqa: E402
 from edgekit.runtime import ToyLanguageModel  # noqa: E402
+from edgekit.transport import CLIENT_HEADER  # noqa: E402
 
 __all__ = ["LineProcess", "MemoToyLM", "Tables", "Workload", "cpu_seconds", "parse_cores", "prepare_process", "spawn",
            "toy_target"]
@@ -315,6 +317,13 @@ _METHODS = {
 _CHANNEL_OPTIONS = [("grpc.enable_retries", 0), ("grpc.max_receive_message_length", 16 << 20)]
 
 
+def _tagged(stubs: dict[str, Callable[..., Any]], client_id: str) -> dict[str, Callable[..., Any]]:
+    """`stubs` whose every call carries the device's client id (`x-edgekit-client`), as edgekit's
+    client sends it: what a proxy's routing and per-client limits key on."""
+    metadata = ((CLIENT_HEADER, client_id),)
+    return {name: functools.partial(stub, metadata=metadata) for name, stub in stubs.items()}
+
+
 def _stubs(channel: Any) -> dict[str, Callable[..., Any]]:
     stubs = {name: channel.unary_unary(f"/{SERVICE_NAME}/{name}", request_serializer=req.SerializeToString,
                                        response_deserializer=resp.FromString)
@@ -388,7 +397,7 @@ async def _run_aio(devices: list[Device], address: str, per_device: bool, rounds
     channels = [grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
                 for _ in (devices if per_device else [None])]
     stubs = [_stubs(c) for c in channels]
-    honest = [_drive_aio(d, stubs[i if per_device else 0], rounds) for i, d in enumerate(devices)]
+    honest = [_drive_aio(d, _tagged(stubs[i if per_device else 0], d.client_id), rounds) for i, d in enumerate(devices)]
     abuse = [_flood(address, devices[0], flood, tally)] if flood and tally is not None else []
     await asyncio.gather(*honest, *abuse)
     for c in channels:
@@ -400,7 +409,7 @@ async def _flood(address: str, like: Device, calls: int, tally: Tally) -> None:
     its first round always in flight, each sent again the moment it is answered, until the
     window ends. Its answers are counted (`flood_calls`), not its rounds."""
     channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-    stubs = _stubs(channel)
+    stubs = _tagged(_stubs(channel), "flooder")
     t = like.t
     try:
         await stubs["Handshake"](pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, draft_tokenizer=t.fingerprint,
@@ -431,7 +440,8 @@ async def _flood(address: str, like: Device, calls: int, tally: Tally) -> None:
 def _run_threads(devices: list[Device], address: str, per_device: bool) -> None:
     channels = [grpc.insecure_channel(address, options=_CHANNEL_OPTIONS) for _ in (devices if per_device else [None])]
     stubs = [_stubs(c) for c in channels]
-    threads = [threading.Thread(target=_drive_blocking, args=(d, stubs[i if per_device else 0]), daemon=True)
+    threads = [threading.Thread(target=_drive_blocking, args=(d, _tagged(stubs[i if per_device else 0], d.client_id)),
+                                daemon=True)
                for i, d in enumerate(devices)]
     for th in threads:
         th.start()

@@ -36,10 +36,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def render(kind: str, replicas: Sequence[str], listen: int, folder: Path) -> Path:
+RATE_RULE = re.compile(r"(sc_http_req_rate\(0\) gt )(\d+)")  # HAProxy's per-client call limit
+
+
+def render(kind: str, replicas: Sequence[str], listen: int, folder: Path, *, client_rate: int | None = None) -> Path:
     """deploy/'s config for `kind`, serving on 127.0.0.1:`listen` and balancing over `replicas`
-    (host:port each; the shipped config names three, verifier1..3, and keeps as many as given)."""
+    (host:port each; the shipped config names three, verifier1..3, and keeps as many as given).
+    `client_rate`: HAProxy's per-client limit in calls a second in place of the shipped one
+    (0: none); None: as shipped."""
     text = CONFIGS[kind].read_text()
+    if client_rate is not None:
+        if kind != "haproxy" or len(RATE_RULE.findall(text)) != 1:
+            raise ValueError(f"{CONFIGS[kind]} has no per-client rate limit to change")
+        if client_rate:
+            text = RATE_RULE.sub(rf"\g<1>{client_rate}", text)
+        else:
+            text = re.sub(r"(?m)^.*sc_http_req_rate\(0\) gt \d+.*\n", "", text)
     if not 1 <= len(replicas) <= 3:
         raise ValueError("the shipped configs name three replicas: give 1 to 3")
     for i in range(1, 4):
@@ -84,13 +96,16 @@ def _answers(address: str) -> bool:
 
 
 @contextmanager
-def proxied(kind: str, replicas: Sequence[str], folder: Path, *, ready_s: float = 30.0) -> Iterator[str]:
+def proxied(kind: str, replicas: Sequence[str], folder: Path, *, ready_s: float = 30.0,
+            client_rate: int | None = None, prefix: Sequence[str] = ()) -> Iterator[str]:
     """`kind` in front of `replicas` until the block ends; its address once a ping through it
-    is answered. Its log is folder/KIND.log."""
+    is answered. Its log is folder/KIND.log. `client_rate`: as `render`; `prefix`: a command
+    the proxy runs under (taskset, to keep it off a core)."""
     folder.mkdir(parents=True, exist_ok=True)
     listen = free_port()
-    config = render(kind, replicas, listen, folder)
+    config = render(kind, replicas, listen, folder, client_rate=client_rate)
     check, run = command(kind, config, folder)
+    run = [*prefix, *run]
     checked = subprocess.run(check, capture_output=True, text=True)
     if checked.returncode != 0:
         raise RuntimeError(f"{kind} refuses its config {config}: {checked.stderr[-2000:]}")

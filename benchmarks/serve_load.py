@@ -48,6 +48,7 @@ share, the round's time by stage as stacked bars).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -63,6 +64,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C
+import _proxies
 from _loadgen import LineProcess, Tally, Workload, cpu_seconds, parse_cores, prepare_process, spawn, toy_target
 
 # A step of B sequences x T new tokens of the qwen2.5-7b shape at 1,024 cached tokens on an H200,
@@ -219,13 +221,20 @@ def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workl
                              log=logs / "verifier.log")
         server.send(spec)
     workers: list[LineProcess] = []
+    stack = contextlib.ExitStack()
     try:
         ready = server.recv()
+        address = ready["address"]
+        if args.proxy != "none":  # the devices call through the shipped proxy config, on the generator's cores
+            cores = ",".join(str(c) for c in args.loadgen_cores)
+            address = stack.enter_context(_proxies.proxied(args.proxy, [address], logs / "proxy",
+                                                           client_rate=args.client_rate,
+                                                           prefix=["taskset", "-c", cores]))
         n_workers = min(args.workers, devices)
         for i in range(n_workers):
             core = args.loadgen_cores[i % len(args.loadgen_cores)]
             workers.append(spawn("worker", {
-                "address": ready["address"], "devices": list(range(i, devices, n_workers)),
+                "address": address, "devices": list(range(i, devices, n_workers)),
                 "workload": asdict(workload), "mode": args.mode, "channels": args.channels,
                 "rounds": args.rounds, "flood": args.flood if i == 0 else 0,
             }, cores=[core], log=logs / f"worker{i}.log"))
@@ -249,6 +258,7 @@ def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workl
     finally:
         for w in workers:
             w.wait()
+        stack.close()
         if server.proc.poll() is None:
             try:
                 server.send({"command": "quit"})
@@ -459,6 +469,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          "rounds on one Rounds stream (ClientConfig.round_streams)")
     ap.add_argument("--flood", type=int, default=0, metavar="CALLS",
                     help="one abusive device more, keeping CALLS Verify calls of one round in flight (0: none)")
+    ap.add_argument("--proxy", default="none", choices=("none", "haproxy"),
+                    help="devices call through deploy/'s HAProxy config (on the generator's cores)")
+    ap.add_argument("--client-rate", type=int, default=None, metavar="CALLS",
+                    help="HAProxy's per-client limit, calls a second (0: none; default: as shipped)")
     ap.add_argument("--channels", default="device", choices=("device", "worker"),
                     help="a gRPC channel (connection) per device, or one per worker (which gRPC caps at 100 "
                          "calls in flight: more devices than that queue in the worker)")

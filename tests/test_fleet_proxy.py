@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from _wait import until
 
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, Resumed, RoundEvent, ServerConfig
 from edgekit.testing import FakeDraftModel, ToyEngine, ToyLanguageModel
@@ -163,3 +164,56 @@ def test_a_killed_and_a_drained_replica_lose_no_answer_behind_the_shipped_proxy(
     # every device whose replica went away moved, at least once; the others need not have
     assert len(moved) >= held[killed] and report["moves"] >= held[killed] + held_after_kill[drained], report
     assert report["reprefilled_tokens"] > 0
+
+
+def test_a_flooding_client_is_refused_at_the_proxy_and_another_is_not(tmp_path):
+    """The shipped HAProxy config's per-client limit (issue 50, part 6): a client sending more calls
+    a second than the limit is refused RESOURCE_EXHAUSTED by the proxy, with a back-off hint, before
+    its calls reach the verifier; a client beside it, under the limit, answers as if alone. The
+    limit is set here to 50 calls a second (the shipped one, 200, is checked apart), so that four
+    threads of pings exceed it on any machine and a 40-token generation stays under it."""
+    _binary("haproxy")
+    from edgekit.errors import LimitExceededError
+    from edgekit.transport import GrpcTransport
+
+    shipped = _proxies.RATE_RULE.findall(_proxies.CONFIGS["haproxy"].read_text())
+    assert [int(n) for _, n in shipped] == [200]
+    server = VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=1024),
+                            ServerConfig(port=0, max_sessions=4, max_context=1024, max_block=8)).start()
+    stop = threading.Event()
+    refusals: list[LimitExceededError] = []
+    answered = [0]
+
+    def flood(address: str) -> None:
+        with GrpcTransport(address, ClientConfig(client_id="flooder", timeout=5)) as t:
+            while not stop.is_set():
+                try:
+                    t.ping()
+                    answered[0] += 1
+                except LimitExceededError as exc:
+                    refusals.append(exc)
+
+    try:
+        with _proxies.proxied("haproxy", [server.address], tmp_path, client_rate=50) as address:
+            threads = [threading.Thread(target=flood, args=(address,), daemon=True) for _ in range(4)]
+            for t in threads:
+                t.start()
+            until(lambda: len(refusals) >= 10, "the flooder refused at the proxy", timeout=60)
+            gen = GenerationConfig(max_tokens=40, draft_k=4, drafting="fixed", stop_at_eos=False)
+            draft = FakeDraftModel(ToyLanguageModel(seed=31, noise=1.0, eos_bias=-8.0))
+            config = ClientConfig(client_id="honest", timeout=5, retry_for=0)  # a refusal would raise
+            prompt = [5, 6, 7]
+            before = len(refusals)
+            with EdgeClient(address, draft=draft, config=config, generation=gen) as client:
+                events = list(client.generate(prompt))
+            refused_meanwhile = len(refusals) - before
+            stop.set()
+            for t in threads:
+                t.join(10)
+    finally:
+        stop.set()
+        server.stop(grace=0)
+    assert events[-1].token_ids == tuple(TARGET.greedy(prompt, 40))
+    assert not [e for e in events if isinstance(e, Resumed)]
+    assert refused_meanwhile > 0 and answered[0] > 0  # the flood went on beside it, answered up to the limit
+    assert {e.retry_after for e in refusals} == {0.2} and "call rate at the proxy" in str(refusals[0])

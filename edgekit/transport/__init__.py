@@ -9,15 +9,17 @@ of edgekit's protocol over any carrier (gRPC here; in process for tests).
 from ._base import VerifierTransport
 from ._connect import SCHEMES, connect, needs_tokenizer
 from ._failover import FailoverTransport
-from ._grpc import GrpcTransport, map_rpc_error
+from ._grpc import CLIENT_HEADER, SESSION_HEADER, GrpcTransport, map_rpc_error
 from ._message import MessageTransport
 from ._openai import PREFIXES_FROM, OpenAITransport
 from ._sglang import SGLangTransport
 from ._stateless import TOKENIZER_PROBE, StatelessTransport
 
 __all__ = [
+    "CLIENT_HEADER",
     "PREFIXES_FROM",
     "SCHEMES",
+    "SESSION_HEADER",
     "TOKENIZER_PROBE",
     "FailoverTransport",
     "GrpcTransport",
