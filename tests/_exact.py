@@ -47,3 +47,21 @@ def pit(p: np.ndarray, x: int, v: float) -> float:
     order = np.argsort(-p, kind="stable")
     rank = int(np.flatnonzero(order == x)[0])
     return float(p[order[:rank]].sum() + v * p[x])
+
+
+def pair_pvalue(counts: dict[tuple[int, int], int], exact: dict[tuple[int, int], float]) -> float:
+    """Chi-square p-value of the committed first-two-token pairs `counts` against their exact joint
+    probabilities: cells expected fewer than 5 times pooled into one. A pair `exact` gives no
+    probability fails the test outright (p = 0)."""
+    from scipy.stats import chisquare
+
+    runs = sum(counts.values())
+    if not set(counts) <= set(exact):
+        return 0.0
+    cells = [c for c in exact if exact[c] * runs >= 5]
+    observed = [counts.get(c, 0) for c in cells]
+    expected = [exact[c] * runs for c in cells]
+    if runs - sum(expected) > 1e-6:  # the pairs expected fewer than 5 times, pooled
+        observed.append(runs - sum(observed))
+        expected.append(runs - sum(expected))
+    return float(chisquare(observed, np.asarray(expected) * sum(observed) / sum(expected)).pvalue)

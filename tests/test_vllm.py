@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from _exact import pair_pvalue
 
 from edgekit import ClientConfig, ConfigError, EdgeClient, FinalStats, GenerationConfig, Resumed, RoundEvent
 from edgekit.transport import PREFIXES_FROM, OpenAITransport
@@ -45,6 +47,7 @@ PROMPTS = [
 ]
 # How long vLLM may take to start: ~2 min measured alone on 2 cores; more while other jobs run.
 START_DEADLINE_S = 900.0
+ALPHA = 1e-3  # the statistical tests' significance
 TIMEOUT_S = 180.0  # a verifier call: the first request after a start took 32 s, while others shared the cores
 # pytest's 600 s per test counts the fixture's start: the first test gets the start's deadline besides.
 pytestmark = [pytest.mark.vllm, pytest.mark.models, pytest.mark.timeout(START_DEADLINE_S + 600)]
@@ -161,6 +164,90 @@ def test_sampling_through_vllm_draws_among_its_top_k(vllm_server, gemma_draft):
                 # vLLM lists the prompt's own token beside the top k: the drawn one must rank within them
                 # (1e-4 nats: a token tied with the k-th ranks either side of it)
                 assert tok in row and row[tok] >= kth - 1e-4, (prompt, j, tok, row)
+
+
+def _vllm_next(base: str, ids: list[int], k: int = 20) -> dict[int, float]:
+    """vLLM's top-k log-probabilities of the token after `ids`."""
+    choice = _post(base, "/completions", {
+        "model": SERVED_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0, "logprobs": k,
+        "return_tokens_as_token_ids": True,
+    })["choices"][0]
+    return {int(name.removeprefix("token_id:")): lp for name, lp in choice["logprobs"]["top_logprobs"][0].items()}
+
+
+def _sampled_pairs(client: EdgeClient, ids: list[int], runs: int) -> tuple[dict[tuple[int, int], int], float]:
+    """The first two committed tokens of `runs` seeded generations, counted; and the share of drafts accepted."""
+    counts: dict[tuple[int, int], int] = {}
+    drafted = accepted = 0
+    for seed in range(runs):
+        final = client.generate(ids, seed=seed).until_done()
+        drafted, accepted = drafted + final.stats.drafted, accepted + final.stats.accepted
+        pair = (final.token_ids[0], final.token_ids[1])
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts, accepted / max(drafted, 1)
+
+
+SAMPLING = dict(mode="sample", top_k=5, temperature=0.8, draft_temperature=1.6, max_tokens=2, draft_k=2)
+SAMPLE_PROMPT = "Once upon a time, in a small village by the sea,"
+# vLLM's CPU build answers a round in ~1 s here: 120 runs take ~3 min of the tier. Power enough: a
+# rule that accepts every draft is refused with 40 (p = 0, as with 300: pairs outside the support).
+SAMPLE_RUNS, BROKEN_RUNS = 120, 40
+
+
+@pytest.fixture(scope="module")
+def vllm_pair_distribution(vllm_server, gemma_draft) -> dict[tuple[int, int], float]:
+    """The exact joint distribution of the first two tokens the target's sampler (top-k 5, then
+    temperature 0.8) draws after SAMPLE_PROMPT, from vLLM's own log-probabilities (its top 20 hold
+    the top 5 of every position)."""
+    sampler = GenerationConfig(**SAMPLING).sampler()
+    ids = gemma_draft.tokenize(SAMPLE_PROMPT)
+
+    def probs(prefix: list[int]) -> dict[int, float]:
+        row = np.full(gemma_draft.n_vocab, -np.inf, dtype=np.float32)
+        for tok, lp in _vllm_next(vllm_server.base, prefix).items():
+            row[tok] = lp
+        p = sampler.probs(row, prefix)
+        return {int(t): float(p[t]) for t in np.flatnonzero(p)}
+
+    first = probs(ids)
+    return {(a, b): pa * pb for a, pa in first.items() for b, pb in probs([*ids, a]).items()}
+
+
+def test_sampling_through_vllm_is_distributed_as_vllms_own_sampler(vllm_server, gemma_draft, vllm_pair_distribution):
+    """Issue 52, item 2: the first two committed tokens of SAMPLE_RUNS seeded generations through the
+    real vLLM, against the joint distribution vLLM's own log-probabilities give (a chi-square test at
+    significance 0.001; seeds fixed, so a pass is reproducible), with the draft at a higher
+    temperature than the target so that blocks are both accepted and rejected. The next test shows
+    the same test fails with the acceptance rule broken."""
+    with _client(vllm_server.base, gemma_draft, **SAMPLING) as client:
+        counts, rate = _sampled_pairs(client, gemma_draft.tokenize(SAMPLE_PROMPT), SAMPLE_RUNS)
+    assert 0.05 < rate < 0.95, f"the test must see acceptances and rejections ({rate:.2f} accepted)"
+    assert set(counts) <= set(vllm_pair_distribution), "a pair vLLM's sampler never draws was committed"
+    pvalue = pair_pvalue(counts, vllm_pair_distribution)
+    print(f"{SAMPLE_RUNS} runs, {rate:.2f} of drafts accepted, {len(counts)} pairs seen, chi-square p = {pvalue:.3g}")
+    assert pvalue > ALPHA
+
+
+def test_the_same_test_fails_when_the_acceptance_rule_is_broken(vllm_server, gemma_draft, vllm_pair_distribution,
+                                                                 monkeypatch):
+    """The test above can fail: with the rule broken (every drafted token accepted, so the output is
+    the draft's at its temperature, not the target's) the same test, on fewer runs, gives a p-value
+    below 0.001 (measured: 0 with 40 runs and with 300)."""
+    from edgekit.transport import _stateless
+
+    real = _stateless.accept_sampling
+
+    def accept_everything(logits, draft, dists, sampler, rng, context=()):  # type: ignore[no-untyped-def]
+        k = len(draft)
+        return k, real(logits[k:], [], [], sampler, rng, [*context, *draft])[1]
+
+    monkeypatch.setattr(_stateless, "accept_sampling", accept_everything)
+    with _client(vllm_server.base, gemma_draft, **SAMPLING) as client:
+        counts, rate = _sampled_pairs(client, gemma_draft.tokenize(SAMPLE_PROMPT), BROKEN_RUNS)
+    assert rate == 1.0  # the broken rule was the one applied
+    pvalue = pair_pvalue(counts, vllm_pair_distribution)
+    print(f"broken rule: chi-square p = {pvalue:.3g}")
+    assert pvalue < ALPHA
 
 
 def test_a_wrong_model_name_is_refused_naming_what_is_served(vllm_server, gemma_draft):
