@@ -1,4 +1,4 @@
-"""What reducing a greedy round's logits where llama.cpp makes them saves the verifier.
+"""What reducing a round's logits where llama.cpp makes them saves the verifier: greedy, and top-k sampling.
 
 A greedy round over plain logits needs one id per row: the argmax. Before, the engine copied each
 row out of llama.cpp's output buffer (n_vocab floats: 1 MB a row on gemma's 262,144 tokens) and
@@ -7,7 +7,14 @@ its rows in the buffer, one argmax per decode. This times a batch of B sessions'
 tokens each, K + 1 rows) both ways on the same `LlamaEngine`, interleaved, with the argmax the
 rounds would take added to the copying path, and checks both name the same ids.
 
+A top-k sampling round needs, of each row, only the logits that reach its k-th largest: with
+`--mode sample` the copying path copies the rows out and judges the block over them as the rounds
+did (`accept_sampling` over whole rows), the reducing one asks for kept rows (`Feed.keep`) and
+judges the block in their columns; both with the same generator seeds, checked to give the same
+verdicts. The times include the rules' work, which is where whole rows cost most.
+
     python benchmarks/logit_reduction.py                        # gemma-270m, B = 1, 4, 8, exact and fast
+    python benchmarks/logit_reduction.py --mode sample --numerics exact --out logit_reduction_sample
     python benchmarks/logit_reduction.py --pairs qwen-coder --batches 1,8 --repeats 20
 """
 
@@ -26,7 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C
 
+from edgekit import Sampler
 from edgekit.models import pair_paths
+from edgekit.protocol import SparseDistribution, accept_sampling, in_columns
 from edgekit.verifier import Feed, LlamaEngine
 
 TEXT = (
@@ -35,7 +44,37 @@ TEXT = (
 ) * 6
 
 
-def measure(pair: str, batches: list[int], k: int, repeats: int, exact: bool, threads: int | None) -> dict[str, Any]:
+SAMPLER = Sampler(temperature=0.8, top_k=20)
+
+
+def _drafts(block: tuple[int, ...], vocab: int, seed: int) -> list[SparseDistribution]:
+    """Draft distributions over 20 ids holding each drafted token, as a device uploads them."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for tok in block:
+        ids = np.unique(np.append(rng.choice(vocab, size=19, replace=False), tok)).astype(np.int32)
+        probs = rng.random(ids.size).astype(np.float32) + 0.05
+        out.append(SparseDistribution(ids, (probs / probs.sum()).astype(np.float32)))
+    return out
+
+
+def _verdicts(outs: list[Any], block: tuple[int, ...], dists: list[SparseDistribution], reduced: bool,
+              seed: int) -> list[tuple[int, int]]:
+    """Each session's (accepted, next token), as the rounds judge it, its generator seeded alike either way."""
+    verdicts = []
+    for s, out in enumerate(outs):
+        rng = np.random.default_rng(seed + s)
+        if reduced:
+            columns, kept = in_columns(out.ids, block, dists)
+            accepted, at = accept_sampling(out.logits, columns, kept, SAMPLER, rng)
+            verdicts.append((accepted, int(out.ids[at])))
+        else:
+            verdicts.append(accept_sampling(out, block, dists, SAMPLER, rng))
+    return verdicts
+
+
+def measure(pair: str, batches: list[int], k: int, repeats: int, exact: bool, threads: int | None,
+            mode: str = "greedy") -> dict[str, Any]:
     _, target = pair_paths(pair)
     n = max(batches)
     engine = LlamaEngine(str(target), max_context=256, n_seq=n, max_block=k, exact=exact, threads=threads)
@@ -44,26 +83,33 @@ def measure(pair: str, batches: list[int], k: int, repeats: int, exact: bool, th
     for seq in range(n):
         engine.run_batch([Feed(seq, 0, head[:-1], 0)])
     times: dict[tuple[int, str], list[float]] = {(b, w): [] for b in batches for w in ("copied", "reduced")}
-    ids_of: dict[tuple[int, str], list[list[int]]] = {}
+    ids_of: dict[tuple[int, str, int], list[Any]] = {}
     cells = list(times)
-    for _ in range(repeats):
+    dists = _drafts(block, engine.n_vocab, 1)
+    for r in range(repeats):
         random.shuffle(cells)
         for b, way in cells:
-            feeds = [Feed(s, len(head) - 1, (head[-1], *block), k + 1, argmax=engine.n_vocab if way == "reduced" else 0)
-                     for s in range(b)]
+            reduced = way == "reduced"
+            kept = {"keep": SAMPLER.top_k, "within": engine.n_vocab}
+            asks = ({"argmax": engine.n_vocab} if mode == "greedy" else kept) if reduced else {}
+            feeds = [Feed(s, len(head) - 1, (head[-1], *block), k + 1, **asks) for s in range(b)]
             t0 = time.perf_counter()
             outs = engine.run_batch(feeds)
-            ids = outs if way == "reduced" else [np.argmax(o, axis=1) for o in outs]  # what the rounds took
+            if mode == "greedy":
+                ids = [i.tolist() for i in outs] if reduced else [np.argmax(o, axis=1).tolist() for o in outs]
+            else:
+                ids = _verdicts(outs, block, dists, reduced, seed=1000 * r)
             times[b, way].append((time.perf_counter() - t0) * 1e3)
-            ids_of[b, way] = [i.tolist() for i in ids]
-    same = all(ids_of[b, "copied"] == ids_of[b, "reduced"] for b in batches)
+            ids_of[b, way, r] = ids
+    same = all(ids_of[b, "copied", r] == ids_of[b, "reduced", r] for b in batches for r in range(repeats))
     engine.close()
     rows = []
     for b in batches:
         copied, reduced = C.median(times[b, "copied"]), C.median(times[b, "reduced"])
         rows.append({"sessions": b, "rows": b * (k + 1), "copied_ms": copied, "reduced_ms": reduced,
                      "saved_ms": copied - reduced, "copied_over_reduced": copied / reduced})
-    return {"pair": pair, "numerics": "exact" if exact else "fast", "n_vocab": engine.n_vocab, "k": k,
+    return {"pair": pair, "numerics": "exact" if exact else "fast", "mode": mode,
+            "sampler": SAMPLER.describe() if mode == "sample" else "greedy", "n_vocab": engine.n_vocab, "k": k,
             "same_ids": same, "rows": rows}
 
 
@@ -71,11 +117,14 @@ def plot(result: dict[str, Any], png: Path) -> None:
     fig, (ax,) = C.subplots(width=6.5)
     for r in result["results"]:
         xs = [row["sessions"] for row in r["rows"]]
-        ax.plot(xs, [row["saved_ms"] for row in r["rows"]], "o-", label=f"{r['pair']}, {r['numerics']}")
+        ax.plot(xs, [row["saved_ms"] for row in r["rows"]], "o-",
+                label=f"{r['pair']}, {r['numerics']}, {r.get('sampler', 'greedy')}")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("sessions in the batch (K + 1 rows each)")
     ax.set_ylabel("ms saved per batch (median): copied - reduced")
-    ax.set_title("Greedy rows reduced in llama.cpp's buffer instead of copied out")
+    sampled = any(r.get("mode") == "sample" for r in result["results"])
+    ax.set_title("Top-k sampling rows kept in llama.cpp's buffer, judged" if sampled
+                 else "Greedy rows reduced in llama.cpp's buffer instead of copied out")
     C.save_figure(fig, png)
 
 
@@ -86,6 +135,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--numerics", default="exact,fast")
+    ap.add_argument("--mode", default="greedy", choices=("greedy", "sample"),
+                    help="greedy rounds (argmax), or top-k sampling rounds judged by the lossless rule")
     ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
     ap.add_argument("--out", default="logit_reduction")
     ap.add_argument("--replot", metavar="JSON", default=None)
@@ -95,8 +146,9 @@ def main() -> None:
         return
     threads = C.apply_threads(args.threads)
     C.print_machine()
-    results = [measure(p, C.csv_list(args.batches, int), args.k, args.repeats, mode == "exact", threads)
-               for p in C.csv_list(args.pairs) for mode in C.csv_list(args.numerics)]
+    results = [measure(p, C.csv_list(args.batches, int), args.k, args.repeats, numerics == "exact", threads,
+                       args.mode)
+               for p in C.csv_list(args.pairs) for numerics in C.csv_list(args.numerics)]
     print(C.table(
         ["pair", "numerics", "sessions", "rows", "copied ms", "reduced ms", "saved ms", "ratio", "same ids"],
         [[r["pair"], r["numerics"], row["sessions"], row["rows"], row["copied_ms"], row["reduced_ms"], row["saved_ms"],

@@ -65,7 +65,11 @@ def _settings(name: str, client: EdgeClient) -> dict:
     return settings
 
 
-@pytest.mark.parametrize("name", list(SETTINGS))
+# CI's time: each feature alone is slow (a minute each on 2 cores); "combined" holds them all, at once.
+ALONE_SLOW = ("top_p", "min_p", "frequency_penalty", "presence_penalty", "logit_bias")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ALONE_SLOW else n for n in SETTINGS])
 def test_committed_tokens_follow_the_targets_own_sampler(name, client, gemma_paths):
     settings = _settings(name, client)
     sampler = GenerationConfig(mode="sample", temperature=settings.pop("temperature", 1.0), **settings).sampler()

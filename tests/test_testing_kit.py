@@ -179,7 +179,7 @@ def test_every_call_is_recorded_with_its_arguments_and_counted_per_method():
     verifies = [c for c in transport.calls if c.method == "verify"]
     assert [c.n for c in verifies] == list(range(1, len(verifies) + 1)) == list(range(1, transport.count("verify") + 1))
     assert [c.arguments["block"] for c in verifies] == transport.verify_calls  # forwarded as they came
-    assert transport.calls[1].arguments["request"].prompt_tokens == [1, 2, 3]
+    assert list(transport.calls[1].arguments["request"].prompt_tokens) == [1, 2, 3]
     assert transport.count("ping") == 0
 
 

@@ -19,6 +19,7 @@ from ._acceptance import (
     accept_top1,
     acceptance_ratios,
     draft_distribution,
+    in_columns,
     mismatch_positions,
     top1_mismatches,
 )
@@ -143,6 +144,7 @@ __all__ = [
     "hidden_answer_to_pb",
     "hidden_from_pb",
     "hidden_to_pb",
+    "in_columns",
     "link_from_pb",
     "link_to_pb",
     "logprobs_from_pb",

@@ -140,6 +140,25 @@ def acceptance_ratios(
     return out
 
 
+def in_columns(
+    ids: np.ndarray, tokens: Sequence[int], dists: Sequence[SparseDistribution] = ()
+) -> tuple[list[int], list[SparseDistribution]]:
+    """A block's tokens and draft distributions in the columns of rows that hold only the logits
+    at vocabulary `ids` (sorted): a top-k sampler's rows, kept where they were made. An id not
+    among them goes past the columns, where the rules read p = 0, as the whole row's top-k
+    distribution has it; a draw over the columns is `ids[column]`."""
+
+    def columns(ts: Sequence[int] | np.ndarray) -> np.ndarray:
+        t = np.asarray(ts, dtype=np.int64)
+        at = np.searchsorted(ids, t)
+        inside = at < ids.size
+        hit = np.zeros(t.size, dtype=bool)
+        hit[inside] = ids[at[inside]] == t[inside]
+        return np.where(hit, at, ids.size + np.arange(t.size))
+
+    return columns(tokens).tolist(), [SparseDistribution(columns(d.ids), d.probs) for d in dists]
+
+
 def _prob_of(p: np.ndarray, token: int) -> float:
     """p[token], or 0 for an id past the target's logits (a padding entry only the draft has)."""
     return float(p[token]) if token < p.size else 0.0

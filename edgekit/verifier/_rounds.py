@@ -53,6 +53,7 @@ from ..protocol import (
     check_base,
     decide,
     decode_hidden,
+    in_columns,
     mismatch_positions,
     token_logprobs,
     top1_mismatches,
@@ -217,9 +218,12 @@ class Rounds:
             run = self._tokens_of_target(block)  # the target runs its own tokens only
             # Greedy over plain logits wants only each row's best id: the engine reduces its rows
             # where they are made (no row of logits copied); logprobs and SH's pending rows want them whole.
-            reduced = sess.mode == "greedy" and not sess.sampler.adjusts and sess.logprobs < 0 and r.upload != "sh"
+            plain = not sess.sampler.adjusts and sess.logprobs < 0 and r.upload != "sh"
+            reduced = plain and sess.mode == "greedy"
+            # Top-k sampling wants of each row only what reaches its k-th logit: kept where it is made.
+            keep = sess.sampler.top_k if plain and sess.mode == "sample" else 0
             feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block[:run]), run + 1, hidden=semantic,
-                        argmax=self.checks.n_real if reduced else 0)
+                        argmax=self.checks.n_real if reduced else 0, keep=keep, within=self.checks.n_real)
             ran = self._run(sess, feed, deadline, objective)
             verify_ms = ran.run_ms + checks_ms
             if r.upload == "sh":
@@ -290,14 +294,17 @@ class Rounds:
             )
         else:
             dists = r.distributions[: len(judged)]
-            accepted, nxt = accept_sampling(logits, judged, dists, sess.sampler, sess.rng, sess.tokens)
+            columns, kept_dists = (judged, dists) if ran.ids is None else in_columns(ran.ids, judged, dists)
+            accepted, nxt = accept_sampling(logits, columns, kept_dists, sess.sampler, sess.rng, sess.tokens)
+            nxt = nxt if ran.ids is None else int(ran.ids[nxt])
         ratios = 0.0
         if self.budgets is not None and block:
-            dists = r.distributions[: len(judged)] if sess.mode == "sample" else ()
             if best is not None:  # greedy's ratios: whether each token is the target's choice (as acceptance_ratios)
                 ratios = float(sum(b == t for b, t in zip(best, judged)))
+            elif sess.mode == "sample":
+                ratios = float(acceptance_ratios(logits, columns, kept_dists, sess.sampler, sess.tokens).sum())
             else:
-                ratios = float(acceptance_ratios(logits, judged, dists, sess.sampler, sess.tokens).sum())
+                ratios = float(acceptance_ratios(logits, judged, (), sess.sampler, sess.tokens).sum())
         verdict = decide(
             block,
             accepted,

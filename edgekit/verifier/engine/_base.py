@@ -10,7 +10,7 @@ import numpy as np
 
 from ...protocol import Fingerprint
 
-__all__ = ["Engine", "Feed", "FeedOutput", "split_output"]
+__all__ = ["Engine", "Feed", "FeedOutput", "KeptRows", "kept_of", "split_output"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,10 @@ class Feed:
     `argmax`: the round wants only each of those rows' best id among the first `argmax` ids
     (greedy with plain logits: the engine reduces its rows where they are made, and no row of
     logits is copied out); 0, the default: their logits.
+    `keep`: sampling under a top-k sampler wants, of each of those rows, only the logits that
+    reach the row's `keep`-th largest among the first `within` ids (those tied with it kept too):
+    the engine reduces its rows where they are made, and the round gets them as `KeptRows`
+    (a top-k sampler's distribution is zero everywhere else, so nothing it needs is lost).
     `generated`: tokens that rounds decoded before, given again to rebuild a session's KV the way
     it was built (a reopened session's history): decoded as a round's rows are (in exact mode, the
     calibrated sub-batches, so that every cell is what the rounds left), not in a prompt's chunks;
@@ -39,15 +43,46 @@ class Feed:
     n_out: int
     hidden: bool = False
     argmax: int = 0
+    keep: int = 0
+    within: int = 0
     generated: bool = False
 
 
-# logits; (logits, hidden) for a `hidden` feed; the rows' best ids ([n_out] int64) for an `argmax` one
-FeedOutput = np.ndarray | tuple[np.ndarray, np.ndarray]
+@dataclass(frozen=True)
+class KeptRows:
+    """A `keep` feed's rows, reduced: `logits` [n_out, len(ids)] at the vocabulary's `ids` (sorted,
+    int64), each row's kept logits and -inf at the ids only another row kept."""
+
+    logits: np.ndarray
+    ids: np.ndarray
+
+    @staticmethod
+    def of(rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> KeptRows:
+        """From each row's kept (ids, logits), as `kept_of` gives them."""
+        ids = np.unique(np.concatenate([i for i, _ in rows])) if rows else np.empty(0, dtype=np.int64)
+        out = np.full((len(rows), ids.size), -np.inf, dtype=np.float32)
+        for r, (i, v) in enumerate(rows):
+            out[r, np.searchsorted(ids, i)] = v
+        return KeptRows(out, ids.astype(np.int64))
 
 
-def split_output(out: FeedOutput) -> tuple[np.ndarray, np.ndarray | None]:
-    """A feed's logits and its hidden rows (None unless the feed asked for them)."""
+def kept_of(row: np.ndarray, keep: int, within: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's ids (ascending) whose logits reach its `keep`-th largest among the first `within`,
+    ties included, and those logits (copies): all a top-`keep` sampler's distribution covers."""
+    view = row[:within]
+    k = min(keep, view.shape[0])
+    kth = np.partition(view, view.shape[0] - k)[view.shape[0] - k]
+    ids = np.flatnonzero(view >= kth)
+    return ids, view[ids].copy()
+
+
+# logits; (logits, hidden) for a `hidden` feed; the rows' best ids ([n_out] int64) for an `argmax` one;
+# `KeptRows` for a `keep` one
+FeedOutput = np.ndarray | tuple[np.ndarray, np.ndarray] | KeptRows
+
+
+def split_output(out: FeedOutput) -> tuple[np.ndarray | KeptRows, np.ndarray | None]:
+    """A feed's logits (or kept rows) and its hidden rows (None unless the feed asked for them)."""
     if isinstance(out, tuple):
         return out
     return out, None
@@ -59,7 +94,8 @@ class Engine(Protocol):
     `run_batch` runs feeds of several sequences and returns, per feed, the
     logits of its last `n_out` positions ([n_out, n_vocab] float32, copies),
     or for a feed with `hidden` set the pair (logits, hidden [n_out, n_embd]), or for a feed
-    with `argmax` set its rows' best ids ([n_out] int64; the first best where several tie).
+    with `argmax` set its rows' best ids ([n_out] int64; the first best where several tie), or
+    for a feed with `keep` set its rows' kept logits (`KeptRows`).
     A feed that does not fit raises `KVCacheFullError`, leaving the sequences
     at their feeds' starts. `truncate` cuts a sequence, `release` empties it (for
     callers outside the verifier: it needs neither); `cached` says how many

@@ -31,13 +31,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ...errors import InferenceError, KVCacheFullError
 from ...protocol import Fingerprint
 from ...runtime import LlamaContext, LlamaModel, default_threads, gpu_offload
-from ._base import Feed, FeedOutput
+from ._base import Feed, FeedOutput, KeptRows, kept_of
 from ._cache import load_cached, machine_key, store_cached
 from ._parking import SequenceSlots
 
@@ -278,8 +279,11 @@ class LlamaEngine:
 
     def _run_resident(self, feeds: Sequence[Feed]) -> list[FeedOutput]:
         """Runs feeds whose sequences are the context's own."""
-        outs = [np.empty(f.n_out, dtype=np.int64) if f.argmax else np.empty((f.n_out, self.n_vocab), dtype=np.float32)
-                for f in feeds]
+        outs: list[Any] = [  # each feed's: logits, best ids, or (keep) its rows' kept (ids, logits)
+            np.empty(f.n_out, dtype=np.int64) if f.argmax else [None] * f.n_out if f.keep
+            else np.empty((f.n_out, self.n_vocab), dtype=np.float32)
+            for f in feeds
+        ]
         hidden = [np.empty((f.n_out, self.n_embd), dtype=np.float32) if f.hidden else None for f in feeds]
         for f in feeds:
             held = self._ctx.seq_length(f.seq)
@@ -305,7 +309,8 @@ class LlamaEngine:
             for f in feeds:
                 self._ctx.truncate(f.seq, f.start)  # leave every session as it was
             raise
-        return [o if h is None else (o, h) for o, h in zip(outs, hidden)]
+        # a `keep` feed's rows, reduced (it wants no hidden rows: only the semantic mode's rounds do)
+        return [KeptRows.of(o) if isinstance(o, list) else o if h is None else (o, h) for o, h in zip(outs, hidden)]
 
     def _rebuild(self, feed: Feed) -> None:
         """A `generated` feed's rows as rounds decoded them: band by band of the calibrated depths,
@@ -315,13 +320,13 @@ class LlamaEngine:
         end = feed.start + len(feed.tokens)
         cuts = [d for d, _ in self.invariant_batches[1:] if feed.start < d < end]
         bounds = [feed.start, *cuts, end]
-        none: list[np.ndarray] = [np.empty((0, self.n_vocab), dtype=np.float32)]
+        none: list[Any] = [np.empty((0, self.n_vocab), dtype=np.float32)]
         for lo, hi in itertools.pairwise(bounds):
             piece = replace(feed, start=lo, tokens=feed.tokens[lo - feed.start : hi - feed.start])
             self._decode_rows([0], [piece], none, [None])
 
     def _decode_rows(
-        self, which: list[int], feeds: Sequence[Feed], outs: list[np.ndarray], hidden: list[np.ndarray | None]
+        self, which: list[int], feeds: Sequence[Feed], outs: list[Any], hidden: list[np.ndarray | None]
     ) -> None:
         """The feeds that want logits: their rows in calls of at most `step` rows, several
         feeds to a call where that is exact (or numerics are fast)."""
@@ -352,7 +357,7 @@ class LlamaEngine:
                 self._take_outputs(chunk, wanted, feeds, outs, hidden)
 
     def _take_outputs(self, chunk: list[tuple[int, int]], wanted: list[bool], feeds: Sequence[Feed],
-                      outs: list[np.ndarray], hidden: list[np.ndarray | None]) -> None:
+                      outs: list[Any], hidden: list[np.ndarray | None]) -> None:
         """A decode's outputs to their feeds: each feed's rows in one slice of llama.cpp's output
         buffer (in batch order), reduced there for an `argmax` feed, else copied whole."""
         view = self._ctx.output_logits(sum(wanted))
@@ -366,6 +371,8 @@ class LlamaEngine:
             block = view[taken : taken + m]
             if f.argmax:
                 outs[i][first : first + m] = np.argmax(block[:, : f.argmax], axis=1)
+            elif f.keep:
+                outs[i][first : first + m] = [kept_of(row, f.keep, f.within or self.n_vocab) for row in block]
             else:
                 outs[i][first : first + m] = block
             rows_out = hidden[i]

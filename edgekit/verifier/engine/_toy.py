@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import InferenceError, KVCacheFullError
 from ...protocol import Fingerprint
 from ...runtime import ToyLanguageModel
-from ._base import Feed, FeedOutput
+from ._base import Feed, FeedOutput, KeptRows, kept_of
 
 __all__ = ["ToyEngine"]
 
@@ -89,6 +89,8 @@ class ToyEngine:
         logits = np.stack(rows) if rows else np.empty((0, self.n_vocab), dtype=np.float32)
         if feed.argmax:
             return np.argmax(logits[:, : feed.argmax], axis=1)
+        if feed.keep:
+            return KeptRows.of([kept_of(row, feed.keep, feed.within or self.n_vocab) for row in logits])
         if not feed.hidden:
             return logits
         hidden = [self.hidden(kv[: n - feed.n_out + i + 1]) for i in range(feed.n_out)]

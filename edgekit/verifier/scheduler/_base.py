@@ -33,7 +33,7 @@ from typing import Protocol
 import numpy as np
 
 from ...errors import LimitExceededError
-from ..engine import Feed, FeedOutput, split_output
+from ..engine import Feed, FeedOutput, KeptRows, split_output
 
 __all__ = ["Batch", "Objective", "Scheduler", "Work", "WorkQueue", "WorkResult", "complete"]
 
@@ -60,6 +60,7 @@ class WorkResult:
     estimated_ms: float = 0.0  # what the scheduler's estimator expected of that batch (0: no estimate)
     hidden: np.ndarray | None = None  # [n_out, n_embd], the target's hidden rows when the feed asked for them
     best: np.ndarray | None = None  # [n_out], each row's best id, for an `argmax` feed (its logits never copied)
+    ids: np.ndarray | None = None  # a `keep` feed's: the vocabulary ids of `logits`' columns (`KeptRows`)
 
 
 @dataclass(eq=False)
@@ -133,10 +134,11 @@ def complete(batch: Batch, outputs: Sequence[FeedOutput] | BaseException, run_ms
             work.future.set_exception(outputs)
         else:
             queue_ms = (batch.dispatched - work.submitted) * 1e3
-            out, hidden = split_output(outputs[i])
+            raw, hidden = split_output(outputs[i])
+            out, ids = (raw.logits, raw.ids) if isinstance(raw, KeptRows) else (raw, None)
             logits, best = (_NO_LOGITS, out) if work.feed.argmax else (out, None)
             work.future.set_result(
-                WorkResult(logits, queue_ms, run_ms, len(batch.works), batch.estimated_ms, hidden, best)
+                WorkResult(logits, queue_ms, run_ms, len(batch.works), batch.estimated_ms, hidden, best, ids)
             )
 
 
