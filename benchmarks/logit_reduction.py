@@ -117,8 +117,10 @@ def plot(result: dict[str, Any], png: Path) -> None:
     fig, (ax,) = C.subplots(width=6.5)
     for r in result["results"]:
         xs = [row["sessions"] for row in r["rows"]]
-        ax.plot(xs, [row["saved_ms"] for row in r["rows"]], "o-",
-                label=f"{r['pair']}, {r['numerics']}, {r.get('sampler', 'greedy')}")
+        sampler = r.get("sampler", "greedy")
+        if isinstance(sampler, dict):
+            sampler = ", ".join(f"{k} {v}" for k, v in sampler.items())
+        ax.plot(xs, [row["saved_ms"] for row in r["rows"]], "o-", label=f"{r['pair']}, {r['numerics']}, {sampler}")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("sessions in the batch (K + 1 rows each)")
     ax.set_ylabel("ms saved per batch (median): copied - reduced")
