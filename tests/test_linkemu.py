@@ -51,11 +51,16 @@ def test_fh_and_sh_through_the_link_cost_what_they_should(bed, gemma_draft):
     for r in sh.rounds_detail:  # a second exchange, a second RTT, when there was a mismatch
         assert r.round_trip_ms >= r.exchanges * rtt - 1.0
     assert any(r.exchanges == 2 for r in sh.rounds_detail)
-    # what crossed the link: the messages as serialized plus HTTP/2 and gRPC framing (and the
-    # handshake, session open and close: a few hundred bytes in all)
+    # what crossed the link: the messages as serialized plus HTTP/2 and gRPC framing. Each call
+    # (the handshake, the open, every exchange, the close) adds its HEADERS (HPACK-compressed after
+    # the first), a DATA frame header and its share of WINDOW_UPDATE and PING acks: measured 170-200
+    # bytes here. A client may find gRPC's connection to the verifier still open from the client
+    # before or may open a new one (preface, SETTINGS, headers sent whole: ~650 bytes measured):
+    # which one is up to gRPC's timing, so the bound allows it for every run.
     for upload in ("tokens", "fh", "sh"):
         final, wire = runs[upload]
-        assert final.stats.uplink_bytes <= wire <= final.stats.uplink_bytes + 2500, upload
+        calls = 3 + sum(r.exchanges for r in final.stats.rounds_detail)
+        assert final.stats.uplink_bytes <= wire <= final.stats.uplink_bytes + 1000 + 250 * calls, upload
     assert fh.uplink_bytes >= fh.hidden_rows * 640 * 2  # fp16 rows of gemma's 640 wide hidden states
 
 
