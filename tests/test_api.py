@@ -190,7 +190,7 @@ def test_a_client_that_leaves_mid_stream_gives_its_draft_slot_back(gemma_api):
     import http.client
 
     served, client = gemma_api
-    free = client._pool.free_slots()
+    free = client._parts.pool.free_slots()
     body = {"model": "gemma-3-270m", "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True}
     conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps(body),
@@ -199,7 +199,7 @@ def test_a_client_that_leaves_mid_stream_gives_its_draft_slot_back(gemma_api):
     assert response.status == 200 and response.readline().startswith(b"data: ")
     conn.close()  # one event, then the client is gone
     deadline = time.monotonic() + 30
-    while client._pool.free_slots() != free:
+    while client._parts.pool.free_slots() != free:
         assert time.monotonic() < deadline, "the left stream still holds its draft slot"
         time.sleep(0.1)
 

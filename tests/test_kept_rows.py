@@ -59,7 +59,7 @@ def test_a_top_k_sampling_round_asks_the_engine_for_kept_rows_and_a_penalised_on
     target = ToyLanguageModel(seed=5)
     for settings, keep in ((dict(top_k=6), 6), (dict(top_k=6, repetition_penalty=1.2), 0)):
         feeds.clear()
-        # seeded sampling never takes the target-only stream (`EdgeClient._may_stream`): the route is speculative
+        # seeded sampling never takes the target-only stream (`_route.may_stream`): the route is speculative
         client = toy_client(target, noise=1.0, mode="sample", temperature=0.9, seed=3, max_tokens=30,
                             stop_at_eos=False, draft_k=4, **settings)
         final = client.generate("kept rows").until_done()

@@ -145,7 +145,7 @@ def test_the_gemma_pair_pipelined_writes_each_prompts_target_only_output(gemma_s
         baseline = [client.generate_target_only(p).until_done().token_ids for p in prompts]
         results = client.generate_many(prompts)
         assert [r.token_ids for r in results] == baseline
-        assert client._pool is not None and client._pool.decodes < client._pool.steps
+        assert client._parts.pool is not None and client._parts.pool.decodes < client._parts.pool.steps
 
 
 def test_a_stream_dropped_unread_or_a_prompt_that_fails_to_tokenize_gives_its_slot_back():

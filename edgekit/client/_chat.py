@@ -13,18 +13,32 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import ConfigError, EdgekitError, SessionNotFoundError
+from ..runtime import DraftModel
 from ._events import Event, FinalStats, TextDelta
 from ._metrics import GenerationStats
 from ._session import SpeculativeSession
 from ._stream import GenerationStream
 
-if TYPE_CHECKING:  # the client makes conversations; a conversation only calls it
-    from ._client import EdgeClient
+__all__ = ["ChatClient", "ChatTemplate", "Conversation"]
 
-__all__ = ["ChatTemplate", "Conversation"]
+
+class ChatClient(Protocol):
+    """What a conversation asks of the client that made it (`EdgeClient` is one): the client
+    makes conversations, a conversation only calls it."""
+
+    @property
+    def draft(self) -> DraftModel: ...
+
+    def chat_template(self) -> ChatTemplate: ...
+
+    def tokenize(self, prompt: str | Sequence[int], *, special: bool = True) -> list[int]: ...
+
+    def token_text(self, token: int) -> str: ...
+
+    def session(self, **overrides: Any) -> SpeculativeSession: ...
 
 # For models without a template (base models such as gemma-3-270m): plain text turns.
 PLAIN_TEMPLATE = (
@@ -92,7 +106,7 @@ class Conversation:
     >>> print(chat.send("An example in Python?").text())   # reuses both KV caches
     """
 
-    def __init__(self, client: EdgeClient, *, system: str | None = None, **overrides: Any) -> None:
+    def __init__(self, client: ChatClient, *, system: str | None = None, **overrides: Any) -> None:
         self.client = client
         self.overrides = dict(overrides)
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []

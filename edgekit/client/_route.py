@@ -44,9 +44,13 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["SPECULATIVE", "STREAM", "RouteChooser"]
+from ..config import GenerationConfig
+from ._events import Event, FinalStats
+
+__all__ = ["SPECULATIVE", "STREAM", "RouteChooser", "may_stream"]
 
 SPECULATIVE = "speculative"
 STREAM = "target-only"
@@ -74,6 +78,8 @@ class RouteChooser:
         self._best: dict[str, str] = {}  # the way last taken as the faster, per mode
         self._expected: tuple[float, float] | None = None  # (the verifier's step, a draft step), ms
         self._lock = threading.Lock()  # a client's generations may run on several threads
+        self._first_told = False  # whether `expect_first` has run
+        self._first = threading.Lock()  # held while a draft step is timed for it
 
     def _route(self, mode: str, route: str) -> _Route:
         return self._routes.setdefault((mode, route), _Route())
@@ -95,6 +101,22 @@ class RouteChooser:
         waits `max_explore_every` generations (`ClientConfig.first_route` "target-only")."""
         with self._lock:
             self._expected = (0.0, math.inf)
+
+    def expect_first(self, first: str, step_ms: Callable[[], float], draft_ms: Callable[[], float]) -> None:
+        """Once, before the first "auto" answer, as `ClientConfig.first_route` (`first`) says: by
+        default, where the verifier says what a target step takes (`step_ms`, asked in any case:
+        the handshake refuses a foreign tokenizer before a stream), a draft step is timed
+        (`draft_ms`), so that the first answer may stream where drafting could not be faster. What
+        raises here (a verifier out of reach) raises as the generation would; the next asks again."""
+        with self._first:
+            if self._first_told:
+                return
+            step = step_ms()
+            if first == STREAM:
+                self.expect_dominated()
+            elif first == "auto" and step > 0:
+                self.expect(step, draft_ms())
+            self._first_told = True
 
     @property
     def expecting(self) -> bool:
@@ -158,5 +180,23 @@ class RouteChooser:
                 r.draft_ms_per_token = self._smoothed(r.draft_ms_per_token, least)
             r.runs += 1
 
+    def measured(self, gen: GenerationConfig, route: str, events: Iterator[Event]) -> Iterator[Event]:
+        """`events`, their generation's speed observed for `route` once it ends (not when stopped),
+        with what a draft token cost where it drafted."""
+        for ev in events:
+            if isinstance(ev, FinalStats) and ev.stats.finish_reason != "stopped":
+                draft_ms = ev.stats.draft_ms_per_token if route == SPECULATIVE else None
+                self.observe(gen.mode, route, ev.stats.completion_tokens, ev.stats.elapsed_s, draft_ms,
+                             overlapped=gen.proactive)
+            yield ev
+
     def _smoothed(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+
+
+def may_stream(gen: GenerationConfig) -> bool:
+    """Whether the verifier's target-only stream gives what this generation asks, under the
+    "auto" policy: greedy decoding, or sampling without a seed (a seeded one is the same
+    text every time only by the same route), ending at EOS (the stream always does)."""
+    lossless = gen.mode == "greedy" or (gen.mode == "sample" and gen.seed is None)
+    return gen.drafting == "auto" and gen.stream_when_faster and lossless and gen.stop_at_eos

@@ -37,7 +37,8 @@ from ..runtime import DraftModel
 from ..transport import VerifierTransport
 from ._accumulator import StatsAccumulator
 from ._drafter import Drafter, SharedDraft
-from ._events import Event, Provisional, Resumed, RoundEvent
+from ._events import Event, Provisional, Resumed
+from ._loop import run
 from ._metrics import GenerationStats, RoundStats
 from ._resilience import drain, through_outages
 from ._round import Rounds, check_supported
@@ -320,67 +321,9 @@ class SpeculativeSession:
             ),
             TextDecoder(self.draft),
         )
-        return self._events(max_tokens or self.config.max_tokens, self.progress)
-
-    def _events(self, max_tokens: int, progress: StatsAccumulator) -> Iterator[Event]:
-        progress.start()
-        stats = progress.stats
-        out = progress.token_ids
-        finish: str | None = None
-        drafter = self.drafter
-        drafter.provisional_shown = drafter.provisional_kept = 0
-        plain_before = getattr(self.controller, "plain_rounds", 0)
-        drafter.chain.shown = 0  # what an earlier stream showed is not this one's to count
-        showing = False  # whether the consumer was last shown provisional tokens
-        while finish is None:
-            remaining = max_tokens - len(out)
-            room = self.max_context - len(self.tokens) - 1  # base + K + 1 must fit
-            if room < 1:
-                finish = "context"
-                break
-            # A round commits up to K+1 tokens: keep K+1 within what is left to produce.
-            limit = max(1, min(self.server.max_block, room, remaining - 1))
-            if self.rounds.budget:
-                limit = min(limit, self.rounds.budget)  # the verifier's assigned budget bounds every policy
-            shown = drafter.provisional_shown
-            ahead = min(self.retry.max_provisional, remaining)
-            new, rstats, context_full, resumed = yield from self._round_through_outages(
-                limit, ahead=ahead, room=remaining
-            )
-            showing = showing or drafter.provisional_shown > shown
-            if resumed is not None:
-                progress.add(resumed)
-                yield resumed
-            done = RoundEvent(rstats)
-            progress.add(done)  # counted at once: a consumer that stops at the text has seen its round
-            emitted: list[int] = []
-            for tok in new:
-                if len(out) + len(emitted) >= max_tokens:
-                    finish = "length"
-                    break
-                emitted.append(tok)
-                if self.config.stop_at_eos and self.draft.is_eog(tok):
-                    finish = "eos"
-                    break
-            if finish is None and len(out) + len(emitted) >= max_tokens:
-                finish = "length"
-            if finish is None and context_full:
-                finish = "context"
-            delta = progress.output(emitted, self.rounds.logprobs[: len(emitted)])
-            if delta.text or emitted:
-                yield delta
-            if showing:  # what is still ahead of the output, or nothing
-                ahead_now = drafter.provisional() if finish is None else Provisional("", ())
-                showing = bool(ahead_now.token_ids)
-                yield ahead_now
-            yield done
-        tail = progress.flush()
-        if tail is not None:
-            yield tail
-        stats.provisional_tokens, stats.provisional_kept = drafter.provisional_shown, drafter.provisional_kept
-        stats.plain_rounds = getattr(self.controller, "plain_rounds", 0) - plain_before
-        if self.config.mode == "semantic":
-            stats.semantic_threshold, stats.semantic_head = self.rounds.semantic_decider or (
-                self.semantic_threshold, self.server.semantic_head
-            )
-        yield progress.finish(finish)
+        return run(
+            self.drafter, self.rounds, self.server, self.retry, progress=self.progress,
+            max_tokens=max_tokens or self.config.max_tokens,
+            round=lambda limit, ahead, room: self._round_through_outages(limit, ahead=ahead, room=room),
+            semantic=lambda: (self.semantic_threshold, self.server.semantic_head),
+        )

@@ -8,19 +8,114 @@ their GGUF headers before any weights load (`edgekit.models.compat`)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ..config import ClientConfig, ServerConfig
 from ..errors import ConfigError
-from ..runtime import DraftModel, DraftPool, LlamaDraftModel, LlamaPoolBackend
+from ..runtime import DraftModel, DraftPool, DraftSlot, LlamaDraftModel, LlamaPoolBackend
 from ..transport import VerifierTransport, connect, needs_tokenizer
+from ._discover import check_remote_draft, discover_pair
 
 if TYPE_CHECKING:
     from ..verifier import VerifierServer
 
-__all__ = ["discovery_transport", "load_draft", "model_file", "start_local"]
+__all__ = ["DEFAULT_PAIR", "Parts", "assemble", "discovery_transport", "load_draft", "model_file", "start_local"]
+
+DEFAULT_PAIR = "gemma-270m"
+"""The pair of a client given no verifier (its target is started locally) and no pair."""
+
+
+@dataclass
+class Parts:
+    """What a client is made of, and which of it the client made (and so closes): a draft model or
+    transport passed in belongs to the caller."""
+
+    pair: str
+    owns_draft: bool
+    owns_transport: bool
+    draft: DraftModel | None = None
+    pool: DraftPool | None = None
+    transport: VerifierTransport | None = None
+    local: VerifierServer | None = None
+
+    def close(self) -> None:
+        if self.transport is not None and self.owns_transport:
+            self.transport.close()
+        if self.local is not None:
+            self.local.stop()
+            self.local = None
+        if self.pool is not None:
+            if self.owns_draft:
+                self.pool.close()
+            elif isinstance(self.draft, DraftSlot):
+                self.draft.close()  # the caller's pool: its slot given back
+        elif self.draft is not None and self.owns_draft and hasattr(self.draft, "close"):
+            self.draft.close()
+        self.draft = None
+        self.pool = None
+
+
+def assemble(
+    verifier: str | Sequence[str] | VerifierTransport | None,
+    pair: str | None,
+    draft: str | Path | DraftModel | DraftPool | None,
+    target: str | Path | None,
+    config: ClientConfig,
+    local_server: ServerConfig | None,
+    slots: int,
+    n_ctx: int,
+    threads: int | None,
+) -> Parts:
+    """A client's parts from `EdgeClient`'s arguments (its docstring says what each means); on
+    failure, whatever was made is closed again."""
+    where = ",".join(verifier) if isinstance(verifier, (list, tuple)) else verifier
+    assert not isinstance(where, Sequence) or isinstance(where, str)
+    if where is not None and target is not None:
+        raise ConfigError("target= names the model of a local verifier; a verifier given serves its own")
+    parts = Parts(
+        pair or DEFAULT_PAIR,
+        owns_draft=not hasattr(draft, "eval") and not isinstance(draft, DraftPool),
+        owns_transport=where is None or isinstance(where, str),
+    )
+    from ..models import get_pair
+    from ..models.compat import require_pair
+
+    try:
+        if pair is None and draft is None and where is not None:  # the draft follows the verifier
+            parts.transport = where if not isinstance(where, str) else discovery_transport(where, config)
+            parts.pair, _ = discover_pair(parts.transport)
+        name: str | None = None
+        local_target: tuple[Path, str] | None = None
+        source: str | Path | DraftModel | DraftPool
+        if where is None:  # both files are known: their tokenizers are checked before any weights load
+            spec = get_pair(parts.pair)
+            if draft is None or isinstance(draft, (str, Path)):
+                source, name = model_file(draft if draft is not None else spec.draft, "draft")
+                local_target = model_file(target if target is not None else spec.target, "target")
+                require_pair(source, local_target[0], draft_name=name, target_name=local_target[1])
+            else:
+                source = draft
+                local_target = model_file(target if target is not None else spec.target, "target")
+        else:  # by reference, the registry's when none is given
+            source = draft if draft is not None else get_pair(parts.pair).draft
+            if isinstance(source, (str, Path)) and isinstance(where, str) and not needs_tokenizer(where):
+                # the draft's tokenizer against the verifier's target, before the draft's weights load
+                source, name = model_file(source, "draft")
+                parts.transport = parts.transport or discovery_transport(where, config)
+                check_remote_draft(parts.transport, source, name)
+        parts.draft, parts.pool = load_draft(source, slots, n_ctx, threads, name=name)
+        if where is None:
+            parts.local = start_local(parts.pair, local_server, local_target)
+            where = parts.local.address
+        if parts.transport is None:
+            parts.transport = connect(where, config, parts.draft) if isinstance(where, str) else where
+    except BaseException:
+        parts.close()
+        raise
+    return parts
 
 
 def discovery_transport(url: str, config: ClientConfig) -> VerifierTransport:
