@@ -36,7 +36,7 @@ import numpy as np
 
 from edgekit import ClientConfig
 from edgekit.drafting import Controller, Decision, FixedWindow
-from edgekit.protocol import GREEDY, BlockRequest, Fingerprint, OpenRequest, SpeedObjective
+from edgekit.protocol import BlockRequest, Fingerprint, GenerateRequest, OpenRequest, SpeedObjective
 from edgekit.runtime import ALL_COLUMNS, DraftModel
 from edgekit.transport import GrpcTransport
 
@@ -348,8 +348,9 @@ class Fleet:
                 pos += committed
                 rounds += 1
                 with self._lock:
-                    self.rounds.append(RoundLog(i, time.perf_counter() - self._t0, v.queue_ms, v.verify_ms,
-                                                v.budget_ms, v.deadline_met, len(block), committed, call_ms,
+                    f = v.server
+                    self.rounds.append(RoundLog(i, time.perf_counter() - self._t0, f.queue_ms, f.verify_ms,
+                                                f.budget_ms, f.deadline_met, len(block), committed, call_ms,
                                                 draft_ms, net_ms))
         finally:
             if sid is not None and self.mode == "speculative":
@@ -359,8 +360,8 @@ class Fleet:
     def _centralized(self, i: int, spec: DeviceSpec, transport: GrpcTransport, trace: Trace) -> None:
         started = time.perf_counter()
         time.sleep(self._link_ms(spec, 4 * len(trace.prompt), 0) / 2e3)
-        out = [t.token for t in transport.generate(trace.prompt, mode="greedy", sampler=GREEDY, seed=0,
-                                                   max_tokens=len(trace.target), slo=SpeedObjective(spec.slo_class))]
+        out = [t.token for t in transport.generate(GenerateRequest(
+            trace.prompt, "greedy", seed=0, max_tokens=len(trace.target), slo=SpeedObjective(spec.slo_class)))]
         time.sleep(spec.rtt_ms / 2e3)
         if out != trace.target[: len(out)]:
             if self.on_divergence != "end":

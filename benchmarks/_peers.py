@@ -331,7 +331,7 @@ def fleet(args: argparse.Namespace, draft: Path, target: Path, *, pair: str, nam
     from _fleet import load_traces, record_trace, save_traces
 
     from edgekit import ClientConfig
-    from edgekit.protocol import GREEDY
+    from edgekit.protocol import GenerateRequest
     from edgekit.runtime import LlamaDraftModel
     from edgekit.transport import connect
 
@@ -359,8 +359,8 @@ def fleet(args: argparse.Namespace, draft: Path, target: Path, *, pair: str, nam
                 transport.handshake(draft_model.fingerprint(), draft_model=draft.stem, draft_hidden_size=0)
                 for p in C.load_prompts(limit=args.fleet_prompts):
                     prompt = draft_model.tokenize(p["prompt"])
-                    out = [t.token for t in transport.generate(prompt, mode="greedy", sampler=GREEDY, seed=0,
-                                                               max_tokens=48)]
+                    request = GenerateRequest(prompt, "greedy", seed=0, max_tokens=48)
+                    out = [t.token for t in transport.generate(request)]
                     traces.append(record_trace(draft_model, prompt, out, 8))
                 transport.close()
                 save_traces(path, traces, {"pair": pair, "draft": names[0], "target": names[1],

@@ -56,7 +56,7 @@ from _fleet import DeviceSpec, Fleet, load_traces, record_trace, save_traces
 from edgekit.config import DEFAULT_SLO_CLASSES
 from edgekit.drafting import FixedWindow, PredictorController
 from edgekit.models import get_pair, model_path
-from edgekit.protocol import GREEDY
+from edgekit.protocol import GenerateRequest
 
 SYSTEMS: dict[str, tuple[str, str, str]] = {  # name: (verifier policy[/budget], device mode, drafting)
     "sled": ("fcfs", "reprefill", "fixed"),
@@ -119,8 +119,7 @@ def record(pair: str, prompts: int, tokens: int, window: int, threads: int | Non
     traces = []
     for i, p in enumerate(C.load_prompts(limit=prompts)):
         prompt = draft.tokenize(p["prompt"])
-        out_tokens = [t.token for t in target.generate(prompt, mode="greedy", sampler=GREEDY, seed=0,
-                                                       max_tokens=tokens)]
+        out_tokens = [t.token for t in target.generate(GenerateRequest(prompt, "greedy", seed=0, max_tokens=tokens))]
         # Stop at the end of the text: a device would (the last token ends it).
         traces.append(record_trace(draft, prompt, out_tokens, window))
         print(f"  trace {i + 1}/{prompts}: {len(prompt)} prompt tokens, {len(out_tokens)} target tokens, "

@@ -28,6 +28,8 @@ Calibrate = Literal["auto", "force", "off"]
 OnDisconnect = Literal["draft", "wait", "fail"]
 FirstRoute = Literal["auto", "speculative", "target-only"]
 
+MAX_STOPS = 64  # stop strings, and stop tokens, one generation may name (OpenAI's API takes 4)
+
 # Token-speed SLO classes a verifier serves by default: WISP's four (sec. 5.1), tokens/s.
 DEFAULT_SLO_CLASSES: Mapping[str, float] = {"realtime": 8.0, "interactive": 6.0, "standard": 4.0, "relaxed": 2.0}
 
@@ -96,6 +98,12 @@ class GenerationConfig:
     hidden_encoding: HiddenEncoding = "fp16"
     rtt_rule_ms: float = 10.0
     stop_at_eos: bool = True
+    # Stop strings: the output ends before the first one its text holds (finish reason "stop"),
+    # the string itself not in it; text that may begin one is held back until it cannot. Stop
+    # tokens: token ids that end the output as an end of text does (the last token, its text
+    # not shown; finish reason "stop"), sent to the verifier for its target-only stream.
+    stop: tuple[str, ...] = ()
+    stop_tokens: tuple[int, ...] = ()
     # Proactive drafting: while a block is being verified, draft the next one as if all of it
     # will be accepted (starting from the draft's own guess of the verifier's token). A verdict
     # that accepts the whole block with that token starts the next round at once; any other
@@ -122,6 +130,14 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if len(stop) > MAX_STOPS or not all(isinstance(x, str) and x for x in stop):
+            raise ConfigError(f"stop takes up to {MAX_STOPS} strings, none of them empty, got {self.stop!r}")
+        stop_tokens = tuple(self.stop_tokens)
+        if len(stop_tokens) > MAX_STOPS or not all(isinstance(t, int) and t >= 0 for t in stop_tokens):
+            raise ConfigError(f"stop_tokens takes up to {MAX_STOPS} token ids, got {self.stop_tokens!r}")
+        object.__setattr__(self, "stop", stop)  # a list given is kept as a tuple: the config stays hashable
+        object.__setattr__(self, "stop_tokens", stop_tokens)
         if self.mode not in ("greedy", "sample", "semantic"):
             raise ConfigError(f"mode must be 'greedy', 'sample' or 'semantic', got {self.mode!r}")
         if self.semantic_threshold is not None and not (

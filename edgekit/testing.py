@@ -42,11 +42,10 @@ from .protocol import (
     BlockRequest,
     Fingerprint,
     GeneratedToken,
+    GenerateRequest,
     OpenedSession,
     OpenRequest,
-    Sampler,
     ServerInfo,
-    SpeedObjective,
     VerifyResult,
     error_from_status,
     status_of,
@@ -466,20 +465,9 @@ class ScriptedTransport:
     def close_session(self, session_id: str) -> None:
         self._call("close_session", session_id=session_id)
 
-    def generate(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        mode: str,
-        sampler: Sampler,
-        seed: int,
-        max_tokens: int,
-        slo: SpeedObjective = SpeedObjective(),
-        logprobs: int = -1,
-    ) -> Iterator[GeneratedToken]:
+    def generate(self, request: GenerateRequest) -> Iterator[GeneratedToken]:
         # A generator, as the other transports': the call is made when the stream is first read.
-        yield from self._call("generate", prompt_tokens=prompt_tokens, mode=mode, sampler=sampler, logprobs=logprobs,
-                              seed=seed, max_tokens=max_tokens, slo=slo)
+        yield from self._call("generate", request=request)
 
     def close(self) -> None:
         if self.inner is not None:

@@ -103,6 +103,8 @@ def normalise(
 GENERATION: Mapping[str, str] = {
     **dict.fromkeys(("draft_ms", "round_trip_ms", "server_verify_ms", "server_queue_ms", "prefill_ms",
                      "time_to_first_token_ms", "draft_ms_per_token"), "<ms>"),
+    **dict.fromkeys(("server.queue_ms", "server.verify_ms", "server.estimated_ms"), "<ms>"),
+    "server.batch_size": "<n>",
     "elapsed_s": "<s>",
     "tokens_per_second": "<tok/s>",
     "device.cpu_percent": "<%>",

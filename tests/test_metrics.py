@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgekit import ClientConfig, ConfigError, DependencyMissingError, ServerConfig
-from edgekit.protocol import GREEDY, BlockRequest, OpenRequest, SpeedObjective
+from edgekit.protocol import BlockRequest, GenerateRequest, OpenRequest, SpeedObjective
 from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import Coefficients, ServingStats, ToyEngine, VerifierServer
@@ -85,8 +85,8 @@ def test_the_endpoint_exports_what_the_rounds_did():
                     rounds[cls].append((block, r))
                     context += committed
                     base = r.committed_length
-            generated = list(t.generate(PROMPT, mode="greedy", sampler=GREEDY, seed=0, max_tokens=3,
-                                        slo=SpeedObjective("relaxed")))
+            relaxed = GenerateRequest(PROMPT, "greedy", seed=0, max_tokens=3, slo=SpeedObjective("relaxed"))
+            generated = list(t.generate(relaxed))
         everything = rounds["realtime"] + rounds["best-effort"]
         accepted = [r.accepted for _, r in everything]
         assert accepted == [3, 2, 0, 0, 1] * 2
@@ -108,8 +108,8 @@ def test_the_endpoint_exports_what_the_rounds_did():
 
         # Per class: every round counted once; misses as the verdicts reported them; best effort has no deadline.
         realtime = [r for _, r in rounds["realtime"]]
-        missed = sum(r.deadline_met is False for r in realtime)
-        assert realtime[-1].deadline_met is False and missed >= 1
+        missed = sum(r.server.deadline_met is False for r in realtime)
+        assert realtime[-1].server.deadline_met is False and missed >= 1
         assert _get(m, "edgekit:slo_rounds_total", slo_class="realtime") == 5
         assert _get(m, "edgekit:slo_deadline_rounds_total", slo_class="realtime") == 5
         assert _get(m, "edgekit:slo_violations_total", slo_class="realtime") == missed

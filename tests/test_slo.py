@@ -19,6 +19,7 @@ from edgekit.protocol import (
     GREEDY,
     RETRY_AFTER_MS_KEY,
     BlockRequest,
+    GenerateRequest,
     OpenRequest,
     SpeedObjective,
     error_from_status,
@@ -147,27 +148,27 @@ def test_each_round_gets_the_budget_of_eq_6_and_says_whether_it_was_met():
     sid, base = opened.session_id, opened.committed_length
     # alpha starts at 0.5: 4 drafts are worth 0.5 * 4 + 1 = 3 tokens, i.e. 750 ms at 4 tok/s.
     first = v.verify(BlockRequest(sid, base, [3, 4, 5, 6], draft_ms=100.0, network_ms=50.0))
-    assert first.budget_ms == pytest.approx(750.0 - 150.0)
-    assert first.deadline_met is True  # the toy verifies in well under 600 ms
+    assert first.server.budget_ms == pytest.approx(750.0 - 150.0)
+    assert first.server.deadline_met is True  # the toy verifies in well under 600 ms
     # The session's acceptance moves toward this round's (smoothing 0.3), and the budget with it.
     alpha = 0.7 * 0.5 + 0.3 * first.accepted / 4
     base = first.committed_length
     second = v.verify(BlockRequest(sid, base, [3, 4], draft_ms=0.0, network_ms=0.0))
-    assert second.budget_ms == pytest.approx((alpha * 2 + 1) / 4 * 1e3)
+    assert second.server.budget_ms == pytest.approx((alpha * 2 + 1) / 4 * 1e3)
     # A device that spent the whole budget drafting: the deadline is missed and the verdict says so.
     third = v.verify(BlockRequest(sid, second.committed_length, [3], draft_ms=5000.0, network_ms=0.0))
-    assert third.budget_ms < 0 and third.deadline_met is False
+    assert third.server.budget_ms < 0 and third.server.deadline_met is False
     # An exact retry gets the same answer, budget and all.
     again = v.verify(BlockRequest(sid, second.committed_length, [3], draft_ms=5000.0, network_ms=0.0))
-    assert (again.budget_ms, again.deadline_met, again.committed_length) == (
-        third.budget_ms, third.deadline_met, third.committed_length)
+    assert (again.server.budget_ms, again.server.deadline_met, again.committed_length) == (
+        third.server.budget_ms, third.server.deadline_met, third.committed_length)
 
 
 def test_best_effort_rounds_have_no_budget():
     v = _verifier()
     opened = _open(v)
     r = v.verify(BlockRequest(opened.session_id, opened.committed_length, [3, 4], draft_ms=10.0, network_ms=10.0))
-    assert r.budget_ms is None and r.deadline_met is None
+    assert r.server.budget_ms is None and r.server.deadline_met is None
 
 
 def test_the_client_reports_its_drafting_and_link_time_and_counts_missed_deadlines():
@@ -297,7 +298,7 @@ def test_an_sh_round_reports_its_deadline_in_the_verdict_too():
     r = v.verify(BlockRequest(opened.session_id, opened.committed_length, block, upload="sh",
                               hidden=np.ones((4, 8), dtype=np.float32), draft_ms=10.0, network_ms=10.0))
     assert len(r.exchanges) == 2 and r.hidden_requested  # the toy target rejects some: two exchanges
-    assert r.budget_ms == pytest.approx((0.5 * 4 + 1) / 2.0 * 1e3 - 20.0) and r.deadline_met is True
+    assert r.server.budget_ms == pytest.approx((0.5 * 4 + 1) / 2.0 * 1e3 - 20.0) and r.server.deadline_met is True
 
 
 def test_a_response_budget_is_what_keeps_the_whole_response_at_its_speed():
@@ -330,7 +331,7 @@ def test_a_slow_or_vanished_client_never_stalls_the_engine():
     with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=1024, cost=cost), config) as server:
         slow = GrpcTransport(server.address, ClientConfig(timeout=30))
         slow.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
-        stream = slow.generate(PROMPT, mode="greedy", sampler=GREEDY, seed=0, max_tokens=900)
+        stream = slow.generate(GenerateRequest(PROMPT, "greedy", seed=0, max_tokens=900))
         next(stream)  # one token read, then the client stops reading
         gone = GrpcTransport(server.address, ClientConfig(timeout=30))
         gone.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)

@@ -9,7 +9,7 @@ import pytest
 
 from edgekit import GenerationConfig, VerifierUnavailableError
 from edgekit.errors import LimitExceededError, SessionNotFoundError
-from edgekit.protocol import GREEDY, BlockRequest, OpenRequest
+from edgekit.protocol import BlockRequest, GenerateRequest, OpenRequest
 from edgekit.runtime import DraftPool
 from edgekit.testing import (
     Call,
@@ -154,15 +154,14 @@ def test_a_handler_can_forward_swap_the_inner_transport_and_hold_a_call_until_an
 
 def test_a_stream_is_scripted_when_read_and_a_lost_one_ran_to_its_end():
     transport = ScriptedTransport(toy_verifier(TARGET), script={"generate": {2: "lose", 3: "drop"}})
-    tokens = [t.token for t in transport.generate([1, 2, 3], mode="greedy", sampler=GREEDY, seed=0,
-                                                       max_tokens=4)]
+    tokens = [t.token for t in transport.generate(GenerateRequest([1, 2, 3], "greedy", seed=0, max_tokens=4))]
     assert tokens == TARGET.greedy([1, 2, 3], 4)
-    lost = transport.generate([1, 2, 3], mode="greedy", sampler=GREEDY, seed=0, max_tokens=4)
+    lost = transport.generate(GenerateRequest([1, 2, 3], "greedy", seed=0, max_tokens=4))
     assert transport.count("generate") == 1  # nothing sent until the stream is read, as over gRPC
     with pytest.raises(VerifierUnavailableError, match="lost"):
         next(lost)
     with pytest.raises(VerifierUnavailableError, match="dropped"):
-        list(transport.generate([1, 2, 3], mode="greedy", sampler=GREEDY, seed=0, max_tokens=4))
+        list(transport.generate(GenerateRequest([1, 2, 3], "greedy", seed=0, max_tokens=4)))
     assert transport.count("generate") == 3
 
 

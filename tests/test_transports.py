@@ -18,7 +18,7 @@ from edgekit import (
     VerifierError,
     VerifierUnavailableError,
 )
-from edgekit.protocol import GREEDY, BlockRequest, OpenRequest, ServerInfo
+from edgekit.protocol import BlockRequest, GenerateRequest, OpenRequest, ServerInfo
 from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
 from edgekit.transport import GrpcTransport, OpenAITransport, SGLangTransport, connect
 
@@ -52,8 +52,8 @@ def _speculates_to_the_targets_own_decoding(url: str) -> ServerInfo:
     with _client(url) as client:
         result = client.generate("speculate").until_done()
         info = client.server_info()
-    reference = list(toy_verifier(TARGET).generate(_draft().tokenize("speculate"), mode="greedy", sampler=GREEDY,
-                                                   seed=0, max_tokens=48))
+    request = GenerateRequest(_draft().tokenize("speculate"), "greedy", seed=0, max_tokens=48)
+    reference = list(toy_verifier(TARGET).generate(request))
     assert list(result.token_ids) == [g.token for g in reference]
     assert result.stats.rounds < 48 and result.stats.accepted > 0  # drafts were accepted, several per round
     return info
@@ -261,7 +261,7 @@ def test_a_server_that_names_tokens_by_text_only_is_asked_once():
         transport = _handshake(server.url)
         assert transport.prompt_ids and not transport.id_names
         asked = len(server.requests)
-        list(transport.generate(_draft().tokenize("speculate"), mode="greedy", sampler=GREEDY, seed=0, max_tokens=2))
+        list(transport.generate(GenerateRequest(_draft().tokenize("speculate"), "greedy", seed=0, max_tokens=2)))
         assert sum(bool(r.get("return_tokens_as_token_ids")) for r in server.requests[:asked]) == 1  # the handshake's
         assert all("return_tokens_as_token_ids" not in r for r in server.requests[asked:])
 

@@ -26,7 +26,7 @@ def _generate(server, draft, upload: str, encoding: str = "fp16"):
         if call.method == "verify":
             block = call.arguments["block"]
             received = server.service.sessions.get(block.session_id).last_hidden
-            rounds.append((block, received if answer.hidden_rows else None))
+            rounds.append((block, received if answer.server.hidden_rows else None))
         return answer
 
     transport = ScriptedTransport(GrpcTransport(server.address), handler=record)

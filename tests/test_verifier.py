@@ -29,8 +29,8 @@ from edgekit import (
     StaleRoundError,
 )
 from edgekit.protocol import (
-    GREEDY,
     BlockRequest,
+    GenerateRequest,
     OpenRequest,
     Sampler,
     encode_hidden,
@@ -429,15 +429,15 @@ def test_another_request_abandons_a_half_done_sh_round():
 
 def test_target_only_generation_is_the_targets_greedy_decoding_and_ends_as_it_says():
     v = _verifier()
-    tokens = list(v.generate(PROMPT, mode="greedy", sampler=GREEDY, seed=0, max_tokens=12))
+    tokens = list(v.generate(GenerateRequest(PROMPT, "greedy", seed=0, max_tokens=12)))
     assert [t.token for t in tokens] == TARGET.greedy(PROMPT, 12)
     assert [t.finish_reason for t in tokens] == [None] * 11 + ["length"]
     assert len(v.service.sessions) == 0  # its session is gone with it
     ends = toy_verifier(ToyLanguageModel(seed=21, eos_bias=9.0))
-    last = list(ends.generate(PROMPT, mode="greedy", sampler=GREEDY, seed=0, max_tokens=50))[-1]
+    last = list(ends.generate(GenerateRequest(PROMPT, "greedy", seed=0, max_tokens=50)))[-1]
     assert (last.token, last.finish_reason) == (TARGET.eos, "eos")
     with pytest.raises(ProtocolError, match="max_tokens must be between 1 and 4096"):
-        list(v.generate(PROMPT, mode="greedy", sampler=GREEDY, seed=0, max_tokens=0))
+        list(v.generate(GenerateRequest(PROMPT, "greedy", seed=0, max_tokens=0)))
 
 
 # -- the scheduler seam and concurrency -------------------------------------------------------
@@ -463,7 +463,7 @@ def test_every_engine_run_goes_through_the_scheduler_with_its_timings():
     r = v.verify(BlockRequest(session_id=opened.session_id, base_position=opened.committed_length, draft_tokens=[5, 6]))
     seq = _state(v, opened.session_id).seq
     assert scheduler.batches == [[(seq, 0, len(PROMPT) - 1)], [(seq, len(PROMPT) - 1, 3)]]
-    assert r.queue_ms >= 0 and r.verify_ms > 0
+    assert r.server.queue_ms >= 0 and r.server.verify_ms > 0
 
 
 def test_concurrent_sessions_get_what_each_would_alone():

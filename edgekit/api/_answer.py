@@ -1,6 +1,7 @@
 """One answer, whichever API asked for it: the generation a request asks for (`Job`), the
-admission of requests (`Gate`), and the answer's text as it comes, cut at the first stop
-string, with its figures last (`pieces`); edgekit's errors come out as the API's (`ApiError`).
+admission of requests (`Gate`), and the answer's text as it comes (the generation cuts it at
+the first stop string), with its figures last (`pieces`); edgekit's errors come out as the
+API's (`ApiError`).
 The OpenAI and the Ollama shapes (`_openai`, `_ollama`) read their requests into a `Job` and
 frame what `pieces` yields.
 """
@@ -8,12 +9,11 @@ frame what `pieces` yields.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..client import EdgeClient, FinalStats, GenerationStats, GenerationStream, RoundEvent, TextDelta
+from ..client import EdgeClient, FinalStats, GenerationStats, GenerationStream, TextDelta
 from ..errors import ApiError, ConfigError, EdgekitError, LimitExceededError, VerifierUnavailableError
 from ..protocol import Sampler, TokenLogprobs
 
@@ -63,49 +63,24 @@ class Gate:
 
 
 def pieces(client: EdgeClient, gate: Gate, job: Job) -> Iterator[Piece]:
-    """The answer's text as it comes, cut at the first stop string; the stats last. Runs on a
-    worker thread, holding one of the gate's slots (the request was admitted already)."""
+    """The answer's text as it comes (the generation cuts it at the first stop string, holding
+    back what may begin one); the stats last. Runs on a worker thread, holding one of the gate's
+    slots (the request was admitted already)."""
     held = False
     try:
         gate.acquire()
         held = True
-        started = time.perf_counter()
         with _mapped():
             stream = _start(client, job)
             with stream:
-                text, sent = "", 0
-                rounds = GenerationStats(mode=job.overrides["mode"], draft_k=0)
                 for ev in stream:
-                    if isinstance(ev, RoundEvent):
-                        rounds.add_round(ev.stats)
-                    elif isinstance(ev, TextDelta):
-                        if job.logprobs is not None:
+                    if isinstance(ev, TextDelta):
+                        if job.logprobs is not None:  # the tokens of the text shown, as they are shown
                             job.logprobs.extend(zip(ev.token_ids, ev.logprobs))
-                        text += ev.text
-                        cut = _stop_at(text, job.stop, sent)
-                        if cut is not None:  # a stop string: the text before it, and the generation ends
-                            yield text[sent:cut], None
-                            for rest in stream:  # this round's figures come after its text
-                                if isinstance(rest, RoundEvent):
-                                    rounds.add_round(rest.stats)
-                                    break
-                            stream.close()
-                            # what a stopped stream counted is gone with it (the time to open the
-                            # session too): its figures are those of the rounds and the text returned
-                            rounds.prompt_tokens = _prompt_tokens(client, job)
-                            rounds.completion_tokens = len(client.tokenize(text[:cut], special=False))
-                            if job.logprobs is not None:  # those of the tokens before the stop string
-                                del job.logprobs[rounds.completion_tokens:]
-                            rounds.elapsed_s = time.perf_counter() - started
-                            rounds.finish_reason = "stop"
-                            yield "", rounds
-                            return
-                        safe = _safe_end(text, job.stop)  # held back: what may begin a stop string
-                        if safe > sent:
-                            yield text[sent:safe], None
-                            sent = safe
+                        if ev.text:
+                            yield ev.text, None
                     elif isinstance(ev, FinalStats):
-                        yield text[sent:], ev.stats
+                        yield "", ev.stats
     finally:
         gate.release(held=held)
 
@@ -117,16 +92,10 @@ def finish_reason(reason: str | None) -> str:
 
 
 def _start(client: EdgeClient, job: Job) -> GenerationStream:
+    overrides = {**job.overrides, "stop": job.stop} if job.stop else job.overrides
     if job.chat:
-        return client.chat(job.prompt, **job.overrides)  # type: ignore[arg-type]
-    return client.generate(job.prompt, **job.overrides)  # type: ignore[arg-type]
-
-
-def _prompt_tokens(client: EdgeClient, job: Job) -> int:
-    if job.chat:
-        text = client.chat_template().render(job.prompt, add_generation_prompt=True)  # type: ignore[arg-type]
-        return len(client.tokenize(text))
-    return len(client.tokenize(job.prompt))  # type: ignore[arg-type]
+        return client.chat(job.prompt, **overrides)  # type: ignore[arg-type]
+    return client.generate(job.prompt, **overrides)  # type: ignore[arg-type]
 
 
 class _mapped:
@@ -149,23 +118,6 @@ class _mapped:
             raise ApiError(400, str(exc)) from exc
         if isinstance(exc, EdgekitError):
             raise ApiError(500, str(exc), kind="server_error") from exc
-
-
-def _stop_at(text: str, stops: tuple[str, ...], sent: int) -> int | None:
-    """Where the first stop string in `text` begins (searching from what may overlap `sent`)."""
-    hits = [i for s in stops if (i := text.find(s, max(0, sent - len(s) + 1))) >= 0]
-    return min(hits) if hits else None
-
-
-def _safe_end(text: str, stops: tuple[str, ...]) -> int:
-    """How much of `text` can be sent: all but a tail that may be the start of a stop string."""
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                hold = max(hold, k)
-                break
-    return len(text) - hold
 
 
 def sampling_fields(body: dict, vocab_size: int, names: dict[str, str]) -> dict[str, Any]:

@@ -12,8 +12,7 @@ done at once with `done_reason` "load", Ollama's way to load a model. Answers st
 lines) unless `stream` is false; the last object is `done`, with `done_reason` ("stop" or
 "length") and the figures, durations in nanoseconds: `total_duration` (the generation's wall
 time), `prompt_eval_duration` (opening the verifier session, both prefills, or until the first
-token of a target-only stream; 0 for an answer cut at a stop string, whose session's figures end
-with it), `eval_duration` (the rest) and
+token of a target-only stream), `eval_duration` (the rest) and
 `load_duration` 0 (the models are loaded when `edgekit api` starts). No `context` is returned.
 
 Options honoured: `temperature` (0: greedy, the target's exact argmax; above 0: lossless

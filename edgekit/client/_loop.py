@@ -1,4 +1,5 @@
-"""A session's stream: rounds until EOS, `max_tokens` or a full context, as events.
+"""A session's stream: rounds until EOS, a stop string or token, `max_tokens` or a full context,
+as events.
 
 Each round drafts at most what is left to produce and what the context and the verifier's
 budget allow; its committed tokens go out as text (`TextDelta`), the tokens the device drafted
@@ -42,7 +43,7 @@ def run(
     named them."""
     progress.start()
     stats = progress.stats
-    out = progress.token_ids
+    out = progress.produced
     finish: str | None = None
     drafter.provisional_shown = drafter.provisional_kept = 0
     plain_before = getattr(drafter.controller, "plain_rounds", 0)
@@ -75,12 +76,17 @@ def run(
             if drafter.config.stop_at_eos and drafter.draft.is_eog(tok):
                 finish = "eos"
                 break
+            if tok in drafter.config.stop_tokens:
+                finish = "stop"
+                break
         if finish is None and len(out) + len(emitted) >= max_tokens:
             finish = "length"
         if finish is None and context_full:
             finish = "context"
         delta = progress.output(emitted, rounds.logprobs[: len(emitted)])
-        if delta.text or emitted:
+        if progress.stop_found:
+            finish = "stop"
+        if delta.text or delta.token_ids:
             yield delta
         if showing:  # what is still ahead of the output, or nothing
             ahead_now = drafter.provisional() if finish is None else Provisional("", ())

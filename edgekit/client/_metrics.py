@@ -15,6 +15,10 @@
 - proactive_drafted / proactive_used / proactive_wasted: tokens drafted past a block
   while it was being verified (proactive drafting), those that started the next round
   (the verdict took the whole block and the guessed token), and those dropped
+- server: what the verifier reported of the round (`edgekit.protocol.ServerFigures`: its queue
+  and verify time, hidden rows taken, semantic acceptances, the SLO budget and whether it was
+  kept), one value from the wire to here, added up over a generation by its own rules;
+  server_verify_ms, server_queue_ms, hidden_rows, semantic_accepted and deadlines_missed read it
 """
 
 from __future__ import annotations
@@ -22,13 +26,43 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..protocol import ServerFigures
+
 __all__ = ["GenerationStats", "RoundStats"]
 
 
+class _ServerByName:
+    """The verifier's figures (`server`) read by the names the stats gave them before they
+    travelled as one value: `stats.server_verify_ms` is `stats.server.verify_ms`."""
+
+    server: ServerFigures
+
+    @property
+    def server_verify_ms(self) -> float:
+        return self.server.verify_ms
+
+    @property
+    def server_queue_ms(self) -> float:
+        return self.server.queue_ms
+
+    @property
+    def hidden_rows(self) -> int:
+        return self.server.hidden_rows
+
+    @property
+    def semantic_accepted(self) -> int:
+        return self.server.semantic_accepted
+
+    def _by_older_names(self) -> dict[str, Any]:
+        return {"server_verify_ms": self.server_verify_ms, "server_queue_ms": self.server_queue_ms,
+                "hidden_rows": self.hidden_rows, "semantic_accepted": self.semantic_accepted}
+
+
 @dataclass(frozen=True)
-class RoundStats:
+class RoundStats(_ServerByName):
     """One round's figures (this module names each): where its block started, what was drafted
-    and accepted, and how the time went (drafting, upload, the verifier, the link)."""
+    and accepted, how the time went (drafting, upload, the link), and what the verifier reported
+    of it (`server`)."""
 
     index: int
     base_position: int
@@ -40,27 +74,29 @@ class RoundStats:
     draft_ms: float  # device time spent drafting the block
     draft_steps: int  # draft model evaluations this round (a stop decision costs one past the block)
     round_trip_ms: float  # client-side time of the verify call
-    server_verify_ms: float
-    server_queue_ms: float
+    server: ServerFigures = field(default_factory=ServerFigures)
     upload: str = "tokens"  # how hidden states went: tokens, fh, sh
     exchanges: int = 1  # request/answer pairs (SH with mismatches: 2)
     uplink_bytes: int = 0  # serialized requests
     downlink_bytes: int = 0  # serialized answers
-    hidden_rows: int = 0  # hidden states the verifier took
     proactive_drafted: int = 0  # tokens drafted past the block while it was being verified
     proactive_used: int = 0  # of those, tokens that start the next round
-    # With a token-speed SLO: the verifier's budget for the round (WISP eq. 6) and
-    # whether its queue and verify time kept within it. None: best effort.
-    server_budget_ms: float | None = None
-    deadline_met: bool | None = None
-    semantic_accepted: int = 0  # semantic mode: mismatches the verifier's head accepted (in `accepted`)
+
+    @property
+    def server_budget_ms(self) -> float | None:
+        return self.server.budget_ms
+
+    @property
+    def deadline_met(self) -> bool | None:
+        return self.server.deadline_met
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), **self._by_older_names(), "server_budget_ms": self.server_budget_ms,
+                "deadline_met": self.deadline_met}
 
 
 @dataclass
-class GenerationStats:
+class GenerationStats(_ServerByName):
     """One generation's figures (this module names each): its settings, tokens, rounds and time,
     the verifier's share, outages, and each round's `RoundStats` in `rounds_detail`."""
 
@@ -78,18 +114,14 @@ class GenerationStats:
     bonus_tokens: int = 0
     draft_ms: float = 0.0
     round_trip_ms: float = 0.0
-    server_verify_ms: float = 0.0
-    server_queue_ms: float = 0.0
+    server: ServerFigures = field(default_factory=ServerFigures)  # the rounds' figures from the verifier, added up
+    deadlines_missed: int = 0  # rounds whose verifier-side budget was exceeded (sessions with an SLO)
     exchanges: int = 0
     uplink_bytes: int = 0
     downlink_bytes: int = 0
-    hidden_rows: int = 0
-    # Semantic mode (lossy): mismatches the verifier's decision head accepted, in `accepted` too;
-    # the threshold it decided at and its identity.
-    semantic_accepted: int = 0
+    # Semantic mode (lossy): the threshold the verifier's decision head decided at and its identity.
     semantic_threshold: float | None = None
     semantic_head: str = ""
-    deadlines_missed: int = 0  # rounds whose verifier-side budget was exceeded (sessions with an SLO)
     outages: int = 0  # times the verifier was lost and the generation went on
     outage_ms: float = 0.0  # time spent waiting for it
     reprefilled_tokens: int = 0  # committed tokens the verifier prefilled again on reopening
@@ -122,16 +154,13 @@ class GenerationStats:
         self.bonus_tokens += int(r.bonus)
         self.draft_ms += r.draft_ms
         self.round_trip_ms += r.round_trip_ms
-        self.server_verify_ms += r.server_verify_ms
-        self.server_queue_ms += r.server_queue_ms
+        self.server += r.server
+        self.deadlines_missed += r.server.deadline_met is False
         self.exchanges += r.exchanges
         self.uplink_bytes += r.uplink_bytes
         self.downlink_bytes += r.downlink_bytes
-        self.hidden_rows += r.hidden_rows
-        self.semantic_accepted += r.semantic_accepted
         self.proactive_drafted += r.proactive_drafted
         self.proactive_used += r.proactive_used
-        self.deadlines_missed += r.deadline_met is False
         self.uploads[r.upload] = self.uploads.get(r.upload, 0) + 1
         self.rounds_detail.append(r)
 
@@ -166,6 +195,7 @@ class GenerationStats:
     def to_dict(self, *, rounds: bool = False) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "rounds_detail"}
         d.update(
+            self._by_older_names(),
             acceptance_rate=self.acceptance_rate,
             accepted_length=self.accepted_length,
             committed_per_round=self.committed_per_round,

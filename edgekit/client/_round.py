@@ -136,7 +136,8 @@ class Rounds:
         verifier's token first)."""
         request = sent.request
         base, block, upload = request.base_position, list(request.draft_tokens), request.upload
-        exchanges = verdict.exchanges or (Exchange((t2 - t1) * 1e3, verdict.verify_ms + verdict.queue_ms, 0, 0),)
+        server = verdict.server
+        exchanges = verdict.exchanges or (Exchange((t2 - t1) * 1e3, server.verify_ms + server.queue_ms, 0, 0),)
         for ex in exchanges:
             if ex.server_ms is not None:  # without the server's time, a round trip says nothing about the link
                 self.link.add_exchange(ex.round_trip_ms, ex.server_ms, ex.uplink_bytes, ex.downlink_bytes)
@@ -161,7 +162,7 @@ class Rounds:
             accepted=a,
             draft_ms=sent.draft_ms,
             draft_steps=sent.steps,
-            verify_ms=verdict.verify_ms + verdict.queue_ms,
+            verify_ms=verdict.server.verify_ms + verdict.server.queue_ms,
             mismatches=len(verdict.hidden_requested) if upload == "sh" else None,
         )
         stats = RoundStats(
@@ -175,18 +176,13 @@ class Rounds:
             draft_ms=sent.draft_ms,
             draft_steps=sent.steps,
             round_trip_ms=(t2 - t1) * 1e3,
-            server_verify_ms=verdict.verify_ms,
-            server_queue_ms=verdict.queue_ms,
+            server=verdict.server,
             upload=upload,
             exchanges=len(exchanges),
             uplink_bytes=sum(e.uplink_bytes for e in exchanges),
             downlink_bytes=sum(e.downlink_bytes for e in exchanges),
-            hidden_rows=verdict.hidden_rows,
-            server_budget_ms=verdict.budget_ms,
-            deadline_met=verdict.deadline_met,
             proactive_drafted=len(proactive),
             proactive_used=len(proactive) if keeps else 0,
-            semantic_accepted=verdict.semantic_accepted,
         )
         self.index += 1
         return new, stats, verdict.context_full

@@ -320,6 +320,8 @@ class SpeculativeSession:
                 target_speed=self.target_speed,
             ),
             TextDecoder(self.draft),
+            self.config.stop,
+            self.config.stop_tokens,
         )
         return run(
             self.drafter, self.rounds, self.server, self.retry, progress=self.progress,

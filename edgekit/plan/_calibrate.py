@@ -121,7 +121,8 @@ def calibrate_verify(
                         bases = [s.base for s in sessions[:c]]
                         done = list(pool.map(one, sessions[:c], [window] * c))
                         for v, base in zip(done, bases, strict=True):
-                            samples.append((v.batch_size, shape.verify_flops(window + 1, base - 1), v.verify_ms / 1e3))
+                            flops = shape.verify_flops(window + 1, base - 1)
+                            samples.append((v.server.batch_size, flops, v.server.verify_ms / 1e3))
     finally:
         for s in sessions:
             transport.close_session(s.session_id)

@@ -4,7 +4,8 @@ without the protobuf (`_wire` converts). Every transport speaks these."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -20,12 +21,14 @@ __all__ = [
     "ContextSpan",
     "Exchange",
     "Fingerprint",
+    "GenerateRequest",
     "GeneratedToken",
     "HiddenRequest",
     "LinkState",
     "OpenRequest",
     "OpenedSession",
     "ReceivedBlock",
+    "ServerFigures",
     "ServerInfo",
     "SpeedObjective",
     "VerifyResult",
@@ -164,6 +167,23 @@ class OpenRequest:
 
 
 @dataclass(frozen=True)
+class GenerateRequest:
+    """A Generate request: the verifier's target decodes every token after `prompt_tokens` (the
+    target-only stream), as `mode` and `sampler` say, seeded by `seed`, until `max_tokens`, an end
+    of text or one of `stop_tokens` (each token id ends the stream as EOS does, and is its last);
+    `slo`: its token-speed objective; `logprobs` as `OpenRequest`'s."""
+
+    prompt_tokens: Sequence[int]
+    mode: str
+    seed: int
+    max_tokens: int
+    sampler: Sampler = GREEDY
+    stop_tokens: Sequence[int] = ()
+    slo: SpeedObjective = SpeedObjective()
+    logprobs: int = -1
+
+
+@dataclass(frozen=True)
 class OpenedSession:
     session_id: str
     committed_length: int
@@ -224,11 +244,48 @@ class Exchange:
     downlink_bytes: int  # serialized answer
 
 
+def _total(rule: str, **kw: Any) -> Any:
+    """A figure's field, with how a round's parts and a generation's rounds add it up (`ServerFigures.__add__`)."""
+    return field(metadata={"total": rule}, **kw)
+
+
+@dataclass(frozen=True)
+class ServerFigures:
+    """What the verifier reports of a round besides its verdict, as one value from the wire to
+    a generation's stats (`RoundStats.server`, `GenerationStats.server`). Figures add up by
+    each field's rule: `+` sums them ("sum", the default), takes the larger ("max") or keeps a
+    deadline met only where every part met its own ("all"; None where none had one). A new
+    figure is a field here and its `_wire` mapping: the stats carry it as they are."""
+
+    queue_ms: float = 0.0  # waiting for a batch and the engine
+    verify_ms: float = 0.0  # the target pass, the checks and the acceptance rule
+    hidden_rows: int = 0  # hidden rows the verifier received and validated
+    semantic_accepted: int = 0  # semantic mode: mismatches its decision head accepted (in `accepted`)
+    # A session with an SLO: the round's server-side budget (WISP eq. 6) and whether its queue
+    # and verify time kept within it. None: best effort. SH's two halves report the same budget.
+    budget_ms: float | None = _total("max", default=None)
+    deadline_met: bool | None = _total("all", default=None)
+    # Measurements, not part of the verdict (a retry's verdict equals the original's):
+    batch_size: int = _total("max", default=1, compare=False)  # blocks verified in the same target pass
+    estimated_ms: float = field(default=0.0, compare=False)  # the verifier's forecast for the batch it ran in
+
+    def __add__(self, other: ServerFigures) -> ServerFigures:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if a is None or b is None:
+                out[f.name] = b if a is None else a
+                continue
+            rule = f.metadata.get("total", "sum")
+            out[f.name] = a and b if rule == "all" else max(a, b) if rule == "max" else a + b
+        return ServerFigures(**out)
+
+
 @dataclass(frozen=True)
 class VerifyResult:
-    """A round's verdict and the figures that come with it, as the verifier answers it and
-    the client reads it (the client adds what it measured: `exchanges`, `hidden_requested`,
-    and, over SH's two exchanges, the sum of their queue and verify times)."""
+    """A round's verdict and the verifier's figures of it (`server`), as the verifier answers it
+    and the client reads it (the client adds what it measured: `exchanges`, `hidden_requested`,
+    and, over SH's two exchanges, the figures of both)."""
 
     accepted: int
     next_token: int | None  # None: the accepted block ended the text
@@ -236,39 +293,25 @@ class VerifyResult:
     committed_length: int
     next_budget: int = 0
     context_full: bool = False
-    queue_ms: float = 0.0
-    verify_ms: float = 0.0
+    server: ServerFigures = field(default_factory=ServerFigures)
     # How it went on the wire: one exchange, or two under SH with mismatches.
     # Measurements, not part of the verdict: a retry's verdict equals the original's.
     exchanges: tuple[Exchange, ...] = field(default=(), compare=False)
-    hidden_rows: int = 0  # hidden rows the verifier received and validated
     hidden_requested: tuple[int, ...] = ()  # SH: the block offsets it asked for (its mismatches)
-    # A session with an SLO: the round's server-side budget (WISP eq. 6) and
-    # whether queue and verify time kept within it. None: best effort.
-    budget_ms: float | None = None
-    deadline_met: bool | None = None
-    batch_size: int = field(default=1, compare=False)  # blocks verified in the same target pass (a measurement)
-    # Semantic mode: mismatches the verifier's head accepted, the threshold and the head's identity.
-    semantic_accepted: int = 0
+    # Semantic mode: the threshold the round was decided at and the head's identity.
     semantic_threshold: float = 0.0
     semantic_head: str = ""
-    estimated_ms: float = field(default=0.0, compare=False)  # the verifier's forecast for the batch it ran in
     logprobs: tuple[TokenLogprobs, ...] = ()  # one per committed token, when the session asked
 
 
 @dataclass(frozen=True)
 class HiddenRequest:
     """SH's first answer: the verifier asks for the hidden states at `positions` (block
-    offsets, its mismatches) in `encoding`, and says what the target pass took."""
+    offsets, its mismatches) in `encoding`, and says what the target pass took (`server`)."""
 
     positions: tuple[int, ...]
     encoding: str = "fp16"
-    queue_ms: float = 0.0
-    verify_ms: float = 0.0
-    batch_size: int = 1
-    budget_ms: float | None = None
-    deadline_met: bool | None = None
-    estimated_ms: float = 0.0
+    server: ServerFigures = field(default_factory=ServerFigures)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 
@@ -35,11 +35,13 @@ from ._types import (
     ContextSpan,
     Fingerprint,
     GeneratedToken,
+    GenerateRequest,
     HiddenRequest,
     LinkState,
     OpenedSession,
     OpenRequest,
     ReceivedBlock,
+    ServerFigures,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
@@ -243,6 +245,32 @@ def open_request_from_pb(m: pb.OpenSessionRequest) -> OpenRequest:
     )
 
 
+def generate_request_to_pb(r: GenerateRequest) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        prompt_tokens=r.prompt_tokens,
+        sampling=sampling_to_pb(r.mode, r.sampler, r.seed, logprobs=r.logprobs),
+        max_tokens=r.max_tokens,
+        stop_tokens=r.stop_tokens,
+        slo_name=r.slo.slo_class or "",
+        target_tokens_per_s=r.slo.tokens_per_s or 0.0,
+    )
+
+
+def generate_request_from_pb(m: pb.GenerateRequest) -> GenerateRequest:
+    """The request as values; the prompt and the stop tokens stay the message's sequences (their
+    lengths are checked before a copy)."""
+    return GenerateRequest(
+        prompt_tokens=m.prompt_tokens,
+        mode=mode_from_pb(m.sampling.mode),
+        seed=m.sampling.seed,
+        max_tokens=m.max_tokens,
+        sampler=sampler_from_pb(m.sampling),
+        stop_tokens=m.stop_tokens,
+        slo=SpeedObjective(m.slo_name or None, m.target_tokens_per_s or None),
+        logprobs=logprobs_from_pb(m.sampling),
+    )
+
+
 def logprobs_from_pb(m: pb.SamplingParams) -> int:
     """How many alternatives the log-probabilities asked for come with; -1: none asked."""
     return int(m.top_logprobs) if m.logprobs else -1
@@ -383,15 +411,15 @@ def round_key(m: pb.VerifyRequest) -> bytes:
     return hashlib.sha256(stable.SerializeToString(deterministic=True)).digest()
 
 
-def _timings_to_pb(a: VerifyResult | HiddenRequest) -> pb.ServerTimings:
+def _timings_to_pb(f: ServerFigures) -> pb.ServerTimings:
     return pb.ServerTimings(
-        queue_ms=a.queue_ms,
-        verify_ms=a.verify_ms,
-        batch_size=a.batch_size,
-        has_deadline=a.budget_ms is not None,
-        budget_ms=a.budget_ms or 0.0,
-        deadline_met=bool(a.deadline_met),
-        estimated_ms=a.estimated_ms,
+        queue_ms=f.queue_ms,
+        verify_ms=f.verify_ms,
+        batch_size=f.batch_size,
+        has_deadline=f.budget_ms is not None,
+        budget_ms=f.budget_ms or 0.0,
+        deadline_met=bool(f.deadline_met),
+        estimated_ms=f.estimated_ms,
     )
 
 
@@ -400,7 +428,7 @@ def verify_response_to_pb(a: VerifyResult | HiddenRequest) -> pb.VerifyResponse:
     if isinstance(a, HiddenRequest):
         encoding = ENCODING_TO_PB.get(a.encoding, pb.HIDDEN_ENCODING_UNSPECIFIED)
         request = pb.HiddenRequest(positions=a.positions, encoding=encoding)
-        return pb.VerifyResponse(hidden_request=request, timings=_timings_to_pb(a))
+        return pb.VerifyResponse(hidden_request=request, timings=_timings_to_pb(a.server))
     return pb.VerifyResponse(
         verdict=pb.Verdict(
             accepted=a.accepted,
@@ -409,35 +437,37 @@ def verify_response_to_pb(a: VerifyResult | HiddenRequest) -> pb.VerifyResponse:
             committed_length=a.committed_length,
             context_full=a.context_full,
             ended=a.next_token is None,
-            hidden_rows=a.hidden_rows,
+            hidden_rows=a.server.hidden_rows,
             next_budget=a.next_budget,
-            semantic_accepted=a.semantic_accepted,
+            semantic_accepted=a.server.semantic_accepted,
             semantic_threshold=a.semantic_threshold,
             semantic_head=a.semantic_head,
             logprobs=[token_logprobs_to_pb(t) for t in a.logprobs],
         ),
-        timings=_timings_to_pb(a),
+        timings=_timings_to_pb(a.server),
     )
 
 
 def verify_response_from_pb(m: pb.VerifyResponse) -> VerifyResult | HiddenRequest | None:
     """The answer as values; None for one that holds neither a verdict nor a request."""
     t = m.timings
-    timings: dict[str, Any] = dict(
+    kind = m.WhichOneof("result")
+    if kind not in ("hidden_request", "verdict"):
+        return None
+    v = m.verdict  # the default message for a hidden request: no rows, nothing accepted
+    server = ServerFigures(
         queue_ms=t.queue_ms,
         verify_ms=t.verify_ms,
-        batch_size=max(1, t.batch_size),
+        hidden_rows=v.hidden_rows,
+        semantic_accepted=v.semantic_accepted,
         budget_ms=t.budget_ms if t.has_deadline else None,
         deadline_met=t.deadline_met if t.has_deadline else None,
+        batch_size=max(1, t.batch_size),
         estimated_ms=t.estimated_ms,
     )
-    kind = m.WhichOneof("result")
     if kind == "hidden_request":
         h = m.hidden_request
-        return HiddenRequest(tuple(h.positions), ENCODING_FROM_PB.get(h.encoding, "fp16"), **timings)
-    if kind != "verdict":
-        return None
-    v = m.verdict
+        return HiddenRequest(tuple(h.positions), ENCODING_FROM_PB.get(h.encoding, "fp16"), server)
     return VerifyResult(
         accepted=v.accepted,
         next_token=None if v.ended else v.next_token,
@@ -445,12 +475,10 @@ def verify_response_from_pb(m: pb.VerifyResponse) -> VerifyResult | HiddenReques
         committed_length=v.committed_length,
         next_budget=v.next_budget,
         context_full=v.context_full,
-        hidden_rows=v.hidden_rows,
-        semantic_accepted=v.semantic_accepted,
+        server=server,
         semantic_threshold=v.semantic_threshold,
         semantic_head=v.semantic_head,
         logprobs=tuple(token_logprobs_from_pb(t) for t in v.logprobs),
-        **timings,
     )
 
 

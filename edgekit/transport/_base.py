@@ -16,11 +16,10 @@ from ..protocol import (
     BlockRequest,
     Fingerprint,
     GeneratedToken,
+    GenerateRequest,
     OpenedSession,
     OpenRequest,
-    Sampler,
     ServerInfo,
-    SpeedObjective,
     VerifyResult,
 )
 
@@ -49,16 +48,8 @@ class VerifierTransport(Protocol):
 
     def close_session(self, session_id: str) -> None: ...
 
-    def generate(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        mode: str,
-        sampler: Sampler,
-        seed: int,
-        max_tokens: int,
-        slo: SpeedObjective = SpeedObjective(),
-        logprobs: int = -1,
-    ) -> Iterator[GeneratedToken]: ...
+    def generate(self, request: GenerateRequest) -> Iterator[GeneratedToken]:
+        """The target-only stream: the verifier decodes every token of the answer."""
+        ...
 
     def close(self) -> None: ...

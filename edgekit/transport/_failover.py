@@ -22,11 +22,10 @@ from ..protocol import (
     BlockRequest,
     Fingerprint,
     GeneratedToken,
+    GenerateRequest,
     OpenedSession,
     OpenRequest,
-    Sampler,
     ServerInfo,
-    SpeedObjective,
     VerifyResult,
 )
 from ._base import VerifierTransport
@@ -124,22 +123,10 @@ class FailoverTransport:
     def close_session(self, session_id: str) -> None:
         self._call(lambda t: t.close_session(session_id))
 
-    def generate(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        mode: str,
-        sampler: Sampler,
-        seed: int,
-        max_tokens: int,
-        slo: SpeedObjective = SpeedObjective(),
-        logprobs: int = -1,
-    ) -> Iterator[GeneratedToken]:
-        kw = {"mode": mode, "sampler": sampler, "seed": seed, "max_tokens": max_tokens, "slo": slo,
-              "logprobs": logprobs}
+    def generate(self, request: GenerateRequest) -> Iterator[GeneratedToken]:
         i = self._checked_current()
         try:
-            yield from self.transports[i].generate(prompt_tokens, **kw)  # type: ignore[arg-type]
+            yield from self.transports[i].generate(request)
         except VerifierUnavailableError:
             self._advance(i)
             raise

@@ -27,21 +27,21 @@ from ..protocol import (
     Exchange,
     Fingerprint,
     GeneratedToken,
+    GenerateRequest,
     HiddenRequest,
     OpenedSession,
     OpenRequest,
-    Sampler,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
     encode_hidden,
     fingerprint_to_pb,
+    generate_request_to_pb,
     generated_from_pb,
     hidden_answer_to_pb,
     open_request_to_pb,
     opened_from_pb,
     pb,
-    sampling_to_pb,
     server_info_from_pb,
     verify_request_to_pb,
     verify_response_from_pb,
@@ -157,11 +157,10 @@ class MessageTransport:
                     f"verifier at {self.address} asked for hidden states twice in round {block.round_index}",
                     address=self.address,
                 )
-        # The round's time on the server is both exchanges' (under SH with mismatches).
+        # The round's figures on the server are both exchanges' (under SH with mismatches).
         return replace(
             answer,
-            queue_ms=sum(a.queue_ms for a in answers),
-            verify_ms=sum(a.verify_ms for a in answers),
+            server=sum((a.server for a in answers[1:]), answers[0].server),
             exchanges=tuple(exchanges),
             hidden_requested=requested,
         )
@@ -180,7 +179,7 @@ class MessageTransport:
             raise ProtocolError(
                 f"verifier at {self.address} sent neither a verdict nor a request", address=self.address
             )
-        exchanges.append(Exchange(ms, answer.queue_ms + answer.verify_ms, req.ByteSize(), r.ByteSize()))
+        exchanges.append(Exchange(ms, answer.server.queue_ms + answer.server.verify_ms, req.ByteSize(), r.ByteSize()))
         answers.append(answer)
         return answer
 
@@ -205,27 +204,11 @@ class MessageTransport:
     def close_session(self, session_id: str) -> None:
         self._unary("CloseSession", pb.CloseSessionRequest(session_id=session_id), during="closing the session")
 
-    def generate(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        mode: str,
-        sampler: Sampler,
-        seed: int,
-        max_tokens: int,
-        slo: SpeedObjective = SpeedObjective(),
-        logprobs: int = -1,
-    ) -> Iterator[GeneratedToken]:
-        self._check_slo(slo)
-        req = pb.GenerateRequest(
-            prompt_tokens=prompt_tokens,
-            sampling=sampling_to_pb(mode, sampler, seed, logprobs=logprobs),
-            max_tokens=max_tokens,
-            slo_name=slo.slo_class or "",
-            target_tokens_per_s=slo.tokens_per_s or 0.0,
-        )
+    def generate(self, request: GenerateRequest) -> Iterator[GeneratedToken]:
+        self._check_slo(request.slo)
+        req = generate_request_to_pb(request)
         # The stream's deadline scales with its length; each token must still come quickly.
-        deadline = self.config.timeout + max_tokens * 2.0
+        deadline = self.config.timeout + request.max_tokens * 2.0
         for r in self._stream("Generate", req, during="generation", timeout=deadline):
             assert isinstance(r, pb.GenerateResponse)
             yield generated_from_pb(r)

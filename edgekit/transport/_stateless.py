@@ -36,9 +36,11 @@ from ..protocol import (
     Exchange,
     Fingerprint,
     GeneratedToken,
+    GenerateRequest,
     OpenedSession,
     OpenRequest,
     Sampler,
+    ServerFigures,
     ServerInfo,
     SpeedObjective,
     VerifyResult,
@@ -228,7 +230,7 @@ class StatelessTransport:
         return v.answer(
             # These APIs report no server timings: the whole call is charged to verification,
             # and the exchange teaches the link estimate nothing (server_ms unknown).
-            verify_ms=ms,
+            server=ServerFigures(verify_ms=ms),
             exchanges=(Exchange(ms, None, *self.http.last_sizes),),
         )
 
@@ -268,31 +270,23 @@ class StatelessTransport:
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 
-    def generate(
-        self,
-        prompt_tokens: Sequence[int],
-        *,
-        mode: str,
-        sampler: Sampler,
-        seed: int,
-        max_tokens: int,
-        slo: SpeedObjective = SpeedObjective(),
-        logprobs: int = -1,
-    ) -> Iterator[GeneratedToken]:
-        if mode != "greedy":
+    def generate(self, request: GenerateRequest) -> Iterator[GeneratedToken]:
+        if request.mode != "greedy":
             raise ConfigError(f"the {self.kind} at {self.address} is driven greedily here; use mode='greedy'")
-        if logprobs >= 0:
+        if request.logprobs >= 0:
             raise ConfigError(f"the target's log-probabilities are not read from the {self.kind} at {self.address}")
-        if sampler.adjusts:
+        if request.sampler.adjusts:
             raise ConfigError(f"the {self.kind} at {self.address} decodes the target's plain argmax here: no "
                               "penalties or logit_bias")
-        self._no_slo(slo)
+        self._no_slo(request.slo)
         t0 = time.perf_counter()
-        ids = self._known(self._generate_ids(list(prompt_tokens), max_tokens))
+        ids = self._known(self._generate_ids(list(request.prompt_tokens), request.max_tokens))
         ms = (time.perf_counter() - t0) * 1e3 / max(len(ids), 1)
+        stops = set(request.stop_tokens)
+        ids = next((ids[: i + 1] for i, tok in enumerate(ids) if tok in stops), ids)  # the first stop token ends it
         for i, tok in enumerate(ids):
             last = i + 1 == len(ids)
-            reason = ("eos" if self.tokenizer.is_eog(tok) else "length") if last else None
+            reason = ("eos" if self.tokenizer.is_eog(tok) or tok in stops else "length") if last else None
             yield GeneratedToken(tok, i, decode_ms=ms, finish_reason=reason)
 
     def close(self) -> None:

@@ -9,10 +9,10 @@ the rounds' are: the padding entries at the end of a vocabulary are never one.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 from ..config import ServerConfig
-from ..protocol import GeneratedToken, Sampler, token_logprobs
+from ..protocol import GeneratedToken, GenerateRequest, token_logprobs
 from ._core import EngineCore
 from ._sessions import Caller, SessionTable
 from ._slo import SpeedClasses
@@ -45,29 +45,21 @@ class TargetOnly:
         self.stats = stats if stats is not None else core.stats
 
     def generate(
-        self,
-        prompt: Sequence[int],
-        *,
-        mode: str,
-        sampler: Sampler,
-        seed: int,
-        logprobs: int = -1,
-        max_tokens: int,
-        stop_tokens: Sequence[int] = (),
-        is_active: Callable[[], bool] = lambda: True,
-        slo_name: str = "",
-        target_speed: float = 0.0,
-        caller: Caller = Caller(),
+        self, request: GenerateRequest, *, is_active: Callable[[], bool] = lambda: True, caller: Caller = Caller()
     ) -> Iterator[GeneratedToken]:
-        """The target's tokens after `prompt`; stops early when `is_active()` turns false (a cancelled call)."""
+        """The target's tokens after the request's prompt; stops early when `is_active()` turns
+        false (a cancelled call)."""
         arrived = time.perf_counter()
+        mode, sampler, seed, logprobs, max_tokens = (request.mode, request.sampler, request.seed, request.logprobs,
+                                                     request.max_tokens)
         self.checks.sampling(mode, sampler)
         self.checks.logprobs(logprobs)
-        slo_class, speed = self.slo.resolve(slo_name, target_speed)
-        self.checks.prompt(prompt)  # its length before its ids, and before a copy
-        tokens = list(prompt)
+        slo_class, speed = self.slo.resolve(request.slo.slo_class or "", request.slo.tokens_per_s or 0.0)
+        self.checks.prompt(request.prompt_tokens)  # its length before its ids, and before a copy
+        tokens = list(request.prompt_tokens)
         self.checks.generate_length(max_tokens)
-        stops = set(stop_tokens)
+        self.checks.stop_tokens(request.stop_tokens)
+        stops = set(request.stop_tokens)
         sess = self.sessions.create(
             mode=mode, sampler=sampler, seed=seed, slo_class=slo_class, speed=speed, prefix="g-", caller=caller
         )

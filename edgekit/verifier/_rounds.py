@@ -46,6 +46,7 @@ from ..protocol import (
     OpenedSession,
     OpenRequest,
     ReceivedBlock,
+    ServerFigures,
     VerifyResult,
     accept_sampling,
     accept_top1,
@@ -232,11 +233,10 @@ class Rounds:
                 positions = tuple(top1_mismatches(best, judged))
                 if positions:
                     budget_ms, met = _outcome(objective)
-                    answer = HiddenRequest(
-                        positions, r.hidden_encoding, queue_ms=ran.queue_ms, verify_ms=verify_ms,
-                        batch_size=ran.batch_size, estimated_ms=ran.estimated_ms, budget_ms=budget_ms,
-                        deadline_met=met,
-                    )
+                    answer = HiddenRequest(positions, r.hidden_encoding, ServerFigures(
+                        queue_ms=ran.queue_ms, verify_ms=verify_ms, batch_size=ran.batch_size,
+                        estimated_ms=ran.estimated_ms, budget_ms=budget_ms, deadline_met=met,
+                    ))
                     sess.pending = PendingRound(r.key, r, answer, ran.logits, positions, ran.hidden)
                     return answer
             return self._finish(sess, r, ran, verify_ms, hidden, r.key, objective)
@@ -329,7 +329,8 @@ class Rounds:
         if objective is not None:
             budget_ms, met = _outcome(objective)
         else:  # an SH second half: the round's deadline was kept, or not, by its first half's target pass
-            budget_ms, met = (first_half.budget_ms, first_half.deadline_met) if first_half else (None, None)
+            first = first_half.server if first_half else ServerFigures()
+            budget_ms, met = first.budget_ms, first.deadline_met
         next_budget = 0
         if self.budgets is not None:
             next_budget = self.budgets.after_round(
@@ -337,15 +338,17 @@ class Rounds:
                 context=len(sess.tokens), slo_budget_ms=budget_ms,
             )
         answer = verdict.answer(
-            hidden_rows=n_hidden,
-            queue_ms=ran.queue_ms,
-            verify_ms=verify_ms + accept_ms,
-            batch_size=ran.batch_size,
-            estimated_ms=ran.estimated_ms,
-            budget_ms=budget_ms,
-            deadline_met=met,
+            server=ServerFigures(
+                queue_ms=ran.queue_ms,
+                verify_ms=verify_ms + accept_ms,
+                hidden_rows=n_hidden,
+                semantic_accepted=semantic_accepted,
+                budget_ms=budget_ms,
+                deadline_met=met,
+                batch_size=ran.batch_size,
+                estimated_ms=ran.estimated_ms,
+            ),
             next_budget=next_budget,
-            semantic_accepted=semantic_accepted,
             semantic_threshold=sess.semantic_threshold if sess.mode == "semantic" else 0.0,
             semantic_head=self.semantic.identity if sess.mode == "semantic" else "",
             logprobs=tuple(token_logprobs(logits[i], tok, sess.logprobs) for i, tok in enumerate(verdict.committed))
@@ -359,9 +362,9 @@ class Rounds:
             drafted=len(block),
             accepted=verdict.accepted,
             committed=len(verdict.committed),
-            queue_ms=answer.queue_ms + (first_half.queue_ms if first_half else 0.0),
-            verify_ms=answer.verify_ms + (first_half.verify_ms if first_half else 0.0),
-            deadline_met=answer.deadline_met,
+            queue_ms=answer.server.queue_ms + (first_half.server.queue_ms if first_half else 0.0),
+            verify_ms=answer.server.verify_ms + (first_half.server.verify_ms if first_half else 0.0),
+            deadline_met=answer.server.deadline_met,
             semantic_accepted=semantic_accepted if sess.mode == "semantic" else None,
         )
         return answer

@@ -42,13 +42,11 @@ from ..protocol import (
     SERVICE_NAME,
     ServerInfo,
     fingerprint_from_pb,
+    generate_request_from_pb,
     generated_to_pb,
-    logprobs_from_pb,
-    mode_from_pb,
     open_request_from_pb,
     opened_to_pb,
     pb,
-    sampler_from_pb,
     server_info_to_pb,
     status_of,
     verify_request_from_pb,
@@ -373,19 +371,7 @@ class VerifierService:
     def generate(
         self, req: pb.GenerateRequest, is_active: Callable[[], bool] = lambda: True, caller: Caller = Caller()
     ) -> Iterator[pb.GenerateResponse]:
-        for t in self.baseline.generate(
-            req.prompt_tokens,
-            mode=mode_from_pb(req.sampling.mode),
-            sampler=sampler_from_pb(req.sampling),
-            logprobs=logprobs_from_pb(req.sampling),
-            seed=req.sampling.seed,
-            max_tokens=req.max_tokens,
-            stop_tokens=req.stop_tokens,
-            is_active=is_active,
-            slo_name=req.slo_name,
-            target_speed=req.target_tokens_per_s,
-            caller=caller,
-        ):
+        for t in self.baseline.generate(generate_request_from_pb(req), is_active=is_active, caller=caller):
             yield generated_to_pb(t)
 
 

@@ -29,6 +29,7 @@ __all__ = ["RequestChecks", "clip"]
 _MODES = ("greedy", "sample")
 _UPLOADS = ("tokens", "fh", "sh")
 MAX_CLIENT_ID = 256  # characters of OpenSession's client_id
+MAX_STOP_TOKENS = 256  # token ids a Generate request may stop at (a user's stop strings are few)
 
 
 class RequestChecks:
@@ -182,6 +183,12 @@ class RequestChecks:
                 raise ProtocolError(f"draft distribution {i} is not a probability distribution (sum {probs.sum():.6f})")
             if tok not in ids:
                 raise ProtocolError(f"draft token {tok} at offset {i} is outside its draft distribution")
+
+    def stop_tokens(self, tokens: Sequence[int]) -> None:
+        """A generation's stop tokens: at most MAX_STOP_TOKENS (counted before a copy), each in the vocabulary."""
+        if len(tokens) > MAX_STOP_TOKENS:
+            raise ProtocolError(f"{len(tokens)} stop tokens exceed {MAX_STOP_TOKENS}")
+        self.tokens(tokens, "stop_tokens")
 
     def generate_length(self, max_tokens: int) -> None:
         if not 1 <= max_tokens <= self.config.max_generate_tokens:
