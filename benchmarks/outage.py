@@ -25,9 +25,9 @@ import time
 import _common as C
 
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, Provisional, Resumed, TextDelta
-from edgekit.linkemu import LinkProfile, Testbed
 from edgekit.models import get_pair, model_path
 from edgekit.runtime import LlamaDraftModel
+from edgekit.testing.linkemu import LinkProfile, Testbed
 from edgekit.transport import GrpcTransport
 
 MODES = ("wait", "draft")

@@ -11,9 +11,9 @@ import pytest
 
 from edgekit import ClientConfig, ServerConfig
 from edgekit.link import probe
-from edgekit.linkemu import DelayProxy
-from edgekit.linkemu._proxy import HEADERS, MSS
 from edgekit.testing import ToyLanguageModel
+from edgekit.testing.linkemu import DelayProxy
+from edgekit.testing.linkemu._proxy import HEADERS, MSS
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import ToyEngine, VerifierServer
 

@@ -57,7 +57,7 @@ def _events(client: EdgeClient, prompt: str) -> tuple[list, list[int]]:
     session = client.session()
     session.open(client.tokenize(prompt))
     events = list(session.stream())
-    server = client.transport.service.sessions.get(session.session_id)
+    server = client.transport.inner.service.sessions.get(session.session_id)
     return events, server.tokens
 
 
@@ -115,7 +115,7 @@ def test_a_session_survives_a_failed_round_when_nothing_retries():
     assert session.drafter.chain.tokens == list(session.rounds.inflight.request.draft_tokens)
     for _ in range(5):  # the next round re-sends the lost one, and the session goes on in step
         committed += session.round(4)[0]
-    (sess,) = transport.service.sessions._sessions.values()
+    (sess,) = transport.inner.service.sessions._sessions.values()
     assert sess.tokens == session.tokens
     reference = _reference("no retries")
     assert committed == list(reference[: len(committed)])

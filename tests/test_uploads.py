@@ -197,7 +197,7 @@ def test_sh_asks_for_the_mismatch_positions():
         if call.method != "verify":
             return call.forward()
         block = call.arguments["block"]
-        context = list(call.transport.service.sessions.get(block.session_id).tokens)
+        context = list(call.transport.inner.service.sessions.get(block.session_id).tokens)
         result = call.forward()
         answers.append((block, context, result))
         return result
@@ -210,7 +210,7 @@ def test_sh_asks_for_the_mismatch_positions():
         # every offset whose draft token is not the target's own choice there, and no other
         draft = list(block.draft_tokens)
         expected = [i for i, t in enumerate(draft)
-                    if int(np.argmax(verifier.service.engine.lm.logits(context + draft[:i]))) != t]
+                    if int(np.argmax(verifier.inner.service.engine.lm.logits(context + draft[:i]))) != t]
         assert list(result.hidden_requested) == expected
         asked += len(expected)
     assert asked > 0

@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..errors import EdgekitError
+from ...errors import EdgekitError
 from ._proxy import DelayProxy, Impairment
 
 __all__ = ["LinkProfile", "Testbed", "available"]
