@@ -8,6 +8,7 @@ run (ratios), not absolute numbers across runs.
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import math
@@ -254,6 +255,46 @@ def apply_threads(threads: int) -> int | None:
         return threads
     os.environ.pop("EDGEKIT_THREADS", None)
     return None
+
+
+# The options benchmarks share, each spelled and explained one way: (type, help).
+COMMON_OPTIONS: dict[str, tuple[type, str]] = {
+    "pair": (str, "the draft/target pair (models.md)"),
+    "pairs": (str, "draft/target pairs, comma-separated"),
+    "prompts": (int, "how many prompts of prompts/eval.jsonl"),
+    "max_tokens": (int, "output tokens per answer"),
+    "draft_k": (int, "draft tokens per block"),
+    "repeats": (int, "repeats of each measurement"),
+    "out": (str, "the result's name: benchmarks/results/NAME.json and NAME.png"),
+}
+
+
+def arguments(doc: str | None, *, replot: bool = False, **defaults: Any) -> argparse.ArgumentParser:
+    """A benchmark's command line: described by its module's docstring's first line, with
+    `--threads` always, `--replot JSON` where the script draws a figure, and each of
+    COMMON_OPTIONS given a default here (`pair="gemma-270m"`); the script adds its own options
+    to it, and reads them with `parse`."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    for name, default in defaults.items():
+        kind, text = COMMON_OPTIONS[name]
+        ap.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=text)
+    ap.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    if replot:
+        ap.add_argument("--replot", metavar="JSON", default=None,
+                        help="redraw the figure of a stored result beside it; measure nothing")
+    return ap
+
+
+def parse(ap: argparse.ArgumentParser, *, plot: Any = None) -> argparse.Namespace:
+    """The command line read, its threads applied (EDGEKIT_THREADS) and the machine printed; with
+    `--replot JSON`, `plot(result, png)` redraws that result's figure and the script ends there."""
+    args = ap.parse_args()
+    if getattr(args, "replot", None):
+        replot(args.replot, plot)
+        raise SystemExit(0)
+    apply_threads(args.threads)
+    print_machine()
+    return args
 
 
 def print_machine() -> None:

@@ -13,7 +13,6 @@ outputs agree. Writes benchmarks/results/backends.json.
 
 from __future__ import annotations
 
-import argparse
 import socket
 import subprocess
 import sys
@@ -67,15 +66,8 @@ def run(client: EdgeClient, prompt: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="gemma-270m")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--draft-k", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    args = ap.parse_args()
-    C.apply_threads(args.threads)
-    C.print_machine()
+    ap = C.arguments(__doc__, pair="gemma-270m", prompts=8, max_tokens=48, draft_k=3)
+    args = C.parse(ap)
     spec = get_pair(args.pair)
     prompts = C.load_prompts("eval", args.prompts)
     draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=2048)

@@ -14,7 +14,6 @@ nothing) is the figure, since absolute times move with the load on a shared mach
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -64,16 +63,10 @@ def drafter(draft: LlamaDraftModel, prompt: list[int], steps: int, k: int) -> tu
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="gemma-270m")
+    ap = C.arguments(__doc__, pair="gemma-270m", repeats=15, out="drafting_loop")
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    ap.add_argument("--out", default="drafting_loop")
-    args = ap.parse_args()
-    C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap)
     spec = get_pair(args.pair)
     draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=1024)
     prompt = draft.tokenize(PROMPT)

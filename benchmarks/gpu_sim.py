@@ -177,7 +177,7 @@ class Simulation:
         def capacity(states: list[BudgetState]) -> int:
             return token_budget or capacity_within(self.estimator.predict_features, states, lo, hi)
 
-        chosen = RandomShare(seed) if policy == "random" else BUDGET_POLICIES[policy]()
+        chosen = RandomShare(seed) if policy == "random" else BUDGET_POLICIES.load(policy)()
         return Budgets(chosen, capacity=capacity, lo=lo, hi=hi, eta=self.budget_eta, beta=self.budget_beta,
                        clock=clock)
 

@@ -34,7 +34,6 @@ Needs root (network namespaces). Writes benchmarks/results/link_sweep.json.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import time
@@ -138,19 +137,12 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="gemma-270m")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=40)
-    ap.add_argument("--draft-k", type=int, default=6)
+    ap = C.arguments(__doc__, pair="gemma-270m", prompts=4, max_tokens=40, draft_k=6)
     ap.add_argument("--quick", action="store_true", help="two conditions, for a smoke run")
     ap.add_argument("--no-windows", action="store_true", help="skip the window part")
     ap.add_argument("--only", choices=["impaired"], help="only the lossy and jittery conditions")
     ap.add_argument("--out", default="link_sweep", help="result name (benchmarks/results/NAME.json)")
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    args = ap.parse_args()
-    C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap)
     spec = get_pair(args.pair)
     prompts = C.load_prompts("eval", args.prompts)
     draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=2048)

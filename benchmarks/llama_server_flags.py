@@ -19,7 +19,6 @@ the flags can change.
 
 from __future__ import annotations
 
-import argparse
 import re
 import shlex
 import time
@@ -76,17 +75,10 @@ def plot(result: dict, png) -> None:  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="gemma-270m")
-    ap.add_argument("--prompts", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=12)
-    ap.add_argument("--draft-k", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
+    ap = C.arguments(__doc__, pair="gemma-270m", prompts=2, max_tokens=12, draft_k=3)
     ap.add_argument("--sets", default="|".join(DEFAULT_SETS),
                     help="flag sets to compare, separated by '|' (an empty one: the server's defaults)")
-    args = ap.parse_args()
-    C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap)
     if "AMX_INT8 = 1" in llama_build()["llama_build"]:
         raise SystemExit("llama.cpp here is built with AMX: its defaults crash, there is nothing to compare against")
     spec = get_pair(args.pair)

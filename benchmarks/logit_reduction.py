@@ -20,7 +20,6 @@ verdicts. The times include the rules' work, which is where whole rows cost most
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
@@ -131,23 +130,14 @@ def plot(result: dict[str, Any], png: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", default="gemma-270m")
+    ap = C.arguments(__doc__, replot=True, pairs="gemma-270m", repeats=10, out="logit_reduction")
     ap.add_argument("--batches", default="1,4,8", help="sessions per batch, comma-separated")
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--numerics", default="exact,fast")
     ap.add_argument("--mode", default="greedy", choices=("greedy", "sample"),
                     help="greedy rounds (argmax), or top-k sampling rounds judged by the lossless rule")
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    ap.add_argument("--out", default="logit_reduction")
-    ap.add_argument("--replot", metavar="JSON", default=None)
-    args = ap.parse_args()
-    if args.replot:
-        C.replot(args.replot, plot)
-        return
-    threads = C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap, plot=plot)
+    threads = args.threads or None
     results = [measure(p, C.csv_list(args.batches, int), args.k, args.repeats, numerics == "exact", threads,
                        args.mode)
                for p in C.csv_list(args.pairs) for numerics in C.csv_list(args.numerics)]

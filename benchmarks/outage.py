@@ -18,7 +18,6 @@ decoding (it must, token for token).
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 
@@ -86,20 +85,13 @@ def run_one(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="gemma-270m")
-    ap.add_argument("--prompts", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=160)
+    ap = C.arguments(__doc__, pair="gemma-270m", prompts=2, max_tokens=160, out="outage")
     ap.add_argument("--outages", default="1,5,30", help="outage lengths, seconds")
     ap.add_argument("--kinds", default="reset,silent")
     ap.add_argument("--outage-after", type=int, default=24, help="output tokens before the link goes")
     ap.add_argument("--rtt-ms", type=float, default=40.0)
     ap.add_argument("--mbps", type=float, default=20.0)
-    ap.add_argument("--out", default="outage")
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    args = ap.parse_args()
-    C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap)
     spec = get_pair(args.pair)
     prompts = C.load_prompts("eval", args.prompts)
     draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_ctx=2048)

@@ -21,7 +21,6 @@ of its tokens), and each way's next logits are compared with the session's own.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -167,21 +166,12 @@ def plot(result: dict[str, Any], png: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", default="gemma-270m")
+    ap = C.arguments(__doc__, replot=True, pairs="gemma-270m", repeats=5, out="parking")
     ap.add_argument("--tokens", default="100,500,1500", help="context lengths, comma-separated")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
     ap.add_argument("--generated", type=float, default=0.5,
                     help="the share of the context an answer generated (rounds), the rest a prompt")
-    ap.add_argument("--out", default="parking")
-    ap.add_argument("--replot", metavar="JSON", default=None)
-    args = ap.parse_args()
-    if args.replot:
-        C.replot(args.replot, plot)
-        return
-    threads = C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap, plot=plot)
+    threads = args.threads or None
     lengths = C.csv_list(args.tokens, int)
     results = [measure(p, lengths, args.repeats, threads, args.generated) for p in C.csv_list(args.pairs)]
     print(C.table(

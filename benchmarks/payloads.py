@@ -16,8 +16,6 @@ Writes benchmarks/results/payloads.json.
 
 from __future__ import annotations
 
-import argparse
-
 import _common as C
 import numpy as np
 
@@ -93,14 +91,9 @@ def sizes(pair: str, rows: np.ndarray, tokens: list[int], encoding: str) -> list
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", default="gemma-270m,qwen-coder")
-    ap.add_argument("--prompts", type=int, default=8)
+    ap = C.arguments(__doc__, pairs="gemma-270m,qwen-coder", prompts=8)
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    args = ap.parse_args()
-    C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap)
     prompts = C.load_prompts("eval", args.prompts)
     out, rows_out, size_rows = {}, [], []
     for pair in C.csv_list(args.pairs):

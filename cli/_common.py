@@ -8,6 +8,8 @@ from typing import Any
 
 import typer
 
+from edgekit.registry import DRAFTING, Registry
+
 PAIR_HELP = (
     "Draft/target pair from the model registry (see `edgekit models list`). Default with --verifier: the pair "
     "whose target the verifier serves (it is asked); without one, the pair whose target is started locally."
@@ -52,11 +54,7 @@ def note(message: str) -> None:
 
 
 # Drafting policy options, shared by `generate` and `chat`.
-DRAFTING_HELP = (
-    "How long each block is: auto (the pair's shipped predictor when there is one, else fixed), "
-    "fixed (--draft-k tokens), predictor (stop at the first predicted rejection), p-min (stop below --p-min), "
-    "latency (the window the latency model expects fastest on the measured link)."
-)
+DRAFTING_HELP = DRAFTING.help("How long each block is")
 UPLOAD_HELP = (
     "Draft hidden states to the verifier: tokens (none), fh (all, with the block), sh (only the verifier's "
     "mismatch positions, one more exchange), auto (FH or SH each round by the latency model), rtt (FH when "
@@ -64,7 +62,20 @@ UPLOAD_HELP = (
 )
 
 
-_DRAFTING = typer.Option("auto", "--drafting", help=DRAFTING_HELP)
+def registered(registry: Registry) -> Any:
+    """An option's check that its value names a policy of `registry`, read when the command runs (a
+    policy registered after the command line was built is one too)."""
+
+    def check(value: str) -> str:
+        if value not in registry:
+            raise typer.BadParameter(f"{value!r} is none of {', '.join(registry.names())}")
+        return value
+
+    return check
+
+
+_DRAFTING = typer.Option("auto", "--drafting", help=DRAFTING_HELP, metavar=DRAFTING.metavar(),
+                         callback=registered(DRAFTING))
 _PREDICTOR = typer.Option(
     None, "--predictor", help="An ONNX rejection predictor (default: the one shipped for the pair)."
 )

@@ -250,8 +250,8 @@ def chat(
     from rich.console import Console
 
     from edgekit import GenerationConfig
-    from edgekit.config import Drafting, Upload
     from edgekit.config import Mode as ModeName
+    from edgekit.config import Upload
 
     from . import _connect
     from ._history import History
@@ -264,7 +264,7 @@ def chat(
         explicit["temperature"] = temperature
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=cast(ModeName, chosen), draft_k=draft_k, seed=seed,
-        drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
+        drafting=drafting, predictor=predictor, max_window=max_window, p_min=p_min,
         predictor_schedule=predictor_schedule,
         slo_class=slo_class, target_speed=target_speed, proactive=proactive,
         upload=cast(Upload, upload_for(upload, chosen)), semantic_threshold=semantic_threshold,

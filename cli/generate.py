@@ -99,14 +99,14 @@ def generate(
 ) -> None:
     """Generate a completion by speculative decoding (or by the target alone with --baseline)."""
     from edgekit import GenerationConfig, Resumed, TextDelta
-    from edgekit.config import Drafting, HiddenEncoding, Upload
+    from edgekit.config import HiddenEncoding, Upload
     from edgekit.errors import EdgekitError
 
     from . import _connect
 
     gen = GenerationConfig(
         max_tokens=max_tokens, mode=mode.value, temperature=temperature, draft_k=draft_k, seed=seed,
-        drafting=cast(Drafting, drafting), predictor=predictor, max_window=max_window, p_min=p_min,
+        drafting=drafting, predictor=predictor, max_window=max_window, p_min=p_min,
         predictor_schedule=predictor_schedule,
         slo_class=slo_class, target_speed=target_speed, proactive=proactive,
         upload=cast(Upload, upload_for(upload, mode.value)), hidden_encoding=cast(HiddenEncoding, hidden_encoding),

@@ -11,17 +11,14 @@ from typing import Any, Literal, cast
 
 import typer
 
-from ._common import note
+from edgekit.registry import BUDGET_POLICIES, SCHEDULERS
+
+from ._common import note, registered
 
 
 class Numerics(str, Enum):
     exact = "exact"
     fast = "fast"
-
-
-class Policy(str, Enum):
-    fcfs = "fcfs"
-    wisp = "wisp"
 
 
 class LogLevel(str, Enum):
@@ -101,11 +98,9 @@ def serve(
         2048, "--max-batch-rows", min=1,
         help="The most tokens one engine batch puts through; the scheduler cuts batches there.",
     ),
-    policy: Policy = typer.Option(
-        Policy.fcfs,
-        "--policy",
-        help="Which work runs next: fcfs (arrival order) or wisp (token-speed SLOs: deadlines first, then "
-        "expected tokens per ms; WISP Algorithm 1, with the verification-time estimator).",
+    policy: str = typer.Option(
+        "fcfs", "--policy", help=SCHEDULERS.help("Which work runs next"), metavar=SCHEDULERS.metavar(),
+        callback=registered(SCHEDULERS),
     ),
     slo_class: list[str] = typer.Option(
         [], "--slo-class", metavar="NAME=TOK/S",
@@ -132,9 +127,8 @@ def serve(
         2.0, "--starvation", min=0.01, help="wisp: the longest any work waits before it goes first, in seconds."
     ),
     budgets: str = typer.Option(
-        "none", "--budgets",
-        help="Draft budgets the verifier assigns each device per round: goodspeed (GOODSPEED's gradient scheduling: "
-        "proportional fairness of goodput), fixed (C/N each), random, or none (devices choose).",
+        "none", "--budgets", help=BUDGET_POLICIES.help("Draft budgets the verifier assigns each device per round"),
+        metavar=BUDGET_POLICIES.metavar(), callback=registered(BUDGET_POLICIES),
     ),
     token_budget: int = typer.Option(
         0, "--token-budget", min=0, metavar="C",
@@ -174,7 +168,7 @@ def serve(
 ) -> None:
     """Serve a target model as an edgekit verifier (gRPC, edgekit.verifier.v1, with grpc.health.v1)."""
     from edgekit import ServerConfig
-    from edgekit.config import DEFAULT_SLO_CLASSES, BudgetPolicyName
+    from edgekit.config import DEFAULT_SLO_CLASSES
     from edgekit.verifier import VerifierServer
 
     _log_to_stderr(log_level.value)
@@ -209,13 +203,13 @@ def serve(
         gpu_layers=gpu_layers,
         prefill_chunk=prefill_chunk,
         max_batch_rows=max_batch_rows,
-        policy=policy.value,
+        policy=policy,
         guard_ms=guard_ms,
         slo_budget=cast(Literal["round", "response"], slo_budget),
         starvation_s=starvation,
         min_efficiency=min_efficiency,
         unreachable_share=unreachable_share,
-        budgets=cast(BudgetPolicyName, budgets),
+        budgets=budgets,
         token_budget=token_budget,
         **smoothing,
         calibrate="force" if calibrate else "auto",
@@ -240,7 +234,7 @@ def serve(
     estimator = server.service.estimator
     fitted = "calibrated" if estimator.calibrated else "learning from live batches"
     budget_note = "" if budgets == "none" else f"; draft budgets: {budgets}, C = {token_budget or 'auto'}"
-    note(f"scheduling: {policy.value}; SLO classes (tok/s): {classes}; time estimator {fitted}{budget_note}")
+    note(f"scheduling: {policy}; SLO classes (tok/s): {classes}; time estimator {fitted}{budget_note}")
     semantic = server.service.semantic
     if semantic.offered:
         note(f"semantic mode offered: head {semantic.identity}, threshold {semantic.default_threshold:.3f}")

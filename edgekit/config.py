@@ -14,16 +14,14 @@ from typing import Any, Literal, get_args
 
 from .errors import ConfigError
 from .protocol import Sampler
+from .registry import BUDGET_POLICIES, DRAFTING, SCHEDULERS
 
 __all__ = ["DEFAULT_SLO_CLASSES", "ClientConfig", "GenerationConfig", "ServerConfig"]
 
 Mode = Literal["greedy", "sample", "semantic"]
-Drafting = Literal["auto", "fixed", "predictor", "p-min", "latency"]
 Upload = Literal["tokens", "fh", "sh", "auto", "rtt"]
 HiddenEncoding = Literal["fp16", "int8"]
 Numerics = Literal["exact", "fast"]
-Policy = Literal["fcfs", "wisp"]
-BudgetPolicyName = Literal["none", "goodspeed", "fixed", "random"]
 Calibrate = Literal["auto", "force", "off"]
 OnDisconnect = Literal["draft", "wait", "fail"]
 FirstRoute = Literal["auto", "speculative", "target-only"]
@@ -77,7 +75,7 @@ class GenerationConfig:
     # the latency model expects to be fastest per committed token on the measured
     # link; "auto" is "predictor" when one is shipped for this draft and target
     # (or given) and onnxruntime is installed, else "fixed".
-    drafting: Drafting = "auto"
+    drafting: str = "auto"  # a name in edgekit.registry.DRAFTING
     draft_k: int = 4  # fixed draft window (SLED-style baseline)
     max_window: int = 8  # bound of the adaptive policies (the shipped predictors saw blocks of up to 8)
     predictor: str | None = None  # an ONNX predictor file; None: the one shipped for the pair
@@ -171,8 +169,7 @@ class GenerationConfig:
             raise ConfigError(f"draft_temperature must be > 0, got {self.draft_temperature}")
         if not 1 <= self.draft_k <= 64:
             raise ConfigError(f"draft_k must be between 1 and 64, got {self.draft_k}")
-        if self.drafting not in ("auto", "fixed", "predictor", "p-min", "latency"):
-            raise ConfigError(f"drafting must be auto, fixed, predictor, p-min or latency, got {self.drafting!r}")
+        DRAFTING.check(self.drafting)
         if self.upload not in ("tokens", "fh", "sh", "auto", "rtt"):
             raise ConfigError(f"upload must be tokens, fh, sh, auto or rtt, got {self.upload!r}")
         if self.hidden_encoding not in ("fp16", "int8"):
@@ -333,7 +330,7 @@ class ServerConfig:
     max_batch_rows: int = 2048
     # Which work the engine runs next: "fcfs" (arrival order, SLED's verifier) or
     # "wisp" (WISP's Algorithm 1: deadlines first, then expected tokens per ms).
-    policy: Policy = "fcfs"
+    policy: str = "fcfs"  # a name in edgekit.registry.SCHEDULERS
     # Named token-speed classes, tokens/s; a mapping, or "name=speed,..." (for the environment).
     slo_classes: Mapping[str, float] | str = field(default_factory=lambda: dict(DEFAULT_SLO_CLASSES))
     guard_ms: float = 20.0  # wisp: the guard time delta of the latest start time (eq. 17)
@@ -353,7 +350,7 @@ class ServerConfig:
     # Draft budgets the verifier assigns each session (`next_budget`): "goodspeed" (GOODSPEED's
     # gradient scheduling, eq. 5, log utility), its baselines "fixed" (C/N each) and "random", or
     # "none" (devices choose). A block longer than its budget is cut to it.
-    budgets: BudgetPolicyName = "none"
+    budgets: str = "none"  # a name in edgekit.registry.BUDGET_POLICIES
     token_budget: int = 0  # C, draft tokens per target pass over all sessions; 0: from the estimator and SLOs
     # Smoothing of each client's acceptance estimate (eq. 3): 0.05 tracked a change of prompt kind as
     # well as 0.1 and with less noise in benchmarks/budget_smoothing.py (gemma traces, blocks of 4),
@@ -395,16 +392,14 @@ class ServerConfig:
             raise ConfigError(f"max_batch_rows must be at least 1, got {self.max_batch_rows}")
         if self.numerics not in ("exact", "fast"):
             raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
-        if self.policy not in get_args(Policy):  # each has a scheduler in verifier.scheduler.SCHEDULERS
-            raise ConfigError(f"policy must be one of {', '.join(get_args(Policy))}, got {self.policy!r}")
+        SCHEDULERS.check(self.policy)
         if self.slo_budget not in ("round", "response"):
             raise ConfigError(f"slo_budget must be 'round' or 'response', got {self.slo_budget!r}")
         if self.calibrate not in ("auto", "force", "off"):
             raise ConfigError(f"calibrate must be auto, force or off, got {self.calibrate!r}")
         if not (self.guard_ms >= 0 and self.starvation_s > 0 and self.max_queue >= 1):
             raise ConfigError("guard_ms must be >= 0, starvation_s > 0 and max_queue >= 1")
-        if self.budgets not in ("none", "goodspeed", "fixed", "random"):
-            raise ConfigError(f"budgets must be none, goodspeed, fixed or random, got {self.budgets!r}")
+        BUDGET_POLICIES.check(self.budgets)
         if self.token_budget < 0 or not (0 < self.budget_eta <= 1 and 0 < self.budget_beta <= 1):
             raise ConfigError("token_budget must be >= 0, budget_eta and budget_beta in (0, 1]")
         if not 0 <= self.min_efficiency < 1:

@@ -70,7 +70,7 @@ def test_every_policy_cuts_batches_at_the_configs_row_cap(policy):
     from edgekit.verifier.scheduler import SCHEDULERS
 
     config = ServerConfig(max_batch_rows=12, policy=policy)
-    s = SCHEDULERS[policy](VerifyTimeEstimator(), config)
+    s = SCHEDULERS.load(policy)(VerifyTimeEstimator(), config)
     for seq in range(5):
         s.submit(_work(seq, 0, 5))  # 25 rows wait: 10 fit under 12, the third round would pass it
     sizes = []

@@ -429,7 +429,7 @@ def test_a_turn_after_an_answer_stopped_mid_round_reopens_the_session_in_step():
     outage.restore()
     assert outage.answered.wait(HOLD_S)  # applied now
     session.extend(client.tokenize(" and more", special=False))  # StaleRound: reopened from its tokens
-    server = client.transport.service.sessions.get(session.session_id)
+    server = client.transport.inner.service.sessions.get(session.session_id)
     assert server.tokens == session.tokens
 
 

@@ -3,6 +3,8 @@
 - `docs/reference/cli.md` holds `CLI_MARKER`; at build time it is replaced by every command's
   usage, help and options, read from the click command tree that `edgekit.cli.app` builds. A
   renamed option shows up renamed.
+- `docs/reference/config.md` holds `REGISTRY_MARKER`; it is replaced by a table of each registry of
+  `edgekit.registry` (schedulers, budget policies, drafting policies): a name registered shows up.
 - `docs/reference/errors.md` holds `ERRORS_MARKER`; it is replaced by `edgekit/errors.py`'s
   docstring (its tree drawn as text) and a mkdocstrings entry for every class of the tree, in the
   tree's order, so a new error class appears without editing the page.
@@ -18,6 +20,7 @@ from typing import Any
 
 CLI_MARKER = "<!-- edgekit-cli-reference -->"
 ERRORS_MARKER = "<!-- edgekit-errors-reference -->"
+REGISTRY_MARKER = "<!-- edgekit-registry-reference -->"
 ERRORS_SOURCE = Path(__file__).resolve().parents[2] / "edgekit" / "errors.py"
 
 
@@ -108,7 +111,24 @@ def errors_reference() -> str:
     return "\n".join(out)
 
 
+def registry_reference() -> str:
+    """A table per registry of `edgekit.registry`: the setting that names a policy, and each name
+    with what it does, as the registry holds them."""
+    from edgekit.registry import BUDGET_POLICIES, DRAFTING, SCHEDULERS
+
+    out = []
+    for registry, where in ((SCHEDULERS, "ServerConfig"), (BUDGET_POLICIES, "ServerConfig"),
+                            (DRAFTING, "GenerationConfig")):
+        out += [f"### `{where}.{registry.setting}`: {registry.kind}", "",
+                f"Entry-point group `{registry.group}`.", "", "| name | what it does |", "|---|---|"]
+        out += [f"| `{e.name}` | {_cell(e.doc)} |" for e in registry.entries()]
+        out.append("")
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    if REGISTRY_MARKER in markdown:
+        markdown = markdown.replace(REGISTRY_MARKER, registry_reference())
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, reference())
     if ERRORS_MARKER in markdown:

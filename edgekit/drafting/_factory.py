@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 from ..config import GenerationConfig
 from ..errors import ConfigError
 from ..link import LinkPolicy
+from ..registry import DRAFTING
 from ._controller import Controller, FixedWindow
 from ._gate import PlainWhenFaster
 from ._latency_window import LatencyWindow
@@ -14,7 +16,7 @@ from ._onnx import OnnxPredictor
 from ._shipped import shipped_predictor
 from ._stop_at_rejection import AcceptancePredictor, ConfidenceThreshold, PredictorController
 
-__all__ = ["ControllerFactory"]
+__all__ = ["ControllerFactory", "build_auto", "build_fixed", "build_latency", "build_p_min", "build_predictor"]
 
 
 class ControllerFactory:
@@ -43,38 +45,19 @@ class ControllerFactory:
         self._predictors: dict[str, AcceptancePredictor] = {}
 
     def build(self, config: GenerationConfig, policy: LinkPolicy) -> Controller:
-        controller = self._build(config, policy)
-        if config.plain_when_faster and config.drafting in ("latency", "auto"):
-            return PlainWhenFaster(controller, policy)
-        return controller
+        """The controller `config.drafting` names (`edgekit.registry.DRAFTING`)."""
+        return DRAFTING.load(config.drafting)(self, config, policy)
 
-    def _build(self, config: GenerationConfig, policy: LinkPolicy) -> Controller:
-        if config.drafting == "fixed":
-            return FixedWindow(config.draft_k)
-        if config.drafting == "p-min":
-            return ConfidenceThreshold(config.p_min, config.max_window)
-        if config.drafting == "latency":
-            return LatencyWindow(policy, config.max_window)
-        path = config.predictor or shipped_predictor(self.draft, self.target, config.mode)
-        if config.drafting == "auto":
-            if path is None:
-                return FixedWindow(config.draft_k)
-            try:
-                import onnxruntime  # noqa: F401  # importing it is the check: installed and loadable
-            except ImportError as exc:
-                warnings.warn(
-                    f"drafting='auto': onnxruntime cannot be loaded ({exc}), so the shipped predictor is not "
-                    f"used and blocks are a fixed {config.draft_k} tokens",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                return FixedWindow(config.draft_k)
-        elif path is None:
+    def predictor_at(self, path: str | Path | None, config: GenerationConfig, policy: LinkPolicy) -> Controller:
+        """A `PredictorController` over the ONNX predictor at `path` (the pair's shipped one where
+        None; an error if there is none)."""
+        found = path or shipped_predictor(self.draft, self.target, config.mode)
+        if found is None:
             raise ConfigError(
                 f"no predictor is shipped for draft {self.draft!r} with target {self.target!r} ({config.mode}); "
                 "give one (predictor=PATH, --predictor PATH) or train one with `edgekit predictor train`"
             )
-        predictor = self._predictor(str(path))
+        predictor = self._predictor(str(found))
         schedule = getattr(predictor, "schedule", None)
         if not config.predictor_schedule or config.predictor_threshold is not None:
             schedule = None  # one threshold for every round: the config's, or the predictor's own
@@ -85,3 +68,47 @@ class ControllerFactory:
         if path not in self._predictors:
             self._predictors[path] = OnnxPredictor(path)
         return self._predictors[path]
+
+
+# The drafting policies, as `edgekit.registry.DRAFTING` names them: each a controller built from the
+# factory (its pair and its predictors), the generation's config and the session's link policy.
+
+
+def build_fixed(factory: ControllerFactory, config: GenerationConfig, policy: LinkPolicy) -> Controller:
+    return FixedWindow(config.draft_k)
+
+
+def build_p_min(factory: ControllerFactory, config: GenerationConfig, policy: LinkPolicy) -> Controller:
+    return ConfidenceThreshold(config.p_min, config.max_window)
+
+
+def build_latency(factory: ControllerFactory, config: GenerationConfig, policy: LinkPolicy) -> Controller:
+    return _gated(LatencyWindow(policy, config.max_window), config, policy)
+
+
+def build_predictor(factory: ControllerFactory, config: GenerationConfig, policy: LinkPolicy) -> Controller:
+    return factory.predictor_at(config.predictor, config, policy)
+
+
+def build_auto(factory: ControllerFactory, config: GenerationConfig, policy: LinkPolicy) -> Controller:
+    """The predictor given or shipped, where onnxruntime loads; else a fixed window."""
+    path = config.predictor or shipped_predictor(factory.draft, factory.target, config.mode)
+    if path is None:
+        return _gated(FixedWindow(config.draft_k), config, policy)
+    try:
+        import onnxruntime  # noqa: F401  # importing it is the check: installed and loadable
+    except ImportError as exc:
+        warnings.warn(
+            f"drafting='auto': onnxruntime cannot be loaded ({exc}), so the shipped predictor is not "
+            f"used and blocks are a fixed {config.draft_k} tokens",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return _gated(FixedWindow(config.draft_k), config, policy)
+    return _gated(factory.predictor_at(path, config, policy), config, policy)
+
+
+def _gated(controller: Controller, config: GenerationConfig, policy: LinkPolicy) -> Controller:
+    """`controller`, with speculation off while plain target decoding is expected to be faster
+    (unless `config.plain_when_faster` is off)."""
+    return PlainWhenFaster(controller, policy) if config.plain_when_faster else controller

@@ -23,7 +23,8 @@ Its parts, each in its own module:
   `engine/`: what runs it (`Engine`: `LlamaEngine` on llama.cpp, `ToyEngine` for tests).
 """
 
-from ._budgets import BUDGET_POLICIES, Budgets, BudgetState, FixedShare, GoodSpeed, RandomShare, capacity_within
+from ..registry import BUDGET_POLICIES
+from ._budgets import Budgets, BudgetState, FixedShare, GoodSpeed, RandomShare, capacity_within
 from ._calibration import calibrated_estimator, default_calibration_dir, profile_batches
 from ._confidence import TARGET_FEATURES, target_features
 from ._core import EngineCore

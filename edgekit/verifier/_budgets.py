@@ -50,7 +50,7 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["BUDGET_POLICIES", "BudgetState", "Budgets", "allocate", "capacity_within", "expected_goodput"]
+__all__ = ["BudgetState", "Budgets", "allocate", "capacity_within", "expected_goodput"]
 
 DEFAULT_WINDOW = 4  # tokens per session per pass when nothing else bounds C (the devices' default window)
 MAX_CLIENTS = 4096  # clients whose estimates are remembered between their sessions (least recently seen go first)
@@ -144,11 +144,7 @@ class RandomShare:
         return [min(hi, s + p) for s, p in zip(out, parts, strict=True)]
 
 
-BUDGET_POLICIES: dict[str, Callable[[], BudgetPolicy]] = {
-    "goodspeed": GoodSpeed,
-    "fixed": FixedShare,
-    "random": RandomShare,
-}
+# By name in edgekit.registry.BUDGET_POLICIES (what ServerConfig.budgets and --budgets name).
 
 
 class Budgets:

@@ -48,19 +48,16 @@ from ..protocol import (
     ReceivedBlock,
     ServerFigures,
     VerifyResult,
-    accept_sampling,
-    accept_top1,
-    acceptance_ratios,
     check_base,
     decide,
     decode_hidden,
-    in_columns,
     mismatch_positions,
     token_logprobs,
     top1_mismatches,
 )
 from ._budgets import Budgets
 from ._core import EngineCore
+from ._judges import judges
 from ._semantic import SemanticMode
 from ._sessions import Caller, PendingRound, Session, SessionTable
 from ._slo import SpeedClasses
@@ -86,6 +83,7 @@ class Rounds:
     ) -> None:
         self.budgets = budgets  # None: devices choose their blocks
         self.semantic = semantic or SemanticMode(None, core.engine.n_embd)  # no head: the mode is refused
+        self.judges = judges(self.semantic)  # each acceptance mode's rule, by name
         self.core = core
         self.engine = core.engine
         self.sessions = sessions
@@ -282,29 +280,9 @@ class Rounds:
         judged = block[: self._tokens_of_target(block) + 1]
         logits = self._judged_logits(ran.logits)
         t0 = time.perf_counter()
-        semantic_accepted = 0
-        best = ran.best.tolist() if ran.best is not None else None  # the engine's reduction of plain greedy rows
-        if sess.mode == "greedy":
-            if best is None:
-                best = sess.sampler.best_of_rows(logits, sess.tokens, judged)
-            accepted, nxt = accept_top1(best, judged)
-        elif sess.mode == "semantic":
-            accepted, nxt, semantic_accepted = self.semantic.decide(
-                logits, judged, hidden, ran.hidden, sess.semantic_threshold, r.link
-            )
-        else:
-            dists = r.distributions[: len(judged)]
-            columns, kept_dists = (judged, dists) if ran.ids is None else in_columns(ran.ids, judged, dists)
-            accepted, nxt = accept_sampling(logits, columns, kept_dists, sess.sampler, sess.rng, sess.tokens)
-            nxt = nxt if ran.ids is None else int(ran.ids[nxt])
-        ratios = 0.0
-        if self.budgets is not None and block:
-            if best is not None:  # greedy's ratios: whether each token is the target's choice (as acceptance_ratios)
-                ratios = float(sum(b == t for b, t in zip(best, judged)))
-            elif sess.mode == "sample":
-                ratios = float(acceptance_ratios(logits, columns, kept_dists, sess.sampler, sess.tokens).sum())
-            else:
-                ratios = float(acceptance_ratios(logits, judged, (), sess.sampler, sess.tokens).sum())
+        judgement = self.judges[sess.mode].judge(sess, r, ran, logits, judged, hidden)
+        accepted, nxt, semantic_accepted = judgement.accepted, judgement.next_token, judgement.semantic_accepted
+        ratios = judgement.ratios() if self.budgets is not None and block else 0.0
         verdict = decide(
             block,
             accepted,

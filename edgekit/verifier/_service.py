@@ -52,8 +52,9 @@ from ..protocol import (
     verify_request_from_pb,
     verify_response_to_pb,
 )
+from ..registry import BUDGET_POLICIES, SCHEDULERS
 from ._baseline import TargetOnly
-from ._budgets import BUDGET_POLICIES, Budgets, BudgetState, capacity_within
+from ._budgets import Budgets, BudgetState, capacity_within
 from ._calibration import DECODE_STEP_CONTEXT
 from ._core import EngineCore
 from ._estimator import VerifyTimeEstimator
@@ -65,7 +66,7 @@ from ._stages import mark
 from ._stats import ServingStats
 from ._validation import RequestChecks, clip
 from .engine import Engine, Feed
-from .scheduler import SCHEDULERS, Scheduler
+from .scheduler import Scheduler
 
 __all__ = ["VerifierService"]
 
@@ -104,7 +105,7 @@ class VerifierService:
         self.fingerprint = engine.fingerprint()
         self.estimator = estimator or VerifyTimeEstimator()
         if scheduler is None:
-            scheduler = SCHEDULERS[config.policy](self.estimator, config)
+            scheduler = SCHEDULERS.load(config.policy)(self.estimator, config)
         self.policy = scheduler.name
         self.sessions = SessionTable(
             config.max_sessions,
@@ -378,7 +379,8 @@ class VerifierService:
 def _budgets(config: ServerConfig, estimator: VerifyTimeEstimator, sessions: SessionTable) -> Budgets | None:
     """The budget policy the config names, with its C: fixed, or from the estimator and the SLOs
     (without a calibrated estimator, as without SLOs: `DEFAULT_WINDOW` per session)."""
-    if config.budgets == "none":
+    policy = BUDGET_POLICIES.load(config.budgets)
+    if policy is None:  # "none": the devices choose
         return None
     lo, hi = 1, config.max_block
 
@@ -390,7 +392,7 @@ def _budgets(config: ServerConfig, estimator: VerifyTimeEstimator, sessions: Ses
         return capacity_within(estimator.predict_features, states, lo, hi)
 
     return Budgets(
-        BUDGET_POLICIES[config.budgets](), capacity=capacity, lo=lo, hi=hi, eta=config.budget_eta,
+        policy(), capacity=capacity, lo=lo, hi=hi, eta=config.budget_eta,
         beta=config.budget_beta, is_live=sessions.__contains__,
     )
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._base import Batch, Work, WorkQueue
+
+if TYPE_CHECKING:
+    from ...config import ServerConfig
+    from .._estimator import VerifyTimeEstimator
 
 __all__ = ["FcfsScheduler"]
 
@@ -46,3 +52,8 @@ class FcfsScheduler(WorkQueue):
             for work in works:
                 work.future.set_running_or_notify_cancel()
             return Batch(tuple(works)) if works else None
+
+
+def build(estimator: VerifyTimeEstimator, config: ServerConfig) -> FcfsScheduler:
+    """The policy as `SCHEDULERS` builds it (it needs no estimate of the time a batch takes)."""
+    return FcfsScheduler(max_rows=config.max_batch_rows, prefill_chunk=config.prefill_chunk, max_queue=config.max_queue)

@@ -67,11 +67,15 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .._estimator import VerifyTimeEstimator, batch_features
 from ._base import Batch, Work, WorkQueue
+
+if TYPE_CHECKING:
+    from ...config import ServerConfig
 
 __all__ = ["WispScheduler"]
 
@@ -229,3 +233,17 @@ class WispScheduler(WorkQueue):
         if not batch:
             feasible_add(min(queue, key=lambda w: w.arrived), check_deadlines=False)
         return batch, float(x @ coef)
+
+
+def build(estimator: VerifyTimeEstimator, config: ServerConfig) -> WispScheduler:
+    """The policy as `SCHEDULERS` builds it, over the verifier's time estimator."""
+    return WispScheduler(
+        estimator,
+        guard_ms=config.guard_ms,
+        starvation_s=config.starvation_s,
+        min_efficiency=config.min_efficiency,
+        unreachable_share=config.unreachable_share,
+        max_rows=config.max_batch_rows,
+        prefill_chunk=config.prefill_chunk,
+        max_queue=config.max_queue,
+    )
