@@ -84,6 +84,10 @@ def generate(
     target_speed: float | None = _TARGET_SPEED,
     hidden_encoding: str = _HIDDEN_ENCODING,
     seed: int | None = typer.Option(None, "--seed", help="Seed for sampling on both sides (reproducible runs)."),
+    stop: list[str] | None = typer.Option(
+        None, "--stop", metavar="TEXT",
+        help="End the answer before this text (repeatable; the text is not printed; finish: stop).",
+    ),
     baseline: Baseline | None = typer.Option(
         None, "--baseline", help="target-only: generate with the verifier's target alone (centralized baseline)."
     ),
@@ -110,7 +114,7 @@ def generate(
         predictor_schedule=predictor_schedule,
         slo_class=slo_class, target_speed=target_speed, proactive=proactive,
         upload=cast(Upload, upload_for(upload, mode.value)), hidden_encoding=cast(HiddenEncoding, hidden_encoding),
-        semantic_threshold=semantic_threshold,
+        semantic_threshold=semantic_threshold, stop=tuple(stop or ()),
         **sampler_options(top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n),
     )
     with _connect.build_client(
@@ -170,6 +174,7 @@ def generate(
                     "draft_k": 0 if baseline else draft_k,
                     "drafting": "target-only" if baseline else final.stats.drafting,
                     "seed": seed,
+                    "stop": list(stop or ()),
                     "prompt": prompt,
                     "token_ids": list(final.token_ids),
                     "text": final.text,

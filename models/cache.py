@@ -14,7 +14,7 @@ from edgekit.errors import ModelIntegrityError, ModelNotFoundError
 
 from ._digest import sha256_file
 from ._sidecar import read_sidecar
-from .registry import ModelSpec, _pair_containing, _resolve_model, get_model, get_pair
+from .registry import ModelSpec, _pair_containing, _resolve_model, base_of, get_pair
 
 __all__ = ["cache_dir", "is_present", "model_path", "pair_paths", "verify"]
 
@@ -95,9 +95,9 @@ def _expected_size_sha(spec: ModelSpec, path: Path) -> tuple[int, str] | None:
 
 def _check_derived_base(spec: ModelSpec, path: Path) -> None:
     """A derived file made from another base than the pinned one is stale, even if intact."""
-    if spec.derive is None:
+    base = base_of(spec)
+    if base is None or spec.derive is None:
         return
-    base = get_model(spec.derive.base)
     meta = read_sidecar(path) or {}
     wanted = (base.sha256, spec.derive.ftype, spec.derive.token_embedding_type)
     recorded = (meta.get("base_sha256"), meta.get("ftype"), meta.get("token_embedding_type"))

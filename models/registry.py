@@ -230,6 +230,12 @@ def get_model(name: str) -> ModelSpec:
         raise ConfigError(f"unknown model '{name}'{hint}; known models: {', '.join(_MODELS_BY_NAME)}") from None
 
 
+def base_of(spec: ModelSpec) -> ModelSpec | None:
+    """The model a derived model is made from (its ``derive.base``, looked up here once for pulling,
+    space checks and the cache's staleness check); None for a packaged model."""
+    return None if spec.derive is None else get_model(spec.derive.base)
+
+
 def get_pair(name: str) -> PairSpec:
     """The pair called ``name``; ConfigError naming the known pairs if there is none."""
     try:

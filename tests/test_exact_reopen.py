@@ -15,7 +15,7 @@ import pytest
 from edgekit import ClientConfig, Resumed
 from edgekit.errors import ProtocolError, VerifierUnavailableError
 from edgekit.protocol import ContextSpan, OpenRequest, VerifyResult
-from edgekit.testing import Call, FakeDraftModel, ScriptedTransport, ToyLanguageModel, toy_client, toy_verifier
+from edgekit.testing import Call, FakeDraftModel, ScriptedTransport, ToyLanguageModel, faults, toy_client, toy_verifier
 from edgekit.verifier import Feed
 from edgekit.verifier._rounds import rebuild_feeds
 
@@ -84,7 +84,8 @@ def test_a_reopened_session_tells_the_verifier_how_its_context_was_built():
 
     reference, _, _, rounds = conversation(ScriptedTransport(toy_verifier(TARGET), config=config))
     # the verifier restarts during the second answer
-    transport = ScriptedTransport(toy_verifier(TARGET), script={"verify": {rounds + 3: _restart}}, config=config)
+    restart = faults({"verify": {rounds + 3: _restart}})
+    transport = ScriptedTransport(toy_verifier(TARGET), handler=restart, config=config)
     tokens, events, (prompt, turn), _ = conversation(transport)
     assert tokens == reference
     (resumed,) = [e for e in events if isinstance(e, Resumed)]

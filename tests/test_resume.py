@@ -25,7 +25,7 @@ from edgekit import (
 from edgekit.client._resilience import Backoff, retryable
 from edgekit.errors import ProtocolError, SessionNotFoundError
 from edgekit.protocol import BlockRequest, LinkState, OpenRequest, VerifyResult
-from edgekit.testing import Call, FakeDraftModel, ScriptedTransport, ToyLanguageModel, toy_client, toy_verifier
+from edgekit.testing import Call, FakeDraftModel, ScriptedTransport, ToyLanguageModel, faults, toy_client, toy_verifier
 
 FAST = ClientConfig(retry_for=5.0, retry_initial=0.001, retry_max=0.002)
 
@@ -47,7 +47,7 @@ def _restart(target: ToyLanguageModel = TARGET) -> Callable[[Call], VerifyResult
 def _client(plan: dict[int, object], *, config: ClientConfig = FAST, **gen) -> tuple[EdgeClient, ScriptedTransport]:
     """A client of the toy verifier whose n-th Verify does what `plan[n]` says (a `ScriptedTransport`
     fault: "lose", "drop", `_restart()`, an exception)."""
-    transport = ScriptedTransport(toy_verifier(TARGET), script={"verify": plan}, config=config)
+    transport = ScriptedTransport(toy_verifier(TARGET), handler=faults({"verify": plan}), config=config)
     gen = {"draft_k": 4, "max_tokens": 60, "stop_at_eos": False} | gen
     return toy_client(TARGET, noise=1.5, verifier=transport, config=config, **gen), transport
 
@@ -234,7 +234,8 @@ def test_generate_json_keeps_what_came_before_the_verifier_died(monkeypatch):
 def test_a_lost_verifier_fails_over_to_the_next_serving_the_same_target():
     from edgekit.transport import FailoverTransport
 
-    first = ScriptedTransport(toy_verifier(TARGET), script={"verify": {n: "drop" for n in range(4, 1000)}}, config=FAST)
+    gone = faults({"verify": {n: "drop" for n in range(4, 1000)}})
+    first = ScriptedTransport(toy_verifier(TARGET), handler=gone, config=FAST)
     second = toy_verifier(TARGET, address="second")
     transport = FailoverTransport([first, second], FAST)
     client = toy_client(TARGET, noise=1.5, verifier=transport, config=FAST, draft_k=4, max_tokens=60, stop_at_eos=False)
@@ -250,7 +251,7 @@ def test_failover_never_uses_a_verifier_of_another_target():
 
     brief = ClientConfig(retry_for=0.3, retry_initial=0.01, retry_max=0.02)
     down = {n: "drop" for n in range(2, 10**6)}
-    first = ScriptedTransport(toy_verifier(TARGET), script={"verify": down}, config=brief)
+    first = ScriptedTransport(toy_verifier(TARGET), handler=faults({"verify": down}), config=brief)
     other = toy_verifier(ToyLanguageModel(seed=3, eos_bias=-4.0, name="another-target"), address="other")
     transport = FailoverTransport([first, other], brief)
     client = toy_client(TARGET, noise=1.5, verifier=transport, config=brief, max_tokens=40, stop_at_eos=False)

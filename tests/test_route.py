@@ -14,7 +14,7 @@ from edgekit import ClientConfig, ConfigError, IncompatibleModelsError, ServerCo
 from edgekit.client import FinalStats, Resumed, RouteChooser
 from edgekit.client._route import SPECULATIVE, STREAM
 from edgekit.errors import VerifierUnavailableError
-from edgekit.testing import ScriptedTransport, ToyLanguageModel, toy_client, toy_verifier
+from edgekit.testing import ScriptedTransport, ToyLanguageModel, faults, toy_client, toy_verifier
 from edgekit.transport import connect
 from edgekit.verifier import Coefficients, ToyEngine, VerifierServer, VerifyTimeEstimator
 from edgekit.verifier._calibration import DECODE_STEP_CONTEXT
@@ -103,7 +103,7 @@ def test_a_stream_cut_off_by_an_outage_goes_on_speculatively_from_what_it_delive
                 raise VerifierUnavailableError("connection reset", address="scripted")
             yield token
 
-    verifier = ScriptedTransport(toy_verifier(TARGET), script={"generate": {1: cut}})
+    verifier = ScriptedTransport(toy_verifier(TARGET), handler=faults({"generate": {1: cut}}))
     with toy_client(TARGET, verifier=verifier, max_tokens=40) as client:
         _prefer_stream(client)
         events = list(client.generate(PROMPT))
@@ -127,7 +127,7 @@ def test_a_cut_stream_whose_verifier_is_still_away_opens_its_session_with_back_o
 
     # the first two openings after the cut find no verifier; the third does
     script = {"generate": {1: cut}, "open_session": {1: "drop", 2: "drop"}}
-    verifier = ScriptedTransport(toy_verifier(TARGET), script=script)
+    verifier = ScriptedTransport(toy_verifier(TARGET), handler=faults(script))
     config = ClientConfig(retry_initial=0.01, retry_max=0.02, retry_for=10)
     with toy_client(TARGET, verifier=verifier, config=config, max_tokens=40) as client:
         _prefer_stream(client)
@@ -140,7 +140,7 @@ def test_a_cut_stream_whose_verifier_is_still_away_opens_its_session_with_back_o
 
 
 def test_the_target_only_baseline_itself_does_not_resume():
-    verifier = ScriptedTransport(toy_verifier(TARGET), script={"generate": {1: "drop"}})
+    verifier = ScriptedTransport(toy_verifier(TARGET), handler=faults({"generate": {1: "drop"}}))
     with toy_client(TARGET, verifier=verifier, max_tokens=40) as client:
         with pytest.raises(VerifierUnavailableError):
             client.generate_target_only(PROMPT).until_done()

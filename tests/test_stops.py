@@ -140,3 +140,31 @@ def test_the_verifier_refuses_stop_tokens_outside_its_vocabulary():
     request = GenerateRequest((3, 4, 5), "greedy", seed=0, max_tokens=4, stop_tokens=(TARGET.vocab_size + 7,))
     with pytest.raises(EdgekitError, match="stop_tokens"):
         list(verifier.generate(request))
+
+
+def test_edgekit_generate_stops_at_each_stop_option_and_says_so(monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from edgekit.cli import _connect
+    from edgekit.cli.app import app
+
+    def build_client(*, generation, **_):
+        return toy_client(TARGET, noise=1.0, max_tokens=generation.max_tokens, draft_k=4, stop_at_eos=False,
+                          drafting="fixed", stop=generation.stop)
+
+    monkeypatch.setattr(_connect, "build_client", build_client)
+    runner = CliRunner()
+
+    def generate(*options: str) -> dict:
+        r = runner.invoke(app, ["generate", "--prompt", "abc", "-n", "60", "--json", *options])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    full = generate()
+    first, second = full["text"][29:31], full["text"][10:12]
+    cut = generate("--stop", first, "--stop", second)
+    assert cut["stop"] == [first, second] and cut["finish_reason"] == "stop"
+    assert cut["text"] == full["text"][: min(full["text"].find(first), full["text"].find(second))]
+    assert full["finish_reason"] == "length" and full["stop"] == []

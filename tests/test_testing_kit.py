@@ -17,6 +17,7 @@ from edgekit.testing import (
     ScriptedTransport,
     ToyLanguageModel,
     ToyPoolBackend,
+    faults,
     toy_client,
     toy_verifier,
 )
@@ -45,7 +46,7 @@ def _block(session_id: str, base: int) -> BlockRequest:
 
 
 def test_a_dropped_request_never_arrives():
-    transport = ScriptedTransport(toy_verifier(TARGET), script={"verify": {1: "drop"}})
+    transport = ScriptedTransport(toy_verifier(TARGET), handler=faults({"verify": {1: "drop"}}))
     sid, base = _opened(transport)
     with pytest.raises(VerifierUnavailableError, match="verify call 1 .* dropped") as info:
         transport.verify(_block(sid, base))
@@ -56,7 +57,7 @@ def test_a_dropped_request_never_arrives():
 
 
 def test_a_lost_answer_was_applied():
-    transport = ScriptedTransport(toy_verifier(TARGET), script={"verify": {1: "lose"}})
+    transport = ScriptedTransport(toy_verifier(TARGET), handler=faults({"verify": {1: "lose"}}))
     sid, base = _opened(transport)
     with pytest.raises(VerifierUnavailableError, match="answer to verify call 1 .* was lost"):
         transport.verify(_block(sid, base))
@@ -66,7 +67,7 @@ def test_a_lost_answer_was_applied():
 
 def test_a_scripted_error_is_raised_instead_of_the_call():
     error = LimitExceededError("block too long", address="x")
-    transport = ScriptedTransport(toy_verifier(TARGET), script={"verify": {2: error}})
+    transport = ScriptedTransport(toy_verifier(TARGET), handler=faults({"verify": {2: error}}))
     sid, base = _opened(transport)
     first = transport.verify(_block(sid, base))
     with pytest.raises(LimitExceededError) as info:
@@ -81,7 +82,7 @@ def test_a_scripted_function_answers_its_call():
         seen.append(call)
         return 42.0
 
-    transport = ScriptedTransport(toy_verifier(TARGET), script={"ping": {2: answer}})
+    transport = ScriptedTransport(toy_verifier(TARGET), handler=faults({"ping": {2: answer}}))
     assert transport.ping() >= 0.0  # the first ping is forwarded: its round trip
     assert transport.ping(16, reply_bytes=8) == 42.0
     (call,) = seen
@@ -91,9 +92,9 @@ def test_a_scripted_function_answers_its_call():
 
 def test_a_script_names_calls_and_faults_that_exist():
     with pytest.raises(ValueError, match="no transport call 'verfy'"):
-        ScriptedTransport(script={"verfy": {1: "drop"}})
+        ScriptedTransport(handler=faults({"verfy": {1: "drop"}}))
     with pytest.raises(ValueError, match="'vanish' is no fault"):
-        ScriptedTransport(script={"verify": {1: "vanish"}})  # type: ignore[dict-item]
+        ScriptedTransport(handler=faults({"verify": {1: "vanish"}}))  # type: ignore[dict-item]
 
 
 # -- the handler and forwarding -----------------------------------------------------------------
@@ -105,7 +106,7 @@ def test_a_handler_answers_every_call_the_script_leaves_without_an_inner_transpo
             raise VerifierUnavailableError("no answer within 2 s")
         return 8.0
 
-    transport = ScriptedTransport(handler=handler, script={"ping": {3: "drop"}})
+    transport = ScriptedTransport(handler=faults({"ping": {3: "drop"}}, handler))
     assert transport.ping() == 8.0
     with pytest.raises(VerifierUnavailableError, match="within 2 s"):
         transport.ping(payload_bytes=1024)
@@ -153,7 +154,7 @@ def test_a_handler_can_forward_swap_the_inner_transport_and_hold_a_call_until_an
 
 
 def test_a_stream_is_scripted_when_read_and_a_lost_one_ran_to_its_end():
-    transport = ScriptedTransport(toy_verifier(TARGET), script={"generate": {2: "lose", 3: "drop"}})
+    transport = ScriptedTransport(toy_verifier(TARGET), handler=faults({"generate": {2: "lose", 3: "drop"}}))
     tokens = [t.token for t in transport.generate(GenerateRequest([1, 2, 3], "greedy", seed=0, max_tokens=4))]
     assert tokens == TARGET.greedy([1, 2, 3], 4)
     lost = transport.generate(GenerateRequest([1, 2, 3], "greedy", seed=0, max_tokens=4))

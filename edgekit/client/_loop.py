@@ -35,7 +35,7 @@ def run(
     *,
     progress: StatsAccumulator,
     max_tokens: int,
-    round: RoundFn,
+    play_round: RoundFn,
     semantic: Callable[[], tuple[float, str]],
 ) -> Iterator[Event]:
     """The stream of a session whose draft side is `drafter` and rounds `rounds`, counted in
@@ -60,7 +60,8 @@ def run(
         if rounds.budget:
             limit = min(limit, rounds.budget)  # the verifier's assigned budget bounds every policy
         shown = drafter.provisional_shown
-        new, rstats, context_full, resumed = yield from round(limit, min(retry.max_provisional, remaining), remaining)
+        ahead = min(retry.max_provisional, remaining)
+        new, rstats, context_full, resumed = yield from play_round(limit, ahead, remaining)
         showing = showing or drafter.provisional_shown > shown
         if resumed is not None:
             progress.add(resumed)

@@ -326,6 +326,6 @@ class SpeculativeSession:
         return run(
             self.drafter, self.rounds, self.server, self.retry, progress=self.progress,
             max_tokens=max_tokens or self.config.max_tokens,
-            round=lambda limit, ahead, room: self._round_through_outages(limit, ahead=ahead, room=room),
+            play_round=lambda limit, ahead, room: self._round_through_outages(limit, ahead=ahead, room=room),
             semantic=lambda: (self.semantic_threshold, self.server.semantic_head),
         )

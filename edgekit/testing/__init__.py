@@ -15,9 +15,10 @@ exchange the time a modelled link would take, without waiting.
 of `target` and a fake draft of it with some noise, GenerationConfig's fields as keywords.
 
 `ScriptedTransport` is a verifier transport whose every call a test decides, as httpx's
-`MockTransport` takes a handler: a `script` of faults at the n-th call of a method (a request
-dropped, an answer lost, an error raised), a `handler` for anything else, and an `inner`
-transport (the toy verifier, a gRPC one) that a call is forwarded to; it records every `Call`.
+`MockTransport` takes a handler: the `handler` answers each `Call` (or forwards it to an `inner`
+transport: the toy verifier, a gRPC one), and the transport records every call. `faults(script)`
+is a handler from a script of faults at the n-th call of a method (a request dropped, an answer
+lost, an error raised).
 (A semantic decision head that reads only the link: `edgekit.semantic.head.link_only_head`,
 with the training tooling.)
 """
@@ -26,10 +27,11 @@ with the training tooling.)
 from ..runtime import ToyLanguageModel
 from ..verifier import ToyEngine
 from ._clock import ManualClock
+from ._faults import Fault, faults
 from ._inprocess import InProcessTransport
 from ._link import SimulatedLink
 from ._models import FakeDraftModel, ToyPoolBackend
-from ._scripted import Call, Fault, ScriptedTransport
+from ._scripted import Call, ScriptedTransport
 from ._toys import toy_client, toy_verifier
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "ToyEngine",
     "ToyLanguageModel",
     "ToyPoolBackend",
+    "faults",
     "toy_client",
     "toy_verifier",
 ]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 from ..config import ClientConfig
-from ..errors import VerifierUnavailableError
 from ..protocol import (
     BlockRequest,
     Fingerprint,
@@ -21,6 +20,8 @@ from ..protocol import (
     VerifyResult,
 )
 from ..transport import VerifierTransport
+
+METHODS = ("handshake", "ping", "open_session", "extend_session", "verify", "close_session", "generate")
 
 
 @dataclass(frozen=True)
@@ -45,26 +46,14 @@ class Call:
         return f"{self.method} call {self.n}"
 
 
-Fault: TypeAlias = Literal["drop", "lose"] | BaseException | Callable[[Call], Any]
-"""What a `ScriptedTransport`'s script does at a call: see there."""
-
-
 class ScriptedTransport:
     """A verifier transport whose calls a test decides, as httpx's `MockTransport`: each call
-    (`handshake`, `ping`, `open_session`, `extend_session`, `verify`, `close_session`,
-    `generate`) becomes a `Call`, recorded in `calls`, and is answered by
+    becomes a `Call`, recorded in `calls`, and `handler(call)` answers it (its return is the
+    answer; it may raise, wait for an event, swap `inner`, or `call.forward()` it to `inner`).
+    Without a handler every call is forwarded. `faults(...)` builds a handler from a script of
+    faults at the n-th call of a method.
 
-    - `script[method][n]`, at the n-th call of that method: "drop" (the request never arrives:
-      `VerifierUnavailableError`, nothing applied), "lose" (forwarded and applied, its answer lost:
-      `VerifierUnavailableError`; a stream runs to its end first), an exception (raised instead of
-      the call), or a function of the `Call` (its return is the answer; it may raise);
-    - else `handler(call)`, if given: it may return an answer, raise, wait for an event, swap
-      `inner`, or `call.forward()` (a handler sees every method; the ones it leaves alone it forwards);
-    - else `call.forward()`: the same call on `inner`.
-
-    A verifier whose third and seventh verdicts are lost, and one that answers pings without a verifier:
-
-    >>> lossy = ScriptedTransport(toy_verifier(target), script={"verify": {3: "lose", 7: "lose"}})
+    >>> lossy = ScriptedTransport(toy_verifier(target), handler=faults({"verify": {3: "lose"}}))
     >>> def ping(call):
     ...     if call.arguments["payload_bytes"]:
     ...         raise VerifierUnavailableError("no answer within 2 s")
@@ -72,29 +61,15 @@ class ScriptedTransport:
     >>> probe(ScriptedTransport(handler=ping))
 
     It forwards nothing implicitly: what a test reads of the verifier behind it, it reads of
-    `inner` (`transport.inner.verify_calls` of a toy verifier); what it asked, of `calls`.
-    `address` and `config` are `inner`'s at the start unless given. Calls may come from several
-    threads (the client verifies on one of its own): `calls` and `count` are safe to read.
+    `inner`; what it asked, of `calls`. `address` and `config` are `inner`'s unless given. Calls
+    may come from several threads (the client verifies on one of its own): `calls` and `count`
+    are safe to read.
     """
 
-    def __init__(
-        self,
-        inner: VerifierTransport | None = None,
-        *,
-        handler: Callable[[Call], Any] | None = None,
-        script: Mapping[str, Mapping[int, Fault]] | None = None,
-        config: ClientConfig | None = None,
-        address: str | None = None,
-    ) -> None:
-        for method, faults in (script or {}).items():
-            if method not in _SCRIPTED:
-                raise ValueError(f"no transport call {method!r} to script; there are {', '.join(_SCRIPTED)}")
-            for n, fault in faults.items():
-                if isinstance(fault, str) and fault not in ("drop", "lose"):
-                    raise ValueError(f"{method} call {n}: {fault!r} is no fault (\"drop\", \"lose\")")
+    def __init__(self, inner: VerifierTransport | None = None, *, handler: Callable[[Call], Any] | None = None,
+                 config: ClientConfig | None = None, address: str | None = None) -> None:
         self.inner = inner
-        self.handler = handler
-        self.script = script or {}
+        self.handler: Callable[[Call], Any] = handler or Call.forward
         self.config: ClientConfig = config or getattr(inner, "config", None) or ClientConfig()
         self.address: str = address or getattr(inner, "address", None) or "scripted"
         self.calls: list[Call] = []
@@ -111,23 +86,9 @@ class ScriptedTransport:
             self._counts[method] += 1
             call = Call(method, arguments, self._counts[method], self)
             self.calls.append(call)
-        fault = self.script.get(method, {}).get(call.n)
-        if fault is None:
-            return self.handler(call) if self.handler is not None else call.forward()
-        if fault == "drop":
-            raise VerifierUnavailableError(f"{call} to {self.address} dropped (scripted)", address=self.address)
-        if fault == "lose":
-            answer = call.forward()
-            if isinstance(answer, Iterator):
-                deque(answer, maxlen=0)
-            raise VerifierUnavailableError(f"the answer to {call} from {self.address} was lost (scripted)",
-                                           address=self.address)
-        if isinstance(fault, BaseException):
-            raise fault
-        assert callable(fault)
-        return fault(call)
+        return self.handler(call)
 
-    # -- the transport protocol: every call through _call ---------------------------------
+    # -- the transport protocol: every call through the handler ---------------------------
 
     def handshake(self, draft: Fingerprint, *, draft_model: str, draft_hidden_size: int) -> ServerInfo:
         return self._call("handshake", draft=draft, draft_model=draft_model, draft_hidden_size=draft_hidden_size)
@@ -154,6 +115,3 @@ class ScriptedTransport:
     def close(self) -> None:
         if self.inner is not None:
             self.inner.close()
-
-
-_SCRIPTED = ("handshake", "ping", "open_session", "extend_session", "verify", "close_session", "generate")

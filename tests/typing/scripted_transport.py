@@ -1,7 +1,8 @@
 """Checked by mypy (`make typecheck`), never run: a `ScriptedTransport` is a `VerifierTransport`,
 so a test may hand it wherever a transport goes."""
 
-from edgekit.testing import ScriptedTransport, ToyLanguageModel, toy_verifier
+from edgekit.testing import ScriptedTransport, ToyLanguageModel, faults, toy_verifier
 from edgekit.transport import VerifierTransport
 
-scripted: VerifierTransport = ScriptedTransport(toy_verifier(ToyLanguageModel()), script={"verify": {3: "lose"}})
+lossy = faults({"verify": {3: "lose"}})
+scripted: VerifierTransport = ScriptedTransport(toy_verifier(ToyLanguageModel()), handler=lossy)
