@@ -168,3 +168,26 @@ def test_edgekit_generate_stops_at_each_stop_option_and_says_so(monkeypatch):
     assert cut["stop"] == [first, second] and cut["finish_reason"] == "stop"
     assert cut["text"] == full["text"][: min(full["text"].find(first), full["text"].find(second))]
     assert full["finish_reason"] == "length" and full["stop"] == []
+
+
+def test_a_conversation_goes_on_from_the_reply_its_stop_string_cut_not_from_what_was_generated():
+    from edgekit.testing import FakeDraftModel
+
+    target = ToyLanguageModel(seed=5)
+    verifier = toy_verifier(target)
+    with toy_client(target, draft=FakeDraftModel(target), verifier=verifier, max_tokens=60, draft_k=4,
+                    stop_at_eos=False, drafting="fixed") as client:
+        full = client.conversation().send("abc").until_done()
+        stop = full.text[20:23]
+        conv = client.conversation(stop=[stop])
+        cut = conv.send("abc").until_done()
+        assert cut.stats.finish_reason == "stop" and cut.text == full.text[: full.text.find(stop)]
+        # the round that found the stop string committed tokens past it: that session is given up
+        kept = None if conv.session is None else len(conv.session.tokens)
+        assert kept is None, f"the session kept {kept} tokens, past the cut"
+        opened = len(verifier.open_calls)
+        conv.send("more").until_done()
+        # the next turn's session opens on the history as shown: the template over the cut reply
+        (reopened,) = verifier.open_calls[opened:]
+        shown = client.tokenize(client.chat_template().render(conv.messages[:-1], add_generation_prompt=True))
+        assert list(reopened.prompt_tokens) == shown and conv.messages[1]["content"] == cut.text

@@ -151,6 +151,11 @@ class Conversation:
                     self.totals.append(final)
                 # Also on interruption between rounds: the session holds what was shown.
                 self._close_turn(user, "".join(reply), session)
+                if progress is not None and len(progress.token_ids) < len(progress.produced):
+                    # A stop string cut the reply (or text held back at a stop's possible start was
+                    # never shown): the session's context holds tokens the reply does not. The next
+                    # turn opens a session on the history as shown, which the verifier prefills.
+                    self.close()
 
         return GenerationStream(events())
 
