@@ -13,13 +13,12 @@ outputs agree. Writes benchmarks/results/backends.json.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 
-import _common as C
+import harness as C
 
 from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel, ServerConfig
 from edgekit.models import get_pair, model_path
@@ -27,23 +26,14 @@ from edgekit.models import get_pair, model_path
 
 def start_llama_server(target: str, threads: int, log: str, flags: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
     """llama-cpp-python's server on `target` with `flags` after the ones set here; its edgekit URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = C.free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", target, "--host", "127.0.0.1", "--port", str(port),
            "--n_ctx", "2048", "--n_threads", str(threads), "--n_threads_batch", str(threads), "--logits_all", "true",
            *flags]
     with open(log, "w") as out:  # the child keeps its own descriptor
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    for _ in range(240):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc, f"openai+http://127.0.0.1:{port}/v1"
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"llama-cpp-python's server exited; see {log}") from None
-            time.sleep(0.5)
-    raise SystemExit("llama-cpp-python's server did not start")
+    C.wait_listening(port, proc, timeout=120.0, what=f"llama-cpp-python's server (log: {log})")
+    return proc, f"openai+http://127.0.0.1:{port}/v1"
 
 
 def run(client: EdgeClient, prompt: str) -> dict:

@@ -17,7 +17,6 @@ benchmark counts the rows where they do.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit.models import get_pair, model_path
 from edgekit.verifier import Feed, LlamaEngine
@@ -127,19 +126,15 @@ def plot(results: list[dict], path: Path) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", default="gemma-270m,qwen-coder")
+    ap = C.arguments(__doc__, whole_doc=True, threads=0, pairs="gemma-270m,qwen-coder", repeats=7,
+                     out="batched_engine")
     ap.add_argument("--numerics", default="exact,fast")
     ap.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
-    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--context", type=int, default=128, help="committed tokens per session (default 128)")
     ap.add_argument("--max-block", type=int, default=32,
                     help="the engine's max block, as `edgekit serve --max-block` (bounds the invariant batch's search)")
-    ap.add_argument("--threads", type=int, default=0, help=C.THREADS_HELP)
-    ap.add_argument("--out", default="batched_engine", help="results/<out>.json and .png")
-    args = ap.parse_args()
-    threads = C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap)
+    threads = args.threads or None
     results = []
     for pair in C.csv_list(args.pairs):
         for numerics in C.csv_list(args.numerics):

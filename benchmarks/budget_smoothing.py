@@ -20,17 +20,16 @@ after the switch, averaged over many shuffled runs.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 import numpy as np
-from _fleet import load_traces
 from fleet import traces_path
+from rigs.fleet_sim import load_traces
 
 KINDS = {"code": range(0, 5), "other": range(5, 12)}  # the first 12 evaluation prompts: 5 code, 5 prose, 2 math
 
@@ -57,13 +56,11 @@ def run(per_kind: dict[str, list[float]], truth: dict[str, float], etas: list[fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="gemma-270m")
+    ap = C.arguments(__doc__, threads=None, pair="gemma-270m", out="budget_smoothing")
     ap.add_argument("--block", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=300, help="rounds per kind")
     ap.add_argument("--runs", type=int, default=200)
-    ap.add_argument("--out", default="budget_smoothing")
-    args = ap.parse_args()
+    args = C.parse(ap, machine=False)
     path = traces_path(args.pair)
     here = sorted(path.parent.glob(f"{path.stem}-*.json"))  # this machine's, if recorded (fleet.machine_traces)
     traces, meta = load_traces(here[0] if here else path)

@@ -42,7 +42,6 @@ first N other chats).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -50,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit import EdgeClient, GenerationConfig, ServerConfig
 from edgekit.cli.chat import CHAT_SAMPLING  # the chat command's defaults, as it applies them
@@ -263,23 +262,19 @@ def identity_check(client: EdgeClient, label: str, messages: list[dict], max_tok
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", default="qwen-coder")
+    parser = C.arguments(__doc__, threads=1, pair="qwen-coder", max_tokens=512, out=NAME)
     parser.add_argument("--chats", default="", help="chat ids to run (default all: palindrome + 10)")
-    parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--palindrome-seeds", default="1,2,3")
     parser.add_argument("--seeds", default="1", help="seeds for the other chats under the defaults")
     parser.add_argument("--identity-chats", type=int, default=0,
                         help="also check greedy == target-only on the last turn of the first N other chats")
-    parser.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    parser.add_argument("--out", default=NAME)
     parser.add_argument("--plot-only", action="store_true")
-    args = parser.parse_args()
+    args = C.parse(parser, machine=False)  # the machine line only for a measuring run, not --plot-only
     path = C.RESULTS_DIR / f"{args.out}.json"
     if args.plot_only:
         plot(json.loads(path.read_text()), path.with_suffix(".png"))
         return
-    threads = C.apply_threads(args.threads)
+    threads = args.threads or None
     C.print_machine()
     wanted = set(C.csv_list(args.chats))
     chats = [c for c in ALL_CHATS if not wanted or c["id"] in wanted]

@@ -24,7 +24,6 @@ with the pool's thread would measure that instead.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
@@ -34,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit.models import get_pair, model_path
 from edgekit.runtime import DraftPool, LlamaPoolBackend, Step
@@ -159,14 +158,12 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", default="gemma-270m,qwen-coder")
+    ap = C.arguments(__doc__, threads=None, pairs="gemma-270m,qwen-coder", repeats=5, out="draft_pool")
     ap.add_argument("--steps", type=int, default=48, help="tokens each task drafts")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default="draft_pool")
-    args = ap.parse_args()
-    C.print_machine()
+    # Its own --threads, default None (the harness's is an int): unset, EDGEKIT_THREADS is left as it is.
+    ap.add_argument("--threads", type=int, default=None,
+                    help="llama.cpp threads of the draft pool (default: EDGEKIT_THREADS, or the physical cores)")
+    args = C.parse(ap)
     results = [measure(p, args.steps, args.repeats, args.threads) for p in C.csv_list(args.pairs)]
     rows = [[r["draft"], x["tasks"], x["one at a time tok/s"], x["pool, threads tok/s"], x["pool, lockstep tok/s"],
              C.ratio(x["pool, threads tok/s"], x["one at a time tok/s"])] for r in results for x in r["rows"]]

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit import FixedWindow, GenerationConfig
 from edgekit.client._drafter import Drafter, SharedDraft

@@ -22,14 +22,13 @@ predictor time is charged). Greedy output must equal the fixed-8 output.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 import numpy as np
 
 from edgekit import ConfidenceThreshold, EdgeClient, FixedWindow, GenerationConfig, ServerConfig
@@ -174,14 +173,12 @@ def run_pair(pair: str, prompts: list[dict], max_tokens: int, fixed: list[int]) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", default="gemma-270m,qwen-coder")
+    parser = C.arguments(__doc__, threads=None, pairs="gemma-270m,qwen-coder", max_tokens=64)
     parser.add_argument("--humaneval", type=int, default=24, help="HumanEval prompts added to the 20 held-out ones")
     parser.add_argument("--limit", type=int, default=0, help="only the first N prompts (smoke runs)")
-    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--fixed", default="1,2,4,8",
                         help="fixed windows to compare (the predictor's max window is always run)")
-    args = parser.parse_args()
+    args = C.parse(parser, machine=False)
     prompts = held_out_prompts(args.humaneval)
     if args.limit:
         prompts = prompts[: args.limit]

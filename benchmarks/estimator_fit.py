@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -52,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit import ServerConfig
 from edgekit.models import get_pair, model_path
@@ -232,10 +231,16 @@ def print_tables(result: dict[str, Any]) -> None:
 # -- main ----------------------------------------------------------------------------
 
 
+def replot(result: dict[str, Any], png: Path) -> None:
+    """`--replot JSON`: the PNG beside a stored result redrawn and its tables printed, nothing measured."""
+    drawn = plot(result, png)
+    print_tables(result)
+    print(png.with_suffix(".json"), drawn, sep="\n")
+
+
 def main() -> None:
     serve = ServerConfig()
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pair", default=DEFAULT_PAIR, help=f"whose target to profile (default {DEFAULT_PAIR})")
+    ap = C.arguments(__doc__, whole_doc=True, replot=True, threads=1, pair=DEFAULT_PAIR, out=None)
     ap.add_argument("--numerics", choices=("exact", "fast"), default="exact")
     ap.add_argument("--train", type=int, default=120, help="training batches (default 120)")
     ap.add_argument("--test", type=int, default=50, help="held-out test batches (default 50)")
@@ -247,28 +252,12 @@ def main() -> None:
     ap.add_argument("--max-block", type=int, default=serve.max_block, help=like_serve)
     ap.add_argument("--prefill-chunk", type=int, default=serve.prefill_chunk,
                     help="longest cold chunk, as edgekit serve (default %(default)s)")
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    ap.add_argument("--out", default=None,
-                    help="results/<out>.json and .png (default estimator_fit for gemma-270m exact, "
-                         "else estimator_fit_<pair>_<numerics>)")
-    ap.add_argument("--replot", metavar="JSON", default=None,
-                    help="measure nothing: redraw the PNG beside this result and print its tables")
-    args = ap.parse_args()
-
-    if args.replot:
-        path = Path(args.replot)
-        result = json.loads(path.read_text(encoding="utf-8"))
-        png = plot(result, path.with_suffix(".png"))
-        print_tables(result)
-        print(path, png, sep="\n")
-        return
-
+    args = C.parse(ap, plot=replot)  # --replot: redraw and print the tables (replot below)
     if args.train < 2 or args.test < 1:
         ap.error("--train needs at least 2 batches and --test at least 1")
     out = args.out or ("estimator_fit" if (args.pair, args.numerics) == (DEFAULT_PAIR, "exact")
                        else f"estimator_fit_{args.pair}_{args.numerics}")
-    threads = C.apply_threads(args.threads)
-    C.print_machine()
+    threads = args.threads or None
     spec = get_pair(args.pair)
     target = model_path(spec.target)
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 
 def _load(name: str) -> dict:
@@ -85,11 +85,9 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
 
 
 def main() -> None:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = C.arguments(__doc__, threads=None)  # no model; --out is a folder here, not the common result name
     ap.add_argument("--out", type=Path, default=C.RESULTS_DIR, help="where the PNGs go (default: beside the JSON)")
-    args = ap.parse_args()
+    args = C.parse(ap, machine=False)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, draw in _figures(args.out):
         if not (C.RESULTS_DIR / f"{name}.json").is_file():

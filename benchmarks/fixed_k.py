@@ -17,7 +17,6 @@ target-only ids. The benchmark counts the prompts where they do, per K.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections import defaultdict
@@ -25,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit import EdgeClient, GenerationConfig, ServerConfig
 from edgekit.models import get_pair
@@ -256,9 +255,8 @@ def run_pair(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    # --pairs and --prompts are the script's own: pairs may be 'all', prompts names a prompt set (not a count).
+    ap = C.arguments(__doc__, whole_doc=True, threads=1, max_tokens=128, out="fixed_k")
     ap.add_argument(
         "--pairs",
         default=",".join(ALL_PAIRS),
@@ -271,21 +269,12 @@ def main() -> None:
         help="prompt set: benchmarks/prompts/<name>.jsonl or a path",
     )
     ap.add_argument("--limit", type=int, help="first N prompts only")
-    ap.add_argument(
-        "--max-tokens",
-        type=int,
-        default=128,
-        help="completion tokens per prompt (default 128)",
-    )
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    ap.add_argument("--out", default="fixed_k", help="results/<out>.json")
-    args = ap.parse_args()
+    args = C.parse(ap)
 
     pairs = list(ALL_PAIRS) if args.pairs == "all" else C.csv_list(args.pairs)
     ks = C.csv_list(args.k, int)
     prompts = C.load_prompts(args.prompts, args.limit)
-    threads = C.apply_threads(args.threads)
-    C.print_machine()
+    threads = args.threads or None
     print(
         f"pairs {pairs}, K {ks}, {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy",
         flush=True,

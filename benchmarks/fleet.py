@@ -9,7 +9,7 @@ draft models (WISP sec. 5.1's "scalable verification-workload simulator").
 `record` runs the real draft model over the pair's evaluation prompts: the
 target's greedy output comes from a verifier's target-only decoding, and at
 every position of it the draft's greedy continuation (up to --window tokens),
-its logit features and its step time are kept (see `_fleet.py`). `run` starts
+its logit features and its step time are kept (see `rigs/fleet_sim.py`). `run` starts
 `edgekit serve` in a process of its own (or uses --verifier) and lets N
 simulated devices replay the traces against it: each draws an SLO class at
 random (WISP's four: 8/6/4/2 tok/s), a drafting speed factor, an RTT and link
@@ -39,7 +39,6 @@ import argparse
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -50,8 +49,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
-from _fleet import DeviceSpec, Fleet, load_traces, record_trace, save_traces
+import harness as C
+from rigs.fleet_sim import DeviceSpec, Fleet, load_traces, record_trace, save_traces
 
 from edgekit.config import DEFAULT_SLO_CLASSES
 from edgekit.drafting import FixedWindow, PredictorController
@@ -134,10 +133,7 @@ def record(pair: str, prompts: int, tokens: int, window: int, threads: int | Non
 # -- the verifier under test -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_free_port = C.free_port  # kept for the scripts that import it from here
 
 
 @dataclass(frozen=True)
@@ -149,7 +145,7 @@ class Served:
 @contextmanager
 def serve_process(serve_args: list[str], log: Path | None):
     """`edgekit serve SERVE_ARGS` on a free loopback port, in a process of its own, until the block ends."""
-    port = _free_port()
+    port = C.free_port()
     cmd = [sys.executable, "-c", "from edgekit.cli.app import main; main()", "serve", "--port", str(port),
            *serve_args]
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115  (closed below)
@@ -430,17 +426,16 @@ def cmd_smoke(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # --threads is each command's own, default None (the harness's is an int): unset, the verifier
+    # and the recording keep edgekit's default (EDGEKIT_THREADS, or all cores).
+    ap = C.arguments(__doc__, whole_doc=True, threads=None)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    rec = sub.add_parser("record")
-    rec.add_argument("--pair", default="gemma-270m")
-    rec.add_argument("--prompts", type=int, default=12)
+    rec = C.common(sub.add_parser("record"), threads=None, pair="gemma-270m", prompts=12)
     rec.add_argument("--tokens", type=int, default=48)
     rec.add_argument("--window", type=int, default=8)
     rec.add_argument("--threads", type=int, default=None)
     for name in ("run", "sweep"):
-        p = sub.add_parser(name)
-        p.add_argument("--pair", default="gemma-270m")
+        p = C.common(sub.add_parser(name), threads=None, pair="gemma-270m")
         p.add_argument("--verifier", default=None, help="HOST:PORT of a running verifier (else one is started)")
         p.add_argument("--duration", type=float, default=40.0)
         p.add_argument("--warmup", type=float, default=5.0)
@@ -459,13 +454,12 @@ def main(argv: list[str] | None = None) -> None:
     sub.choices["sweep"].add_argument("--systems", default="sled,fcfs,centralized,wisp")
     sub.choices["sweep"].add_argument("--devices", default="2,4,6,8,12")
     sub.choices["sweep"].add_argument("--epsilon", type=float, default=0.05)
-    sub.choices["sweep"].add_argument("--out", default=None)
+    C.common(sub.choices["sweep"], threads=None, out=None)
     sub.choices["sweep"].add_argument("--replot", default=None, help="redraw a sweep JSON's PNG, measure nothing")
-    smoke = sub.add_parser("smoke")
-    smoke.add_argument("--pair", default="gemma-270m")
+    smoke = C.common(sub.add_parser("smoke"), threads=None, pair="gemma-270m")
     smoke.add_argument("--out-dir", default=str(RESULTS))
     smoke.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = C.parse(ap, argv, plot=plot_sweep, machine=False)  # sweep --replot: plot_sweep, and no more
     if args.cmd == "smoke":
         for k, v in dict(speed_min=1.0, speed_max=1.5, rtt_min=5.0, rtt_max=20.0).items():
             setattr(args, k, v)
@@ -476,10 +470,6 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cmd == "run":
         payload = cmd_run(args)
         C.write_result(f"fleet_run_{args.pair}_{args.system}_{args.devices}", {"machine": C.machine(), **payload})
-    elif args.cmd == "sweep" and args.replot:
-        import json
-
-        plot_sweep(json.loads(Path(args.replot).read_text()), Path(args.replot).with_suffix(".png"))
     elif args.cmd == "sweep":
         payload = {"machine": C.machine(), "pair": args.pair, "settings": vars(args), **cmd_sweep(args)}
         name = args.out or f"fleet_sweep_{args.pair}"

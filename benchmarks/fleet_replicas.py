@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
-import _peers as P
+import harness as C
+from rigs import peers as P
 
 PAIR = "gemma-270m"
 NAMES = ("gemma-3-270m-q4_0", "gemma-3-270m")
@@ -66,13 +66,13 @@ def plot(payload: dict, png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # --out is a folder here (OUT/fleet_replicas_<pair>[_TAG].json), not the common result name.
+    ap = C.arguments(__doc__, whole_doc=True, replot=True, threads=None, prompts=8)
     ap.add_argument("--replicas", default="1,2,3")
     ap.add_argument("--devices", default="4,8,16,32")
     ap.add_argument("--systems", default="fcfs", help="fleet systems (benchmarks/fleet.py), the first is plotted")
     ap.add_argument("--proxy", default="haproxy", choices=["haproxy", "nginx"])
     ap.add_argument("--duration", type=float, default=12.0, help="seconds per point")
-    ap.add_argument("--prompts", type=int, default=8, help="prompts the traces are recorded on")
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--numerics", default=None, help="exact (default on the CPU) or fast (default on a GPU)")
     ap.add_argument("--epsilon", type=float, default=0.05)
@@ -80,11 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(C.RESULTS_DIR))
     ap.add_argument("--tag", default="")
     ap.add_argument("--logs", default="build/fleet_replicas")
-    ap.add_argument("--replot", default=None)
-    args = ap.parse_args(argv)
-    if args.replot:
-        C.replot(args.replot, plot)
-        return
+    args = C.parse(ap, argv, plot=plot, machine=False)
     from edgekit.models import get_pair, model_path
 
     if args.dry_run:
@@ -111,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     name = f"fleet_replicas_{PAIR}" + (f"_{args.tag}" if args.tag else "")
     with open(out / f"{name}.json", "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, default=C._json_default)
+        json.dump(payload, f, indent=2, default=C.json_default)
     plot(payload, out / f"{name}.png")
     system = fa.fleet_systems[0]
     print(C.table(["replicas", "capacity per class", "peak goodput tok/s"],

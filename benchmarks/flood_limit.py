@@ -13,7 +13,6 @@ flooder got. serve_load.py without --proxy gives the same flood straight to the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 import serve_load
 
 FLOODS = (0, 64, 512)
@@ -70,10 +69,10 @@ def plot(result: dict[str, Any], png: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = C.arguments(__doc__, threads=None)  # no model here; serve_load.py's runs print their machine
     ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--from-results", action="store_true", help="the stored runs' table and figure, nothing run")
-    args = ap.parse_args()
+    args = C.parse(ap, machine=False)
     if not args.from_results:
         run(args.duration)
     rows = collect()

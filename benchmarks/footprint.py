@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-import _common as C
+import harness as C
 
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
@@ -92,25 +92,21 @@ def run_client(address: str, args: argparse.Namespace, *, one_core: bool, cgroup
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "client":
-        ap = argparse.ArgumentParser()
+        # The measured client (run_client): its one output line is read back, so no machine line.
+        ap = C.arguments(None, threads=None, max_tokens=128)
         ap.add_argument("client")
         for name in ("--address", "--pair", "--prompt"):
             ap.add_argument(name, required=True)
-        ap.add_argument("--max-tokens", type=int, default=128)
         ap.add_argument("--context", type=int, default=4096)
-        client(ap.parse_args())
+        client(C.parse(ap, machine=False))
         return
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="gemma-270m")
+    ap = C.arguments(__doc__, threads=None, pair="gemma-270m", max_tokens=128, out=None)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--context", type=int, default=4096, help="the draft context, as EdgeClient's default")
     ap.add_argument("--limit-mb", type=int, default=1024)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = C.parse(ap)
     args.prompt = C.load_prompts("eval")[0]["prompt"]
-    C.print_machine()
-    port = 50000 + os.getpid() % 10000
+    port = C.free_port()
     log = open(C.RESULTS_DIR / f"footprint_{args.pair}-verifier.log", "w")  # noqa: SIM115
     server = subprocess.Popen([sys.executable, "-m", "edgekit.cli.app", "serve", "--pair", args.pair,
                                "--port", str(port), "--threads", "1"], stdout=log, stderr=subprocess.STDOUT)

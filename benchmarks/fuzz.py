@@ -28,10 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import _common as C
 import grpc
+import harness as C
 from _fuzz import ALLOWED, METHODS, Aim, call, mutated, requests
-from fleet import _free_port, _wait_ready
+from fleet import _wait_ready
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -72,12 +72,12 @@ def good_client(address: str, draft_file: str, draft_name: str, stop: threading.
 
 def run(args: argparse.Namespace) -> dict:
     pair = get_pair(args.pair)
-    port = _free_port()
+    port = C.free_port()
     address = f"127.0.0.1:{port}"
     tokens = Path(tempfile.mkdtemp()) / "tokens"
     tokens.write_text("".join(f"{n} {t}\n" for n, t in TOKENS.items()))
     cmd = [sys.executable, "-c", "from edgekit.cli.app import main; main()", "serve", "--pair", args.pair,
-           "--port", str(port), "--max-sessions", "8", "--max-context", "2048", "--threads", str(args.threads),
+           "--port", str(port), "--max-sessions", "8", "--max-context", "2048", "--threads", str(args.verifier_threads),
            "--tokens-file", str(tokens)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -200,15 +200,19 @@ def plot(result: dict, path: Path) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pair", default="gemma-270m")
+    ap = C.arguments(__doc__, whole_doc=True, threads=None, pair="gemma-270m")
     ap.add_argument("--messages", type=int, default=10_000)
     ap.add_argument("--long-lists", type=int, default=600, help="longest list in a message (prompts cost prefills)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--replot", action="store_true")
-    args = ap.parse_args()
+    # Not the harness's --threads and --replot (other dests, so C.parse leaves them alone): --threads is
+    # the verifier's alone (this process's draft models keep edgekit's default), and --replot takes no
+    # JSON (it redraws results/fuzz.json and exits on its verdict, as a run does).
+    ap.add_argument("--threads", dest="verifier_threads", type=int, default=1,
+                    help="the verifier's threads (edgekit serve --threads)")
+    ap.add_argument("--replot", dest="replot_stored", action="store_true",
+                    help="redraw benchmarks/results/fuzz.json's figure and print its summary; measure nothing")
+    args = C.parse(ap)
     out = C.RESULTS_DIR / "fuzz.json"
-    if args.replot:
+    if args.replot_stored:
         result = json.loads(out.read_text())
     else:
         result = run(args)

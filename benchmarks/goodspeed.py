@@ -39,10 +39,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 import numpy as np
-from _fleet import DeviceSpec, Fleet, weakened
 from fleet import _draft_fingerprint, controller_factory, machine_traces, verifier
+from rigs.fleet_sim import DeviceSpec, Fleet, weakened
 
 from edgekit.config import ServerConfig
 
@@ -139,8 +139,8 @@ class Simulated:
 
     def __init__(self, name: str, args: argparse.Namespace, seed: int) -> None:
         import gpu_sim
-        from _fleet import load_traces
         from fleet import traces_path
+        from rigs.fleet_sim import load_traces
 
         sim_args = gpu_sim.parser().parse_args([])
         traces, meta = load_traces(traces_path(args.pair, 128))
@@ -163,8 +163,7 @@ def main() -> None:
     if sys.argv[1:2] == ["sweep"]:
         sweep(sys.argv[2:])
         return
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="gemma-270m")
+    ap = C.arguments(__doc__, threads=None, pair="gemma-270m", repeats=1, out=None)
     ap.add_argument("--devices", type=int, default=4)
     ap.add_argument("--duration", type=float, default=300.0, help="seconds per system (virtual with --sim)")
     ap.add_argument("--rounds", type=int, default=600, help="rounds per device the utility is followed over")
@@ -175,14 +174,13 @@ def main() -> None:
                     "probability more (heterogeneous drafts, as GOODSPEED's clients)")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--sim", action="store_true", help="in the GPU-scale discrete-event simulation (gpu_sim.py)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=1, help="runs with seeds seed, seed+1, ...")
+    ap.add_argument("--seed", type=int, default=0, help="the first run's seed; --repeats runs: seed, seed+1, ...")
     ap.add_argument("--eta", type=float, default=ServerConfig().budget_eta, help="the verifier's budget_eta (eq. 3)")
     ap.add_argument("--beta", type=float, default=ServerConfig().budget_beta, help="the verifier's budget_beta (eq. 4)")
+    # Its own --threads, default None (the harness's is an int): unset, the verifier and any
+    # recording keep edgekit's default (EDGEKIT_THREADS, or all cores).
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    C.print_machine()
+    args = C.parse(ap)
     beta = args.beta
     args.out = args.out or (f"goodspeed_{'sim_' if args.sim else ''}{args.pair}_n{args.devices}"
                             f"{'_switch' if args.switch else ''}{f'_weak{args.weak:g}' if args.weak else ''}")
@@ -206,17 +204,15 @@ def main() -> None:
 def sweep(argv: list[str]) -> None:
     """The defaults of eta and beta, measured: GOODSPEED's utility after --rounds rounds per device
     in the simulation, over seeds, for each (eta, beta), beside Fixed-S's and Random-S's."""
-    ap = argparse.ArgumentParser(prog="goodspeed.py sweep", description=sweep.__doc__)
-    ap.add_argument("--pair", default="gemma-270m")
+    ap = C.arguments(None, threads=None, pair="gemma-270m", repeats=8)
+    ap.prog, ap.description = "goodspeed.py sweep", sweep.__doc__  # all of it, reflowed
     ap.add_argument("--devices", default="4,8")
     ap.add_argument("--weak", default="0,0.3")
     ap.add_argument("--beta", default="0.5,0.2,0.1,0.05")
     ap.add_argument("--eta", default="0.05,0.2")
-    ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--duration", type=float, default=75.0, help="virtual seconds (the switch at half)")
     ap.add_argument("--rounds", type=int, default=600)
-    a = ap.parse_args(argv)
-    C.print_machine()
+    a = C.parse(ap, argv)
     grid: list[dict] = []
 
     def mean_utility(system: str, n: int, weak: float, eta: float, beta: float) -> float:

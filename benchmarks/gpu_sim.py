@@ -52,9 +52,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
-from _fleet import RoundLog, Trace, draft_block, load_traces
+import harness as C
 from fleet import controller_factory, plot_sweep, traces_path
+from rigs.fleet_sim import RoundLog, Trace, draft_block, load_traces
 
 from edgekit import ServerConfig
 from edgekit.config import DEFAULT_SLO_CLASSES
@@ -338,8 +338,8 @@ def capacity(points: list[dict], cls: str, epsilon: float) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pair", default="gemma-270m", help="whose recorded traces the devices replay")
+    # --pair: whose recorded traces the devices replay
+    ap = C.arguments(__doc__, whole_doc=True, threads=None, pair="gemma-270m", out="gpu_sim")
     ap.add_argument("--tokens", type=int, default=128, help="which recording: responses of this many tokens")
     ap.add_argument("--systems", default="sled,centralized,wisp")
     ap.add_argument("--devices", default=",".join(str(n) for n in range(20, 421, 20)))
@@ -362,13 +362,11 @@ def parser() -> argparse.ArgumentParser:
                     help="C for the budget systems (0: from the estimator and the SLOs, as the verifier's default)")
     ap.add_argument("--budget-eta", type=float, default=ServerConfig().budget_eta)
     ap.add_argument("--budget-beta", type=float, default=ServerConfig().budget_beta)
-    ap.add_argument("--out", default="gpu_sim")
     return ap
 
 
 def main() -> None:
-    ap = parser()
-    args = ap.parse_args()
+    args = C.parse(parser(), machine=False)
     traces, meta = load_traces(traces_path(args.pair, args.tokens))
     args.window = meta["window"]
     devices = C.csv_list(args.devices, int)

@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
-from _loadgen import LineProcess, _read_line, _write_line, cpu_seconds, parse_cores, prepare_process
+import harness as C
+from rigs.loadgen import LineProcess, _read_line, _write_line, cpu_seconds, parse_cores, prepare_process
 
 SERVICE = "edgekit.bench.Echo"
 REQUEST = bytes(48)  # about a greedy round's VerifyRequest: a session id, a base, 4 tokens, timings
@@ -207,7 +207,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("server", "client"):
         (server_main if sys.argv[1] == "server" else client_main)()
         return
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = C.arguments(__doc__, replot=True, threads=None, out="grpc_call_cost")
     ap.add_argument("--devices", default="64,256")
     ap.add_argument("--servers", default="sync,aio")
     ap.add_argument("--ways", default="unary,stream")
@@ -215,17 +215,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--server-cores", default="0")
     ap.add_argument("--client-cores", default=None, help="default: every core but the server's")
-    ap.add_argument("--out", default="grpc_call_cost")
-    ap.add_argument("--replot", metavar="JSON", default=None)
-    args = ap.parse_args()
-    if args.replot:
-        C.replot(args.replot, plot)
-        return
+    args = C.parse(ap, plot=plot)
     args.server_cores = parse_cores(args.server_cores)
     every = sorted(os.sched_getaffinity(0))
     args.client_cores = parse_cores(args.client_cores) if args.client_cores else \
         [c for c in every if c not in args.server_cores] or every
-    C.print_machine()
     points = []
     for devices in C.csv_list(args.devices, int):
         for server_kind in C.csv_list(args.servers):

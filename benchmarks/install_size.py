@@ -9,14 +9,13 @@ from pip's cache where it was built before (its compile is not what is measured 
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import _common as C
+import harness as C
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRAS = ("", "server", "train", "bench", "test")
@@ -45,10 +44,10 @@ def packages(venv: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = C.arguments(__doc__, threads=None)
     ap.add_argument("--extras", default=",".join(EXTRAS), help="comma-separated; empty for the client alone")
     ap.add_argument("--plot-only", action="store_true", help="redraw the figure from the JSON of an earlier run")
-    args = ap.parse_args()
+    args = C.parse(ap, machine=False)  # the machine is printed below, when something is measured
     if args.plot_only:
         import json
 

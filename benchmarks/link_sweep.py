@@ -39,7 +39,7 @@ import statistics
 import time
 from pathlib import Path
 
-import _common as C
+import harness as C
 
 from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel
 from edgekit.models import get_pair, model_path

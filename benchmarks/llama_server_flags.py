@@ -24,7 +24,7 @@ import shlex
 import time
 from pathlib import Path
 
-import _common as C
+import harness as C
 from backends import start_llama_server
 
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, LlamaDraftModel

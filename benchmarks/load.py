@@ -1,6 +1,6 @@
 """Load: 64 concurrent sessions against the real verifier for 10 minutes.
 
-The fleet simulator's devices (`_fleet.py`: recorded drafting traces replayed as
+The fleet simulator's devices (`rigs/fleet_sim.py`: recorded drafting traces replayed as
 real gRPC rounds, so no 64 draft models) run against `edgekit serve` in a process
 of its own. Every verdict is checked against the trace, which holds the target's
 own greedy output: a device whose committed text would differ from target-only
@@ -17,7 +17,6 @@ seconds (start, peak, end; after the devices stop and their sessions close).
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sys
@@ -27,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
-from _fleet import DeviceSpec, Fleet
+import harness as C
 from fleet import _draft_fingerprint, machine_traces, serve_process
+from rigs.fleet_sim import DeviceSpec, Fleet
 
 from edgekit.drafting import FixedWindow
 
@@ -43,8 +42,7 @@ def rss_mb(pid: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="gemma-270m")
+    ap = C.arguments(__doc__, threads=None, pair="gemma-270m", out="load")
     ap.add_argument("--devices", type=int, default=64)
     ap.add_argument("--duration", type=float, default=600.0)
     ap.add_argument("--k", type=int, default=4, help="the devices' fixed draft window")
@@ -52,10 +50,9 @@ def main() -> None:
     ap.add_argument("--policy", default="fcfs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sample-every", type=float, default=5.0, help="seconds between memory samples")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default="load")
-    args = ap.parse_args()
-    C.print_machine()
+    ap.add_argument("--threads", type=int, default=None,
+                    help="the verifier's threads (edgekit serve --threads) and EDGEKIT_THREADS; default: edgekit's")
+    args = C.parse(ap)
     traces, meta = machine_traces(args.pair, threads=args.threads)
     fingerprint = _draft_fingerprint(meta)
     serve = ["--pair", args.pair, "--max-sessions", str(args.devices), "--max-context", str(args.max_context),

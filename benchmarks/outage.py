@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 
-import _common as C
+import harness as C
 
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, Provisional, Resumed, TextDelta
 from edgekit.models import get_pair, model_path

@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit.models import pair_paths
 from edgekit.protocol import ContextSpan

@@ -16,7 +16,7 @@ Writes benchmarks/results/payloads.json.
 
 from __future__ import annotations
 
-import _common as C
+import harness as C
 import numpy as np
 
 from edgekit import LlamaDraftModel

@@ -22,11 +22,10 @@ contend. Every output is checked against target-only decoding of its prompt.
 
 from __future__ import annotations
 
-import argparse
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import _common as C
+import harness as C
 import numpy as np
 
 from edgekit import EdgeClient, GenerationConfig
@@ -119,18 +118,15 @@ def serving_model(address: str, draft: LlamaDraftModel, draft_rt, draft_shape, p
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="gemma-270m")
+    # --prompts: those of the one-task runs. No --threads: one thread each side, always (below).
+    ap = C.arguments(__doc__, threads=None, pair="gemma-270m", prompts=3, max_tokens=64, out="pipeline")
     ap.add_argument("--rtts", default="5,25,50")
     ap.add_argument("--mbps", type=float, default=50.0)
-    ap.add_argument("--prompts", type=int, default=3, help="prompts for the one-task runs")
     ap.add_argument("--tasks", default="1,2,4,8")
-    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--draftings", default="fixed,predictor", help="for the one-task runs; empty: none")
     ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated, of: " + ", ".join(WAYS))
-    ap.add_argument("--out", default="pipeline")
     ap.add_argument("--plot-only", action="store_true", help="redraw the figure from the JSON of an earlier run")
-    args = ap.parse_args()
+    args = C.parse(ap, machine=False)  # the machine is printed below, when something is measured
     if args.plot_only:
         import json
 

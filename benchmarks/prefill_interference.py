@@ -13,7 +13,6 @@ longest and the median beside the prefill's own time.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit import ServerConfig
 from edgekit.models import get_pair, model_path
@@ -88,16 +87,12 @@ def plot(result: dict, path: Path) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pair", default="gemma-270m")
+    ap = C.arguments(__doc__, whole_doc=True, threads=0, pair="gemma-270m", out="prefill_interference")
     ap.add_argument("--prompt-tokens", type=int, default=4095)
     ap.add_argument("--chunks", default="64,128,512,4096")
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=0, help=C.THREADS_HELP)
-    ap.add_argument("--out", default="prefill_interference")
-    args = ap.parse_args()
-    threads = C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap)
+    threads = args.threads if args.threads > 0 else None  # None: edgekit's default
     spec = get_pair(args.pair)
     config = ServerConfig(port=0, max_sessions=2, max_context=args.prompt_tokens + 64, max_block=32, threads=threads)
     engine = LlamaEngine(str(model_path(spec.target)), name=spec.target, max_context=config.max_context, n_seq=2,

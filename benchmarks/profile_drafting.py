@@ -17,7 +17,6 @@ moves by tens of percent with the load on a shared machine.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -26,18 +25,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", default="gemma-270m,qwen-coder")
+    parser = C.arguments(__doc__, threads=None, pairs="gemma-270m,qwen-coder", repeats=3, out="profile_drafting")
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--threads", default="1,0", help="llama.cpp thread counts (0: all cores, edgekit's default)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", dest="thread_counts", default="1,0",
+                        help="llama.cpp thread counts, each profiled in turn (0: all cores, edgekit's default)")
     parser.add_argument("--kernels", default="", help="logit kernels to profile (default: the best this CPU runs)")
-    parser.add_argument("--out", default="profile_drafting")
-    args = parser.parse_args()
+    # --threads here is a list (another dest, so C.parse applies none of it): each count is set in turn below
+    args = C.parse(parser, machine=False)
     from edgekit import LlamaDraftModel
     from edgekit.drafting import OnnxPredictor, shipped_predictor
     from edgekit.models import get_pair, model_path
@@ -50,7 +48,7 @@ def main() -> None:
     for pair in C.csv_list(args.pairs):
         spec = get_pair(pair)
         predictor = OnnxPredictor(shipped_predictor(spec.draft, spec.target))
-        for threads in (int(t) for t in C.csv_list(args.threads)):
+        for threads in (int(t) for t in C.csv_list(args.thread_counts)):
             if threads:
                 os.environ["EDGEKIT_THREADS"] = str(threads)
             else:

@@ -19,7 +19,6 @@ independent of K (the acceptance a K=1 window would see).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import defaultdict
@@ -29,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit import LlamaDraftModel
 from edgekit.models import get_pair, model_path
@@ -83,15 +82,9 @@ def replay(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = C.arguments(__doc__, whole_doc=True, threads=1, out="replay_check")
     ap.add_argument("--input", default=str(C.RESULTS_DIR / "fixed_k.json"))
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    ap.add_argument("--out", default="replay_check")
-    args = ap.parse_args()
-    C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap)
     data = json.loads(Path(args.input).read_text())
     settings = data["settings"]
     prompts = {p["id"]: p for p in C.load_prompts(settings["prompts"])}

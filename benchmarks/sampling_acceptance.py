@@ -27,7 +27,6 @@ pooled ratio recomputed), and the paired difference to greedy at the same K
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -36,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 import numpy as np
 
 from edgekit import EdgeClient, GenerationConfig, ServerConfig
@@ -253,28 +252,24 @@ def summarize(meta: dict, rows: list[dict], methods: list[tuple[str, int]], seed
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", default="gemma-270m,qwen-coder")
+    parser = C.arguments(__doc__, threads=1, pairs="gemma-270m,qwen-coder", max_tokens=96, out=NAME)
     parser.add_argument("--prompts", default="",
                         help="prompts per pair: N for every pair, or pair=N,pair=N "
                              "(default gemma-270m=20,qwen-coder=12; a subset is taken round-robin over kinds)")
     parser.add_argument("--prompt-set", default="eval")
-    parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--samplers", default=",".join(SAMPLERS), help="at K=4 (names as in SAMPLERS)")
     parser.add_argument("--k8", default="greedy,chat defaults", help="samplers also run at K=8 ('' for none)")
     parser.add_argument("--seed", type=int, default=1, help="prompt i is sampled with seed SEED+i")
-    parser.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    parser.add_argument("--out", default=NAME)
     parser.add_argument("--plot-only", action="store_true")
     parser.add_argument("--merge", action="store_true",
                         help="keep the results of pairs not run now from the existing JSON")
     parser.add_argument("--note", action="append", default=[], help="a note for the JSON (repeatable)")
-    args = parser.parse_args()
+    args = C.parse(parser, machine=False)  # the machine is printed below, when something is measured
     path = C.RESULTS_DIR / f"{args.out}.json"
     if args.plot_only:
         plot(json.loads(path.read_text()), path.with_suffix(".png"))
         return
-    threads = C.apply_threads(args.threads)
+    threads = args.threads if args.threads > 0 else None  # None: edgekit's default
     C.print_machine()
     counts = dict(DEFAULT_PROMPTS)
     if args.prompts:

@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel, ServerConfig
 from edgekit.client import FinalStats, RoundEvent, TextDelta
@@ -329,24 +329,21 @@ def _run_config(spec: str, payload: dict, tasks: list, draft: LlamaDraftModel, v
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = C.arguments(__doc__, threads=0, draft_k=8, out=RESULT)
     ap.add_argument("--configs", default="target-only,greedy,semantic:good,semantic:poor,nocsi:good,nocsi:poor")
     ap.add_argument("--head", default=str(SHIPPED / "qwen-coder.onnx"))
     ap.add_argument("--nocsi-head", default=str(SHIPPED.parent / "ablation" / "qwen-coder-nocsi.onnx"))
-    ap.add_argument("--draft-k", type=int, default=8)
     ap.add_argument("--limit", type=int, default=0, help="Only the first N held-out problems (0: all 82).")
-    ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--plot-only", action="store_true")
-    ap.add_argument("--out", default=RESULT, help="Result name (benchmarks/results/NAME.json).")
     ap.add_argument("--rerun", default="", help="Configurations to measure again from the start (their records "
                     "are dropped), e.g. for timings on an idle machine; resume an interrupted one without it.")
-    args = ap.parse_args()
+    args = C.parse(ap, machine=False)  # the machine is printed below, when something is measured
     args.rerun = set(C.csv_list(args.rerun))
     out = C.RESULTS_DIR / f"{args.out}.json"
     payload = {"configs": json.loads(out.read_text())["configs"] if out.is_file() else {}}
     _drop_other_heads(payload, {"semantic": args.head, "nocsi": args.nocsi_head})
     if not args.plot_only:
-        threads = C.apply_threads(args.threads)
+        threads = args.threads if args.threads > 0 else None  # None: edgekit's default
         C.print_machine()
         tasks = humaneval_tasks("heldout")[: args.limit or None]
         draft_path, _ = pair_paths("qwen-coder")

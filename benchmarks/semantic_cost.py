@@ -13,7 +13,6 @@ that the logits are bit-identical either way (exact numerics).
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
@@ -23,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit.models import pair_paths
 from edgekit.verifier import Feed, LlamaEngine
@@ -86,15 +85,12 @@ def plot(payload: dict, path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pairs", default="gemma-270m,qwen-coder")
+    ap = C.arguments(__doc__, threads=0, pairs="gemma-270m,qwen-coder")
     ap.add_argument("--blocks", default="1,2,4,8")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=0)
-    args = ap.parse_args()
-    threads = C.apply_threads(args.threads)
-    C.print_machine()
+    args = C.parse(ap)
+    threads = args.threads if args.threads > 0 else None  # None: edgekit's default
     results = []
     for pair in C.csv_list(args.pairs):
         C.progress(f"{pair}: {args.rounds} rounds")

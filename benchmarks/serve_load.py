@@ -1,7 +1,7 @@
 """Serving at scale: rounds per second through one verifier process, and where a round's time goes.
 
 One verifier process (the reference verifier, `VerifierServer`, over a `ToyEngine` of a toy
-target) pinned to `--server-cores`, and the load generator (`_loadgen.py`: devices spread over
+target) pinned to `--server-cores`, and the load generator (`rigs/loadgen.py`: devices spread over
 worker processes, one per `--loadgen-cores` core, each one lean asyncio loop over grpc.aio)
 pinned to the other cores. Each device opens a session, sends verify rounds back to back
 (blocks from a noisy toy draft of the toy target: a realistic acceptance), closes it after
@@ -14,7 +14,7 @@ The engine, by `--kinds`:
   function of the batch's rows (`step_ms`, the roofline table below), in `time.sleep`, which
   releases the GIL as a GPU engine waiting on its kernels does;
 - `instant`: no verifier, a stub on a gRPC server built as the verifier's is, answering every
-  call at once from the same tables (`_loadgen.instant_main`): what gRPC alone allows, and what
+  call at once from the same tables (`rigs.loadgen.instant_main`): what gRPC alone allows, and what
   a round costs the generator with nothing else in the way.
 
 Reported per (kind, devices), over a `--duration` window after `--warmup`: rounds and committed
@@ -63,9 +63,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
-import _proxies
-from _loadgen import LineProcess, Tally, Workload, cpu_seconds, parse_cores, prepare_process, spawn, toy_target
+import harness as C
+from rigs import proxies as _proxies
+from rigs.loadgen import LineProcess, Tally, Workload, cpu_seconds, parse_cores, prepare_process, spawn, toy_target
 
 # A step of B sequences x T new tokens of the qwen2.5-7b shape at 1,024 cached tokens on an H200,
 # in ms: /work/shared/gpu/roofline_h200.md (flash_1k_h200.json, `verify_roofline.py`, bf16, CUDA
@@ -452,7 +452,7 @@ def profile_summary(path: Path, top: int = 20) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from edgekit import ServerConfig
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = C.arguments(__doc__, replot=True, threads=None, out="serve_load")
     ap.add_argument("--devices", default="64,128,256,1024", help="device counts, comma-separated")
     ap.add_argument("--kinds", default="instant,zero,7b",
                     help="instant (the generator's ceiling), zero (toy engine), 7b (the roofline's step times)")
@@ -484,16 +484,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--noise", type=float, default=Workload.noise, help="the toy draft's noise (acceptance)")
     ap.add_argument("--vocab", type=int, default=64, help="the toy's vocabulary")
     ap.add_argument("--profile", default="7b:128", help="KIND:DEVICES to run once more under py-spy; '' none")
-    ap.add_argument("--out", default="serve_load")
     ap.add_argument("--results-dir", default=None, help="where the JSON and PNG go (default benchmarks/results)")
     ap.add_argument("--no-plot", action="store_true")
-    ap.add_argument("--replot", metavar="JSON", default=None, help="redraw the figure of a stored result")
-    args = ap.parse_args(argv)
-    if args.replot:
-        C.replot(args.replot, plot)
-        return json.loads(Path(args.replot).read_text())
-    if args.results_dir:
-        C.RESULTS_DIR = Path(args.results_dir)
+    args = C.parse(ap, argv, plot=plot)  # --replot: the figure redrawn, and the end
+    results = Path(args.results_dir) if args.results_dir else C.RESULTS_DIR
     mine = sorted(os.sched_getaffinity(0))
     args.server_cores = parse_cores(args.server_cores)
     args.loadgen_cores = (parse_cores(args.loadgen_cores) if args.loadgen_cores
@@ -504,7 +498,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     device_counts = C.csv_list(args.devices, int)
     kinds = C.csv_list(args.kinds)
     workload = Workload(vocab=args.vocab, noise=args.noise, k=args.k, tokens=args.tokens, draft_ms=args.draft_ms)
-    C.print_machine()
     C.progress(f"verifier on cores {args.server_cores}, rounds by {args.rounds}, "
                f"generator: {args.workers} {args.mode} worker(s) on "
                f"cores {args.loadgen_cores}")
@@ -538,8 +531,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
     if args.profile:
         kind, _, devices = args.profile.partition(":")
-        raw = C.RESULTS_DIR / f"{args.out}-pyspy.txt"
-        C.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        raw = results / f"{args.out}-pyspy.txt"
+        results.mkdir(parents=True, exist_ok=True)
         C.progress(f"profile: {kind}, {devices} devices, the verifier under py-spy ...")
         point = run_point(kind, int(devices), args, workload, profile=raw)
         result["profile"] = {"point": point, "raw": raw.name,
@@ -547,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                                      "(start-up and the warm-up included; shares of frames leave start-up out)",
                              **(profile_summary(raw) if raw.exists() else {"failed": "py-spy wrote nothing"})}
     result["done_when"] = _done_when(points)
-    path = C.write_result(args.out, result)
+    path = C.write_result(args.out, result, results)
     print(_table(points))
     if result.get("profile", {}).get("top_own"):
         print("profile, top frames by own samples:")

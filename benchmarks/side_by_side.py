@@ -54,8 +54,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
-import _peers as P
+import harness as C
+from rigs import peers as P
 
 FIXED = (1, 2, 3, 4, 6, 8)
 OPENAI = ("llama-cpp-python", "vllm")  # stock centralized servers reached by OpenAI's API
@@ -354,8 +354,8 @@ def plot(payload: dict, png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", default="gemma-270m")
+    ap = C.arguments(__doc__, whole_doc=True, replot=True, threads=None, pairs="gemma-270m")
+    # Not the shared --prompts and --out: the eval prompts then HumanEval's (held_out), and a folder.
     ap.add_argument("--prompts", type=int, default=44)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rtts", default="0,10,25,50,100,200")
@@ -376,11 +376,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(C.RESULTS_DIR))
     ap.add_argument("--tag", default="", help="added to the result's name: side_by_side_PAIR_TAG.json")
     ap.add_argument("--logs", default="build/side_by_side")
-    ap.add_argument("--replot", default=None, help="redraw this result JSON's figure beside it; measure nothing")
-    args = ap.parse_args(argv)
-    if args.replot:
-        C.replot(args.replot, plot)
-        return
+    args = C.parse(ap, argv, plot=plot, machine=False)  # --replot: the figure redrawn, and the end
     from edgekit.models import get_pair, model_path
     from edgekit.runtime import llama_build
 
@@ -411,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
             "prompts": [p["id"] for p in prompts], "result": result,
         }
         name = out / f"side_by_side_{pair}{'_' + args.tag if args.tag else ''}.json"
-        name.write_text(json.dumps(payload, indent=1, default=C._json_default))  # kept if the fleet fails
+        name.write_text(json.dumps(payload, indent=1, default=C.json_default))  # kept if the fleet fails
         if args.fleet_devices:
             try:
                 result["fleet"] = P.fleet(args, draft, target, pair=pair, names=(spec.draft, spec.target),
@@ -420,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:
                 result["fleet_error"] = f"{type(exc).__name__}: {exc}"
                 C.progress(f"fleet: {result['fleet_error']}")
         payload["wall_s"] = time.time() - started
-        name.write_text(json.dumps(payload, indent=1, default=C._json_default))
+        name.write_text(json.dumps(payload, indent=1, default=C.json_default))
         plot(payload, name.with_suffix(".png"))
         report(result)
         print(f"wrote {name} in {payload['wall_s']:.0f} s")

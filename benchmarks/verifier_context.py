@@ -23,7 +23,6 @@ are bit-identical.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import random
 import sys
@@ -34,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common as C
+import harness as C
 
 from edgekit.models import get_pair, pair_paths
 from edgekit.verifier import Feed, LlamaEngine
@@ -253,9 +252,8 @@ def measure(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = C.arguments(__doc__, whole_doc=True, threads=1, out="verifier_context")
+    # Not the shared --pair and --pairs: this --pair is repeatable, and --pairs takes 'all'.
     ap.add_argument(
         "--pair", action="append", help="a pair (repeatable); default gemma-270m"
     )
@@ -280,9 +278,7 @@ def main() -> None:
         default=20.0,
         help="per pair: stop measuring after this long (default 20)",
     )
-    ap.add_argument("--threads", type=int, default=1, help=C.THREADS_HELP)
-    ap.add_argument("--out", default="verifier_context", help="results/<out>.json")
-    args = ap.parse_args()
+    args = C.parse(ap)
 
     if args.pairs:
         pairs = list(ALL_PAIRS) if args.pairs == "all" else C.csv_list(args.pairs)
@@ -292,8 +288,7 @@ def main() -> None:
     if min(contexts) < 2:
         ap.error("context lengths must be at least 2")
     numerics = C.csv_list(args.numerics)
-    threads = C.apply_threads(args.threads)
-    C.print_machine()
+    threads = args.threads if args.threads > 0 else None  # None: edgekit's default
     results = []
     started = time.perf_counter()
     for pair in pairs:

@@ -22,7 +22,6 @@ Needs engines/vllm/prepare.sh done (`make vllm`). Writes benchmarks/results/vllm
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -31,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines" / "vllm"))
 
-import _common as C
 import fleet as F
+import harness as C
 from vllm_server import VllmServer, post, prepared
 
 from edgekit import ClientConfig, EdgeClient, GenerationConfig
@@ -95,11 +94,11 @@ def plot(payload: dict, png: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = C.arguments(__doc__, whole_doc=True, threads=None)  # one thread each, always (below)
     ap.add_argument("--contexts", default="64,512,1024,2048")
-    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=2)  # per context length: not the shared --prompts
     ap.add_argument("--tokens", type=int, default=12)
-    args = ap.parse_args()
+    args = C.parse(ap, machine=False)
     missing = prepared()
     if missing:
         raise SystemExit(f"vLLM is not prepared ({', '.join(map(str, missing))}); run make vllm")
@@ -109,7 +108,7 @@ def main() -> None:
     prompts = contexts_of(draft, lengths, args.prompts)
     systems: dict[str, dict] = {}
     log = C.RESULTS_DIR / "vllm_rounds_server.log"
-    with VllmServer(F._free_port(), log) as vllm:
+    with VllmServer(C.free_port(), log) as vllm:
         t0 = time.monotonic()
         post(vllm.base, "/completions", {"model": SERVED, "prompt": [2, 9259], "max_tokens": 1})
         C.progress(f"vLLM ready; a first completion took {time.monotonic() - t0:.1f} s")

@@ -27,7 +27,7 @@ from edgekit.verifier import VerifierServer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import _proxies  # noqa: E402
+from rigs import proxies as _proxies  # noqa: E402
 
 pytestmark = [pytest.mark.numerics, pytest.mark.timeout(600)]
 

@@ -1,4 +1,4 @@
-"""The fleet simulator (benchmarks/_fleet.py, benchmarks/fleet.py): recorded traces
+"""The fleet simulator (benchmarks/rigs/fleet_sim.py, benchmarks/fleet.py): recorded traces
 replayed by simulated devices against a real gRPC verifier. Over the toy target it
 runs in seconds and its faithfulness check is shown to bite; `fleet.py smoke` runs
 the short real configuration on the gemma pair, as CI does."""
@@ -20,7 +20,7 @@ from edgekit.verifier import ToyEngine, VerifierServer
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from _fleet import DeviceSpec, Fleet, Trace, load_traces, record_trace, save_traces  # noqa: E402
+from rigs.fleet_sim import DeviceSpec, Fleet, Trace, load_traces, record_trace, save_traces  # noqa: E402
 
 TARGET = ToyLanguageModel(seed=11)
 DRAFT = FakeDraftModel(ToyLanguageModel(seed=11, noise=1.5), n_embd=8)

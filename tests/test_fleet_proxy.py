@@ -39,7 +39,7 @@ from edgekit.verifier import VerifierServer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import _proxies  # noqa: E402
+from rigs import proxies as _proxies  # noqa: E402
 
 TARGET = ToyLanguageModel(seed=31, eos_bias=-8.0)
 DEVICES = 16

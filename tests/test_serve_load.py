@@ -21,7 +21,7 @@ def serve_load(monkeypatch):
 
     yield serve_load
     # the benchmark's modules stay importable by name for other tests, but not half-configured
-    for name in ("serve_load", "_loadgen", "_common"):
+    for name in [n for n in sys.modules if n == "serve_load" or n.split(".")[0] in ("rigs", "harness")]:
         sys.modules.pop(name, None)
 
 

@@ -54,8 +54,8 @@ sys.path.insert(0, str(HERE.parent))
 # The device's draft stays on the CPU whatever the build; the verifier is told otherwise explicitly.
 os.environ.setdefault("EDGEKIT_GPU_LAYERS", "0")
 
-import _common as C  # noqa: E402
-import _peers as P  # noqa: E402
+import harness as C  # noqa: E402
+from rigs import peers as P  # noqa: E402
 
 PAIR = "gemma-270m"
 LOSSLESS = ("local", "centralized", "llama-server", "co-located", "co-located-8", "co-located-tuned", "edgekit-fixed-4",
@@ -181,20 +181,19 @@ def plot(payload: dict, png: Path) -> None:
 def write(payload: dict, out: Path, started: float) -> None:
     payload["wall_s"] = time.time() - started
     with open(out / "gpu_suite.json", "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, default=C._json_default)
+        json.dump(payload, f, indent=2, default=C.json_default)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # No --threads: one thread each, always (below); --out is a folder here, not the shared result's name.
+    ap = C.arguments(__doc__, whole_doc=True, replot=True, threads=None, prompts=8)
     ap.add_argument("--out", default=".", help="folder for gpu_suite.json and gpu_suite.png")
     ap.add_argument("--logs", default=None, help="folder for the servers' logs and the fleet's traces (default: --out)")
-    ap.add_argument("--replot", default=None, help="redraw this result JSON's figure beside it; measure nothing")
     ap.add_argument("--dry-run", action="store_true", help="the CPU, two prompts, a few tokens, a tiny fleet")
     ap.add_argument("--cpu-verifier", action="store_true",
                     help="the verifier on the CPU cores the device leaves (two machines on one CPU box), full size")
     ap.add_argument("--llama-server", default=shutil.which("llama-server"), help="llama.cpp's server binary")
     ap.add_argument("--systems", default=",".join(LOSSLESS), help="which of the side-by-side systems run")
-    ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--rtts", default="0,25,100")
     ap.add_argument("--numerics", default=None,
@@ -205,10 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fleet-duration", type=float, default=12.0)
     ap.add_argument("--fleet-prompts", type=int, default=8)
     ap.add_argument("--epsilon", type=float, default=0.05)
-    args = ap.parse_args(argv)
-    if args.replot:
-        C.replot(args.replot, plot)
-        return
+    args = C.parse(ap, argv, plot=plot, machine=False)  # --replot: the figure redrawn, and the end
     from edgekit.models import get_pair, model_path
     from edgekit.runtime import gpu_offload, llama_build
 

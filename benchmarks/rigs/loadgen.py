@@ -25,7 +25,7 @@ A worker counts the rounds that finish inside the measuring window `[start, end]
 (`time.monotonic`, one clock for every process on Linux), their round trips and
 the server's timings they carry, and every error and mismatch whenever it happens.
 
-The instant verifier (`python _loadgen.py instant`) answers every round at once,
+The instant verifier (`python rigs/loadgen.py instant`) answers every round at once,
 correctly, from the same tables, on a gRPC server built as the verifier's is: the
 generator against it drives what gRPC alone allows, without the verifier's own cost.
 
@@ -60,7 +60,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -40,8 +40,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import _common as C
 import fleet as F
+import harness as C
 
 CORES = frozenset(os.sched_getaffinity(0))  # before the device pins itself to one of them
 
@@ -59,18 +59,6 @@ def verifier_cores(device_core: int) -> set[int]:
 
 
 @contextmanager
-def pinned(cores: set[int] | None):
-    """This process's affinity set to `cores` for the block (a child started in it inherits them)."""
-    previous = os.sched_getaffinity(0)
-    if cores:
-        os.sched_setaffinity(0, cores)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, previous)
-
-
-@contextmanager
 def serve(target: Path, *, numerics: str, policy: str = "fcfs", cores: set[int] | None = None, gpu_layers: int = -1,
           threads: int | None = None, sessions: int = 4, log: Path | None = None):
     """`edgekit serve` on a free port, pinned to `cores`; its address and process id."""
@@ -79,7 +67,7 @@ def serve(target: Path, *, numerics: str, policy: str = "fcfs", cores: set[int] 
     if threads:
         serve_args += ["--threads", str(threads)]
     with ExitStack() as stack:
-        with pinned(cores):  # the server's process inherits them; this one is back on its own after
+        with C.pinned(cores):  # the server's process inherits them; this one is back on its own after
             served = stack.enter_context(F.serve_process(serve_args, log))
         yield served
 
@@ -182,7 +170,7 @@ def llama_server(binary: str, target: Path, draft: Path, flags: tuple[str, ...],
                  threads: int | None = None, cores: set[int] | None = None):
     """llama.cpp's server on `target` (with `flags` naming speculation, the draft beside it), on
     the GPU or on `threads` CPU threads pinned to `cores`; its address and process id."""
-    port = F._free_port()
+    port = C.free_port()
     cmd = [binary, "-m", str(target), "-ngl", "99" if gpu else "0", "--host", "127.0.0.1", "--port", str(port),
            "-c", "4096", "-np", "1", "--no-warmup"]
     if threads:
@@ -191,7 +179,7 @@ def llama_server(binary: str, target: Path, draft: Path, flags: tuple[str, ...],
         cmd += ["-md", str(draft), "-ngld", "99" if gpu else "0", *flags]
         if threads:
             cmd += ["-td", str(threads), "-tbd", str(threads)]
-    with open(log, "w") as out, pinned(cores):
+    with open(log, "w") as out, C.pinned(cores):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
         _ready(f"http://127.0.0.1:{port}/health", proc, "llama-server", log, 180)
@@ -251,11 +239,11 @@ def _ready(url: str, proc: subprocess.Popen, what: str, log: Path, deadline_s: f
 def llama_cpp_python_server(target: Path, log: Path, *, threads: int = 1, cores: set[int] | None = None):
     """llama-cpp-python's OpenAI server (`python -m llama_cpp.server`) on `target`, CPU only,
     `threads` threads pinned to `cores`; its OpenAI base URL (…/v1), model name and process id."""
-    port = F._free_port()
+    port = C.free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(target), "--host", "127.0.0.1", "--port",
            str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", "4096",
            "--n_gpu_layers", "0", "--n_ubatch", "1"]  # the verifiers guide's: AMX CPUs crash without it
-    with open(log, "w") as out, pinned(cores):
+    with open(log, "w") as out, C.pinned(cores):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}/v1"
@@ -269,7 +257,7 @@ def llama_cpp_python_server(target: Path, log: Path, *, threads: int = 1, cores:
 def vllm_server(log: Path, *, cores: set[int] | None = None):
     """vLLM's CPU build serving the converted gemma target (engines/vllm: prepare.sh first),
     pinned to `cores`, one OpenMP thread; its OpenAI base URL, model name and engine process ids."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines" / "vllm"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engines" / "vllm"))
     try:
         from vllm_server import VllmServer, prepared
     finally:
@@ -277,8 +265,8 @@ def vllm_server(log: Path, *, cores: set[int] | None = None):
     missing = prepared()
     if missing:
         raise RuntimeError(f"vLLM is not prepared ({', '.join(map(str, missing))}): run make vllm")
-    server = VllmServer(F._free_port(), log)
-    with pinned(cores):
+    server = VllmServer(C.free_port(), log)
+    with C.pinned(cores):
         server.start()
     try:
         server.wait_ready()
@@ -327,8 +315,8 @@ def fleet(args: argparse.Namespace, draft: Path, target: Path, *, pair: str, nam
     `args.fleet_systems`; capacity per SLO class (WISP eq. 20) and goodput. `names`: the draft's
     and the target's, for the traces. With `replicas` > 1, that many verifiers (each on `cores`,
     each with room for every device) behind `proxy` with deploy/'s config (`_proxies`)."""
-    import _proxies
-    from _fleet import load_traces, record_trace, save_traces
+    from rigs import proxies as _proxies
+    from rigs.fleet_sim import load_traces, record_trace, save_traces
 
     from edgekit import ClientConfig
     from edgekit.protocol import GenerateRequest

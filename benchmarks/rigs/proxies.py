@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {"haproxy": ROOT / "deploy" / "haproxy" / "haproxy.cfg", "nginx": ROOT / "deploy" / "nginx" / "nginx.conf"}
 
 
