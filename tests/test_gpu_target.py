@@ -1,0 +1,68 @@
+"""The GPU target where no weights can be downloaded (benchmarks/gpu/make_target.py, issue 51 item 1),
+on the CPU as CI runs it: the shapes are the published models', and a toy-sized target written with
+gemma's tokenizer, F16 and requantized to Q4_K_M, loads in llama.cpp, serves behind the verifier,
+and the gemma draft drafts for it (speculative output equals the target's own: exact numerics)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+MAKE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "make_target.py"
+
+
+def _make_target():
+    sys.path.insert(0, str(MAKE.parent))
+    try:
+        import make_target
+    finally:
+        sys.path.pop(0)
+    return make_target
+
+
+@pytest.mark.parametrize("shape, billions", [("qwen2.5-7b", 7.61), ("qwen2.5-14b", 14.7), ("qwen2.5-32b", 32.5)])
+def test_each_shape_has_its_models_parameters(shape, billions):
+    # the model cards' counts, with Qwen2.5's 152,064-row embedding and untied output
+    mt = _make_target()
+    params = sum(int(np.prod(dims)) for _, dims, _ in mt.tensors(mt.SHAPES[shape], 152_064))
+    assert params / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+@pytest.mark.models
+@pytest.mark.timeout(600)
+def test_a_toy_target_loads_serves_and_the_pairs_draft_drafts_for_it(tmp_path, gemma_paths):
+    from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel, ServerConfig
+    from edgekit.models.compat import check_pair
+    from edgekit.verifier import VerifierServer
+
+    done = subprocess.run([sys.executable, str(MAKE), "--shape", "toy", "--tokenizer", str(gemma_paths[1]),
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    made = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [m["type"] for m in made] == ["f16", "q4_k_m"]
+    f16, q4 = (Path(m["path"]) for m in made)
+    assert made[0]["n_vocab"] == 262_144 and made[0]["parameters"] > 2 * 262_144 * 64
+    assert q4.stat().st_size < 0.6 * f16.stat().st_size  # requantized: the matrices at ~4.5 bits
+
+    for target in (f16, q4):
+        check = check_pair(gemma_paths[0], target)
+        assert check.compatible and check.lossless, check.reason
+        server = VerifierServer(target, ServerConfig(port=0, max_sessions=2, max_context=512), name=target.stem)
+        server.start()
+        draft = LlamaDraftModel(gemma_paths[0], name="gemma-3-270m-q4_0", n_ctx=512)
+        try:
+            with EdgeClient(server.address, draft_model=draft, generation=GenerationConfig(max_tokens=24)) as client:
+                assert client.server_info().exact_numerics
+                speculative = client.generate("def add(a, b):", drafting="fixed", draft_k=4).until_done()
+                alone = client.generate_target_only("def add(a, b):").until_done()
+            # random weights: a random text, but the target's own, by either route
+            assert speculative.token_ids == alone.token_ids and len(alone.token_ids) == 24
+            assert speculative.stats.rounds > 0
+        finally:
+            draft.close()
+            server.stop()
