@@ -50,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as C
-from rigs.fleet_sim import DeviceSpec, Fleet, load_traces, record_trace, save_traces
+from rigs.fleet_sim import DeviceSpec, Fleet, Trace, load_traces, record_trace, save_traces
 
 from edgekit.config import DEFAULT_SLO_CLASSES
 from edgekit.drafting import FixedWindow, PredictorController
@@ -72,7 +72,8 @@ SYSTEMS: dict[str, tuple[str, str, str]] = {  # name: (verifier policy[/budget],
     "fixed-s": ("fcfs+fixed", "speculative", "budget"),
     "random-s": ("fcfs+random", "speculative", "budget"),
 }
-RESULTS = Path(__file__).resolve().parent / "results"
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
 
 
 def traces_path(pair: str, tokens: int = 48) -> Path:
@@ -143,11 +144,14 @@ class Served:
 
 
 @contextmanager
-def serve_process(serve_args: list[str], log: Path | None):
-    """`edgekit serve SERVE_ARGS` on a free loopback port, in a process of its own, until the block ends."""
+def serve_process(serve_args: list[str], log: Path | None, replay: Path | None = None):
+    """`edgekit serve SERVE_ARGS` on a free loopback port, in a process of its own, until the block ends;
+    with `replay` (a traces JSON), served by rigs/replayed.py: greedy rows answered as those traces'
+    target answered them."""
     port = C.free_port()
-    cmd = [sys.executable, "-c", "from edgekit.cli.app import main; main()", "serve", "--port", str(port),
-           *serve_args]
+    launcher = (["-c", "from edgekit.cli.app import main; main()", "serve"] if replay is None
+                else [str(HERE / "rigs" / "replayed.py"), str(replay)])
+    cmd = [sys.executable, *launcher, "--port", str(port), *serve_args]
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115  (closed below)
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -171,13 +175,16 @@ def serve_flags(policy: str) -> list[str]:
 
 @contextmanager
 def verifier(pair: str, policy: str, max_sessions: int, threads: int | None, numerics: str, log: Path | None,
-             token_budget: int = 0, extra: Sequence[str] = ()):
-    """The pair's verifier under `policy` (`serve_flags`; C = `token_budget` or auto); its address."""
-    args = ["--pair", pair, *serve_flags(policy), "--max-sessions", str(max_sessions), "--numerics", numerics,
+             token_budget: int = 0, extra: Sequence[str] = (), replay: tuple[Path, Path] | None = None):
+    """The pair's verifier under `policy` (`serve_flags`; C = `token_budget` or auto); its address. With
+    `replay` (a target GGUF, a traces JSON): that target, its greedy rows answered from the traces
+    (`serve_process`)."""
+    model = ["--pair", pair] if replay is None else ["--model", str(replay[0])]
+    args = [*model, *serve_flags(policy), "--max-sessions", str(max_sessions), "--numerics", numerics,
             "--token-budget", str(token_budget)]
     if threads:
         args += ["--threads", str(threads)]
-    with serve_process([*args, *extra], log) as served:
+    with serve_process([*args, *extra], log, replay[1] if replay else None) as served:
         yield served.address
 
 
@@ -288,7 +295,7 @@ def attribution(fleet: Fleet, window: int = 20, rho: float = 1.5) -> dict:
 def cmd_run(args: argparse.Namespace) -> dict:
     traces, meta = machine_traces(args.pair, threads=args.threads)
     policy = SYSTEMS[args.system][0]
-    with _maybe_verifier(args, policy) as address:
+    with _maybe_verifier(args, policy, traces, meta) as address:
         fleet = run_fleet(address, args.system, args.devices, args, traces, meta)
     summary = fleet.summary(args.warmup)
     print(C.table(["class", "responses", "violation", "mean tok/s"],
@@ -299,13 +306,17 @@ def cmd_run(args: argparse.Namespace) -> dict:
 
 
 @contextmanager
-def _maybe_verifier(args: argparse.Namespace, policy: str):
+def _maybe_verifier(args: argparse.Namespace, policy: str, traces: Sequence[Trace] = (), meta: dict | None = None):
     if args.verifier:
         yield args.verifier
         return
     log = RESULTS / f"fleet_serve_{args.pair}_{re.sub(r'[^A-Za-z0-9.+-]+', '-', policy)}.log"
+    replay = None
+    if args.replay_target:  # the devices' traces, answered by that target (rigs/replayed.py)
+        replay = (Path(args.replay_target), log.with_name(log.stem + "_traces.json"))
+        save_traces(replay[1], list(traces), meta or {})
     with verifier(args.pair, policy, max(args.max_sessions, 2), args.threads, args.numerics, log,
-                  getattr(args, "token_budget", 0)) as address:
+                  getattr(args, "token_budget", 0), replay=replay) as address:
         yield address
 
 
@@ -329,7 +340,7 @@ def cmd_sweep(args: argparse.Namespace) -> dict:
         policy = SYSTEMS[system][0]
         args.max_sessions = max(devices)
         results[system] = {"points": []}
-        with _maybe_verifier(args, policy) as address:
+        with _maybe_verifier(args, policy, traces, meta) as address:
             for n in devices:
                 fleet = run_fleet(address, system, n, args, traces, meta)
                 s = fleet.summary(args.warmup)
@@ -449,6 +460,9 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--numerics", default="exact")
         p.add_argument("--max-sessions", type=int, default=16)
         p.add_argument("--token-budget", type=int, default=0, help="C of the budget systems (0: the verifier's auto)")
+        p.add_argument("--replay-target", metavar="GGUF", default=None,
+                       help="serve this target (a random one: benchmarks/gpu/make_target.py), its greedy rows answered "
+                            "as the traces' target answered them (rigs/replayed.py); the figures say so")
     sub.choices["run"].add_argument("--system", default="fcfs", choices=list(SYSTEMS))
     sub.choices["run"].add_argument("--devices", type=int, default=8)
     sub.choices["sweep"].add_argument("--systems", default="sled,fcfs,centralized,wisp")

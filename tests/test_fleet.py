@@ -175,3 +175,32 @@ def test_the_gpu_simulation_holds_devices_to_the_budgets_its_verifier_assigns():
     assert {d.trace is not None and traces.index(d.trace) in other for d in sim.devices[::2]} == {True}  # switched
     free = gpu_sim.Simulation("fcfs", 4, traces, args, lambda: FixedWindow(args.window), log_rounds=True).run()
     assert free.budgets is None and max(r.drafted for r in free.log or []) == args.window
+
+
+def test_a_replayed_target_runs_its_own_passes_and_accepts_what_the_recorded_target_did(traces):
+    """rigs/replayed.py (issue 51): a target of other weights (here another toy, on the GPU a random
+    one) answers each greedy row with the traces' target token: the fleet's faithfulness check,
+    which fails on the other target alone, passes, and every row it ran was answered from a trace."""
+    from rigs.replayed import Replay
+
+    other = ToyLanguageModel(seed=12)
+
+    class Replayed(ToyEngine):
+        def run_batch(self, feeds):
+            return [self.replay(f, o) for f, o in zip(feeds, super().run_batch(feeds), strict=True)]
+
+    def fleet_on(engine: ToyEngine):
+        config = ServerConfig(port=0, max_sessions=4, max_context=256, max_block=8, calibrate="off")
+        with VerifierServer(engine, config) as s:
+            return Fleet(s.address, DRAFT.fingerprint(), traces, _specs(2), controller=lambda: FixedWindow(3),
+                         duration=1.0, max_window=6, min_responses=1).run()
+
+    alone = fleet_on(ToyEngine(other, n_seq=4, max_context=256))
+    assert alone.errors and "the trace says" in alone.errors[0]  # the other target's own verdicts
+    engine = Replayed(other, n_seq=4, max_context=256)
+    engine.replay = Replay(traces)
+    fleet = fleet_on(engine)
+    assert fleet.errors == [] and fleet.responses and all(r.tokens == 24 for r in fleet.responses)
+    replay = engine.replay
+    assert replay.untraced == 0 and replay.replayed > 10 * replay.beyond  # rows past a trace: its last rounds'
+    assert replay.replayed + replay.beyond == replay.rows

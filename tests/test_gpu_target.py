@@ -33,17 +33,23 @@ def test_each_shape_has_its_models_parameters(shape, billions):
     assert params / 1e9 == pytest.approx(billions, rel=0.01)
 
 
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, gemma_paths) -> list[dict]:
+    """A toy-shaped random target with gemma's tokenizer, F16 and Q4_K_M, as the script prints them."""
+    out = tmp_path_factory.mktemp("target")
+    done = subprocess.run([sys.executable, str(MAKE), "--shape", "toy", "--tokenizer", str(gemma_paths[1]),
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
 @pytest.mark.models
 @pytest.mark.timeout(600)
-def test_a_toy_target_loads_serves_and_the_pairs_draft_drafts_for_it(tmp_path, gemma_paths):
+def test_a_toy_target_loads_serves_and_the_pairs_draft_drafts_for_it(made, gemma_paths):
     from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel, ServerConfig
     from edgekit.models.compat import check_pair
     from edgekit.verifier import VerifierServer
 
-    done = subprocess.run([sys.executable, str(MAKE), "--shape", "toy", "--tokenizer", str(gemma_paths[1]),
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    made = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [m["type"] for m in made] == ["f16", "q4_k_m"]
     f16, q4 = (Path(m["path"]) for m in made)
     assert made[0]["n_vocab"] == 262_144 and made[0]["parameters"] > 2 * 262_144 * 64
@@ -66,3 +72,35 @@ def test_a_toy_target_loads_serves_and_the_pairs_draft_drafts_for_it(tmp_path, g
         finally:
             draft.close()
             server.stop()
+
+
+@pytest.mark.models
+@pytest.mark.timeout(600)
+def test_the_random_target_served_by_the_replay_launcher_accepts_what_gemma_accepted(made, tmp_path):
+    """benchmarks/rigs/replayed.py with the fleet simulator (issue 51, item 2): gemma's recorded
+    drafting replayed against the random target, every pass run by llama.cpp; with the replay every
+    verdict is the one the real gemma target gave (the fleet's check passes), without it the random
+    target's own verdicts fail that check."""
+    sys.path.insert(0, str(MAKE.parents[1]))
+    try:
+        import fleet as F
+        from rigs.fleet_sim import DeviceSpec, Fleet, load_traces
+    finally:
+        sys.path.pop(0)
+    from edgekit.drafting import FixedWindow
+
+    traces, meta = load_traces(F.record("gemma-270m", 2, 12, 4, None, tmp_path / "traces.json"))
+    f16 = made[0]["path"]
+    serve = ["--model", f16, "--max-sessions", "4", "--max-context", "512"]
+
+    def fleet_on(replay: Path | None) -> Fleet:
+        with F.serve_process(serve, tmp_path / "serve.log", replay) as served:
+            specs = [DeviceSpec(None, None, speed_factor=1.0, rtt_ms=2.0) for _ in range(2)]
+            return Fleet(served.address, F._draft_fingerprint(meta), traces, specs,
+                         controller=lambda: FixedWindow(3), duration=2.0, max_window=4, min_responses=1).run()
+
+    alone = fleet_on(None)
+    assert alone.errors and "the trace says" in alone.errors[0]
+    replayed = fleet_on(tmp_path / "traces.json")
+    assert replayed.errors == [] and replayed.responses
+    assert all(r.tokens == len(traces[0].target) or r.tokens == len(traces[1].target) for r in replayed.responses)
