@@ -5,6 +5,7 @@ from a model the machine has.
     python benchmarks/gpu/make_target.py --shape qwen2.5-7b --out DIR                  # F16, then Q4_K_M
     python benchmarks/gpu/make_target.py --shape qwen2.5-32b --types f16 --out DIR
     python benchmarks/gpu/make_target.py --shape toy --tokenizer gemma-3-270m --out DIR  # what CI runs
+    python benchmarks/gpu/make_target.py --save-tokenizer --out DIR   # DIR/tokenizer.gguf, to carry
 
 Shapes are the published configurations (hidden size, layers, feed-forward size, attention and
 key/value heads, rope base, norm epsilon) of the Qwen2.5 models, in llama.cpp's `qwen2`
@@ -159,6 +160,23 @@ def write_f16(shape_name: str, tokenizer: str, path: Path, seed: int = 0) -> dic
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def save_tokenizer(tokenizer: str, path: Path) -> dict:
+    """A GGUF of `tokenizer`'s keys alone (no tensors): what `--tokenizer` needs, small enough to carry
+    to a machine that has no models (Qwen2.5's: a few MB, where the qwen-coder target is 1 GB)."""
+    import gguf
+
+    fields = _tokenizer_fields(_source(tokenizer))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    for key, value, vtype, sub in fields:
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {"path": str(path), "type": "tokenizer", "bytes": path.stat().st_size, "tokenizer": tokenizer}
+
+
 def quantize(src: Path, dst: Path, ftype: str = "Q4_K_M") -> dict:
     """`src` requantized by llama.cpp into `dst` in a child process (the quantizer may abort its
     process) on every core this process may use."""
@@ -197,7 +215,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--types", default="f16,q4_k_m", help="f16, and q4_k_m requantized from it")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True, help="the folder the GGUFs go to")
+    ap.add_argument("--save-tokenizer", action="store_true",
+                    help="write only OUT/tokenizer.gguf: the tokenizer's keys, to carry where its model is not")
     a = C.parse(ap, args, machine=False)
+    if a.save_tokenizer:
+        print(json.dumps(save_tokenizer(a.tokenizer, a.out / "tokenizer.gguf")), flush=True)
+        return
     types = [t.strip().lower() for t in a.types.split(",") if t.strip()]
     if not set(types) <= {"f16", "q4_k_m"}:
         ap.error(f"--types: f16 and q4_k_m, not {a.types!r}")
