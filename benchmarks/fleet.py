@@ -134,9 +134,6 @@ def record(pair: str, prompts: int, tokens: int, window: int, threads: int | Non
 # -- the verifier under test -------------------------------------------------------------------
 
 
-_free_port = C.free_port  # kept for the scripts that import it from here
-
-
 @dataclass(frozen=True)
 class Served:
     address: str
