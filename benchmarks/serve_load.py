@@ -13,6 +13,11 @@ The engine, by `--kinds`:
 - `7b`: the toy engine taking, per batch, the time of a 7B target's step on an H200 as a
   function of the batch's rows (`step_ms`, the roofline table below), in `time.sleep`, which
   releases the GIL as a GPU engine waiting on its kernels does;
+- `replayed` (with `--traces` and `--target`): llama.cpp's engine on a real GGUF, a GPU's where
+  `--gpu-layers` puts it there, each greedy row answered as the traces' real target answered it
+  (`rigs/replayed.py`; a random target of a real shape from `gpu/make_target.py` costs what the
+  real one does and accepts what the real one did); the devices replay the traces' prompts and
+  the real draft's blocks (`rigs.loadgen.Tables`), and every verdict is checked against them;
 - `instant`: no verifier, a stub on a gRPC server built as the verifier's is, answering every
   call at once from the same tables (`rigs.loadgen.instant_main`): what gRPC alone allows, and what
   a round costs the generator with nothing else in the way.
@@ -39,6 +44,8 @@ by thread) in the JSON.
     python benchmarks/serve_load.py --devices 8 --kinds zero --duration 2 --profile ""
     python benchmarks/serve_load.py --server-cores 0-3 --loadgen-cores 4-15   # a 16-core machine
     python benchmarks/serve_load.py --draft-ms 40 --out serve_load_paced     # Pi-class drafting
+    python benchmarks/serve_load.py --traces results/fleet_traces_qwen-coder.json --target 7B.gguf --gpu-layers -1 \
+        --numerics fast --devices 8,32,64,128 --server-cores 0-3 --loadgen-cores 4-15   # issue 51
     python benchmarks/serve_load.py --replot benchmarks/results/serve_load.json
 
 Writes `results/<out>.json` and `results/<out>.png` (rounds/s against devices, the engine's busy
@@ -65,7 +72,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as C
 from rigs import proxies as _proxies
-from rigs.loadgen import LineProcess, Tally, Workload, cpu_seconds, parse_cores, prepare_process, spawn, toy_target
+from rigs.loadgen import (
+    LineProcess,
+    Tables,
+    Tally,
+    Workload,
+    cpu_seconds,
+    parse_cores,
+    prepare_process,
+    spawn,
+    toy_target,
+)
 
 # A step of B sequences x T new tokens of the qwen2.5-7b shape at 1,024 cached tokens on an H200,
 # in ms: /work/shared/gpu/roofline_h200.md (flash_1k_h200.json, `verify_roofline.py`, bf16, CUDA
@@ -137,10 +154,14 @@ def serve_main() -> None:
     prepare_process(spec.get("cores"))
     w = Workload(**spec["workload"])
     n = spec["max_sessions"]
-    engine = ToyEngine(toy_target(w), n_seq=n, max_context=w.max_context,
-                       cost=step_ms if spec["kind"] == "7b" else None)
+    if spec["kind"] == "replayed":
+        engine, max_context = _replayed_engine(spec, w, n)
+    else:
+        max_context = w.max_context
+        engine = ToyEngine(toy_target(w), n_seq=n, max_context=max_context,
+                           cost=step_ms if spec["kind"] == "7b" else None)
     # calibrate off: no timing run before serving; the queue bound above the devices: no refusal
-    config = ServerConfig(port=0, max_sessions=n, max_context=w.max_context, max_block=max(w.k, 8),
+    config = ServerConfig(port=0, max_sessions=n, max_context=max_context, max_block=max(w.k, 8),
                           calibrate="off", max_queue=max(256, n + 8), max_batch_rows=spec["max_batch_rows"])
     server = VerifierServer(engine, config).start()
     print(json.dumps({"ready": True, "address": server.address, "pid": os.getpid()}), flush=True)
@@ -149,6 +170,21 @@ def serve_main() -> None:
             break
         print(json.dumps(_server_stats(server)), flush=True)
     server.stop(grace=0.5)
+
+
+def _replayed_engine(spec: dict[str, Any], w: Workload, n: int) -> tuple[Any, int]:
+    """`--kinds replayed`: llama.cpp's engine on the target GGUF (its layers on a GPU where there is
+    one), each greedy row answered as the traces' real target answered it (rigs/replayed.py)."""
+    from rigs.fleet_sim import load_traces
+    from rigs.replayed import Replay, ReplayedLlamaEngine
+
+    traces, _ = load_traces(Path(w.traces))
+    ReplayedLlamaEngine.replay = Replay(traces)
+    max_context = Tables(w).max_context
+    engine = ReplayedLlamaEngine(spec["target"], name=Path(spec["target"]).stem, max_context=max_context, n_seq=n,
+                                 max_block=max(w.k, 8), exact=spec["numerics"] == "exact", threads=spec["threads"],
+                                 gpu_layers=spec["gpu_layers"])
+    return engine, max_context
 
 
 def _server_stats(server: Any) -> dict[str, Any]:
@@ -210,7 +246,8 @@ def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workl
     """`devices` devices against a verifier of `kind` for the window; the point's figures."""
     logs = Path(tempfile.mkdtemp(prefix="serve_load-"))
     spec = {"workload": asdict(workload), "kind": kind, "max_sessions": devices + 16, "cores": args.server_cores,
-            "max_batch_rows": args.max_batch_rows, "rounds": args.rounds}
+            "max_batch_rows": args.max_batch_rows, "rounds": args.rounds, "target": args.target,
+            "numerics": args.numerics, "gpu_layers": args.gpu_layers, "threads": args.threads}
     if kind == "instant":
         server = spawn("instant", spec, cores=args.server_cores, log=logs / "verifier.log")
     else:
@@ -452,10 +489,19 @@ def profile_summary(path: Path, top: int = 20) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from edgekit import ServerConfig
 
-    ap = C.arguments(__doc__, replot=True, threads=None, out="serve_load")
+    ap = C.arguments(__doc__, replot=True, threads=0, out="serve_load")
     ap.add_argument("--devices", default="64,128,256,1024", help="device counts, comma-separated")
-    ap.add_argument("--kinds", default="instant,zero,7b",
-                    help="instant (the generator's ceiling), zero (toy engine), 7b (the roofline's step times)")
+    ap.add_argument("--kinds", default=None,
+                    help="instant (the generator's ceiling), zero (toy engine), 7b (the roofline's step times), "
+                         "replayed (--target on llama.cpp, rows from --traces); default instant,zero,7b, or "
+                         "instant,replayed with --traces")
+    ap.add_argument("--traces", default=None, metavar="JSON",
+                    help="devices replay these recorded traces (benchmarks/fleet.py record) instead of the toy pair")
+    ap.add_argument("--target", default=None, metavar="GGUF",
+                    help="replayed: the target llama.cpp runs (a random one of a real shape: gpu/make_target.py); "
+                         "its vocabulary is the devices' tokenizer")
+    ap.add_argument("--gpu-layers", type=int, default=None, help="replayed: the target's layers on a GPU (-1: all)")
+    ap.add_argument("--numerics", default="exact", choices=("exact", "fast"), help="replayed: the verifier's numerics")
     ap.add_argument("--duration", type=float, default=10.0, help="seconds measured per point")
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds before the window, while sessions open (default: 3, or devices / 200 if more)")
@@ -476,6 +522,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--channels", default="device", choices=("device", "worker"),
                     help="a gRPC channel (connection) per device, or one per worker (which gRPC caps at 100 "
                          "calls in flight: more devices than that queue in the worker)")
+    ap.add_argument("--generate", action="store_true",
+                    help="devices draft nothing: each session is a target-only Generate stream (centralized serving)")
     ap.add_argument("--draft-ms", type=float, default=0.0, help="drafting time per token (0: instant devices)")
     ap.add_argument("--max-batch-rows", type=int, default=ServerConfig.max_batch_rows,
                     help="the verifier's cap on a batch's rows (its --max-batch-rows)")
@@ -483,7 +531,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tokens", type=int, default=128, help="tokens per session before the next opens")
     ap.add_argument("--noise", type=float, default=Workload.noise, help="the toy draft's noise (acceptance)")
     ap.add_argument("--vocab", type=int, default=64, help="the toy's vocabulary")
-    ap.add_argument("--profile", default="7b:128", help="KIND:DEVICES to run once more under py-spy; '' none")
+    ap.add_argument("--profile", default=None,
+                    help="KIND:DEVICES to run once more under py-spy; '' none (default 7b:128, none with --traces)")
     ap.add_argument("--results-dir", default=None, help="where the JSON and PNG go (default benchmarks/results)")
     ap.add_argument("--no-plot", action="store_true")
     args = C.parse(ap, argv, plot=plot)  # --replot: the figure redrawn, and the end
@@ -493,11 +542,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args.loadgen_cores = (parse_cores(args.loadgen_cores) if args.loadgen_cores
                           else [c for c in mine if c not in args.server_cores] or args.server_cores)
     args.workers = args.workers or len(args.loadgen_cores)
+    if args.profile is None:
+        args.profile = "" if args.traces else "7b:128"
     if args.profile:
         _py_spy()  # missing: say so now, not after the sweep
     device_counts = C.csv_list(args.devices, int)
-    kinds = C.csv_list(args.kinds)
-    workload = Workload(vocab=args.vocab, noise=args.noise, k=args.k, tokens=args.tokens, draft_ms=args.draft_ms)
+    kinds = C.csv_list(args.kinds or ("instant,replayed" if args.traces else "instant,zero,7b"))
+    if args.traces and set(kinds) - {"instant", "replayed"}:
+        ap.error("with --traces the kinds are instant and replayed (the toy engine knows no recorded target)")
+    if "replayed" in kinds and not (args.traces and args.target):
+        ap.error("--kinds replayed needs --traces and --target")
+    args.threads = args.threads or None
+    workload = Workload(vocab=args.vocab, noise=args.noise, k=args.k, tokens=args.tokens, draft_ms=args.draft_ms,
+                        traces=str(Path(args.traces).resolve()) if args.traces else "",
+                        tokenizer=str(Path(args.target).resolve()) if args.target else "", generate=args.generate)
     C.progress(f"verifier on cores {args.server_cores}, rounds by {args.rounds}, "
                f"generator: {args.workers} {args.mode} worker(s) on "
                f"cores {args.loadgen_cores}")

@@ -9,9 +9,13 @@ would look green while testing nothing.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +23,7 @@ from edgekit import ClientConfig, EdgeClient, LlamaDraftModel, ModelNotFoundErro
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
 
-_MODEL_FIXTURES = frozenset({"gemma_paths", "gemma_server", "gemma_draft"})  # and whatever uses them
+_MODEL_FIXTURES = frozenset({"gemma_paths", "gemma_server", "gemma_draft", "gpu_toy_target"})  # and whatever uses them
 
 
 FIRST_ROUTES = ("auto", "speculative", "target-only")
@@ -89,6 +93,24 @@ def _paths(pair: str):
 @pytest.fixture(scope="session")
 def gemma_paths():
     return _paths("gemma-270m")
+
+
+@pytest.fixture(scope="session")
+def gpu_toy_target(tmp_path_factory, gemma_paths) -> list[dict]:
+    """A toy-shaped random target with gemma's tokenizer (benchmarks/gpu/make_target.py), F16 then
+    Q4_K_M, as the script prints them; the tokenizer taken from a tokenizer-only GGUF the script
+    wrote first (what a GPU machine without models gets)."""
+    make = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "make_target.py"
+
+    def run(*options: str) -> list[dict]:
+        done = subprocess.run([sys.executable, str(make), *options], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+    out = tmp_path_factory.mktemp("target")
+    (saved,) = run("--save-tokenizer", "--tokenizer", str(gemma_paths[1]), "--out", str(out))
+    assert saved["bytes"] < 0.05 * gemma_paths[1].stat().st_size  # the keys alone: no tensors
+    return run("--shape", "toy", "--tokenizer", saved["path"], "--out", str(out))
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,6 @@ and the gemma draft drafts for it (speculative output equals the target's own: e
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,29 +31,14 @@ def test_each_shape_has_its_models_parameters(shape, billions):
     assert params / 1e9 == pytest.approx(billions, rel=0.01)
 
 
-def _run(*options: str) -> list[dict]:
-    done = subprocess.run([sys.executable, str(MAKE), *options], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory, gemma_paths) -> list[dict]:
-    """A toy-shaped random target with gemma's tokenizer, F16 and Q4_K_M, as the script prints them;
-    the tokenizer taken from a tokenizer-only GGUF the script wrote first (what a GPU machine gets)."""
-    out = tmp_path_factory.mktemp("target")
-    (saved,) = _run("--save-tokenizer", "--tokenizer", str(gemma_paths[1]), "--out", str(out))
-    assert saved["bytes"] < 0.05 * gemma_paths[1].stat().st_size  # the keys alone: no tensors
-    return _run("--shape", "toy", "--tokenizer", saved["path"], "--out", str(out))
-
-
 @pytest.mark.models
 @pytest.mark.timeout(600)
-def test_a_toy_target_loads_serves_and_the_pairs_draft_drafts_for_it(made, gemma_paths):
+def test_a_toy_target_loads_serves_and_the_pairs_draft_drafts_for_it(gpu_toy_target, gemma_paths):
     from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel, ServerConfig
     from edgekit.models.compat import check_pair
     from edgekit.verifier import VerifierServer
 
+    made = gpu_toy_target
     assert [m["type"] for m in made] == ["f16", "q4_k_m"]
     f16, q4 = (Path(m["path"]) for m in made)
     assert made[0]["n_vocab"] == 262_144 and made[0]["parameters"] > 2 * 262_144 * 64
@@ -82,7 +65,7 @@ def test_a_toy_target_loads_serves_and_the_pairs_draft_drafts_for_it(made, gemma
 
 @pytest.mark.models
 @pytest.mark.timeout(600)
-def test_the_random_target_served_by_the_replay_launcher_accepts_what_gemma_accepted(made, tmp_path):
+def test_the_random_target_served_by_the_replay_launcher_accepts_what_gemma_accepted(gpu_toy_target, tmp_path):
     """benchmarks/rigs/replayed.py with the fleet simulator (issue 51, item 2): gemma's recorded
     drafting replayed against the random target, every pass run by llama.cpp; with the replay every
     verdict is the one the real gemma target gave (the fleet's check passes), without it the random
@@ -96,7 +79,7 @@ def test_the_random_target_served_by_the_replay_launcher_accepts_what_gemma_acce
     from edgekit.drafting import FixedWindow
 
     traces, meta = load_traces(F.record("gemma-270m", 2, 12, 4, None, tmp_path / "traces.json"))
-    f16 = made[0]["path"]
+    f16 = gpu_toy_target[0]["path"]
     serve = ["--model", f16, "--max-sessions", "4", "--max-context", "512"]
 
     def fleet_on(replay: Path | None) -> Fleet:

@@ -12,6 +12,9 @@
 #   bash benchmarks/gpu/device.sh run [ARGS]    # assemble the model, then suite.py --out $OUT ARGS
 #   bash benchmarks/gpu/device.sh replicas [ARGS]  # fleet_replicas.py on the GPU, HAProxy from the
 #                                               # Debian packages carried in build/proxies/debs
+#   bash benchmarks/gpu/device.sh goodput [ARGS]   # issue 51: a random 7B-shaped target made here from the
+#                                               # carried .gpu/tokenizer.gguf, then goodput.py --out $OUT ARGS
+#                                               # (.gpu/traces.json, and .gpu/roofline.json where carried)
 set -euo pipefail
 STAGE=${EDGEKIT_GPU_STAGE:-/tmp/edgekit-gpu}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,6 +25,9 @@ stage() {
     for f in "$ROOT"/.gpu/model.part*; do mv "$f" "$STAGE/parts/"; done
     if [ -f "$ROOT/.gpu/extra.tgz" ]; then tar xzf "$ROOT/.gpu/extra.tgz" -C "$STAGE"; rm "$ROOT/.gpu/extra.tgz"; fi
     if [ -f "$ROOT/.gpu/pkg.tgz" ]; then rm -rf "$STAGE/pkg"; tar xzf "$ROOT/.gpu/pkg.tgz" -C "$STAGE"; rm "$ROOT/.gpu/pkg.tgz"; fi
+    for f in tokenizer.gguf traces.json roofline.json; do  # goodput's pieces
+        if [ -f "$ROOT/.gpu/$f" ]; then mv "$ROOT/.gpu/$f" "$STAGE/$f"; fi
+    done
     ls -l "$STAGE" "$STAGE/parts"
 }
 
@@ -94,5 +100,25 @@ print('gpu offload', gpu_offload()); print(llama_build()['llama_build'])"
         tar czf "$out/logs.tgz" -C "$STAGE" logs
         exit $status
         ;;
-    *) echo "usage: $0 stage|check|run|replicas [args]" >&2; exit 2 ;;
+    goodput)
+        shift
+        stage
+        environment
+        shape=${EDGEKIT_GPU_SHAPE:-qwen2.5-7b}
+        target="$STAGE/target/$shape-random-f16.gguf"
+        if [ ! -f "$target" ]; then  # written here: no weights can be fetched (make_target.py)
+            python3 "$ROOT/benchmarks/gpu/make_target.py" --shape "$shape" --tokenizer "$STAGE/tokenizer.gguf" \
+                --types f16 --out "$STAGE/target"
+        fi
+        roofline=()
+        if [ -f "$STAGE/roofline.json" ]; then roofline=(--roofline "$STAGE/roofline.json"); fi
+        out=${OUT:-$STAGE/out}
+        status=0
+        python3 "$ROOT/benchmarks/gpu/goodput.py" --target "$target" --traces "$STAGE/traces.json" "${roofline[@]}" \
+            --llama-server "$(command -v llama-server)" --out "$out" --logs "$STAGE/logs" \
+            --server-cores 0-1 --loadgen-cores "2-$(($(nproc) - 1))" "$@" || status=$?
+        tar czf "$out/logs.tgz" -C "$STAGE" logs
+        exit $status
+        ;;
+    *) echo "usage: $0 stage|check|run|replicas|goodput [args]" >&2; exit 2 ;;
 esac

@@ -5,6 +5,9 @@
 #                     H200) and llama-server beside its libraries, and the wheels that machine lacks
 #   .gpu/extra.tgz    typer's pydantic and its own needs, grpcio-reflection (wheels)
 #   .gpu/model.part0N the gemma target, gzip, in four parts of ~59 MB (a call carries 64 MiB)
+#   .gpu/tokenizer.gguf, .gpu/traces.json, .gpu/roofline.json  goodput's (issue 51): the Qwen2.5
+#                     tokenizer's keys alone (5.9 MB), the qwen-coder pair's recorded drafting, and the
+#                     H200 roofline of the 7B shape where ../shared/gpu has it
 # Needs CUDA's nvcc (13.0 was on these machines, at /usr/local/cuda) and root to add cuBLAS to it;
 # the build takes ~22 min on 2 cores. Each step is skipped when its output is there.
 set -euo pipefail
@@ -80,4 +83,12 @@ if [ ! -f "$OUT/model.part00" ]; then
     gzip -9 -c "$target" > "$WORK/target.gguf.gz"
     split -n 4 -d "$WORK/target.gguf.gz" "$OUT/model.part"
 fi
+# 5. goodput's pieces (issue 51): the 7B-shaped target is made there, from the tokenizer alone
+if [ ! -f "$OUT/tokenizer.gguf" ]; then
+    qwen=$("$PY" -c "from edgekit.models import pair_paths; print(pair_paths('qwen-coder')[1])")
+    "$PY" "$ROOT/benchmarks/gpu/make_target.py" --save-tokenizer --tokenizer "$qwen" --out "$OUT"
+fi
+cp "$ROOT/benchmarks/results/fleet_traces_qwen-coder.json" "$OUT/traces.json"
+roofline="$ROOT/../shared/gpu/flash_1k_h200.json"
+if [ -f "$roofline" ]; then cp "$roofline" "$OUT/roofline.json"; fi
 ls -l "$OUT"

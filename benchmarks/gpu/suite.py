@@ -41,7 +41,6 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -60,17 +59,6 @@ from rigs import peers as P  # noqa: E402
 PAIR = "gemma-270m"
 LOSSLESS = ("local", "centralized", "llama-server", "co-located", "co-located-8", "co-located-tuned", "edgekit-fixed-4",
             "edgekit-auto")
-
-
-def gpu_name() -> str | None:
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 # -- the side-by-side runs --------------------------------------------------------------------
@@ -238,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         C.progress(f"--prompts {args.prompts}: the prompt set has {len(prompts)}; running those")
     started = time.time()
     payload: dict[str, Any] = {
-        "benchmark": "gpu_suite", "command": " ".join(sys.argv), "dry_run": args.dry_run, "gpu": gpu_name(),
+        "benchmark": "gpu_suite", "command": " ".join(sys.argv), "dry_run": args.dry_run, "gpu": C.gpu_name(),
         "verifier_on_gpu": bool(args.gpu_layers),
         "machine": C.machine(), "llama_build": llama_build(), "pair": PAIR, "tokens": args.tokens,
         "rtts_ms": args.rtts, "numerics": args.numerics, "llama_server": args.llama_server,

@@ -2,7 +2,7 @@
 
 - `cli`: the command line (`arguments`, `common`, `parse`: shared options spelled one way,
   `--threads`, `--replot`), `csv_list`, `apply_threads`.
-- `machine`: what a result was measured on (`machine`, `print_machine`).
+- `machine`: what a result was measured on (`machine`, `print_machine`, `gpu_name`).
 - `prompts`: the prompt sets (`load_prompts`).
 - `stats`: `median`, `percentile`, `ratio`.
 - `output`: the result's JSON (`write_result`), tables (`table`, `fmt`), `progress` lines.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .cli import COMMON_OPTIONS, THREADS_HELP, apply_threads, arguments, common, csv_list, parse, replot
-from .machine import machine, print_machine
+from .machine import gpu_name, machine, print_machine
 from .output import RESULTS_DIR, fmt, json_default, progress, table, write_result
 from .plots import save_figure, subplots
 from .processes import free_port, pinned, stop_process, wait_listening
@@ -28,8 +28,34 @@ from .stats import median, percentile, ratio
 BENCH_DIR = Path(__file__).resolve().parents[1]
 
 __all__ = [
-    "BENCH_DIR", "COMMON_OPTIONS", "PROMPTS_DIR", "PROMPT_KINDS", "RESULTS_DIR", "THREADS_HELP",
-    "apply_threads", "arguments", "common", "csv_list", "fmt", "free_port", "json_default", "load_prompts", "machine",
-    "median", "parse", "percentile", "pinned", "print_machine", "progress", "ratio", "replot",
-    "save_figure", "stop_process", "subplots", "table", "wait_listening", "write_result",
+    "BENCH_DIR",
+    "COMMON_OPTIONS",
+    "PROMPTS_DIR",
+    "PROMPT_KINDS",
+    "RESULTS_DIR",
+    "THREADS_HELP",
+    "apply_threads",
+    "arguments",
+    "common",
+    "csv_list",
+    "fmt",
+    "free_port",
+    "gpu_name",
+    "json_default",
+    "load_prompts",
+    "machine",
+    "median",
+    "parse",
+    "percentile",
+    "pinned",
+    "print_machine",
+    "progress",
+    "ratio",
+    "replot",
+    "save_figure",
+    "stop_process",
+    "subplots",
+    "table",
+    "wait_listening",
+    "write_result",
 ]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,18 @@ def machine() -> dict[str, Any]:
         "loadavg": _loadavg(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def gpu_name() -> str | None:
+    """The GPU's name, memory and driver as nvidia-smi says them; None where there is none."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
 
 
 def print_machine() -> None:

@@ -61,8 +61,9 @@ import grpc
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "benchmarks"):  # edgekit from the checkout; rigs.* as a worker process too
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from edgekit.protocol import GREEDY, PROTOCOL_VERSION, SERVICE_NAME, fingerprint_to_pb, pb, sampling_to_pb  # noqa: E402
 from edgekit.runtime import ToyLanguageModel  # noqa: E402
@@ -105,10 +106,19 @@ class Workload:
     tokens: int = 128  # tokens committed before a session is closed and the next opened
     prompts: int = 64
     draft_ms: float = 0.0  # per draft token; 0: instant devices
+    # Recorded drafting instead of the toy pair (benchmarks/rigs/fleet_sim.py's traces JSON): its
+    # prompts, the real target's greedy output and the real draft's blocks; vocab, noise,
+    # prompt_len, tokens and prompts are then the traces'. `tokenizer`: a GGUF whose vocabulary is
+    # the devices' fingerprint (the target served; default: the traces' draft in the model cache).
+    traces: str = ""
+    tokenizer: str = ""
+    # Devices that draft nothing: each session is one target-only Generate stream of the tokens a
+    # drafting session would commit (centralized serving, the verifier decoding every token).
+    generate: bool = False
 
     @property
     def max_context(self) -> int:
-        """What a session may reach: its prompt, its tokens and a last block past them."""
+        """What a session may reach: its prompt, its tokens and a last block past them (toy pair)."""
         return self.prompt_len + self.tokens + self.k + 2
 
 
@@ -124,34 +134,82 @@ def toy_draft(w: Workload) -> MemoToyLM:
 
 class Tables:
     """For each prompt: the target's greedy continuation, and at each position i of it the
-    draft's block there, how many of it greedy verification accepts and the token after them."""
+    draft's block there, how many of it greedy verification accepts and the token after them.
+    Built from the toy pair, or from recorded traces (`Workload.traces`), where a prompt's
+    positions stop k + 1 short of its trace's end (the token after any block must be known)."""
 
     def __init__(self, w: Workload) -> None:
         self.workload = w
-        target, draft = toy_target(w), toy_draft(w)
-        self.fingerprint = fingerprint_to_pb(target.fingerprint())
-        rng = random.Random(w.seed)
-        real = target.real_vocab_size
-        self.prompts: list[list[int]] = [[rng.randrange(2, real) for _ in range(w.prompt_len)]
-                                         for _ in range(w.prompts)]
+        self.prompts: list[list[int]] = []
         self.target: list[list[int]] = []
         self.blocks: list[list[tuple[int, ...]]] = []
         self.accepted: list[list[int]] = []
         self.next: list[list[int]] = []
+        if w.traces:
+            self._from_traces(w)
+        else:
+            self._from_toy(w)
+
+    def _from_toy(self, w: Workload) -> None:
+        target, draft = toy_target(w), toy_draft(w)
+        self.fingerprint = fingerprint_to_pb(target.fingerprint())
+        self.draft_model = "toy-draft"
+        rng = random.Random(w.seed)
+        real = target.real_vocab_size
         span = w.tokens + w.k + 1
-        for prompt in self.prompts:
+        for _ in range(w.prompts):
+            prompt = [rng.randrange(2, real) for _ in range(w.prompt_len)]
             out = _greedy(target, prompt, span)
-            blocks = [tuple(_greedy(draft, prompt + out[:i], w.k)) for i in range(w.tokens)]
-            accepted = [_common_prefix(b, out[i:]) for i, b in enumerate(blocks)]
-            self.target.append(out)
-            self.blocks.append(blocks)
-            self.accepted.append(accepted)
-            self.next.append([out[i + a] for i, a in enumerate(accepted)])
+            self._add(prompt, out, [tuple(_greedy(draft, prompt + out[:i], w.k)) for i in range(w.tokens)])
+
+    def _from_traces(self, w: Workload) -> None:
+        from rigs.fleet_sim import load_traces
+
+        traces, meta = load_traces(Path(w.traces))
+        if w.k > meta["window"]:
+            raise ValueError(f"the traces hold blocks of up to {meta['window']} tokens, not {w.k}")
+        self.draft_model = meta["draft"]
+        for t in traces:
+            if len(t.target) > w.k:
+                self._add(t.prompt, t.target, [tuple(d[: w.k]) for d in t.drafts[: len(t.target) - w.k]])
+        if not self.prompts:
+            raise ValueError(f"no trace in {w.traces} is longer than a block of {w.k}")
+        self.fingerprint = fingerprint_to_pb(_vocabulary(w.tokenizer or _cached(meta["draft"])))
+
+    def _add(self, prompt: list[int], out: list[int], blocks: list[tuple[int, ...]]) -> None:
+        accepted = [_common_prefix(b, out[i:]) for i, b in enumerate(blocks)]
+        self.prompts.append(prompt)
+        self.target.append(out)
+        self.blocks.append(blocks)
+        self.accepted.append(accepted)
+        self.next.append([out[i + a] for i, a in enumerate(accepted)])
 
     @property
     def acceptance(self) -> float:
         """Accepted over drafted tokens, over every position of every prompt."""
-        return sum(map(sum, self.accepted)) / (self.workload.k * self.workload.tokens * len(self.prompts))
+        return sum(map(sum, self.accepted)) / sum(len(b) * self.workload.k for b in self.blocks)
+
+    @property
+    def max_context(self) -> int:
+        """What a session may reach: its prompt, its tokens and a last block past them."""
+        return max(len(p) + len(b) + self.workload.k + 2 for p, b in zip(self.prompts, self.blocks))
+
+
+def _cached(model: str) -> str:
+    from edgekit.models import model_path
+
+    return str(model_path(model))
+
+
+def _vocabulary(path: str) -> Any:
+    """The tokenizer fingerprint of a GGUF, from its vocabulary alone (no weights loaded)."""
+    from edgekit.runtime import LlamaModel
+
+    vocab = LlamaModel(path, name=Path(path).stem, vocab_only=True)
+    try:
+        return vocab.fingerprint()
+    finally:
+        vocab.close()
 
 
 def _greedy(lm: ToyLanguageModel, context: Sequence[int], n: int) -> list[int]:
@@ -237,7 +295,7 @@ class Device:
         t, tally = self.t, self.tally
         fp = t.fingerprint
         answer = yield "Handshake", pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, draft_tokenizer=fp,
-                                                        draft_model="toy-draft"), 0.0
+                                                        draft_model=t.draft_model), 0.0
         if self._failed(answer, "Handshake"):
             return
         sampling = sampling_to_pb("greedy", GREEDY, 0)
@@ -245,6 +303,9 @@ class Device:
         while time.monotonic() < self.end:
             p = self.rng.randrange(len(t.prompts))
             prompt = t.prompts[p]
+            if t.workload.generate:
+                yield from self._generate(p, sampling)
+                continue
             answer = yield "OpenSession", pb.OpenSessionRequest(
                 prompt_tokens=prompt, sampling=sampling, draft_tokenizer=fp, client_id=self.client_id), backoff
             backoff = 0.05  # after a failure: not a storm of retries
@@ -289,6 +350,25 @@ class Device:
             if not self._failed(answer, "CloseSession"):
                 backoff = 0.0
 
+    def _generate(self, p: int, sampling: Any) -> Iterator[Call]:
+        """One target-only stream of as many tokens as a drafting session commits, each checked."""
+        t, tally = self.t, self.tally
+        n = len(t.blocks[p])
+        answer = yield "Generate", pb.GenerateRequest(prompt_tokens=t.prompts[p], sampling=sampling, max_tokens=n), 0.0
+        if self._failed(answer, "Generate"):
+            return
+        tokens, sent, done = answer
+        got = [m.token for m in tokens]
+        if not 0 < len(got) <= n or got != t.target[p][: len(got)]:
+            self._mismatch(f"prompt {p}: streamed {got[:6]}... ({len(got)}), the target's {t.target[p][:6]}...")
+            return
+        tally.rounds_all += 1
+        if self.start <= done <= self.end:  # a stream counts as a round, its tokens as committed
+            tally.rounds += 1
+            tally.committed += len(got)
+            tally.sessions += 1
+            tally.rtt_ms.append((done - sent) * 1e3)
+
     def _failed(self, answer: Answer, method: str) -> bool:
         error = answer[0]
         if isinstance(error, grpc.RpcError):
@@ -313,6 +393,7 @@ _METHODS = {
     "OpenSession": (pb.OpenSessionRequest, pb.OpenSessionResponse),
     "Verify": (pb.VerifyRequest, pb.VerifyResponse),
     "CloseSession": (pb.CloseSessionRequest, pb.CloseSessionResponse),
+    "Generate": (pb.GenerateRequest, pb.GenerateResponse),  # a stream of answers: `_stubs`
 }
 _CHANNEL_OPTIONS = [("grpc.enable_retries", 0), ("grpc.max_receive_message_length", 16 << 20)]
 
@@ -325,9 +406,9 @@ def _tagged(stubs: dict[str, Callable[..., Any]], client_id: str) -> dict[str, C
 
 
 def _stubs(channel: Any) -> dict[str, Callable[..., Any]]:
-    stubs = {name: channel.unary_unary(f"/{SERVICE_NAME}/{name}", request_serializer=req.SerializeToString,
-                                       response_deserializer=resp.FromString)
-             for name, (req, resp) in _METHODS.items()}
+    stubs = {name: (channel.unary_stream if name == "Generate" else channel.unary_unary)(
+        f"/{SERVICE_NAME}/{name}", request_serializer=req.SerializeToString, response_deserializer=resp.FromString)
+        for name, (req, resp) in _METHODS.items()}
     stubs["Rounds"] = channel.stream_stream(f"/{SERVICE_NAME}/Rounds",
                                             request_serializer=pb.VerifyRequest.SerializeToString,
                                             response_deserializer=pb.VerifyResponse.FromString)
@@ -356,6 +437,8 @@ async def _drive_aio(device: Device, stubs: dict[str, Callable[..., Any]], round
                 response = await stream.read()
                 if response is grpc.aio.EOF:
                     raise RuntimeError("the verifier ended the stream of rounds")
+            elif method == "Generate":
+                response = [m async for m in stubs[method](request, timeout=120.0)]
             else:
                 if method == "CloseSession" and stream is not None:
                     await _end(stream)
@@ -387,6 +470,8 @@ def _drive_blocking(device: Device, stubs: dict[str, Callable[..., Any]]) -> Non
         sent = time.monotonic()
         try:
             response = stubs[method](request, timeout=120.0)
+            if method == "Generate":
+                response = list(response)
         except grpc.RpcError as exc:
             response = exc
         answer = (response, sent, time.monotonic())
@@ -413,7 +498,7 @@ async def _flood(address: str, like: Device, calls: int, tally: Tally) -> None:
     t = like.t
     try:
         await stubs["Handshake"](pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, draft_tokenizer=t.fingerprint,
-                                                     draft_model="toy-draft"), timeout=120.0)
+                                                     draft_model=t.draft_model), timeout=120.0)
         opened = await stubs["OpenSession"](pb.OpenSessionRequest(
             prompt_tokens=t.prompts[0], sampling=sampling_to_pb("greedy", GREEDY, 0), draft_tokenizer=t.fingerprint,
             client_id="flooder"), timeout=120.0)
@@ -506,10 +591,18 @@ def instant_main() -> None:
     def close_session(req: Any, context: Any) -> Any:
         return pb.CloseSessionResponse()
 
+    def generate(req: Any, context: Any) -> Any:
+        out = tables.target[by_prompt[tuple(req.prompt_tokens)]]
+        for i, token in enumerate(out[: req.max_tokens]):
+            yield pb.GenerateResponse(token=token, index=i)
+
     handlers = {"Handshake": handshake, "OpenSession": open_session, "Verify": verify, "CloseSession": close_session}
     methods = {name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_METHODS[name][0].FromString,
                                                        response_serializer=_METHODS[name][1].SerializeToString)
              for name, fn in handlers.items()}
+    methods["Generate"] = grpc.unary_stream_rpc_method_handler(
+        generate, request_deserializer=pb.GenerateRequest.FromString,
+        response_serializer=pb.GenerateResponse.SerializeToString)
 
     def rounds(requests: Any, context: Any) -> Any:
         for req in requests:

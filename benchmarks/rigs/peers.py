@@ -166,16 +166,19 @@ def stock_flags(system: str, pair: str) -> tuple[str, ...]:
 
 
 @contextmanager
-def llama_server(binary: str, target: Path, draft: Path, flags: tuple[str, ...], log: Path, *, gpu: bool = True,
-                 threads: int | None = None, cores: set[int] | None = None):
+def llama_server(binary: str, target: Path, draft: Path | None, flags: tuple[str, ...], log: Path, *,
+                 gpu: bool = True, threads: int | None = None, cores: set[int] | None = None, parallel: int = 1,
+                 slot_context: int = 4096):
     """llama.cpp's server on `target` (with `flags` naming speculation, the draft beside it), on
-    the GPU or on `threads` CPU threads pinned to `cores`; its address and process id."""
+    the GPU or on `threads` CPU threads pinned to `cores`, with `parallel` slots of `slot_context`
+    tokens each (continuous batching of their streams; `-c` is all slots' together); its address
+    and process id."""
     port = C.free_port()
     cmd = [binary, "-m", str(target), "-ngl", "99" if gpu else "0", "--host", "127.0.0.1", "--port", str(port),
-           "-c", "4096", "-np", "1", "--no-warmup"]
+           "-c", str(slot_context * parallel), "-np", str(parallel), "--no-warmup"]
     if threads:
         cmd += ["-t", str(threads), "-tb", str(threads)]
-    if flags:  # speculation: the draft beside the target
+    if flags and draft is not None:  # speculation: the draft beside the target
         cmd += ["-md", str(draft), "-ngld", "99" if gpu else "0", *flags]
         if threads:
             cmd += ["-td", str(threads), "-tbd", str(threads)]

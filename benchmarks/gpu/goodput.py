@@ -1,0 +1,402 @@
+"""Where distributed speculation pays (issue 51): a 7B-class target on a GPU serving N devices that
+draft for free, against the same GPU and GGUF decoding plainly under llama.cpp's own batching.
+
+One command, in four parts, every figure from the same target file on the same machine:
+
+1. **The engine's cost curve.** llama.cpp's step time for B sequences x T new tokens (T = 1:
+   plain decoding; T = K + 1: a block of K drafts), through edgekit's `LlamaEngine` as the
+   verifier runs it (greedy rows reduced to their argmax where they are made), at the traces'
+   context length. With the traces' acceptance a it gives the roofline of *this* engine: the most
+   goodput drafts can add at B devices, max over K of E(a, K) t(B, 1) / t(B, K + 1), E(a, K) =
+   (1 - a^(K+1)) / (1 - a). Beside it, where `--roofline JSON` is given (`verify_roofline.py`'s
+   output: bf16 in PyTorch, CUDA graphs, fused attention), the same gain from that curve.
+2. **The baseline.** llama.cpp's `llama-server -np N` (continuous batching of N slots, each slot
+   its own KV stream) and N concurrent streams of plain greedy completions of the traces' prompts,
+   each as many tokens as a drafting session commits (`rigs/streams.py`): committed tokens/s, and
+   each stream's tokens/s. Then edgekit's own target-only stream (`edgekit serve`'s Generate) at N
+   devices, as `serve_load.py --generate` drives it.
+3. **edgekit.** `serve_load.py --kinds replayed`: one `edgekit serve` process (the verifier as
+   shipped; only its engine's greedy rows are answered from the traces, `rigs/replayed.py`), and
+   N instant devices (`rigs/loadgen.py`: processes pinned to their own cores, each an asyncio
+   loop) sending the real draft's recorded blocks of a fixed K, every verdict checked against the
+   real target's recorded output. Per K of `--ks` and N: committed tokens/s, the engine's busy
+   share, and the generator's own ceiling beside it.
+4. **The result.** Per N: edgekit's best K over llama-server, next to each roofline's gain for
+   the traces' acceptance (the issue's bar: at least 80% of it, never under 0.95x), and engine
+   time per committed token. JSON and a figure.
+
+What is replayed: a random target (`make_target.py`) costs the GPU what the real one would, but
+accepts nothing; the acceptance is the real pair's, recorded on a CPU (the traces). Greedy only:
+a sampling round's acceptance would be the random target's.
+
+    python benchmarks/gpu/goodput.py --target /tmp/t/qwen2.5-7b-random-f16.gguf \\
+        --traces benchmarks/results/fleet_traces_qwen-coder.json --llama-server "$(command -v llama-server)" \\
+        --devices 8,32,64,128 --ks 2,4 --server-cores 0-1 --loadgen-cores 2-15 --out DIR
+    python benchmarks/gpu/goodput.py --dry-run --out DIR     # CI: the same code on the CPU, a toy target
+
+The dry run makes a toy target with gemma's tokenizer, replays gemma's traces, and stands
+llama-cpp-python's OpenAI server (one slot) in for llama-server where no binary is given: the
+baseline's code path, not its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import harness as C  # noqa: E402
+from rigs import peers as P  # noqa: E402
+from rigs import streams  # noqa: E402
+from rigs.loadgen import Tables, Workload  # noqa: E402
+
+ROOFLINE_KS = (1, 2, 4, 8)  # the blocks the rooflines choose the best of, as roofline_h200.md does
+
+
+# -- acceptance and rooflines -------------------------------------------------------------------
+
+
+def expected(a: float, k: int) -> float:
+    """E(a, K): tokens a block of K commits at per-token acceptance a (the bonus token included)."""
+    return float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def acceptance_for(committed_per_round: float, k: int) -> float:
+    """The per-token acceptance a whose E(a, K) is the measured tokens per round (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected(mid, k) < committed_per_round else (lo, mid)
+    return (lo + hi) / 2
+
+
+def traces_acceptance(tables: Tables) -> dict[str, float]:
+    """The traces' blocks of K as the devices send them: accepted per drafted token, tokens a round
+    commits, and the per-token acceptance a that E(a, K) gives for it."""
+    k = tables.workload.k
+    accepted = [a for row in tables.accepted for a in row]
+    per_round = 1 + statistics.mean(accepted)
+    return {"k": k, "accepted_per_drafted": sum(accepted) / (k * len(accepted)), "committed_per_round": per_round,
+            "a": acceptance_for(per_round, k)}
+
+
+def best_gain(step: Callable[[int, int], float], batch: int, a: float, ks: Sequence[int]) -> dict[str, float]:
+    """The roofline gain at `batch` sequences: max over K of E(a, K) t(B, 1) / t(B, K + 1)."""
+    plain = step(batch, 1)
+    gains = {k: expected(a, k) * plain / step(batch, k + 1) for k in ks}
+    k = max(gains, key=gains.__getitem__)
+    return {"gain": gains[k], "k": k}
+
+
+def curve_lookup(rows: Sequence[dict]) -> Callable[[int, int], float]:
+    """t(B, T) in ms from measured rows ({batch, tokens, ms}), linear in B between measured batches."""
+    table: dict[int, dict[int, float]] = {}
+    for r in rows:
+        table.setdefault(int(r["tokens"]), {})[int(r["batch"])] = float(r["ms"])
+
+    def step(batch: int, tokens: int) -> float:
+        by_batch = table[tokens]
+        xs = sorted(by_batch)
+        if batch in by_batch:
+            return by_batch[batch]
+        lo = max((x for x in xs if x < batch), default=xs[0])
+        hi = min((x for x in xs if x > batch), default=xs[-1])
+        if lo == hi:
+            return by_batch[lo]
+        return by_batch[lo] + (by_batch[hi] - by_batch[lo]) * (batch - lo) / (hi - lo)
+
+    return step
+
+
+def torch_roofline(path: Path, model: str) -> list[dict]:
+    """`verify_roofline.py`'s rows for `model` (its first context measured)."""
+    data = json.loads(path.read_text())
+    for m in data["models"]:
+        if m["model"] == model:
+            return [{"batch": r["batch"], "tokens": r["tokens"], "ms": r["ms"]} for r in m["rows"]]
+    raise SystemExit(f"{path} has no rows for {model}")
+
+
+# -- 1. the engine's cost curve ---------------------------------------------------------------
+
+
+def step_curve(target: Path, batches: Sequence[int], tokens: Sequence[int], context: int, *, exact: bool,
+               gpu_layers: int | None, threads: int | None, repeats: int) -> list[dict]:
+    """llama.cpp's time for one batch of B sequences x T new tokens (each sequence `context` tokens
+    deep, its T rows reduced to their argmax, as a greedy verify round asks), the median of
+    `repeats`, rolled back after each (a feed cuts its sequence to its start)."""
+    from edgekit.verifier import Feed, LlamaEngine
+
+    n = max(batches)
+    engine = LlamaEngine(str(target), name=target.stem, max_context=context + max(tokens) + 8, n_seq=n,
+                         max_block=max(tokens), exact=exact, threads=threads, gpu_layers=gpu_layers)
+    try:
+        vocab = engine.n_vocab
+        for s in range(n):  # each sequence its own tokens (the values do not change a step's time)
+            engine.run_batch([Feed(s, 0, tuple((7 * s + 3 * i) % (vocab - 10) + 5 for i in range(context)), 0)])
+        rows = []
+        for t in tokens:
+            for b in batches:
+                feeds = [Feed(s, context, tuple((11 * s + j) % (vocab - 10) + 5 for j in range(t)), t, argmax=vocab)
+                         for s in range(b)]
+                engine.run_batch(feeds)  # warm: a new shape's first run builds its graph
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    engine.run_batch(feeds)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                rows.append({"batch": b, "tokens": t, "ms": statistics.median(times), "ms_min": min(times)})
+                C.progress(f"step B={b:4d} T={t}: {rows[-1]['ms']:8.2f} ms")
+    finally:
+        engine.close()
+    return rows
+
+
+# -- 2. the baseline ----------------------------------------------------------------------------
+
+
+def baseline(args: argparse.Namespace, target: Path, prompts: list[tuple[str, int]]) -> dict[str, Any]:
+    """llama-server -np N (or the dry run's stand-in) at each N: `rigs/streams.py`'s figures."""
+    logs = Path(args.logs)
+    points = []
+    for n in args.devices:
+        server: AbstractContextManager[Any]
+        if args.llama_server:
+            server = P.llama_server(args.llama_server, target, None, (), logs / f"llama-server-{n}.log",
+                                    gpu=args.gpu_layers != 0, parallel=n, slot_context=args.slot_context,
+                                    threads=args.threads)
+        else:  # the stand-in: llama-cpp-python's OpenAI server, one slot, CPU
+            server = P.llama_cpp_python_server(target, logs / f"llama-cpp-python-{n}.log", threads=args.threads or 1)
+        with server as started:
+            base, model = ((f"http://{started[0]}/v1", "target") if args.llama_server else started[:2])
+            streams.complete(base, model, *prompts[0])  # the first kernels and graphs, before any clock
+            point = streams.measure(base, model, prompts, n, duration=args.duration, warmup=args.warmup)
+        point["devices"] = n
+        points.append(point)
+        C.progress(f"baseline N={n:4d}: {point['committed_tokens_per_s']:9.1f} tok/s, per stream "
+                   f"{point['per_stream_tokens_per_s']['median']:7.1f} tok/s"
+                   + (f", errors {point['errors'][:1]}" if point["errors"] else ""))
+    return {"server": args.llama_server or "llama-cpp-python's server (stand-in: --dry-run without --llama-server)",
+            "label": "llama-server -np N (plain)" if args.llama_server else "stand-in: llama-cpp-python's server",
+            "points": points}
+
+
+# -- 3. edgekit (serve_load.py) -------------------------------------------------------------------
+
+
+def serve_load(args: argparse.Namespace, target: Path, *, k: int, generate: bool, kinds: str) -> dict[str, Any]:
+    """serve_load.py's points for edgekit serve on `target`: drafting devices with blocks of `k`,
+    or target-only streams (`generate`)."""
+    import serve_load as S
+
+    name = "centralized" if generate else f"k{k}"
+    argv = ["--traces", str(args.traces), "--target", str(target), "--kinds", kinds,
+            "--devices", ",".join(map(str, args.devices)), "--k", str(k), "--duration", str(args.duration),
+            "--warmup", str(args.warmup), "--numerics", args.numerics, "--server-cores", args.server_cores,
+            "--results-dir", str(args.logs), "--out", f"serve_load_{name}", "--no-plot", "--profile", "",
+            "--max-batch-rows", str(args.max_batch_rows)]
+    if args.loadgen_cores:
+        argv += ["--loadgen-cores", args.loadgen_cores]
+    if args.gpu_layers is not None:
+        argv += ["--gpu-layers", str(args.gpu_layers)]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    if generate:
+        argv.append("--generate")
+    result = S.main(argv)
+    return {"points": result["points"]}
+
+
+# -- 4. the result -------------------------------------------------------------------------------
+
+
+def compare(payload: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per N: each system's committed tokens/s, edgekit's best K over the baseline, and the rooflines'."""
+    base = {p["devices"]: p for p in payload["baseline"]["points"]}
+    central = {p["devices"]: p for p in payload["centralized"]["points"] if p["kind"] == "replayed"}
+    a = payload["acceptance"]["a"]
+    engine = curve_lookup(payload["step_curve"])
+    ks = [k for k in ROOFLINE_KS if k + 1 in {r["tokens"] for r in payload["step_curve"]}]
+    torch = curve_lookup(payload["torch_roofline"]["rows"]) if payload.get("torch_roofline") else None
+    rows = []
+    for n in args.devices:
+        row: dict[str, Any] = {
+            "devices": n, "baseline_tokens_per_s": base[n]["committed_tokens_per_s"],
+            "baseline_per_stream": base[n]["per_stream_tokens_per_s"]["median"],
+            "centralized_tokens_per_s": central[n]["committed_tokens_per_s"] if n in central else None, "edgekit": {}}
+        for k, run in payload["edgekit"].items():
+            p = next(p for p in run["points"] if p["kind"] == "replayed" and p["devices"] == n)
+            busy = p.get("verifier", {}).get("engine_busy_share")
+            row["edgekit"][k] = {
+                "committed_tokens_per_s": p["committed_tokens_per_s"], "rounds_per_s": p["rounds_per_s"],
+                "per_device_tokens_per_s": p["committed_tokens_per_s"] / n, "engine_busy_share": busy,
+                "engine_ms_per_token": C.ratio(busy * 1e3, p["committed_tokens_per_s"]) if busy else None,
+                "limit": p.get("limit"), "mismatches": p["mismatches"], "errors": p["errors"]}
+        best = max(row["edgekit"], key=lambda k: row["edgekit"][k]["committed_tokens_per_s"])
+        row["best_k"] = best
+        row["gain"] = C.ratio(row["edgekit"][best]["committed_tokens_per_s"], row["baseline_tokens_per_s"])
+        row["roofline_llama_cpp"] = best_gain(engine, n, a, ks) if ks else None
+        row["roofline_torch_bf16"] = best_gain(torch, n, a, ROOFLINE_KS) if torch else None
+        bar = row["roofline_torch_bf16"] or row["roofline_llama_cpp"]
+        row["share_of_roofline"] = C.ratio(row["gain"], bar["gain"]) if bar else None
+        rows.append(row)
+    return rows
+
+
+def plot(payload: dict[str, Any], png: Path) -> None:
+    fig, axes = C.subplots(3, width=5.2, height=4.2)
+    rows = payload["comparison"]
+    ns = [r["devices"] for r in rows]
+    replayed = " (acceptance replayed)" if not payload["dry_run"] else " (dry run: CPU, toy target)"
+    ax = axes[0]
+    ax.plot(ns, [r["baseline_tokens_per_s"] for r in rows], "k-o", label=payload["baseline"]["label"])
+    if any(r["centralized_tokens_per_s"] for r in rows):
+        ax.plot(ns, [r["centralized_tokens_per_s"] or float("nan") for r in rows], "k--s", alpha=0.6,
+                label="edgekit serve, target-only streams")
+    for i, k in enumerate(payload["edgekit"]):
+        ax.plot(ns, [r["edgekit"][k]["committed_tokens_per_s"] for r in rows], marker="^", color=f"C{i}",
+                label=f"edgekit, fixed K={k[1:]}")
+    ax.set(xlabel="devices (streams) N", ylabel="committed tokens/s", title=f"goodput{replayed}")
+    ax = axes[1]
+    ax.plot(ns, [r["gain"] for r in rows], "C3-o", label="edgekit's best K over the baseline")
+    for key, style, label in (("roofline_llama_cpp", "C0--", "roofline, llama.cpp's step curve"),
+                              ("roofline_torch_bf16", "C2:", "roofline, bf16 PyTorch (verify_roofline.py)")):
+        if any(r[key] for r in rows):
+            ax.plot(ns, [r[key]["gain"] if r[key] else float("nan") for r in rows], style, marker=".", label=label)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axhline(0.95, color="grey", lw=0.8, ls=":")
+    ax.set(xlabel="devices N", ylabel="goodput over plain decoding",
+           title=f"gain, traces' acceptance a = {payload['acceptance']['a']:.2f}")
+    ax = axes[2]
+    curve = payload["step_curve"]
+    for i, t in enumerate(sorted({r["tokens"] for r in curve})):
+        pts = sorted((r["batch"], r["ms"]) for r in curve if r["tokens"] == t)
+        ax.plot([b for b, _ in pts], [ms for _, ms in pts], marker="o", color=f"C{i}", label=f"T = {t}")
+    ax.set(xlabel="sequences B", ylabel="ms per step", title="llama.cpp step, B x T new tokens")
+    for ax, xs in zip(axes, (ns, ns, sorted({r["batch"] for r in curve}))):
+        ax.set_xscale("log", base=2)
+        ax.minorticks_off()
+        ax.set_xticks(xs, [str(x) for x in xs])
+    C.save_figure(fig, png)
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def _make_toy_target(out: Path) -> Path:
+    from edgekit.models import pair_paths
+
+    done = subprocess.run([sys.executable, str(HERE / "make_target.py"), "--shape", "toy", "--types", "f16",
+                           "--tokenizer", str(pair_paths("gemma-270m")[1]), "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode:
+        raise SystemExit(f"make_target.py failed: {done.stderr[-2000:]}")
+    made = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return Path(made[0]["path"])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = C.arguments(__doc__, whole_doc=True, replot=True, threads=0)
+    ap.add_argument("--out", default=".", help="folder for goodput.json, goodput.png and the logs")
+    ap.add_argument("--logs", default=None, help="folder for the servers' logs and serve_load's JSON (default: --out)")
+    ap.add_argument("--dry-run", action="store_true", help="the CPU, a toy target, two device counts, short windows")
+    ap.add_argument("--target", default=None, help="the target GGUF (gpu/make_target.py makes a random one)")
+    ap.add_argument("--traces", default=str(HERE.parent / "results" / "fleet_traces_qwen-coder.json"),
+                    help="recorded drafting of a real pair whose tokenizer the target has (fleet.py record)")
+    ap.add_argument("--llama-server", default=shutil.which("llama-server"), help="llama.cpp's server binary")
+    ap.add_argument("--devices", default="8,32,64,128", help="device (stream) counts N")
+    ap.add_argument("--ks", default="2,4", help="the fixed blocks edgekit's devices draft")
+    ap.add_argument("--curve-batches", default=None, help="B of the step curve (default: --devices)")
+    ap.add_argument("--curve-ks", default="1,2,4,8", help="K of the step curve's T = K + 1 (and T = 1)")
+    ap.add_argument("--roofline", default=None, metavar="JSON", help="verify_roofline.py's output, for its gain")
+    ap.add_argument("--roofline-model", default="qwen2.5-7b")
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds measured per point")
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--numerics", default=None, help="the verifier's (default: fast on a GPU, exact on the CPU)")
+    ap.add_argument("--server-cores", default="0", help="the verifier's cores")
+    ap.add_argument("--loadgen-cores", default=None, help="the devices' cores (default: every other core)")
+    ap.add_argument("--max-batch-rows", type=int, default=2048, help="the verifier's --max-batch-rows")
+    ap.add_argument("--slot-context", type=int, default=512, help="llama-server's context per slot")
+    ap.add_argument("--skip", default="", help="parts not to run: centralized, curve (comma-separated)")
+    args = C.parse(ap, argv, plot=plot, machine=False)
+    from edgekit.runtime import gpu_offload, llama_build
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    args.logs = Path(args.logs or out)
+    args.logs.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:
+        args.devices, args.ks, args.duration, args.warmup, args.curve_ks = "2,4", "4", 2.0, 1.0, "1,2,4"
+        if args.traces == ap.get_default("traces"):
+            args.traces = str(HERE.parent / "results" / "fleet_traces_gemma-270m.json")
+        args.target = args.target or str(_make_toy_target(args.logs / "target"))
+    elif not args.target:
+        raise SystemExit("--target GGUF (benchmarks/gpu/make_target.py writes one), or --dry-run")
+    elif not gpu_offload():
+        raise SystemExit("this llama.cpp cannot offload to a GPU (a CPU build); --dry-run runs the same code on a CPU")
+    args.gpu_layers = -1 if gpu_offload() and not args.dry_run else 0
+    args.numerics = args.numerics or ("fast" if args.gpu_layers else "exact")
+    args.threads = args.threads or None
+    args.devices = C.csv_list(args.devices, int)
+    ks = C.csv_list(args.ks, int)
+    skip = set(C.csv_list(args.skip))
+    target = Path(args.target)
+    started = time.time()
+    # The traces' blocks of 4 (the roofline's usual K) give their acceptance a; the baseline's
+    # completions are the traces' prompts (they were recorded from these texts), each as many tokens
+    # as a drafting session commits on it.
+    tables = Tables(Workload(traces=str(Path(args.traces).resolve()), tokenizer=str(target.resolve()), k=4))
+    prompts = [(p["prompt"], len(b)) for p, b in zip(C.load_prompts(limit=len(tables.prompts)), tables.blocks)]
+    context = round(statistics.mean(len(p) + len(b) / 2 for p, b in zip(tables.prompts, tables.blocks)))
+    payload: dict[str, Any] = {
+        "benchmark": "gpu_goodput", "dry_run": args.dry_run, "gpu": C.gpu_name(),
+        "target": {"path": str(target), "bytes": target.stat().st_size}, "traces": str(args.traces),
+        "traces_meta": json.loads(Path(args.traces).read_text())["meta"], "llama_build": llama_build(),
+        "numerics": args.numerics, "devices": args.devices, "ks": ks, "context": context,
+        "acceptance": traces_acceptance(tables),
+        "replayed": "the target's weights are random; every greedy row's token is the traces' real target's "
+                    "(rigs/replayed.py): the GPU's work is real, the acceptance is the recorded pair's",
+    }
+    if "curve" not in skip:
+        curve_ks = C.csv_list(args.curve_ks, int)
+        batches = C.csv_list(args.curve_batches, int) if args.curve_batches else args.devices
+        payload["step_curve"] = step_curve(target, batches, sorted({1, *(k + 1 for k in curve_ks)}), context,
+                                           exact=args.numerics == "exact", gpu_layers=args.gpu_layers,
+                                           threads=args.threads, repeats=5 if args.dry_run else 9)
+    if args.roofline:
+        payload["torch_roofline"] = {"source": args.roofline,
+                                     "rows": torch_roofline(Path(args.roofline), args.roofline_model)}
+    payload["baseline"] = baseline(args, target, prompts)
+    payload["centralized"] = ({"points": []} if "centralized" in skip else
+                              serve_load(args, target, k=max(ks), generate=True, kinds="replayed"))
+    payload["edgekit"] = {}
+    for i, k in enumerate(ks):  # the generator's ceiling once, with the first K
+        payload["edgekit"][f"k{k}"] = serve_load(args, target, k=k, generate=False,
+                                                 kinds="instant,replayed" if i == 0 else "replayed")
+    payload["comparison"] = compare(payload, args)
+    payload["wall_s"] = time.time() - started
+    path = C.write_result("goodput", payload, out)
+    plot(payload, path.with_suffix(".png"))
+    print(C.table(["N", "llama-server tok/s", "centralized tok/s", *[f"edgekit {k} tok/s" for k in payload["edgekit"]],
+                   "gain", "roofline (llama.cpp)", "roofline (bf16)"],
+                  [[r["devices"], C.fmt(r["baseline_tokens_per_s"], 1), C.fmt(r["centralized_tokens_per_s"], 1),
+                    *[C.fmt(r["edgekit"][k]["committed_tokens_per_s"], 1) for k in payload["edgekit"]],
+                    C.fmt(r["gain"]), C.fmt((r["roofline_llama_cpp"] or {}).get("gain")),
+                    C.fmt((r["roofline_torch_bf16"] or {}).get("gain"))] for r in payload["comparison"]]))
+    print(f"wrote {path} in {payload['wall_s']:.0f} s")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
