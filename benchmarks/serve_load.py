@@ -162,7 +162,8 @@ def serve_main() -> None:
                            cost=step_ms if spec["kind"] == "7b" else None)
     # calibrate off: no timing run before serving; the queue bound above the devices: no refusal
     config = ServerConfig(port=0, max_sessions=n, max_context=max_context, max_block=max(w.k, 8),
-                          calibrate="off", max_queue=max(256, n + 8), max_batch_rows=spec["max_batch_rows"])
+                          calibrate="off", max_queue=max(256, n + 8), max_batch_rows=spec["max_batch_rows"],
+                          policy=spec["policy"], budgets=spec["budgets"], token_budget=spec["token_budget"])
     server = VerifierServer(engine, config).start()
     print(json.dumps({"ready": True, "address": server.address, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
@@ -227,6 +228,17 @@ def _shares(rounds: list[int]) -> dict[str, float]:
             "jain": sum(xs) ** 2 / (len(xs) * squares) if squares else 1.0}
 
 
+def _speeds(speeds: list[float]) -> dict[str, Any]:
+    """Devices' token speeds: quartiles, and how many reached each SLO class's (WISP's four)."""
+    from edgekit.config import DEFAULT_SLO_CLASSES
+
+    if not speeds:
+        return {}
+    xs = sorted(speeds)
+    return {"min": xs[0], "p25": C.percentile(xs, 25), "median": C.percentile(xs, 50), "max": xs[-1],
+            "reaching": {name: sum(x >= speed for x in xs) for name, speed in DEFAULT_SLO_CLASSES.items()}}
+
+
 def _delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """b - a, field by field, nested dicts too (counters only grow)."""
     out: dict[str, Any] = {}
@@ -244,10 +256,18 @@ def _delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workload,
               profile: Path | None = None) -> dict[str, Any]:
     """`devices` devices against a verifier of `kind` for the window; the point's figures."""
+    return run_points(kind, [devices], args, workload, profile)[0]
+
+
+def run_points(kind: str, counts: Sequence[int], args: argparse.Namespace, workload: Workload,
+               profile: Path | None = None) -> list[dict[str, Any]]:
+    """Each of `counts` devices in turn against one verifier of `kind` (sessions for the most of
+    them; a target loaded once); each point's figures."""
     logs = Path(tempfile.mkdtemp(prefix="serve_load-"))
-    spec = {"workload": asdict(workload), "kind": kind, "max_sessions": devices + 16, "cores": args.server_cores,
+    spec = {"workload": asdict(workload), "kind": kind, "max_sessions": max(counts) + 16, "cores": args.server_cores,
             "max_batch_rows": args.max_batch_rows, "rounds": args.rounds, "target": args.target,
-            "numerics": args.numerics, "gpu_layers": args.gpu_layers, "threads": args.threads}
+            "numerics": args.numerics, "gpu_layers": args.gpu_layers, "threads": args.threads,
+            "policy": args.policy, "budgets": args.budgets, "token_budget": args.token_budget}
     if kind == "instant":
         server = spawn("instant", spec, cores=args.server_cores, log=logs / "verifier.log")
     else:
@@ -257,7 +277,7 @@ def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workl
         server = LineProcess(cmd, cores=args.loadgen_cores if profile is not None else args.server_cores,
                              log=logs / "verifier.log")
         server.send(spec)
-    workers: list[LineProcess] = []
+    points: list[dict[str, Any]] = []
     stack = contextlib.ExitStack()
     try:
         ready = server.recv()
@@ -267,6 +287,28 @@ def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workl
             address = stack.enter_context(_proxies.proxied(args.proxy, [address], logs / "proxy",
                                                            client_rate=args.client_rate,
                                                            prefix=["taskset", "-c", cores]))
+        for devices in counts:
+            points.append(_measure(kind, devices, args, workload, server, ready["pid"], address, logs))
+    except Exception as exc:  # the verifier or a worker failed: say how, with its log's last lines
+        failed = f"{type(exc).__name__}: {exc}"
+        tails = {p.name: p.read_text()[-3000:] for p in sorted(logs.glob("*.log"))}
+        points += [{"kind": kind, "devices": n, "failed": failed, "logs": tails} for n in counts[len(points):]]
+    finally:
+        stack.close()
+        if server.proc.poll() is None:
+            try:
+                server.send({"command": "quit"})
+            except OSError:  # it is going already
+                pass
+        server.wait()
+    return points
+
+
+def _measure(kind: str, devices: int, args: argparse.Namespace, workload: Workload, server: LineProcess, pid: int,
+             address: str, logs: Path) -> dict[str, Any]:
+    """One point: `devices` devices spread over the generator's workers, for the window."""
+    workers: list[LineProcess] = []
+    try:
         n_workers = min(args.workers, devices)
         for i in range(n_workers):
             core = args.loadgen_cores[i % len(args.loadgen_cores)]
@@ -283,25 +325,15 @@ def run_point(kind: str, devices: int, args: argparse.Namespace, workload: Workl
         for w in workers:
             w.send({"start": start, "end": end})
         _sleep_until(start)
-        s0, g0 = _sample(server, ready["pid"], workers)
+        s0, g0 = _sample(server, pid, workers)
         _sleep_until(end)
-        s1, g1 = _sample(server, ready["pid"], workers)
+        s1, g1 = _sample(server, pid, workers)
         tally = Tally()
         for w in workers:
             tally.merge(w.recv()["tally"])
-    except Exception as exc:  # the verifier or a worker failed: say how, with its log's last lines
-        return {"kind": kind, "devices": devices, "failed": f"{type(exc).__name__}: {exc}",
-                "logs": {p.name: p.read_text()[-3000:] for p in sorted(logs.glob("*.log"))}}
     finally:
         for w in workers:
             w.wait()
-        stack.close()
-        if server.proc.poll() is None:
-            try:
-                server.send({"command": "quit"})
-            except OSError:  # it is going already
-                pass
-        server.wait()
     return _summary(kind, devices, args, workload, acceptance, tally, s0, s1, g0, g1, end - start)
 
 
@@ -334,6 +366,8 @@ def _summary(kind: str, devices: int, args: argparse.Namespace, workload: Worklo
         "aal": C.ratio(tally.accepted, tally.rounds),  # accepted draft tokens per round, without the bonus
         "rtt_ms": {"mean": rtt_mean, **{f"p{q}": C.percentile(rtt, q) for q in (50, 90, 99)}},
         "device_rounds": _shares(tally.device_rounds),
+        # each device's committed tokens/s over the window, and how many devices reached each SLO class's speed
+        "device_tokens_per_s": _speeds([t / window for t in tally.device_tokens]),
         "flood": {"calls_in_flight": args.flood, "calls_per_s": tally.flood_calls / window,
                   "refused": dict(tally.flood_refusals)} if args.flood else None,
         # what the verdicts said of themselves (ServerTimings), per round
@@ -525,6 +559,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--generate", action="store_true",
                     help="devices draft nothing: each session is a target-only Generate stream (centralized serving)")
     ap.add_argument("--draft-ms", type=float, default=0.0, help="drafting time per token (0: instant devices)")
+    ap.add_argument("--rtt-ms", default="0", metavar="MS[-MS]",
+                    help="each device's round trip, waited before each call, drawn per device from a range")
+    ap.add_argument("--policy", default="fcfs", help="the verifier's scheduler (its --policy)")
+    ap.add_argument("--budgets", default="none",
+                    help="draft budgets the verifier assigns (its --budgets: goodspeed, fixed, random); the devices "
+                         "draft them, up to --k")
+    ap.add_argument("--token-budget", type=int, default=0,
+                    help="C of the budgets, draft tokens per target pass over all sessions (0: the verifier's auto)")
     ap.add_argument("--max-batch-rows", type=int, default=ServerConfig.max_batch_rows,
                     help="the verifier's cap on a batch's rows (its --max-batch-rows)")
     ap.add_argument("--k", type=int, default=4, help="draft tokens per round")
@@ -534,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--profile", default=None,
                     help="KIND:DEVICES to run once more under py-spy; '' none (default 7b:128, none with --traces)")
     ap.add_argument("--results-dir", default=None, help="where the JSON and PNG go (default benchmarks/results)")
+    ap.add_argument("--one-verifier", action="store_true",
+                    help="one verifier per kind for every device count (a large target loaded once), not one per point")
     ap.add_argument("--no-plot", action="store_true")
     args = C.parse(ap, argv, plot=plot)  # --replot: the figure redrawn, and the end
     results = Path(args.results_dir) if args.results_dir else C.RESULTS_DIR
@@ -553,18 +597,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if "replayed" in kinds and not (args.traces and args.target):
         ap.error("--kinds replayed needs --traces and --target")
     args.threads = args.threads or None
+    rtt = [float(x) for x in args.rtt_ms.split("-")]
     workload = Workload(vocab=args.vocab, noise=args.noise, k=args.k, tokens=args.tokens, draft_ms=args.draft_ms,
                         traces=str(Path(args.traces).resolve()) if args.traces else "",
-                        tokenizer=str(Path(args.target).resolve()) if args.target else "", generate=args.generate)
+                        tokenizer=str(Path(args.target).resolve()) if args.target else "", generate=args.generate,
+                        rtt_min_ms=rtt[0], rtt_max_ms=rtt[-1], follow_budgets=args.budgets != "none")
     C.progress(f"verifier on cores {args.server_cores}, rounds by {args.rounds}, "
                f"generator: {args.workers} {args.mode} worker(s) on "
                f"cores {args.loadgen_cores}")
     points = []
-    for devices in device_counts:
+    if args.one_verifier:  # a verifier per kind, every count against it
         for kind in kinds:
-            C.progress(f"{kind}, {devices} devices ...")
-            points.append(run_point(kind, devices, args, workload))
-            C.progress("  " + _line(points[-1]))
+            C.progress(f"{kind}, {', '.join(map(str, device_counts))} devices ...")
+            for point in run_points(kind, device_counts, args, workload):
+                points.append(point)
+                C.progress("  " + _line(point))
+    else:
+        for devices in device_counts:
+            for kind in kinds:
+                C.progress(f"{kind}, {devices} devices ...")
+                points.append(run_point(kind, devices, args, workload))
+                C.progress("  " + _line(points[-1]))
     _against_ceiling(points)
     result: dict[str, Any] = {
         "settings": {k: v for k, v in vars(args).items() if k != "replot"},

@@ -102,13 +102,19 @@ def test_the_dry_run_measures_every_part_and_every_answer_is_the_recorded_target
     assert all(curve[b, 5] > curve[b, 1] > 0 for b in (2, 4))
     assert all(p["errors"] == [] and p["committed_tokens_per_s"] > 0 for p in result["baseline"]["points"])
     # every verdict and every streamed token the recorded real target's, no call failed
-    for run in (result["centralized"], *result["edgekit"].values()):
+    assert set(result["edgekit"]) == {"centralized", "k4", "goodspeed"}
+    for system, run in result["edgekit"].items():
         for p in run["points"]:
-            assert "failed" not in p, p
-            assert p["mismatches"] == 0 and p["errors"] == {}, (p["mismatch_examples"], p["error_examples"])
+            assert "failed" not in p, (system, p)
+            assert p["mismatches"] == 0 and p["errors"] == {}, (system, p["mismatch_examples"], p["error_examples"])
             assert p["committed_tokens_per_s"] > 0
-    assert {p["kind"] for p in result["edgekit"]["k4"]["points"]} == {"instant", "replayed"}
+    assert {p["kind"] for p in result["edgekit"]["centralized"]["points"]} == {"instant", "replayed"}
+    # GOODSPEED's C at each N: N devices x the best K of the engine's roofline there
+    for n, c in result["edgekit"]["goodspeed"]["token_budget"].items():
+        assert c > 0 and c % int(n) == 0, (n, c)
     for row in result["comparison"]:
-        assert row["gain"] > 0 and row["roofline_llama_cpp"]["gain"] > 0 and row["best_k"] == "k4"
-        assert row["edgekit"]["k4"]["engine_busy_share"] > 0
+        assert row["best"] in ("k4", "goodspeed") and row["gain"] > 0 and row["roofline_llama_cpp"]["gain"] > 0
+        assert all(v["engine_busy_share"] > 0 for v in row["edgekit"].values())
+        speeds = row["edgekit"]["k4"]["device_tokens_per_s"]
+        assert speeds["min"] > 0 and set(speeds["reaching"]) == {"realtime", "interactive", "standard", "relaxed"}
     assert (tmp_path / "goodput.png").stat().st_size > 10_000

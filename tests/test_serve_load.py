@@ -107,3 +107,20 @@ def test_a_flooding_device_is_counted_apart_from_the_devices_it_slows(serve_load
     assert point["flood"]["calls_in_flight"] == 8 and point["flood"]["calls_per_s"] > 0
     assert point["mismatches"] == 0 and point["errors"] == {}, point["error_examples"]
     assert point["device_rounds"]["min"] > 0 and point["device_rounds"]["devices"] == 4  # the honest ones only
+
+
+@pytest.mark.timeout(60)
+def test_devices_wait_their_round_trip_and_draft_the_verifiers_budgets(serve_load, tmp_path):
+    """`--rtt-ms 20`: a device waits 20 ms before each call, so 2 devices make at most 100 rounds a
+    second; `--budgets goodspeed --token-budget 2`: the verifier assigns 2 draft tokens over the two
+    sessions, and the devices draft what they are given (every verdict still the target's)."""
+    serve_load.main(["--devices", "2", "--kinds", "zero", "--duration", "2", "--warmup", "0.5", "--profile", "",
+                     "--rtt-ms", "20", "--budgets", "goodspeed", "--token-budget", "2", "--k", "8",
+                     "--results-dir", str(tmp_path), "--out", "paced", "--no-plot"])
+    (point,) = json.loads((tmp_path / "paced.json").read_text())["points"]
+    assert "failed" not in point, point
+    assert point["mismatches"] == 0 and point["errors"] == {}, (point["mismatch_examples"], point["error_examples"])
+    assert 0 < point["rounds_per_s"] <= 2 / 0.020
+    drafted_per_round = point["aal"] / point["acceptance"]  # accepted per round over accepted per drafted
+    assert drafted_per_round <= 2  # within the budgets (8 a round without them)
+    assert point["device_tokens_per_s"]["min"] > 0

@@ -115,6 +115,12 @@ class Workload:
     # Devices that draft nothing: each session is one target-only Generate stream of the tokens a
     # drafting session would commit (centralized serving, the verifier decoding every token).
     generate: bool = False
+    # Each device's link: a round trip drawn from [rtt_min_ms, rtt_max_ms] per device, waited before
+    # each call as its drafting is (0: loopback only).
+    rtt_min_ms: float = 0.0
+    rtt_max_ms: float = 0.0
+    # Devices draft what the verifier's budgets say (`next_budget`), up to k, where it assigns them.
+    follow_budgets: bool = False
 
     @property
     def max_context(self) -> int:
@@ -238,7 +244,7 @@ class Tally:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
-    committed: int = 0
+    committed: float = 0  # a stream's tokens in the share of its time inside the window (`_generate`)
     sessions: int = 0  # opened inside the window
     server_queue_ms: float = 0.0  # the verdicts' own timings, summed
     server_verify_ms: float = 0.0
@@ -250,6 +256,7 @@ class Tally:
     error_examples: list[str] = field(default_factory=list)
     rtt_ms: array = field(default_factory=lambda: array("d"))
     device_rounds: list[int] = field(default_factory=list)  # each device's rounds in the window: its share
+    device_tokens: list[float] = field(default_factory=list)  # and its committed tokens there
     flood_calls: int = 0  # an abusive device's calls answered in the window (`_flood`)
     flood_refusals: Counter[str] = field(default_factory=Counter)
 
@@ -262,6 +269,7 @@ class Tally:
         self.errors.update(other["errors"])
         self.rtt_ms.extend(other["rtt_ms"])
         self.device_rounds += other["device_rounds"] or [other["rounds"]]
+        self.device_tokens += other["device_tokens"] or [other["committed"]]
         self.flood_calls += other["flood_calls"]
         self.flood_refusals.update(other["flood_refusals"])
 
@@ -288,11 +296,12 @@ class Device:
         self.start, self.end = window
         self.rng = random.Random(index)
         w = tables.workload
-        self.draft_s = w.draft_ms * w.k / 1e3
+        self.rtt_s = self.rng.uniform(w.rtt_min_ms, w.rtt_max_ms) / 1e3
         self.client_id = f"device-{index}"
 
     def calls(self) -> Iterator[Call]:
         t, tally = self.t, self.tally
+        w = t.workload
         fp = t.fingerprint
         answer = yield "Handshake", pb.HandshakeRequest(protocol_version=PROTOCOL_VERSION, draft_tokenizer=fp,
                                                         draft_model=t.draft_model), 0.0
@@ -307,7 +316,8 @@ class Device:
                 yield from self._generate(p, sampling)
                 continue
             answer = yield "OpenSession", pb.OpenSessionRequest(
-                prompt_tokens=prompt, sampling=sampling, draft_tokenizer=fp, client_id=self.client_id), backoff
+                prompt_tokens=prompt, sampling=sampling, draft_tokenizer=fp, client_id=self.client_id
+            ), backoff + self.rtt_s
             backoff = 0.05  # after a failure: not a storm of retries
             if self._failed(answer, "OpenSession"):
                 continue
@@ -316,24 +326,29 @@ class Device:
             if self.start <= done <= self.end:
                 tally.sessions += 1
             i, base, n = 0, len(prompt), 0
-            target, blocks, accepted, nxt = t.target[p], t.blocks[p], t.accepted[p], t.next[p]
+            target, blocks, accepted = t.target[p], t.blocks[p], t.accepted[p]
             ok = opened.committed_length == base or self._mismatch(f"opened at {opened.committed_length}, not {base}")
+            k = self._budget(opened.next_budget, w.k)
             while ok and i < len(blocks) and time.monotonic() < self.end:
-                block = blocks[i]
+                block = blocks[i][:k]  # a cut block's accepted prefix is the whole block's, cut
+                a = min(accepted[i], k)
+                draft_s = w.draft_ms * len(block) / 1e3
                 answer = yield "Verify", pb.VerifyRequest(
                     session_id=sid, base_position=base + i, draft_tokens=block, round_index=n,
-                    continue_after_eog=True, draft_ms=self.draft_s * 1e3), self.draft_s
+                    continue_after_eog=True, draft_ms=draft_s * 1e3), draft_s + self.rtt_s
                 if self._failed(answer, "Verify"):
                     ok = False
                     break
                 r, sent, done = answer
-                v, a = r.verdict, accepted[i]
-                if (r.WhichOneof("result") != "verdict" or v.accepted != a or v.next_token != nxt[i]
+                v = r.verdict
+                if (r.WhichOneof("result") != "verdict" or v.accepted != a or v.next_token != target[i + a]
                         or v.committed_length != base + i + a + 1):
                     ok = self._mismatch(
                         f"prompt {p} at {i}: got accepted {v.accepted}, next {v.next_token}, committed "
-                        f"{v.committed_length}; the target's greedy: accepted {a}, next {nxt[i]} ({target[i:i + 6]})")
+                        f"{v.committed_length}; the target's greedy: accepted {a}, next {target[i + a]} "
+                        f"({target[i:i + 6]})")
                     break
+                k = self._budget(v.next_budget, k)
                 tally.rounds_all += 1
                 if self.start <= done <= self.end:
                     tally.rounds += 1
@@ -350,11 +365,18 @@ class Device:
             if not self._failed(answer, "CloseSession"):
                 backoff = 0.0
 
+    def _budget(self, assigned: int, current: int) -> int:
+        """The block a device drafts next: the verifier's budget where it assigns one and the
+        devices follow them (up to the tables' k), else what it drafted."""
+        w = self.t.workload
+        return min(assigned, w.k) if assigned and w.follow_budgets else current
+
     def _generate(self, p: int, sampling: Any) -> Iterator[Call]:
         """One target-only stream of as many tokens as a drafting session commits, each checked."""
         t, tally = self.t, self.tally
         n = len(t.blocks[p])
-        answer = yield "Generate", pb.GenerateRequest(prompt_tokens=t.prompts[p], sampling=sampling, max_tokens=n), 0.0
+        answer = yield "Generate", pb.GenerateRequest(
+            prompt_tokens=t.prompts[p], sampling=sampling, max_tokens=n), self.rtt_s
         if self._failed(answer, "Generate"):
             return
         tokens, sent, done = answer
@@ -363,9 +385,12 @@ class Device:
             self._mismatch(f"prompt {p}: streamed {got[:6]}... ({len(got)}), the target's {t.target[p][:6]}...")
             return
         tally.rounds_all += 1
-        if self.start <= done <= self.end:  # a stream counts as a round, its tokens as committed
+        # its tokens count in the share of the stream's time inside the window (made at an even pace)
+        overlap = min(done, self.end) - max(sent, self.start)
+        if overlap > 0:
+            tally.committed += len(got) * overlap / max(done - sent, 1e-9)
+        if self.start <= done <= self.end:  # a stream counts as a round
             tally.rounds += 1
-            tally.committed += len(got)
             tally.sessions += 1
             tally.rtt_ms.append((done - sent) * 1e3)
 
