@@ -562,6 +562,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rtt-ms", default="0", metavar="MS[-MS]",
                     help="each device's round trip, waited before each call, drawn per device from a range")
     ap.add_argument("--policy", default="fcfs", help="the verifier's scheduler (its --policy)")
+    ap.add_argument("--drafting", default="fixed", choices=("fixed", "predictor"),
+                    help="blocks of --k, or cut by the traces' pair's shipped rejection predictor (with --traces)")
     ap.add_argument("--budgets", default="none",
                     help="draft budgets the verifier assigns (its --budgets: goodspeed, fixed, random); the devices "
                          "draft them, up to --k")
@@ -601,7 +603,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     workload = Workload(vocab=args.vocab, noise=args.noise, k=args.k, tokens=args.tokens, draft_ms=args.draft_ms,
                         traces=str(Path(args.traces).resolve()) if args.traces else "",
                         tokenizer=str(Path(args.target).resolve()) if args.target else "", generate=args.generate,
-                        rtt_min_ms=rtt[0], rtt_max_ms=rtt[-1], follow_budgets=args.budgets != "none")
+                        rtt_min_ms=rtt[0], rtt_max_ms=rtt[-1], follow_budgets=args.budgets != "none",
+                        drafting=args.drafting)
     C.progress(f"verifier on cores {args.server_cores}, rounds by {args.rounds}, "
                f"generator: {args.workers} {args.mode} worker(s) on "
                f"cores {args.loadgen_cores}")

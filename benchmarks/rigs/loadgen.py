@@ -65,6 +65,8 @@ for _path in (ROOT, ROOT / "benchmarks"):  # edgekit from the checkout; rigs.* a
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from rigs.fleet_sim import draft_block, load_traces  # noqa: E402
+
 from edgekit.protocol import GREEDY, PROTOCOL_VERSION, SERVICE_NAME, fingerprint_to_pb, pb, sampling_to_pb  # noqa: E402
 from edgekit.runtime import ToyLanguageModel  # noqa: E402
 from edgekit.transport import CLIENT_HEADER  # noqa: E402
@@ -121,6 +123,9 @@ class Workload:
     rtt_max_ms: float = 0.0
     # Devices draft what the verifier's budgets say (`next_budget`), up to k, where it assigns them.
     follow_budgets: bool = False
+    # "fixed": blocks of k (or of the budget); "predictor": the traces' pair's shipped rejection
+    # predictor stops each block, reading the recorded draft's logit features (traces only).
+    drafting: str = "fixed"
 
     @property
     def max_context(self) -> int:
@@ -151,6 +156,9 @@ class Tables:
         self.blocks: list[list[tuple[int, ...]]] = []
         self.accepted: list[list[int]] = []
         self.next: list[list[int]] = []
+        self.traces: list[Any] = []  # the recorded traces the prompts are, where they are
+        if w.drafting not in ("fixed", "predictor") or (w.drafting == "predictor" and not w.traces):
+            raise ValueError(f"drafting {w.drafting!r}: 'fixed', or 'predictor' over recorded traces")
         if w.traces:
             self._from_traces(w)
         else:
@@ -169,15 +177,15 @@ class Tables:
             self._add(prompt, out, [tuple(_greedy(draft, prompt + out[:i], w.k)) for i in range(w.tokens)])
 
     def _from_traces(self, w: Workload) -> None:
-        from rigs.fleet_sim import load_traces
-
         traces, meta = load_traces(Path(w.traces))
         if w.k > meta["window"]:
             raise ValueError(f"the traces hold blocks of up to {meta['window']} tokens, not {w.k}")
         self.draft_model = meta["draft"]
+        self.pair = (meta["draft"], meta["target"])
         for t in traces:
             if len(t.target) > w.k:
                 self._add(t.prompt, t.target, [tuple(d[: w.k]) for d in t.drafts[: len(t.target) - w.k]])
+                self.traces.append(t)
         if not self.prompts:
             raise ValueError(f"no trace in {w.traces} is longer than a block of {w.k}")
         self.fingerprint = fingerprint_to_pb(_vocabulary(w.tokenizer or _cached(meta["draft"])))
@@ -189,6 +197,24 @@ class Tables:
         self.blocks.append(blocks)
         self.accepted.append(accepted)
         self.next.append([out[i + a] for i, a in enumerate(accepted)])
+
+    def controller(self, predictor: Any = None) -> Any:
+        """A device's drafting controller for `drafting="predictor"` (sharing `predictor`, an
+        `OnnxPredictor` of the pair, where given: one per asyncio worker); None for fixed blocks."""
+        if self.workload.drafting != "predictor":
+            return None
+        from edgekit.drafting import PredictorController
+
+        return PredictorController(predictor or self.predictor(), self.workload.k)
+
+    def predictor(self) -> Any:
+        """The traces' pair's shipped greedy rejection predictor."""
+        from edgekit.drafting import OnnxPredictor, shipped_predictor
+
+        path = shipped_predictor(*self.pair, "greedy")
+        if path is None:
+            raise ValueError(f"no rejection predictor is shipped for {self.pair}")
+        return OnnxPredictor(str(path))
 
     @property
     def acceptance(self) -> float:
@@ -289,8 +315,9 @@ class Device:
     """One device's calls, as a generator: it yields each `Call` and is sent its `Answer`.
     Both drivers (asyncio, threads) run the same device."""
 
-    def __init__(self, index: int, tables: Tables, window: tuple[float, float]) -> None:
+    def __init__(self, index: int, tables: Tables, window: tuple[float, float], controller: Any = None) -> None:
         self.index = index
+        self.controller = controller  # None: fixed blocks (`Tables.controller`)
         self.t = tables
         self.tally = Tally()  # its own: devices on threads never add to one counter at once
         self.start, self.end = window
@@ -330,9 +357,13 @@ class Device:
             ok = opened.committed_length == base or self._mismatch(f"opened at {opened.committed_length}, not {base}")
             k = self._budget(opened.next_budget, w.k)
             while ok and i < len(blocks) and time.monotonic() < self.end:
-                block = blocks[i][:k]  # a cut block's accepted prefix is the whole block's, cut
-                a = min(accepted[i], k)
-                draft_s = w.draft_ms * len(block) / 1e3
+                if self.controller is None:
+                    block = blocks[i][:k]  # a cut block's accepted prefix is the whole block's, cut
+                    a, steps = min(accepted[i], k), len(block)
+                else:  # the predictor stops the recorded continuation (a stop costs the step it read)
+                    cut, steps = draft_block(self.controller, t.traces[p], i, self.controller.window(k))
+                    block, a = tuple(cut), _common_prefix(cut, target[i:])
+                draft_s = w.draft_ms * steps / 1e3
                 answer = yield "Verify", pb.VerifyRequest(
                     session_id=sid, base_position=base + i, draft_tokens=block, round_index=n,
                     continue_after_eog=True, draft_ms=draft_s * 1e3), draft_s + self.rtt_s
@@ -348,6 +379,8 @@ class Device:
                         f"{v.committed_length}; the target's greedy: accepted {a}, next {target[i + a]} "
                         f"({target[i:i + 6]})")
                     break
+                if self.controller is not None:
+                    self.controller.observe(len(block), v.accepted)
                 k = self._budget(v.next_budget, k)
                 tally.rounds_all += 1
                 if self.start <= done <= self.end:
@@ -568,11 +601,14 @@ def worker_main() -> None:
     tables = Tables(Workload(**spec["workload"]))
     _write_line({"ready": True, "acceptance": tables.acceptance})
     window = _read_line()
-    devices = [Device(i, tables, (window["start"], window["end"])) for i in spec["devices"]]
     per_device = spec.get("channels", "device") == "device"
     rounds = spec.get("rounds", "unary")
+    aio = spec.get("mode", "aio") == "aio"
+    # asyncio: the worker's devices share one predictor (its decisions never interleave); threads: one each
+    shared = tables.predictor() if aio and tables.workload.drafting == "predictor" else None
+    devices = [Device(i, tables, (window["start"], window["end"]), tables.controller(shared)) for i in spec["devices"]]
     flooder = Tally()  # an abusive device's, kept apart from the devices' shares
-    if spec.get("mode", "aio") == "aio":
+    if aio:
         asyncio.run(_run_aio(devices, spec["address"], per_device, rounds, spec.get("flood", 0), flooder))
     else:
         if rounds != "unary" or spec.get("flood"):
