@@ -228,15 +228,26 @@ def _shares(rounds: list[int]) -> dict[str, float]:
             "jain": sum(xs) ** 2 / (len(xs) * squares) if squares else 1.0}
 
 
-def _speeds(speeds: list[float]) -> dict[str, Any]:
-    """Devices' token speeds: quartiles, and how many reached each SLO class's (WISP's four)."""
+def _speeds(speeds: list[float], classes: list[str]) -> dict[str, Any]:
+    """Devices' token speeds over the window: quartiles, how many reached each SLO class's speed
+    (WISP's four), and where devices held classes (`--slo`), each class's share of its devices short
+    of its speed (WISP's violation rate, counted over devices' windows, not responses)."""
     from edgekit.config import DEFAULT_SLO_CLASSES
 
     if not speeds:
         return {}
     xs = sorted(speeds)
-    return {"min": xs[0], "p25": C.percentile(xs, 25), "median": C.percentile(xs, 50), "max": xs[-1],
-            "reaching": {name: sum(x >= speed for x in xs) for name, speed in DEFAULT_SLO_CLASSES.items()}}
+    out: dict[str, Any] = {
+        "min": xs[0], "p25": C.percentile(xs, 25), "median": C.percentile(xs, 50), "max": xs[-1],
+        "reaching": {name: sum(x >= speed for x in xs) for name, speed in DEFAULT_SLO_CLASSES.items()}}
+    held = {c for c in classes if c}
+    if held:
+        out["classes"] = {}
+        for name in sorted(held):
+            mine = [x for x, c in zip(speeds, classes) if c == name]
+            short = sum(x < DEFAULT_SLO_CLASSES[name] for x in mine)
+            out["classes"][name] = {"devices": len(mine), "short": short, "violation_rate": short / len(mine)}
+    return out
 
 
 def _delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -367,7 +378,7 @@ def _summary(kind: str, devices: int, args: argparse.Namespace, workload: Worklo
         "rtt_ms": {"mean": rtt_mean, **{f"p{q}": C.percentile(rtt, q) for q in (50, 90, 99)}},
         "device_rounds": _shares(tally.device_rounds),
         # each device's committed tokens/s over the window, and how many devices reached each SLO class's speed
-        "device_tokens_per_s": _speeds([t / window for t in tally.device_tokens]),
+        "device_tokens_per_s": _speeds([t / window for t in tally.device_tokens], tally.device_classes),
         "flood": {"calls_in_flight": args.flood, "calls_per_s": tally.flood_calls / window,
                   "refused": dict(tally.flood_refusals)} if args.flood else None,
         # what the verdicts said of themselves (ServerTimings), per round
@@ -562,6 +573,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rtt-ms", default="0", metavar="MS[-MS]",
                     help="each device's round trip, waited before each call, drawn per device from a range")
     ap.add_argument("--policy", default="fcfs", help="the verifier's scheduler (its --policy)")
+    ap.add_argument("--slo", action="store_true",
+                    help="devices hold WISP's SLO classes in turn, sessions opened with the speed (--policy wisp)")
     ap.add_argument("--drafting", default="fixed", choices=("fixed", "predictor"),
                     help="blocks of --k, or cut by the traces' pair's shipped rejection predictor (with --traces)")
     ap.add_argument("--budgets", default="none",
@@ -604,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         traces=str(Path(args.traces).resolve()) if args.traces else "",
                         tokenizer=str(Path(args.target).resolve()) if args.target else "", generate=args.generate,
                         rtt_min_ms=rtt[0], rtt_max_ms=rtt[-1], follow_budgets=args.budgets != "none",
-                        drafting=args.drafting)
+                        drafting=args.drafting, slo=args.slo)
     C.progress(f"verifier on cores {args.server_cores}, rounds by {args.rounds}, "
                f"generator: {args.workers} {args.mode} worker(s) on "
                f"cores {args.loadgen_cores}")

@@ -23,7 +23,8 @@ One command, in four parts, every figure from the same target file on the same m
    the verifier assigns by GOODSPEED's gradient scheduling, its token budget C (draft tokens per
    target pass) set from the measured step curve (N x the best K of this engine's roofline at N),
    the devices drafting what they are given up to 8; `predictor`, blocks of up to 8 cut by the
-   pair's shipped rejection predictor (reading the recorded draft's features); `centralized`,
+   pair's shipped rejection predictor (reading the recorded draft's features); `wisp`, WISP's
+   scheduler over devices holding its four SLO classes in turn, the predictor drafting; `centralized`,
    edgekit's target-only Generate streams. Per system and N: committed tokens/s, each device's
    tokens/s and how many reach each SLO class's speed, the engine's busy share, and the
    generator's own ceiling beside them. Devices draft instantly (the GPU is the only limit, as in the roofline) unless
@@ -71,7 +72,8 @@ from rigs.loadgen import Tables, Workload  # noqa: E402
 
 ROOFLINE_KS = (1, 2, 4, 8)  # the blocks the rooflines choose the best of, as roofline_h200.md does
 BUDGET_WINDOW = 8  # the most a device drafts under budgets (the traces' window)
-LABELS = {"centralized": "target-only streams", "goodspeed": "GOODSPEED budgets", "predictor": "rejection predictor"}
+LABELS = {"centralized": "target-only streams", "goodspeed": "GOODSPEED budgets", "predictor": "rejection predictor",
+          "wisp": "WISP, SLO classes"}
 
 
 # -- acceptance and rooflines -------------------------------------------------------------------
@@ -225,6 +227,8 @@ def serve_load(args: argparse.Namespace, target: Path, system: str, devices: Seq
         argv += ["--generate", "--k", "4"]  # k: how many tokens a stream asks for, as a session of blocks of 4 commits
     elif system == "predictor":
         argv += ["--drafting", "predictor", "--k", str(BUDGET_WINDOW)]
+    elif system == "wisp":  # WISP's scheduler over devices holding SLO classes, the predictor drafting
+        argv += ["--policy", "wisp", "--slo", "--drafting", "predictor", "--k", str(BUDGET_WINDOW)]
     elif system == "goodspeed":
         argv += ["--budgets", "goodspeed", "--token-budget", str(token_budget), "--k", str(BUDGET_WINDOW)]
     else:
@@ -362,9 +366,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="recorded drafting of a real pair whose tokenizer the target has (fleet.py record)")
     ap.add_argument("--llama-server", default=shutil.which("llama-server"), help="llama.cpp's server binary")
     ap.add_argument("--devices", default="8,32,64,128", help="device (stream) counts N")
-    ap.add_argument("--systems", default="centralized,k2,k4,predictor,goodspeed",
-                    help="edgekit's: kK (fixed blocks of K), predictor, goodspeed (budgets), centralized (target-only "
-                         "streams)")
+    ap.add_argument("--systems", default="centralized,k2,k4,predictor,goodspeed,wisp",
+                    help="edgekit's: kK (fixed blocks of K), predictor, goodspeed (budgets), wisp, centralized "
+                         "(target-only streams)")
     ap.add_argument("--draft-ms", type=float, default=0.0, help="the devices' drafting time per token (0: instant)")
     ap.add_argument("--rtt-ms", default="0", metavar="MS[-MS]", help="the devices' round trips, drawn per device")
     ap.add_argument("--curve-batches", default=None, help="B of the step curve (default: --devices)")
@@ -389,7 +393,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.dry_run:
         args.devices, args.duration, args.warmup, args.curve_ks = "2,4", 2.0, 1.0, "1,2,4"
         if args.systems == ap.get_default("systems"):
-            args.systems = "centralized,k4,predictor,goodspeed"
+            args.systems = "centralized,k4,goodspeed,wisp"  # wisp drafts with the predictor
         if args.traces == ap.get_default("traces"):
             args.traces = str(HERE.parent / "results" / "fleet_traces_gemma-270m.json")
         args.target = args.target or str(_make_toy_target(args.logs / "target"))

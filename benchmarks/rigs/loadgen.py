@@ -67,6 +67,7 @@ for _path in (ROOT, ROOT / "benchmarks"):  # edgekit from the checkout; rigs.* a
 
 from rigs.fleet_sim import draft_block, load_traces  # noqa: E402
 
+from edgekit.config import DEFAULT_SLO_CLASSES as SLO_CLASSES  # noqa: E402
 from edgekit.protocol import GREEDY, PROTOCOL_VERSION, SERVICE_NAME, fingerprint_to_pb, pb, sampling_to_pb  # noqa: E402
 from edgekit.runtime import ToyLanguageModel  # noqa: E402
 from edgekit.transport import CLIENT_HEADER  # noqa: E402
@@ -126,6 +127,9 @@ class Workload:
     # "fixed": blocks of k (or of the budget); "predictor": the traces' pair's shipped rejection
     # predictor stops each block, reading the recorded draft's logit features (traces only).
     drafting: str = "fixed"
+    # Devices hold SLO classes (WISP's four, in turn: device i the (i mod 4)-th) and open their
+    # sessions with the class's speed, as a WISP verifier schedules them; else best effort.
+    slo: bool = False
 
     @property
     def max_context(self) -> int:
@@ -283,6 +287,7 @@ class Tally:
     rtt_ms: array = field(default_factory=lambda: array("d"))
     device_rounds: list[int] = field(default_factory=list)  # each device's rounds in the window: its share
     device_tokens: list[float] = field(default_factory=list)  # and its committed tokens there
+    device_classes: list[str] = field(default_factory=list)  # and its SLO class ("" best effort)
     flood_calls: int = 0  # an abusive device's calls answered in the window (`_flood`)
     flood_refusals: Counter[str] = field(default_factory=Counter)
 
@@ -296,6 +301,7 @@ class Tally:
         self.rtt_ms.extend(other["rtt_ms"])
         self.device_rounds += other["device_rounds"] or [other["rounds"]]
         self.device_tokens += other["device_tokens"] or [other["committed"]]
+        self.device_classes += other["device_classes"]
         self.flood_calls += other["flood_calls"]
         self.flood_refusals.update(other["flood_refusals"])
 
@@ -325,6 +331,7 @@ class Device:
         w = tables.workload
         self.rtt_s = self.rng.uniform(w.rtt_min_ms, w.rtt_max_ms) / 1e3
         self.client_id = f"device-{index}"
+        self.slo_name, self.slo_speed = list(SLO_CLASSES.items())[index % len(SLO_CLASSES)] if w.slo else ("", 0.0)
 
     def calls(self) -> Iterator[Call]:
         t, tally = self.t, self.tally
@@ -343,8 +350,8 @@ class Device:
                 yield from self._generate(p, sampling)
                 continue
             answer = yield "OpenSession", pb.OpenSessionRequest(
-                prompt_tokens=prompt, sampling=sampling, draft_tokenizer=fp, client_id=self.client_id
-            ), backoff + self.rtt_s
+                prompt_tokens=prompt, sampling=sampling, draft_tokenizer=fp, client_id=self.client_id,
+                slo_name=self.slo_name, target_tokens_per_s=self.slo_speed), backoff + self.rtt_s
             backoff = 0.05  # after a failure: not a storm of retries
             if self._failed(answer, "OpenSession"):
                 continue
@@ -616,6 +623,7 @@ def worker_main() -> None:
         _run_threads(devices, spec["address"], per_device)
     tally = Tally()
     for d in devices:
+        d.tally.device_classes = [d.slo_name]
         tally.merge(d.tally.as_json())
     tally.flood_calls, tally.flood_refusals = flooder.flood_calls, flooder.flood_refusals
     tally.errors.update(flooder.errors)
