@@ -267,16 +267,18 @@ def curve_blocks(curve: Sequence[dict]) -> list[int]:
 def compare(payload: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Per N: each system's figures, edgekit's best speculative system over the baseline, the rooflines'."""
     base = {p["devices"]: p for p in payload["baseline"]["points"]}
+    skipped = {"failed": "not run"}
     a = payload["acceptance"]["a"]
     curve = payload.get("step_curve")
     engine = curve_lookup(curve) if curve else None
     torch = curve_lookup(payload["torch_roofline"]["rows"]) if payload.get("torch_roofline") else None
     rows = []
     for n in args.devices:
-        ok = "failed" not in base[n]
+        plain = base.get(n, skipped)
+        ok = "failed" not in plain
         row: dict[str, Any] = {
-            "devices": n, "baseline_tokens_per_s": base[n]["committed_tokens_per_s"] if ok else None,
-            "baseline_per_stream": base[n]["per_stream_tokens_per_s"]["median"] if ok else None, "edgekit": {}}
+            "devices": n, "baseline_tokens_per_s": plain["committed_tokens_per_s"] if ok else None,
+            "baseline_per_stream": plain["per_stream_tokens_per_s"]["median"] if ok else None, "edgekit": {}}
         for system, run in payload["edgekit"].items():
             p = next(p for p in run["points"] if p["kind"] == "replayed" and p["devices"] == n)
             if "failed" in p:
@@ -329,7 +331,7 @@ def plot(payload: dict[str, Any], png: Path) -> None:
     ax.set(xlabel="devices N", ylabel="goodput over plain decoding",
            title=f"gain, traces' acceptance a = {payload['acceptance']['a']:.2f}")
     ax = axes[2]
-    curve = payload["step_curve"]
+    curve = payload.get("step_curve", [])
     for i, t in enumerate(sorted({r["tokens"] for r in curve})):
         pts = sorted((r["batch"], r["ms"]) for r in curve if r["tokens"] == t)
         ax.plot([b for b, _ in pts], [ms for _, ms in pts], marker="o", color=f"C{i}", label=f"T = {t}")
@@ -382,7 +384,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--loadgen-cores", default=None, help="the devices' cores (default: every other core)")
     ap.add_argument("--max-batch-rows", type=int, default=2048, help="the verifier's --max-batch-rows")
     ap.add_argument("--slot-context", type=int, default=512, help="llama-server's context per slot")
-    ap.add_argument("--skip", default="", help="parts not to run: centralized, curve (comma-separated)")
+    ap.add_argument("--skip", default="", help="parts not to run: curve, baseline (comma-separated); a second "
+                    "call's, where the first measured them")
     args = C.parse(ap, argv, plot=plot, machine=False)
     from edgekit.runtime import gpu_offload, llama_build
 
@@ -408,7 +411,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     systems = C.csv_list(args.systems)
     unknown = [x for x in systems if x not in LABELS and not (x[0] == "k" and x[1:].isdigit())]
     if unknown:
-        raise SystemExit(f"unknown systems {unknown}: kK, goodspeed or centralized")
+        raise SystemExit(f"unknown systems {unknown}: kK, {', '.join(LABELS)}")
+    if set(C.csv_list(args.skip)) - {"curve", "baseline"}:
+        raise SystemExit(f"--skip {args.skip}: curve, baseline")
     skip = set(C.csv_list(args.skip))
     target = Path(args.target)
     started = time.time()
@@ -437,7 +442,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.roofline:
         payload["torch_roofline"] = {"source": args.roofline,
                                      "rows": torch_roofline(Path(args.roofline), args.roofline_model)}
-    payload["baseline"] = baseline(args, target, prompts)
+    payload["baseline"] = ({"label": "not run (--skip baseline)", "points": []} if "baseline" in skip
+                           else baseline(args, target, prompts))
     C.write_result("goodput", payload, out)  # each part kept as it ends, whatever fails after
     payload["edgekit"] = {}
     for i, system in enumerate(systems):
