@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import json
 import os
 import random
@@ -61,9 +62,10 @@ import grpc
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-for _path in (ROOT, ROOT / "benchmarks"):  # edgekit from the checkout; rigs.* as a worker process too
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+if str(ROOT / "benchmarks") not in sys.path:  # rigs.* in a worker process too
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+if importlib.util.find_spec("edgekit") is None:  # not installed: the checkout's (an installed one maps models/ & co.)
+    sys.path.append(str(ROOT))
 
 from rigs.fleet_sim import draft_block, load_traces  # noqa: E402
 
