@@ -184,7 +184,7 @@ def _replayed_engine(spec: dict[str, Any], w: Workload, n: int) -> tuple[Any, in
     max_context = Tables(w).max_context
     engine = ReplayedLlamaEngine(spec["target"], name=Path(spec["target"]).stem, max_context=max_context, n_seq=n,
                                  max_block=max(w.k, 8), exact=spec["numerics"] == "exact", threads=spec["threads"],
-                                 gpu_layers=spec["gpu_layers"])
+                                 gpu_layers=spec["gpu_layers"], max_batch_rows=spec["max_batch_rows"])
     return engine, max_context
 
 

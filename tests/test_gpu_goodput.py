@@ -122,3 +122,23 @@ def test_the_dry_run_measures_every_part_and_every_answer_is_the_recorded_target
         held = row["edgekit"]["wisp"]["device_tokens_per_s"]["classes"]
         assert sum(c["devices"] for c in held.values()) == row["devices"]
     assert (tmp_path / "goodput.png").stat().st_size > 10_000
+
+
+def test_a_gpu_engine_decodes_a_batch_the_scheduler_formed_in_one_call():
+    """On a GPU a call costs a step whatever its rows (until it is compute-bound): the scheduler's
+    batch of up to max_batch_rows rows (128 devices x 5 rows: 640) must not be split at 512. On a
+    CPU, where splitting costs nothing and a larger call's buffers do, it stays 512."""
+    from edgekit.verifier.engine import call_rows
+
+    assert call_rows(32, 2048, offloaded=True) == 2048
+    assert call_rows(32, 256, offloaded=True) == 512 and call_rows(600, 0, offloaded=True) == 601
+    assert call_rows(32, 2048, offloaded=False) == 512
+
+
+@pytest.mark.models
+def test_the_served_engine_is_given_the_schedulers_batch_rows(gemma_server):
+    from edgekit.runtime import gpu_offload
+
+    engine = gemma_server.engine
+    expected = gemma_server.config.max_batch_rows if gpu_offload() and engine.model.gpu_layers != 0 else 512
+    assert engine._ctx.n_batch == expected

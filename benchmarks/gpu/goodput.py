@@ -144,7 +144,7 @@ def torch_roofline(path: Path, model: str) -> list[dict]:
 
 
 def step_curve(target: Path, batches: Sequence[int], tokens: Sequence[int], context: int, *, exact: bool,
-               gpu_layers: int | None, threads: int | None, repeats: int) -> list[dict]:
+               gpu_layers: int | None, threads: int | None, repeats: int, max_batch_rows: int) -> list[dict]:
     """llama.cpp's time for one batch of B sequences x T new tokens (each sequence `context` tokens
     deep, its T rows reduced to their argmax, as a greedy verify round asks), the median of
     `repeats`, rolled back after each (a feed cuts its sequence to its start)."""
@@ -152,7 +152,8 @@ def step_curve(target: Path, batches: Sequence[int], tokens: Sequence[int], cont
 
     n = max(batches)
     engine = LlamaEngine(str(target), name=target.stem, max_context=context + max(tokens) + 8, n_seq=n,
-                         max_block=max(tokens), exact=exact, threads=threads, gpu_layers=gpu_layers)
+                         max_block=max(tokens), exact=exact, threads=threads, gpu_layers=gpu_layers,
+                         max_batch_rows=max_batch_rows)
     try:
         vocab = engine.n_vocab
         for s in range(n):  # each sequence its own tokens (the values do not change a step's time)
@@ -438,7 +439,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         batches = C.csv_list(args.curve_batches, int) if args.curve_batches else args.devices
         payload["step_curve"] = step_curve(target, batches, sorted({1, *(k + 1 for k in curve_ks)}), context,
                                            exact=args.numerics == "exact", gpu_layers=args.gpu_layers,
-                                           threads=args.threads, repeats=5 if args.dry_run else 9)
+                                           threads=args.threads, repeats=5 if args.dry_run else 9,
+                                           max_batch_rows=args.max_batch_rows)
     if args.roofline:
         payload["torch_roofline"] = {"source": args.roofline,
                                      "rows": torch_roofline(Path(args.roofline), args.roofline_model)}

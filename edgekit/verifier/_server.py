@@ -144,6 +144,7 @@ class VerifierServer:
                 recalibrate=c.calibrate == "force",
                 gpu_layers=c.gpu_layers,
                 resident=c.resident_sessions or None,
+                max_batch_rows=c.max_batch_rows,
             )
         self.engine = target
         estimator = self._estimator()

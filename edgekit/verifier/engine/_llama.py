@@ -47,7 +47,7 @@ from ._parking import SequenceSlots
 MAX_RESIDENT = 256
 
 __all__ = [
-    "MAX_RESIDENT", "LlamaEngine", "bands_between", "calibrate_invariant_batches", "calibration_depths",
+    "MAX_RESIDENT", "LlamaEngine", "bands_between", "calibrate_invariant_batches", "calibration_depths", "call_rows",
     "mixes_sessions_exactly", "rows_exact_between",
 ]
 
@@ -139,6 +139,16 @@ def bands_between(table: Sequence[tuple[int, int]], lo: int, hi: int) -> list[in
     return out
 
 
+def call_rows(max_block: int, max_batch_rows: int, offloaded: bool) -> int:
+    """Rows one llama.cpp call decodes (the context's n_batch and n_ubatch). On a CPU, 512: a
+    call's cost grows with its rows, so splitting a batch costs nothing, and a larger call's
+    buffers do (a logits row per output, a vocabulary wide). On a GPU a call costs a step whatever
+    its rows until the GPU is compute-bound (the roofline), so a batch the scheduler formed of up
+    to `max_batch_rows` rows is one call, not one per 512."""
+    rows = max(512, max_block + 1)
+    return max(rows, max_batch_rows) if offloaded else rows
+
+
 def rows_exact_between(table: Sequence[tuple[int, int]], lo: int, hi: int) -> int:
     """Rows per sub-batch that stay exact for rows at positions lo..hi-1: the fewest over the
     bands they touch, each allowing the smaller of what its two ends measured (the last, its own)."""
@@ -191,11 +201,13 @@ class LlamaEngine:
         recalibrate: bool = False,
         gpu_layers: int | None = None,
         resident: int | None = None,
+        max_batch_rows: int = 0,
     ) -> None:
         """`cache_dir`: where the exact mode's calibration is kept between starts (None: measured
         every time); `recalibrate` measures again whatever is kept. `gpu_layers`: see `LlamaModel`.
         `resident`: sequences the context holds (None: all `n_seq`, up to `MAX_RESIDENT`); KV
-        memory in the context is `max_context` x `resident`."""
+        memory in the context is `max_context` x `resident`. `max_batch_rows`: the most rows the
+        scheduler puts in one batch; on a GPU a call takes them all (`call_rows`)."""
         resident = min(n_seq, MAX_RESIDENT) if resident is None else resident
         if not 1 <= resident <= MAX_RESIDENT:
             raise ValueError(f"a llama.cpp context holds 1 to {MAX_RESIDENT} sequences, not {resident}")
@@ -207,7 +219,8 @@ class LlamaEngine:
             self.identity += f":gpu-layers={-1 if self.model.gpu_layers is None else self.model.gpu_layers}"
         self.n_vocab = self.model.n_vocab
         self.n_embd = self.model.n_embd
-        n_batch = max(512, max_block + 1)
+        offloaded = gpu_offload() and self.model.gpu_layers != 0
+        n_batch = call_rows(max_block, max_batch_rows, offloaded)
         resident = min(resident, n_seq)
         self._ctx = LlamaContext(
             self.model,
