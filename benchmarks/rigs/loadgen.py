@@ -15,8 +15,15 @@ depend on a context's last `order` tokens only, so every prompt's greedy target
 continuation, the draft's block at each position of it and what greedy
 verification must answer there are computed once, before the clock starts
 (`Tables`): an instant device costs its process one protobuf message and one
-call a round. A paced device (`draft_ms`, per draft token) waits that long
-before each round, as a device that drafts on its own hardware would. Every
+call a round. With `Workload.traces` the tables are a real pair's recorded drafting
+instead (`fleet_sim`'s traces: the real target's greedy output, the real draft's block
+at each position), for a target that answers as the recorded one did (`replayed.py`),
+and a device's blocks may be cut by the pair's rejection predictor
+(`drafting="predictor"`). Either way a device may draft the budgets the verifier
+assigns (`follow_budgets`), hold an SLO class (`slo`), wait a round trip
+(`rtt_min_ms`..`rtt_max_ms`) before each call, or ask target-only Generate streams
+instead of drafting (`generate`). A paced device (`draft_ms`, per draft token) waits
+that long before each round, as a device that drafts on its own hardware would. Every
 verdict is checked against the table: accepted count, correction or bonus token
 and committed length must be what the target's greedy decoding gives; a
 mismatch ends the session and is counted (there must be none).
