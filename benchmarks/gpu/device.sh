@@ -14,7 +14,8 @@
 #                                               # Debian packages carried in build/proxies/debs
 #   bash benchmarks/gpu/device.sh goodput [ARGS]   # issue 51: a random 7B-shaped target made here from the
 #                                               # carried .gpu/tokenizer.gguf, then goodput.py --out $OUT ARGS
-#                                               # (.gpu/traces.json, and .gpu/roofline.json where carried)
+#                                               # (.gpu/traces.json, and .gpu/roofline.json where carried;
+#                                               # .gpu/onnx.tgz, onnxruntime, for the predictor and wisp)
 set -euo pipefail
 STAGE=${EDGEKIT_GPU_STAGE:-/tmp/edgekit-gpu}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,7 +24,9 @@ mkdir -p "$STAGE/parts"
 stage() {
     shopt -s nullglob
     for f in "$ROOT"/.gpu/model.part*; do mv "$f" "$STAGE/parts/"; done
-    if [ -f "$ROOT/.gpu/extra.tgz" ]; then tar xzf "$ROOT/.gpu/extra.tgz" -C "$STAGE"; rm "$ROOT/.gpu/extra.tgz"; fi
+    for t in extra onnx; do  # wheels that came later, one folder each
+        if [ -f "$ROOT/.gpu/$t.tgz" ]; then tar xzf "$ROOT/.gpu/$t.tgz" -C "$STAGE"; rm "$ROOT/.gpu/$t.tgz"; fi
+    done
     if [ -f "$ROOT/.gpu/pkg.tgz" ]; then rm -rf "$STAGE/pkg"; tar xzf "$ROOT/.gpu/pkg.tgz" -C "$STAGE"; rm "$ROOT/.gpu/pkg.tgz"; fi
     for f in tokenizer.gguf traces.json roofline.json; do  # goodput's pieces
         if [ -f "$ROOT/.gpu/$f" ]; then mv "$ROOT/.gpu/$f" "$STAGE/$f"; fi
@@ -38,10 +41,12 @@ environment() {
             "$STAGE"/pkg/wheels/*.whl
         cp -r "$STAGE/pkg/llama_cpp" "$site/"
     fi
-    if [ -d "$STAGE/extra/wheels" ] && [ ! -f "$site/.extra" ]; then  # wheels that came later
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-            "$STAGE"/extra/wheels/*.whl && touch "$site/.extra"
-    fi
+    for t in extra onnx; do  # wheels that came later
+        if [ -d "$STAGE/$t/wheels" ] && [ ! -f "$site/.$t" ]; then
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+                "$STAGE/$t"/wheels/*.whl && touch "$site/.$t"
+        fi
+    done
     # edgekit from the checkout, laid out as its install does (pyproject's package-dir)
     rm -rf "$tree" && mkdir -p "$tree/edgekit"
     for f in "$ROOT"/edgekit/*; do ln -s "$f" "$tree/edgekit/"; done

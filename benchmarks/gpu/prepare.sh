@@ -8,6 +8,7 @@
 #   .gpu/tokenizer.gguf, .gpu/traces.json, .gpu/roofline.json  goodput's (issue 51): the Qwen2.5
 #                     tokenizer's keys alone (5.9 MB), the qwen-coder pair's recorded drafting, and the
 #                     H200 roofline of the 7B shape where ../shared/gpu has it
+#   .gpu/onnx.tgz     onnxruntime's wheel (28 MB, a call of its own): the predictor's and wisp's devices
 # Needs CUDA's nvcc (13.0 was on these machines, at /usr/local/cuda) and root to add cuBLAS to it;
 # the build takes ~22 min on 2 cores. Each step is skipped when its output is there.
 set -euo pipefail
@@ -89,6 +90,11 @@ if [ ! -f "$OUT/tokenizer.gguf" ]; then
     "$PY" "$ROOT/benchmarks/gpu/make_target.py" --save-tokenizer --tokenizer "$qwen" --out "$OUT"
 fi
 cp "$ROOT/benchmarks/results/fleet_traces_qwen-coder.json" "$OUT/traces.json"
+if [ ! -f "$OUT/onnx.tgz" ]; then  # onnxruntime (28 MB): a call of its own, for the predictor's systems
+    onnx="$WORK/onnx" && rm -rf "$onnx" && mkdir -p "$onnx/wheels"
+    wheels "$onnx/wheels" "onnxruntime==$(pinned onnxruntime)" "flatbuffers==$(pinned flatbuffers)"
+    tar czf "$OUT/onnx.tgz" -C "$WORK" onnx
+fi
 roofline="$ROOT/../shared/gpu/flash_1k_h200.json"
 if [ -f "$roofline" ]; then cp "$roofline" "$OUT/roofline.json"; fi
 ls -l "$OUT"
