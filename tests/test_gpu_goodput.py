@@ -142,3 +142,31 @@ def test_the_served_engine_is_given_the_schedulers_batch_rows(gemma_server):
     engine = gemma_server.engine
     expected = gemma_server.config.max_batch_rows if gpu_offload() and engine.model.gpu_layers != 0 else 512
     assert engine._ctx.n_batch == expected
+
+
+@pytest.mark.models
+def test_fast_numerics_decode_prompts_in_the_same_call_as_the_rounds(gemma_paths):
+    """A GPU pays a step per call: with fast numerics two sessions' prompts and a third's round go
+    in one llama.cpp call (each session's KV then as long as its tokens); exact numerics keep each
+    prompt in calls of its own, so the KV it leaves does not depend on what else ran."""
+    from edgekit.verifier import Feed, LlamaEngine
+
+    prompt = tuple(range(100, 120))
+    for exact, calls_expected in ((False, 1), (True, 3)):
+        engine = LlamaEngine(str(gemma_paths[1]), max_context=128, n_seq=3, max_block=8, exact=exact)
+        try:
+            engine.run_batch([Feed(2, 0, prompt, 0)])
+            decode, calls = engine._ctx.decode, []
+
+            def counted(*args, _decode=decode, _calls=calls):
+                _calls.append(len(args[0]))
+                return _decode(*args)
+
+            engine._ctx.decode = counted
+            outs = engine.run_batch([Feed(0, 0, prompt, 0), Feed(1, 0, prompt[:12], 0),
+                                     Feed(2, 20, (5, 6, 7), 3, argmax=engine.n_vocab)])
+            assert len(calls) == calls_expected and sum(calls) == 20 + 12 + 3, (exact, calls)
+            assert [engine.cached(s) for s in range(3)] == [20, 12, 23]
+            assert len(outs[2]) == 3 and len(outs[0]) == len(outs[1]) == 0
+        finally:
+            engine.close()

@@ -20,8 +20,9 @@ speculative output is then token-identical to target-only decoding (see
 several sessions where that was measured exact too (`mixes_sessions_exactly`,
 also at start-up); prompts and turns (feeds without outputs) are decoded in
 calls of their own, so the KV they leave does not depend on what else ran.
-Fast mode decodes up to n_batch rows of any feeds in one call, with every
-kernel llama.cpp has.
+Fast mode decodes up to n_batch rows of any feeds in one call, prompts and
+turns with the rounds' rows (a GPU pays a step per call, not per row), with
+every kernel llama.cpp has.
 """
 
 from __future__ import annotations
@@ -304,13 +305,17 @@ class LlamaEngine:
                 raise InferenceError(f"sequence {f.seq} holds {held} tokens; a feed at {f.start} would leave a gap")
             self._ctx.truncate(f.seq, f.start)  # a rolled-back round's cells go first
         try:
-            for f in feeds:
-                if f.n_out == 0 and not (f.generated and self.exact):
-                    # a prompt or a turn: calls of its own, in n_batch chunks (as target-only prefills)
-                    self._ctx.decode_sequence(f.tokens, f.start, f.seq, last_output=False)
-                elif f.n_out == 0:
+            rows = []  # the feeds decoded in the batch's shared calls
+            for i, f in enumerate(feeds):
+                if f.n_out == 0 and self.exact and f.generated:
                     self._rebuild(f)
-            self._decode_rows([i for i, f in enumerate(feeds) if f.n_out and not f.hidden], feeds, outs, hidden)
+                elif f.n_out == 0 and self.exact:
+                    # a prompt or a turn: calls of its own, in n_batch chunks (as target-only prefills),
+                    # so that the KV it leaves does not depend on what else ran
+                    self._ctx.decode_sequence(f.tokens, f.start, f.seq, last_output=False)
+                elif not f.hidden:  # fast numerics: a prompt's rows go in the same calls as the rounds'
+                    rows.append(i)
+            self._decode_rows(rows, feeds, outs, hidden)
             wanting = [i for i, f in enumerate(feeds) if f.n_out and f.hidden]
             if wanting:  # only the semantic mode's rounds pay for the hidden rows, in calls of their own
                 self._ctx.set_embeddings(True)
