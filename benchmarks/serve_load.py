@@ -336,16 +336,19 @@ def _measure(kind: str, devices: int, args: argparse.Namespace, workload: Worklo
         for w in workers:
             w.send({"start": start, "end": end})
         _sleep_until(start)
-        s0, g0 = _sample(server, pid, workers)
-        _sleep_until(end)
-        s1, g1 = _sample(server, pid, workers)
+        with C.GpuUtilization() as gpu:
+            s0, g0 = _sample(server, pid, workers)
+            _sleep_until(end)
+            s1, g1 = _sample(server, pid, workers)
         tally = Tally()
         for w in workers:
             tally.merge(w.recv()["tally"])
     finally:
         for w in workers:
             w.wait()
-    return _summary(kind, devices, args, workload, acceptance, tally, s0, s1, g0, g1, end - start)
+    point = _summary(kind, devices, args, workload, acceptance, tally, s0, s1, g0, g1, end - start)
+    point["gpu_busy_share"] = gpu.mean  # nvidia-smi's utilization over the window; None without a GPU
+    return point
 
 
 def _sample(server: LineProcess, pid: int, workers: list[LineProcess]) -> tuple[dict[str, Any], list[float]]:

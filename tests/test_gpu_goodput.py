@@ -170,3 +170,24 @@ def test_fast_numerics_decode_prompts_in_the_same_call_as_the_rounds(gemma_paths
             assert len(outs[2]) == 3 and len(outs[0]) == len(outs[1]) == 0
         finally:
             engine.close()
+
+
+def test_the_gpus_busy_share_is_nvidia_smis_utilization_over_the_window(bench, tmp_path, monkeypatch):
+    """`harness.GpuUtilization` averages what nvidia-smi prints while the block runs (a stand-in
+    prints 40 and 60 in turn, each line as nvidia-smi's csv,noheader,nounits does); without one
+    on the PATH it says None."""
+    import time
+
+    import harness as C
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nwhile true; do echo 40; echo 60; sleep 0.02; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    with C.GpuUtilization() as gpu:
+        time.sleep(0.3)
+    assert gpu.samples >= 2 and gpu.mean == pytest.approx(0.5, abs=0.1)
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    with C.GpuUtilization() as none:
+        pass
+    assert none.mean is None and none.samples == 0

@@ -31,8 +31,10 @@ One command, in four parts, every figure from the same target file on the same m
    `--draft-ms` paces them (a Raspberry Pi 5 class device drafts the 0.5B draft at ~40 ms a
    token, a laptop at ~10), and wait `--rtt-ms` (a range, drawn per device) before each call.
 4. **The result.** Per N: edgekit's best system over llama-server, next to each roofline's gain
-   for the traces' acceptance (the issue's bar: at least 80% of it, never under 0.95x), and
-   engine time per committed token. JSON and a figure.
+   for the traces' acceptance (the issue's bar: at least 80% of it, never under 0.95x), engine
+   time per committed token (the verifier's engine thread busy), and GPU time per committed
+   token for every system (nvidia-smi's busy share of the window, `harness/gpu.py`). JSON and a
+   figure.
 
 What is replayed: a random target (`make_target.py`) costs the GPU what the real one would, but
 accepts nothing; the acceptance is the real pair's, recorded on a CPU (the traces). Greedy only:
@@ -279,7 +281,8 @@ def compare(payload: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
         ok = "failed" not in plain
         row: dict[str, Any] = {
             "devices": n, "baseline_tokens_per_s": plain["committed_tokens_per_s"] if ok else None,
-            "baseline_per_stream": plain["per_stream_tokens_per_s"]["median"] if ok else None, "edgekit": {}}
+            "baseline_per_stream": plain["per_stream_tokens_per_s"]["median"] if ok else None,
+            "baseline_gpu_ms_per_token": _gpu_ms(plain) if ok else None, "edgekit": {}}
         for system, run in payload["edgekit"].items():
             p = next(p for p in run["points"] if p["kind"] == "replayed" and p["devices"] == n)
             if "failed" in p:
@@ -291,6 +294,7 @@ def compare(payload: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
                 "gain": C.ratio(p["committed_tokens_per_s"], row["baseline_tokens_per_s"]) if ok else None,
                 "device_tokens_per_s": p.get("device_tokens_per_s"), "engine_busy_share": busy,
                 "engine_ms_per_token": C.ratio(busy * 1e3, p["committed_tokens_per_s"]) if busy else None,
+                "gpu_ms_per_token": _gpu_ms(p),
                 "acceptance": p["acceptance"], "limit": p.get("limit"), "mismatches": p["mismatches"],
                 "errors": p["errors"]}
         speculative = [s for s, v in row["edgekit"].items() if s != "centralized" and v.get("gain")]
@@ -303,6 +307,13 @@ def compare(payload: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
         row["share_of_roofline"] = C.ratio(row["gain"], bar["gain"]) if bar and row["gain"] else None
         rows.append(row)
     return rows
+
+
+def _gpu_ms(point: dict[str, Any]) -> float | None:
+    """GPU time per committed token: nvidia-smi's busy share of the window over the tokens a
+    second (harness.gpu: a ceiling, the same instrument for every server); None without a GPU."""
+    share = point.get("gpu_busy_share")
+    return C.ratio(share * 1e3, point["committed_tokens_per_s"]) if share is not None else None
 
 
 def _nan(x: float | None) -> float:

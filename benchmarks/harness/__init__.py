@@ -3,6 +3,7 @@
 - `cli`: the command line (`arguments`, `common`, `parse`: shared options spelled one way,
   `--threads`, `--replot`), `csv_list`, `apply_threads`.
 - `machine`: what a result was measured on (`machine`, `print_machine`, `gpu_name`).
+- `gpu`: the GPU's busy share over a window (`GpuUtilization`, from nvidia-smi).
 - `prompts`: the prompt sets (`load_prompts`).
 - `stats`: `median`, `percentile`, `ratio`.
 - `output`: the result's JSON (`write_result`), tables (`table`, `fmt`), `progress` lines.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .cli import COMMON_OPTIONS, THREADS_HELP, apply_threads, arguments, common, csv_list, parse, replot
+from .gpu import GpuUtilization
 from .machine import gpu_name, machine, print_machine
 from .output import RESULTS_DIR, fmt, json_default, progress, table, write_result
 from .plots import save_figure, subplots
@@ -34,6 +36,7 @@ __all__ = [
     "PROMPT_KINDS",
     "RESULTS_DIR",
     "THREADS_HELP",
+    "GpuUtilization",
     "apply_threads",
     "arguments",
     "common",

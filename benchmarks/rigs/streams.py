@@ -23,6 +23,8 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import harness as C
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -71,9 +73,12 @@ def measure(base: str, model: str, prompts: Sequence[tuple[str, int]], streams: 
     threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(streams)]
     for t in threads:
         t.start()
+    time.sleep(max(0.0, start - time.monotonic()))
+    with C.GpuUtilization() as gpu:  # over the window: the GPU's busy share (None without one)
+        time.sleep(max(0.0, end - time.monotonic()))
     for t in threads:
         t.join()
-    return summarize(done, errors, start, end, streams)
+    return {**summarize(done, errors, start, end, streams), "gpu_busy_share": gpu.mean}
 
 
 def summarize(done: Sequence[Completion], errors: Sequence[str], start: float, end: float, streams: int) -> dict:
