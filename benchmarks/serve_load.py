@@ -74,7 +74,6 @@ import harness as C
 from rigs import proxies as _proxies
 from rigs.loadgen import (
     LineProcess,
-    Tables,
     Tally,
     Workload,
     cpu_seconds,
@@ -181,7 +180,7 @@ def _replayed_engine(spec: dict[str, Any], w: Workload, n: int) -> tuple[Any, in
 
     traces, _ = load_traces(Path(w.traces))
     ReplayedLlamaEngine.replay = Replay(traces)
-    max_context = Tables(w).max_context
+    max_context = max(len(t.prompt) + len(t.target) for t in traces) + 2  # as `Tables.max_context`
     engine = ReplayedLlamaEngine(spec["target"], name=Path(spec["target"]).stem, max_context=max_context, n_seq=n,
                                  max_block=max(w.k, 8), exact=spec["numerics"] == "exact", threads=spec["threads"],
                                  gpu_layers=spec["gpu_layers"], max_batch_rows=spec["max_batch_rows"])

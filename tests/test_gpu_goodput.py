@@ -77,11 +77,11 @@ def test_the_devices_tables_from_traces_are_what_the_traces_say(bench, gemma_pat
     tables = loadgen.Tables(loadgen.Workload(traces=str(GEMMA_TRACES), tokenizer=str(gemma_paths[1]), k=3))
     assert tables.draft_model == meta["draft"] and tables.fingerprint.vocab_size == 262_144
     assert len(tables.prompts) == sum(len(t.target) > 3 for t in traces)
-    for t, blocks, accepted, nxt in zip(traces, tables.blocks, tables.accepted, tables.next):
+    for t, blocks, accepted in zip(traces, tables.blocks, tables.accepted):
         assert len(blocks) == len(t.target) - 3
         for i, block in enumerate(blocks):
             assert block == tuple(t.drafts[i][:3]) and accepted[i] == t.accepted(i, block)
-            assert nxt[i] == t.target[i + accepted[i]]
+            assert i + accepted[i] < len(t.target)  # the token after the accepted ones is recorded
     assert 0 < tables.acceptance < 1
     with pytest.raises(ValueError, match="blocks of up to 8"):
         loadgen.Tables(loadgen.Workload(traces=str(GEMMA_TRACES), tokenizer=str(gemma_paths[1]), k=9))
@@ -174,19 +174,23 @@ def test_fast_numerics_decode_prompts_in_the_same_call_as_the_rounds(gemma_paths
 
 def test_the_gpus_busy_share_is_nvidia_smis_utilization_over_the_window(bench, tmp_path, monkeypatch):
     """`harness.GpuUtilization` averages what nvidia-smi prints while the block runs (a stand-in
-    prints 40 and 60 in turn, each line as nvidia-smi's csv,noheader,nounits does); without one
-    on the PATH it says None."""
+    prints four samples, each line as nvidia-smi's csv,noheader,nounits does, then waits to be
+    stopped); without one on the PATH it says None."""
     import time
 
     import harness as C
 
     fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\nwhile true; do echo 40; echo 60; sleep 0.02; done\n")
+    ready = tmp_path / "printed"
+    fake.write_text(f"#!/bin/sh\necho 40\necho 60\necho 35\necho 65\ntouch {ready}\nexec sleep 600\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     with C.GpuUtilization() as gpu:
-        time.sleep(0.3)
-    assert gpu.samples >= 2 and gpu.mean == pytest.approx(0.5, abs=0.1)
+        deadline = time.monotonic() + 30
+        while not ready.exists():  # the four samples printed: the event, not a sleep long enough
+            assert time.monotonic() < deadline, "the stand-in never printed"
+            time.sleep(0.01)
+    assert gpu.samples == 4 and gpu.mean == pytest.approx(0.5)
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     with C.GpuUtilization() as none:
         pass

@@ -205,7 +205,7 @@ def baseline(args: argparse.Namespace, target: Path, prompts: list[tuple[str, in
         point["devices"] = n
         points.append(point)
         C.progress(f"baseline N={n:4d}: {point['committed_tokens_per_s']:9.1f} tok/s, per stream "
-                   f"{point['per_stream_tokens_per_s']['median']:7.1f} tok/s"
+                   f"{C.fmt(point['per_stream_tokens_per_s']['median'], 1)} tok/s"
                    + (f", errors {point['errors'][:1]}" if point["errors"] else ""))
     return {"server": args.llama_server or "llama-cpp-python's server (stand-in: --dry-run without --llama-server)",
             "label": "llama-server -np N (plain)" if args.llama_server else "stand-in: llama-cpp-python's server",
@@ -215,8 +215,8 @@ def baseline(args: argparse.Namespace, target: Path, prompts: list[tuple[str, in
 # -- 3. edgekit (serve_load.py) -------------------------------------------------------------------
 
 
-def serve_load(args: argparse.Namespace, target: Path, system: str, devices: Sequence[int], *, kinds: str = "replayed",
-               token_budget: int = 0) -> list[dict[str, Any]]:
+def edgekit_points(args: argparse.Namespace, target: Path, system: str, devices: Sequence[int], *,
+                   kinds: str = "replayed", token_budget: int = 0) -> list[dict[str, Any]]:
     """serve_load.py's points for edgekit serve on `target`, `system`'s devices (module docstring)."""
     import serve_load as S
 
@@ -249,13 +249,13 @@ def run_system(args: argparse.Namespace, target: Path, system: str, payload: dic
     """A system's points at every N (goodspeed: a verifier per N, each with its own C)."""
     kinds = "instant,replayed" if first else "replayed"  # the generator's ceiling, once
     if system != "goodspeed":
-        return {"points": serve_load(args, target, system, args.devices, kinds=kinds)}
+        return {"points": edgekit_points(args, target, system, args.devices, kinds=kinds)}
     points, budgets = [], {}
     for n in args.devices:
         best = best_gain(curve_lookup(payload["step_curve"]), n, payload["acceptance"]["a"],
                          curve_blocks(payload["step_curve"])) if payload.get("step_curve") else None
         budgets[n] = n * best["k"] if best else 0  # 0: the verifier's own (from its estimator)
-        points += serve_load(args, target, system, [n], kinds=kinds, token_budget=budgets[n])
+        points += edgekit_points(args, target, system, [n], kinds=kinds, token_budget=budgets[n])
     return {"points": points, "token_budget": budgets}
 
 

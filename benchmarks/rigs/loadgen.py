@@ -158,7 +158,8 @@ def toy_draft(w: Workload) -> MemoToyLM:
 
 class Tables:
     """For each prompt: the target's greedy continuation, and at each position i of it the
-    draft's block there, how many of it greedy verification accepts and the token after them.
+    draft's block there and how many of it greedy verification accepts (the token after them is
+    the target's there).
     Built from the toy pair, or from recorded traces (`Workload.traces`), where a prompt's
     positions stop k + 1 short of its trace's end (the token after any block must be known)."""
 
@@ -168,7 +169,6 @@ class Tables:
         self.target: list[list[int]] = []
         self.blocks: list[list[tuple[int, ...]]] = []
         self.accepted: list[list[int]] = []
-        self.next: list[list[int]] = []
         self.traces: list[Any] = []  # the recorded traces the prompts are, where they are
         if w.drafting not in ("fixed", "predictor") or (w.drafting == "predictor" and not w.traces):
             raise ValueError(f"drafting {w.drafting!r}: 'fixed', or 'predictor' over recorded traces")
@@ -209,7 +209,6 @@ class Tables:
         self.target.append(out)
         self.blocks.append(blocks)
         self.accepted.append(accepted)
-        self.next.append([out[i + a] for i, a in enumerate(accepted)])
 
     def controller(self, predictor: Any = None) -> Any:
         """A device's drafting controller for `drafting="predictor"` (sharing `predictor`, an

@@ -89,15 +89,16 @@ def summarize(done: Sequence[Completion], errors: Sequence[str], start: float, e
         overlap = min(c.done, end) - max(c.sent, start)
         if overlap > 0:
             committed += c.tokens * overlap / max(c.done - c.sent, 1e-9)
-    inside = [c for c in done if start <= c.sent and c.done <= end] or list(done)
+    inside = [c for c in done if start <= c.sent and c.done <= end]  # whole calls, for a user's speed
     speeds = [c.tokens / max(c.done - c.sent, 1e-9) for c in inside]
     return {
         "streams": streams,
         "window_s": window,
         "committed_tokens_per_s": committed / window,
         "completions": len(inside),
-        "per_stream_tokens_per_s": {"median": statistics.median(speeds) if speeds else 0.0,
-                                    "min": min(speeds, default=0.0), "max": max(speeds, default=0.0)},
-        "tokens_per_completion": statistics.mean(c.tokens for c in inside) if inside else 0.0,
+        # None where no call fell wholly inside the window (a window shorter than a completion)
+        "per_stream_tokens_per_s": {"median": statistics.median(speeds) if speeds else None,
+                                    "min": min(speeds, default=None), "max": max(speeds, default=None)},
+        "tokens_per_completion": statistics.mean(c.tokens for c in inside) if inside else None,
         "errors": list(errors),
     }
