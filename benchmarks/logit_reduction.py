@@ -16,6 +16,13 @@ verdicts. The times include the rules' work, which is where whole rows cost most
     python benchmarks/logit_reduction.py                        # gemma-270m, B = 1, 4, 8, exact and fast
     python benchmarks/logit_reduction.py --mode sample --numerics exact --out logit_reduction_sample
     python benchmarks/logit_reduction.py --pairs qwen-coder --batches 1,8 --repeats 20
+    python benchmarks/logit_reduction.py --llama --numerics fast --out logit_reduction_llama
+
+With `--llama` (greedy), a third way beside them: llama.cpp reduces the rows itself (its backend
+sampling, `edgekit serve --reduce-rows llama`, the default on a GPU target), keeping each row's few
+largest logits where it is made; the same batches on a second engine over the same file, checked
+to name the same ids. On a CPU the logits are made in host memory either way, so this says what
+the reduction costs there, not what it saves a GPU (no vocabulary-wide row crossing to the host).
 """
 
 from __future__ import annotations
@@ -73,43 +80,54 @@ def _verdicts(outs: list[Any], block: tuple[int, ...], dists: list[SparseDistrib
 
 
 def measure(pair: str, batches: list[int], k: int, repeats: int, exact: bool, threads: int | None,
-            mode: str = "greedy") -> dict[str, Any]:
+            mode: str = "greedy", llama: bool = False) -> dict[str, Any]:
     _, target = pair_paths(pair)
     n = max(batches)
-    engine = LlamaEngine(str(target), max_context=256, n_seq=n, max_block=k, exact=exact, threads=threads)
+    engines = {way: LlamaEngine(str(target), max_context=256, n_seq=n, max_block=k, exact=exact, threads=threads,
+                                reduce_rows=way)
+               for way in ("host", *(("llama",) if llama else ()))}
+    engine = engines["host"]
     tokens = tuple(engine.model.tokenize(TEXT))
     head, block = tokens[:100], tokens[100 : 100 + k]
-    for seq in range(n):
-        engine.run_batch([Feed(seq, 0, head[:-1], 0)])
-    times: dict[tuple[int, str], list[float]] = {(b, w): [] for b in batches for w in ("copied", "reduced")}
+    for e in engines.values():
+        for seq in range(n):
+            e.run_batch([Feed(seq, 0, head[:-1], 0)])
+    ways = ("copied", "reduced", *(("llama",) if llama else ()))
+    times: dict[tuple[int, str], list[float]] = {(b, w): [] for b in batches for w in ways}
     ids_of: dict[tuple[int, str, int], list[Any]] = {}
     cells = list(times)
     dists = _drafts(block, engine.n_vocab, 1)
     for r in range(repeats):
         random.shuffle(cells)
         for b, way in cells:
-            reduced = way == "reduced"
+            reduced = way != "copied"
             kept = {"keep": SAMPLER.top_k, "within": engine.n_vocab}
             asks = ({"argmax": engine.n_vocab} if mode == "greedy" else kept) if reduced else {}
             feeds = [Feed(s, len(head) - 1, (head[-1], *block), k + 1, **asks) for s in range(b)]
             t0 = time.perf_counter()
-            outs = engine.run_batch(feeds)
+            outs = engines["llama" if way == "llama" else "host"].run_batch(feeds)
             if mode == "greedy":
                 ids = [i.tolist() for i in outs] if reduced else [np.argmax(o, axis=1).tolist() for o in outs]
             else:
                 ids = _verdicts(outs, block, dists, reduced, seed=1000 * r)
             times[b, way].append((time.perf_counter() - t0) * 1e3)
             ids_of[b, way, r] = ids
-    same = all(ids_of[b, "copied", r] == ids_of[b, "reduced", r] for b in batches for r in range(repeats))
-    engine.close()
+    differ = [{"sessions": b, "repeat": r, "way": w, "copied": ids_of[b, "copied", r], "ids": ids_of[b, w, r]}
+              for b in batches for r in range(repeats) for w in ways if ids_of[b, "copied", r] != ids_of[b, w, r]]
+    same = not differ
+    for e in engines.values():
+        e.close()
     rows = []
     for b in batches:
         copied, reduced = C.median(times[b, "copied"]), C.median(times[b, "reduced"])
         rows.append({"sessions": b, "rows": b * (k + 1), "copied_ms": copied, "reduced_ms": reduced,
                      "saved_ms": copied - reduced, "copied_over_reduced": copied / reduced})
-    return {"pair": pair, "numerics": "exact" if exact else "fast", "mode": mode,
+        if llama:
+            by_llama = C.median(times[b, "llama"])
+            rows[-1].update(llama_ms=by_llama, llama_saved_ms=copied - by_llama, reduced_over_llama=reduced / by_llama)
+    return {"pair": pair, "numerics": "exact" if exact else "fast", "mode": mode, "llama": llama,
             "sampler": SAMPLER.describe() if mode == "sample" else "greedy", "n_vocab": engine.n_vocab, "k": k,
-            "same_ids": same, "rows": rows}
+            "same_ids": same, "differ": differ, "rows": rows}
 
 
 def plot(result: dict[str, Any], png: Path) -> None:
@@ -119,12 +137,18 @@ def plot(result: dict[str, Any], png: Path) -> None:
         sampler = r.get("sampler", "greedy")
         if isinstance(sampler, dict):
             sampler = ", ".join(f"{k} {v}" for k, v in sampler.items())
-        ax.plot(xs, [row["saved_ms"] for row in r["rows"]], "o-", label=f"{r['pair']}, {r['numerics']}, {sampler}")
+        ax.plot(xs, [row["saved_ms"] for row in r["rows"]], "o-", label=f"{r['pair']}, {r['numerics']}, {sampler}"
+                + (": host's argmax in the buffer" if r.get("llama") else ""))
+        if r.get("llama"):
+            ax.plot(xs, [row["llama_saved_ms"] for row in r["rows"]], "s--",
+                    label=f"{r['pair']}, {r['numerics']}: llama.cpp's backend sampling")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("sessions in the batch (K + 1 rows each)")
     ax.set_ylabel("ms saved per batch (median): copied - reduced")
     sampled = any(r.get("mode") == "sample" for r in result["results"])
+    by_llama = any(r.get("llama") for r in result["results"])
     ax.set_title("Top-k sampling rows kept in llama.cpp's buffer, judged" if sampled
+                 else "Greedy rows reduced by the host or by llama.cpp, against copied out" if by_llama
                  else "Greedy rows reduced in llama.cpp's buffer instead of copied out")
     C.save_figure(fig, png)
 
@@ -136,15 +160,20 @@ def main() -> None:
     ap.add_argument("--numerics", default="exact,fast")
     ap.add_argument("--mode", default="greedy", choices=("greedy", "sample"),
                     help="greedy rounds (argmax), or top-k sampling rounds judged by the lossless rule")
+    ap.add_argument("--llama", action="store_true", help="greedy: llama.cpp's own reduction too (its backend sampling)")
     args = C.parse(ap, plot=plot)
+    if args.llama and args.mode != "greedy":
+        raise SystemExit("--llama reduces greedy rows: --mode greedy")
     threads = args.threads or None
     results = [measure(p, C.csv_list(args.batches, int), args.k, args.repeats, numerics == "exact", threads,
-                       args.mode)
+                       args.mode, args.llama)
                for p in C.csv_list(args.pairs) for numerics in C.csv_list(args.numerics)]
     print(C.table(
-        ["pair", "numerics", "sessions", "rows", "copied ms", "reduced ms", "saved ms", "ratio", "same ids"],
+        ["pair", "numerics", "sessions", "rows", "copied ms", "reduced ms", "saved ms", "ratio",
+         *(["by llama.cpp ms", "reduced / llama"] if args.llama else []), "same ids"],
         [[r["pair"], r["numerics"], row["sessions"], row["rows"], row["copied_ms"], row["reduced_ms"], row["saved_ms"],
-          row["copied_over_reduced"], r["same_ids"]] for r in results for row in r["rows"]],
+          row["copied_over_reduced"], *([row["llama_ms"], row["reduced_over_llama"]] if args.llama else []),
+          r["same_ids"]] for r in results for row in r["rows"]],
     ))
     path = C.write_result(args.out, {"settings": vars(args), "results": results})
     plot({"results": results}, path.with_suffix(".png"))

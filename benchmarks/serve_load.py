@@ -183,7 +183,8 @@ def _replayed_engine(spec: dict[str, Any], w: Workload, n: int) -> tuple[Any, in
     max_context = max(len(t.prompt) + len(t.target) for t in traces) + 2  # as `Tables.max_context`
     engine = ReplayedLlamaEngine(spec["target"], name=Path(spec["target"]).stem, max_context=max_context, n_seq=n,
                                  max_block=max(w.k, 8), exact=spec["numerics"] == "exact", threads=spec["threads"],
-                                 gpu_layers=spec["gpu_layers"], max_batch_rows=spec["max_batch_rows"])
+                                 gpu_layers=spec["gpu_layers"], max_batch_rows=spec["max_batch_rows"],
+                                 reduce_rows=spec["reduce_rows"])
     return engine, max_context
 
 
@@ -277,6 +278,7 @@ def run_points(kind: str, counts: Sequence[int], args: argparse.Namespace, workl
     spec = {"workload": asdict(workload), "kind": kind, "max_sessions": max(counts) + 16, "cores": args.server_cores,
             "max_batch_rows": args.max_batch_rows, "rounds": args.rounds, "target": args.target,
             "numerics": args.numerics, "gpu_layers": args.gpu_layers, "threads": args.threads,
+            "reduce_rows": args.reduce_rows,
             "policy": args.policy, "budgets": args.budgets, "token_budget": args.token_budget}
     if kind == "instant":
         server = spawn("instant", spec, cores=args.server_cores, log=logs / "verifier.log")
@@ -549,6 +551,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          "its vocabulary is the devices' tokenizer")
     ap.add_argument("--gpu-layers", type=int, default=None, help="replayed: the target's layers on a GPU (-1: all)")
     ap.add_argument("--numerics", default="exact", choices=("exact", "fast"), help="replayed: the verifier's numerics")
+    ap.add_argument("--reduce-rows", default="host", choices=("host", "llama"),
+                    help="replayed: where greedy rows become argmaxes (edgekit serve --reduce-rows)")
     ap.add_argument("--duration", type=float, default=10.0, help="seconds measured per point")
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds before the window, while sessions open (default: 3, or devices / 200 if more)")

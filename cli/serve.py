@@ -21,6 +21,11 @@ class Numerics(str, Enum):
     fast = "fast"
 
 
+class ReduceRows(str, Enum):
+    host = "host"
+    llama = "llama"
+
+
 class LogLevel(str, Enum):
     debug = "debug"
     info = "info"
@@ -89,6 +94,12 @@ def serve(
         None, "--gpu-layers", min=-1,
         help="Target layers on the GPU where llama.cpp was built with one: -1 all, 0 none "
         "(default: EDGEKIT_GPU_LAYERS, else all).",
+    ),
+    reduce_rows: ReduceRows = typer.Option(
+        ReduceRows.host, "--reduce-rows",
+        help="Where greedy rows become best ids: host (whole rows out of llama.cpp, one argmax per call) or llama "
+        "(llama.cpp's backend sampling takes each row's argmax where it is made: on a GPU no vocabulary-wide row "
+        "leaves it; not yet measured on one).",
     ),
     prefill_chunk: int = typer.Option(
         128, "--prefill-chunk", min=1,
@@ -201,6 +212,7 @@ def serve(
         tls_client_ca=str(tls_client_ca) if tls_client_ca else None,
         threads=threads,
         gpu_layers=gpu_layers,
+        reduce_rows=reduce_rows.value,
         prefill_chunk=prefill_chunk,
         max_batch_rows=max_batch_rows,
         policy=policy,
@@ -229,6 +241,8 @@ def serve(
         detail = f"exact numerics, invariant batch {engine.invariant_batch}, {together}"
     else:
         detail = "fast numerics"
+    if getattr(engine, "reduces_in_llama", False):
+        detail += "; greedy rows reduced by llama.cpp"
     note(f"edgekit verifier: {name} on {server.address} ({detail}; up to {max_sessions} sessions)")
     classes = ", ".join(f"{n} {s:g}" for n, s in server.service.slo.classes.items())
     estimator = server.service.estimator

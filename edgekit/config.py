@@ -321,6 +321,10 @@ class ServerConfig:
     # "exact": greedy output token-identical to target-only decoding (slower
     # kernels, blocks in batch-invariant sub-batches); "fast": every kernel.
     numerics: Numerics = "exact"
+    # Where a greedy round's rows become best ids: "host" (whole rows out of llama.cpp, one argmax
+    # per call) or "llama" (llama.cpp's backend sampling takes each row's argmax where the row is
+    # made: on a GPU no vocabulary-wide row comes back; not yet measured on one).
+    reduce_rows: Literal["host", "llama"] = "host"
     # Prompts and turns longer than this go to the engine in chunks, other sessions'
     # rounds between them: the longest a prefill holds the engine is one chunk.
     prefill_chunk: int = 128
@@ -392,6 +396,8 @@ class ServerConfig:
             raise ConfigError(f"max_batch_rows must be at least 1, got {self.max_batch_rows}")
         if self.numerics not in ("exact", "fast"):
             raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
+        if self.reduce_rows not in ("host", "llama"):
+            raise ConfigError(f"reduce_rows must be host or llama, got {self.reduce_rows!r}")
         SCHEDULERS.check(self.policy)
         if self.slo_budget not in ("round", "response"):
             raise ConfigError(f"slo_budget must be 'round' or 'response', got {self.slo_budget!r}")

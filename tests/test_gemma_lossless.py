@@ -20,7 +20,7 @@ import pytest
 from _exact import ExactTarget, pit
 from scipy.stats import chisquare
 
-from edgekit import EdgeClient, GenerationConfig
+from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
 from edgekit.protocol import Sampler
 
 pytestmark = [pytest.mark.models, pytest.mark.numerics]
@@ -230,6 +230,28 @@ def test_sessions_parked_out_of_the_context_come_back_exact(gemma_paths, target_
     for p in prompts:
         assert results[p] == target_only[p], p
     assert slots.resident == 2 and slots.parks > 0 and slots.loads > 0, (slots.parks, slots.loads)
+
+
+def test_greedy_rows_reduced_by_llama_cpp_stay_token_identical(gemma_paths, gemma_draft, target_only):
+    """A verifier whose greedy rows llama.cpp reduces where they are made (`reduce_rows="llama"`, as a
+    GPU target does by default): each answer is the target's own (the host-reducing verifier's
+    target-only decoding), in exact numerics, several sessions verified together."""
+    from edgekit.verifier import VerifierServer
+
+    config = ServerConfig(port=0, max_sessions=4, max_context=256, max_block=8, reduce_rows="llama")
+    server = VerifierServer(gemma_paths[1], config, name="gemma-3-270m").start()
+    try:
+        assert server.engine.reduces_in_llama
+        gen = GenerationConfig(max_tokens=MAX_TOKENS, draft_k=4, drafting="fixed")
+        with EdgeClient(server.address, draft_model=gemma_draft, generation=gen,
+                        config=ClientConfig(first_route="speculative")) as c:
+            for prompt in PROMPTS[:6]:
+                final = c.generate(prompt).until_done()
+                assert final.token_ids == target_only[prompt], prompt
+                assert final.stats.drafted > 0  # verified in rounds, not streamed target-only
+            assert c.generate_target_only(PROMPTS[6]).until_done().token_ids == target_only[PROMPTS[6]]
+    finally:
+        server.stop()
 
 
 def test_prefix_is_reused_between_rounds(client, gemma_server):

@@ -91,8 +91,10 @@ def test_the_devices_tables_from_traces_are_what_the_traces_say(bench, gemma_pat
 @pytest.mark.timeout(900)
 def test_the_dry_run_measures_every_part_and_every_answer_is_the_recorded_targets(gpu_toy_target, tmp_path):
     target = next(m["path"] for m in gpu_toy_target if m["type"] == "f16")
+    # the verifier's greedy rows reduced by llama.cpp (as a GPU run may ask), the curve both ways
     done = subprocess.run([sys.executable, str(GOODPUT), "--dry-run", "--target", target, "--out", str(tmp_path),
-                           "--llama-server", ""], capture_output=True, text=True, timeout=900)
+                           "--llama-server", "", "--reduce-rows", "llama", "--curve-also", "host"],
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
     result = json.loads((tmp_path / "goodput.json").read_text())
     assert result["dry_run"] and result["numerics"] == "exact" and result["devices"] == [2, 4]
@@ -100,6 +102,8 @@ def test_the_dry_run_measures_every_part_and_every_answer_is_the_recorded_target
     # the step curve: on a CPU a step of 5 rows a sequence costs more than one of 1
     curve = {(r["batch"], r["tokens"]): r["ms"] for r in result["step_curve"]}
     assert all(curve[b, 5] > curve[b, 1] > 0 for b in (2, 4))
+    assert result["reduce_rows"] == "llama" and result["step_curve_also"]["reduce_rows"] == "host"
+    assert {(r["batch"], r["tokens"]) for r in result["step_curve_also"]["rows"]} == set(curve)
     assert all(p["errors"] == [] and p["committed_tokens_per_s"] > 0 for p in result["baseline"]["points"])
     # every verdict and every streamed token the recorded real target's, no call failed
     assert set(result["edgekit"]) == {"centralized", "k4", "goodspeed", "wisp"}

@@ -53,6 +53,7 @@ baseline's code path, not its figures.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import statistics
@@ -146,16 +147,18 @@ def torch_roofline(path: Path, model: str) -> list[dict]:
 
 
 def step_curve(target: Path, batches: Sequence[int], tokens: Sequence[int], context: int, *, exact: bool,
-               gpu_layers: int | None, threads: int | None, repeats: int, max_batch_rows: int) -> list[dict]:
+               gpu_layers: int | None, threads: int | None, repeats: int, max_batch_rows: int,
+               reduce_rows: str = "host") -> list[dict]:
     """llama.cpp's time for one batch of B sequences x T new tokens (each sequence `context` tokens
     deep, its T rows reduced to their argmax, as a greedy verify round asks), the median of
-    `repeats`, rolled back after each (a feed cuts its sequence to its start)."""
+    `repeats`, rolled back after each (a feed cuts its sequence to its start). `reduce_rows`: where
+    the rows become argmaxes (`LlamaEngine`'s: llama.cpp's backend sampling, or the host)."""
     from edgekit.verifier import Feed, LlamaEngine
 
     n = max(batches)
     engine = LlamaEngine(str(target), name=target.stem, max_context=context + max(tokens) + 8, n_seq=n,
                          max_block=max(tokens), exact=exact, threads=threads, gpu_layers=gpu_layers,
-                         max_batch_rows=max_batch_rows)
+                         max_batch_rows=max_batch_rows, reduce_rows=reduce_rows)  # type: ignore[arg-type]
     try:
         vocab = engine.n_vocab
         for s in range(n):  # each sequence its own tokens (the values do not change a step's time)
@@ -242,6 +245,7 @@ def edgekit_points(args: argparse.Namespace, target: Path, system: str, devices:
         argv += ["--gpu-layers", str(args.gpu_layers)]
     if args.threads:
         argv += ["--threads", str(args.threads)]
+    argv += ["--reduce-rows", args.reduce_rows]
     return list(S.main(argv)["points"])
 
 
@@ -347,7 +351,14 @@ def plot(payload: dict[str, Any], png: Path) -> None:
     for i, t in enumerate(sorted({r["tokens"] for r in curve})):
         pts = sorted((r["batch"], r["ms"]) for r in curve if r["tokens"] == t)
         ax.plot([b for b, _ in pts], [ms for _, ms in pts], marker="o", color=f"C{i}", label=f"T = {t}")
-    ax.set(xlabel="sequences B", ylabel="ms per step", title="llama.cpp step, B x T new tokens")
+    also = payload.get("step_curve_also")
+    if also:  # the same steps with the rows reduced the other way: dashed, same colours
+        for i, t in enumerate(sorted({r["tokens"] for r in curve})):
+            pts = sorted((r["batch"], r["ms"]) for r in also["rows"] if r["tokens"] == t)
+            ax.plot([b for b, _ in pts], [ms for _, ms in pts], ls="--", marker="x", color=f"C{i}",
+                    label=f"T = {t}, rows reduced: {also['reduce_rows']}" if i == 0 else None)
+    ax.set(xlabel="sequences B", ylabel="ms per step",
+           title=f"llama.cpp step, B x T new tokens (rows reduced: {payload.get('reduce_rows', 'host')})")
     for ax, xs in zip(axes, (ns, ns, sorted({r["batch"] for r in curve}))):
         ax.set_xscale("log", base=2)
         ax.minorticks_off()
@@ -396,6 +407,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--loadgen-cores", default=None, help="the devices' cores (default: every other core)")
     ap.add_argument("--max-batch-rows", type=int, default=2048, help="the verifier's --max-batch-rows")
     ap.add_argument("--slot-context", type=int, default=512, help="llama-server's context per slot")
+    ap.add_argument("--reduce-rows", default="host", choices=("host", "llama"),
+                    help="where the verifier's greedy rows become argmaxes (edgekit serve --reduce-rows)")
+    ap.add_argument("--curve-also", default=None, choices=("host", "llama"),
+                    help="the step curve measured again with the rows reduced this way (step_curve_also)")
     ap.add_argument("--skip", default="", help="parts not to run: curve, baseline (comma-separated); a second "
                     "call's, where the first measured them")
     args = C.parse(ap, argv, plot=plot, machine=False)
@@ -439,8 +454,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "gpu_goodput", "dry_run": args.dry_run, "gpu": C.gpu_name(),
         "target": {"path": str(target), "bytes": target.stat().st_size}, "traces": str(args.traces),
         "traces_meta": json.loads(Path(args.traces).read_text())["meta"], "llama_build": llama_build(),
-        "numerics": args.numerics, "devices": args.devices, "systems": systems, "context": context,
-        "draft_ms": args.draft_ms, "rtt_ms": args.rtt_ms,
+        "numerics": args.numerics, "reduce_rows": args.reduce_rows, "devices": args.devices, "systems": systems,
+        "context": context, "draft_ms": args.draft_ms, "rtt_ms": args.rtt_ms,
         "acceptance": traces_acceptance(tables),
         "replayed": "the target's weights are random; every greedy row's token is the traces' real target's "
                     "(rigs/replayed.py): the GPU's work is real, the acceptance is the recorded pair's",
@@ -448,10 +463,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "curve" not in skip:
         curve_ks = C.csv_list(args.curve_ks, int)
         batches = C.csv_list(args.curve_batches, int) if args.curve_batches else args.devices
-        payload["step_curve"] = step_curve(target, batches, sorted({1, *(k + 1 for k in curve_ks)}), context,
-                                           exact=args.numerics == "exact", gpu_layers=args.gpu_layers,
-                                           threads=args.threads, repeats=5 if args.dry_run else 9,
-                                           max_batch_rows=args.max_batch_rows)
+        measure = functools.partial(step_curve, target, batches, sorted({1, *(k + 1 for k in curve_ks)}), context,
+                                    exact=args.numerics == "exact", gpu_layers=args.gpu_layers, threads=args.threads,
+                                    repeats=5 if args.dry_run else 9, max_batch_rows=args.max_batch_rows)
+        payload["step_curve"] = measure(reduce_rows=args.reduce_rows)
+        if args.curve_also:
+            payload["step_curve_also"] = {"reduce_rows": args.curve_also, "rows": measure(reduce_rows=args.curve_also)}
     if args.roofline:
         payload["torch_roofline"] = {"source": args.roofline,
                                      "rows": torch_roofline(Path(args.roofline), args.roofline_model)}

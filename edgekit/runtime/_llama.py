@@ -8,12 +8,13 @@ more sequences (`LlamaContext`). llama.cpp failures become `ModelLoadError` or
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -251,6 +252,37 @@ class LlamaModel:
         return out
 
 
+_env_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    """`name` set to `value` in the process's environment for the block (None: left as it is)."""
+    if value is None:
+        yield
+        return
+    with _env_lock:
+        before = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = before
+
+
+def _greedy_chain() -> object:
+    """A llama.cpp sampler chain that reduces a row to its argmax, on the backend that makes the row:
+    what `LlamaContext.reduce_rows` installs. (Its multi-output candidates and logits, and its
+    logit-bias sampler, gave other rows' values or failed in the vendored version: only the
+    sampled token is read.)"""
+    chain = _lc.llama_sampler_chain_init(_lc.llama_sampler_chain_default_params())
+    _lc.llama_sampler_chain_add(chain, _lc.llama_sampler_init_greedy())
+    return chain
+
+
 class LlamaContext:
     """A KV cache over a model, holding up to `n_seq` independent sequences.
 
@@ -270,15 +302,18 @@ class LlamaContext:
         n_threads: int | None = None,
         flash_attn: bool | None = None,
         unified: bool = False,
+        outputs_per_seq: int = 1,
     ) -> None:
         """n_ctx is the total; each of the n_seq sequences gets its own stream of
-        n_ctx / n_seq cells unless `unified`, where all share one pool."""
+        n_ctx / n_seq cells unless `unified`, where all share one pool. `outputs_per_seq`: the
+        most output rows of one sequence in a decode that llama.cpp reduces (`reduce_rows`)."""
         self.model = model
         params = _lc.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
         params.n_seq_max = n_seq
+        params.n_outputs_max_per_seq = outputs_per_seq
         threads = n_threads or default_threads()
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -297,7 +332,11 @@ class LlamaContext:
             True: _lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
             False: _lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
         }[flash_attn]
-        ctx = _lc.llama_init_from_model(model._model, params)
+        # llama.cpp reuses a call's graph for the next of the same shape, but the graph of its row
+        # reductions reads each sequence's rows where that first call had them: a context that may
+        # reduce rows plans every call's graph afresh (LLAMA_GRAPH_REUSE_DISABLE, read here only)
+        with _env("LLAMA_GRAPH_REUSE_DISABLE", "1" if outputs_per_seq > 1 else None):
+            ctx = _lc.llama_init_from_model(model._model, params)
         if not ctx:
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.name}")
         self._ctx = ctx
@@ -310,12 +349,20 @@ class LlamaContext:
         self._batch = _lc.llama_batch_init(n_batch, 0, 1)
         self._n_outputs = 0
         self._logits_view_shape = (model.n_vocab,)
+        # Row reductions run by llama.cpp (`reduce_rows`): the sampler chain of each sequence reduced;
+        # chains replaced since the last decode, freed after the next.
+        self._reductions: dict[int, object] = {}
+        self._retired: list[object] = []
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             _lc.llama_batch_free(self._batch)
             _lc.llama_free(self._ctx)
             self._ctx = None
+            for chain in [*self._retired, *self._reductions.values()]:
+                _lc.llama_sampler_free(chain)
+            self._retired.clear()
+            self._reductions.clear()
 
     def __del__(self) -> None:  # pragma: no cover
         try:
@@ -350,6 +397,8 @@ class LlamaContext:
             b.logits[i] = outputs[i]
         b.n_tokens = n
         rc = _lc.llama_decode(self._ctx, b)
+        while self._retired and rc == 0:  # the graph just run was planned without them
+            _lc.llama_sampler_free(self._retired.pop())
         if rc == 1:
             raise KVCacheFullError("no free KV cells for this batch")
         if rc != 0:
@@ -380,6 +429,37 @@ class LlamaContext:
         if not ptr:
             raise InferenceError("no logits from the last decode")
         return np.ctypeslib.as_array(ptr, shape=(n, self.model.n_vocab))
+
+    def reduce_rows(self, seq: int, on: bool) -> bool:
+        """From the next decode on, llama.cpp reduces each output row of `seq` to its argmax where the
+        row is made (llama.cpp's backend sampling, a greedy sampler per sequence: on a GPU only the
+        id comes back to the host), read with `best`; off: whole rows again. False where llama.cpp
+        cannot run it there (the rows stay whole). A change costs llama.cpp a new plan of its graph
+        at the next decode: meant to stay as set for a while. Where several logits tie at the top,
+        the id is the one llama.cpp's argmax kernel finds first (the CPU's: the highest)."""
+        held = self._reductions.get(seq)
+        if (held is not None) == on:
+            return True
+        # llama.cpp binds a chain to one sequence, once: each setting gets a chain of its own, and
+        # the one it replaces is freed after the next decode (whose graph no longer holds it)
+        chain = _greedy_chain() if on else None
+        taken = bool(_lc.llama_set_sampler(self._ctx, seq, chain))
+        if held is not None:
+            self._retired.append(self._reductions.pop(seq))
+        if chain is not None:
+            if taken:
+                self._reductions[seq] = chain
+            else:
+                self._retired.append(chain)
+        return taken or not on
+
+    def reduces(self, seq: int) -> bool:
+        """Whether llama.cpp reduces `seq`'s output rows to their argmax (`reduce_rows`)."""
+        return seq in self._reductions
+
+    def best(self, i: int) -> int:
+        """Batch row i's argmax as llama.cpp reduced it (`reduce_rows`); -1 where it reduced none."""
+        return int(_lc.llama_get_sampled_token_ith(self._ctx, i))
 
     def hidden(self, i: int) -> np.ndarray:
         """Final-layer, post-norm hidden state of batch row i, as a view."""

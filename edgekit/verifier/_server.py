@@ -145,6 +145,7 @@ class VerifierServer:
                 gpu_layers=c.gpu_layers,
                 resident=c.resident_sessions or None,
                 max_batch_rows=c.max_batch_rows,
+                reduce_rows=c.reduce_rows,
             )
         self.engine = target
         estimator = self._estimator()

@@ -23,16 +23,26 @@ calls of their own, so the KV they leave does not depend on what else ran.
 Fast mode decodes up to n_batch rows of any feeds in one call, prompts and
 turns with the rounds' rows (a GPU pays a step per call, not per row), with
 every kernel llama.cpp has.
+
+Greedy rows reduced where they are made. An `argmax` feed wants one id per row. With
+`reduce_rows` "llama", llama.cpp's backend
+sampling takes each of its rows' argmax on the device and only the id comes back, not a
+vocabulary-wide row. A tie at the top then goes as llama.cpp's argmax kernel takes it (the
+CPU's: the highest id; the host's rule is the lowest), for rounds and target-only streams
+alike. An id past the feed's `argmax` (a padding entry won: llama.cpp's reduction cannot leave
+them out) has the feed decoded again with whole rows. Elsewhere the host reduces the rows in
+llama.cpp's output buffer (one argmax per decode call).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -43,13 +53,17 @@ from ._base import Feed, FeedOutput, KeptRows, kept_of
 from ._cache import load_cached, machine_key, store_cached
 from ._parking import SequenceSlots
 
+log = logging.getLogger("edgekit.verifier")
+
 # The most sequences a llama.cpp context holds (LLAMA_MAX_SEQ in the vendored version: a larger
 # n_seq_max fails to create the context); an engine with more parks the rest (`SequenceSlots`).
 MAX_RESIDENT = 256
 
+ReduceRows = Literal["host", "llama"]
+
 __all__ = [
-    "MAX_RESIDENT", "LlamaEngine", "bands_between", "calibrate_invariant_batches", "calibration_depths", "call_rows",
-    "mixes_sessions_exactly", "rows_exact_between",
+    "MAX_RESIDENT", "LlamaEngine", "ReduceRows", "bands_between", "calibrate_invariant_batches", "calibration_depths",
+    "call_rows", "mixes_sessions_exactly", "rows_exact_between",
 ]
 
 _CALIBRATION_TEXT = (
@@ -203,12 +217,15 @@ class LlamaEngine:
         gpu_layers: int | None = None,
         resident: int | None = None,
         max_batch_rows: int = 0,
+        reduce_rows: ReduceRows = "host",
     ) -> None:
         """`cache_dir`: where the exact mode's calibration is kept between starts (None: measured
         every time); `recalibrate` measures again whatever is kept. `gpu_layers`: see `LlamaModel`.
         `resident`: sequences the context holds (None: all `n_seq`, up to `MAX_RESIDENT`); KV
         memory in the context is `max_context` x `resident`. `max_batch_rows`: the most rows the
-        scheduler puts in one batch; on a GPU a call takes them all (`call_rows`)."""
+        scheduler puts in one batch; on a GPU a call takes them all (`call_rows`). `reduce_rows`:
+        where greedy rows become their best ids, "host" (whole rows out, one argmax per call) or
+        "llama" (llama.cpp's backend sampling, only the ids leaving the device)."""
         resident = min(n_seq, MAX_RESIDENT) if resident is None else resident
         if not 1 <= resident <= MAX_RESIDENT:
             raise ValueError(f"a llama.cpp context holds 1 to {MAX_RESIDENT} sequences, not {resident}")
@@ -223,6 +240,11 @@ class LlamaEngine:
         offloaded = gpu_offload() and self.model.gpu_layers != 0
         n_batch = call_rows(max_block, max_batch_rows, offloaded)
         resident = min(resident, n_seq)
+        if reduce_rows not in ("host", "llama"):
+            raise ValueError(f"reduce_rows must be host or llama, not {reduce_rows!r}")
+        # whether llama.cpp reduces greedy rows (`_take_outputs`); off for good where it cannot
+        self.reduces_in_llama = reduce_rows == "llama"
+        self._redo: list[int] = []  # this batch's feeds to decode again with whole rows (`_take_outputs`)
         self._ctx = LlamaContext(
             self.model,
             n_ctx=max_context * resident,
@@ -230,6 +252,7 @@ class LlamaEngine:
             n_seq=resident,
             n_threads=threads,
             flash_attn=True if exact else None,
+            outputs_per_seq=max_block + 1 if self.reduces_in_llama else 1,
         )
         ctx = self._ctx
         self.slots = SequenceSlots(
@@ -304,6 +327,7 @@ class LlamaEngine:
             if f.start > held:
                 raise InferenceError(f"sequence {f.seq} holds {held} tokens; a feed at {f.start} would leave a gap")
             self._ctx.truncate(f.seq, f.start)  # a rolled-back round's cells go first
+        self._redo = []
         try:
             rows = []  # the feeds decoded in the batch's shared calls
             for i, f in enumerate(feeds):
@@ -323,6 +347,10 @@ class LlamaEngine:
                     self._decode_rows(wanting, feeds, outs, hidden)
                 finally:
                     self._ctx.set_embeddings(False)
+            for i in self._redo:  # with whole rows this time: their cells are written again, the same
+                self._ctx.reduce_rows(feeds[i].seq, False)
+                self._ctx.truncate(feeds[i].seq, feeds[i].start)
+                self._decode_rows([i], feeds, outs, hidden)
         except KVCacheFullError:
             for f in feeds:
                 self._ctx.truncate(f.seq, f.start)  # leave every session as it was
@@ -366,6 +394,8 @@ class LlamaEngine:
             for lo in range(0, len(rows), step):
                 chunk = rows[lo : lo + step]
                 wanted = [r >= len(feeds[i].tokens) - feeds[i].n_out for i, r in chunk]
+                if self.reduces_in_llama:
+                    self._set_reductions({i for (i, _), want in zip(chunk, wanted) if want}, feeds)
                 self._ctx.decode(
                     [feeds[i].tokens[r] for i, r in chunk],
                     [feeds[i].start + r for i, r in chunk],
@@ -374,10 +404,21 @@ class LlamaEngine:
                 )
                 self._take_outputs(chunk, wanted, feeds, outs, hidden)
 
+    def _set_reductions(self, outputting: set[int], feeds: Sequence[Feed]) -> None:
+        """Has llama.cpp reduce the rows of the `outputting` feeds that want only best ids, and give
+        the others' rows whole (a sequence keeps its setting until a feed wants otherwise)."""
+        for i in outputting:
+            f = feeds[i]
+            if not self._ctx.reduce_rows(f.seq, bool(f.argmax) and i not in self._redo):
+                self.reduces_in_llama = False  # llama.cpp cannot run it on this backend: the host does
+                log.warning("llama.cpp cannot reduce rows on this backend; the host reduces them")
+                return
+
     def _take_outputs(self, chunk: list[tuple[int, int]], wanted: list[bool], feeds: Sequence[Feed],
                       outs: list[Any], hidden: list[np.ndarray | None]) -> None:
         """A decode's outputs to their feeds: each feed's rows in one slice of llama.cpp's output
-        buffer (in batch order), reduced there for an `argmax` feed, else copied whole."""
+        buffer (in batch order), reduced there for an `argmax` feed, else copied whole; an `argmax`
+        feed whose rows llama.cpp reduced reads its best ids from llama.cpp's reduction."""
         view = self._ctx.output_logits(sum(wanted))
         taken = 0
         for i, run in itertools.groupby(zip(range(len(chunk)), chunk, wanted), key=lambda x: x[1][0]):
@@ -387,7 +428,13 @@ class LlamaEngine:
             f = feeds[i]
             first, m = rows[0][1] - (len(f.tokens) - f.n_out), len(rows)
             block = view[taken : taken + m]
-            if f.argmax:
+            if f.argmax and self._ctx.reduces(f.seq):
+                best = [self._ctx.best(row) for row, _ in rows]
+                if all(0 <= b < f.argmax for b in best):
+                    outs[i][first : first + m] = best
+                elif i not in self._redo:  # a padding entry won (or no id came back): whole rows (`_run_resident`)
+                    self._redo.append(i)
+            elif f.argmax:
                 outs[i][first : first + m] = np.argmax(block[:, : f.argmax], axis=1)
             elif f.keep:
                 outs[i][first : first + m] = [kept_of(row, f.keep, f.within or self.n_vocab) for row in block]

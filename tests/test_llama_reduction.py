@@ -1,0 +1,97 @@
+"""Greedy rows reduced by llama.cpp where they are made (`ServerConfig.reduce_rows`, llama.cpp's
+backend sampling): each row's argmax comes back instead of the whole row.
+
+What these tests may expect, and why: the reduction reads the very logits tensor that llama.cpp
+copies out for the host (the same decode, the same kernels), so its ids must equal the host's
+argmax of the copied rows exactly, in either numerics, wherever a row's largest logit is unique
+(asserted: llama.cpp's argmax kernel settles a tie its own way); and a sequence's whole rows
+beside the reduced ones stay bit-identical."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgekit import ServerConfig
+from edgekit.errors import ConfigError
+from edgekit.verifier import Feed, LlamaEngine
+
+pytestmark = pytest.mark.models
+
+PROMPT = "def fibonacci(n):\n    '''Return the n-th Fibonacci number.'''\n    if n < 2:\n        return n\n"
+TEXTS = [PROMPT, "The capital of France is Paris, and the capital of Italy is Rome.\n",
+         "import numpy as np\n\ndef normalize(x):\n    return x / np.linalg.norm(x)\n", "1, 2, 3, 5, 8, 13, 21, 34"]
+
+
+def test_the_config_names_where_rows_are_reduced():
+    assert ServerConfig().reduce_rows == "host"
+    with pytest.raises(ConfigError, match="reduce_rows"):
+        ServerConfig(reduce_rows="gpu")  # type: ignore[arg-type]
+
+
+def _engines(gemma_paths, exact: bool) -> list[LlamaEngine]:
+    return [LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=4, max_block=8, exact=exact, reduce_rows=way)
+            for way in ("host", "llama")]
+
+
+def _unique_top(rows: np.ndarray) -> bool:
+    top = rows.max(axis=1, keepdims=True)
+    return bool(((rows == top).sum(axis=1) == 1).all())
+
+
+def _run(engine: LlamaEngine) -> list:
+    tokens = tuple(engine.model.tokenize(PROMPT))
+    head, block = tokens[:-6], tokens[-6:]
+    engine.run_batch([Feed(seq, 0, head, 0) for seq in range(4)])
+    n = len(block)
+    return engine.run_batch([
+        Feed(0, len(head), block, n),  # whole rows, beside the reduced ones in the same calls
+        Feed(1, len(head), block, n, argmax=engine.n_vocab),
+        Feed(2, len(head), block, n, argmax=1000),  # the ids past 1000 never chosen (a target's padding)
+        Feed(3, len(head), block, n, keep=20, within=engine.n_vocab),
+    ])
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_rows_llama_cpp_reduces_name_the_argmax_of_the_whole_rows(gemma_paths, exact):
+    host, llama = _engines(gemma_paths, exact)
+    try:
+        assert llama.reduces_in_llama and not host.reduces_in_llama
+        want, got = _run(host), _run(llama)
+        full = want[0]
+        assert _unique_top(full)
+        assert np.array_equal(got[0], full)  # the whole rows, unchanged by the reductions beside them
+        assert got[1].tolist() == np.argmax(full, axis=1).tolist() == want[1].tolist()
+        # llama.cpp's argmax takes the whole row: where an id past 1000 won it, the feed is decoded
+        # again with whole rows, and the best among the first 1000 taken
+        assert np.argmax(full, axis=1).max() >= 1000 and llama._redo == [2]
+        assert got[2].tolist() == np.argmax(full[:, :1000], axis=1).tolist()
+        assert np.array_equal(got[3].ids, want[3].ids) and np.array_equal(got[3].logits, want[3].logits)
+        assert llama._ctx.reduces(1) and not llama._ctx.reduces(0) and not llama._ctx.reduces(2)
+    finally:
+        host.close()
+        llama.close()
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_batches_of_one_shape_but_other_sequences_get_their_own_rows(gemma_paths, exact):
+    """Batches alike in shape, each holding other sequences (llama.cpp would reuse the first one's
+    graph, whose reductions read the rows where that batch had each sequence's), and sequences
+    changing between whole rows (a round with logprobs) and reduced ones: every sequence's ids and
+    rows are those of the same batches on a host-reducing engine."""
+    host, llama = _engines(gemma_paths, exact)
+    try:
+        heads = [tuple(host.model.tokenize(t)) for t in TEXTS]
+        for e in (host, llama):
+            e.run_batch([Feed(s, 0, h[:-5], 0) for s, h in enumerate(heads)])
+        for seqs, whole in (((0, 1), ()), ((2, 3), ()), ((1, 2), (2,)), ((3, 0), ()), ((0, 1, 2, 3), (1, 3)),
+                            ((1, 0), ()), ((3, 2, 1, 0), ())):
+            feeds = [Feed(s, len(heads[s]) - 5, heads[s][-5:], 5, argmax=0 if s in whole else host.n_vocab)
+                     for s in seqs]
+            want, got = host.run_batch(feeds), llama.run_batch(feeds)
+            for s, w, g in zip(seqs, want, got):
+                assert np.array_equal(g, w), (seqs, s)
+                assert llama._ctx.reduces(s) == (s not in whole)
+    finally:
+        host.close()
+        llama.close()
