@@ -17,12 +17,17 @@ verdicts. The times include the rules' work, which is where whole rows cost most
     python benchmarks/logit_reduction.py --mode sample --numerics exact --out logit_reduction_sample
     python benchmarks/logit_reduction.py --pairs qwen-coder --batches 1,8 --repeats 20
     python benchmarks/logit_reduction.py --llama --numerics fast --out logit_reduction_llama
+    python benchmarks/logit_reduction.py --mode host-cost --out logit_reduction_host_cost
 
 With `--llama` (greedy), a third way beside them: llama.cpp reduces the rows itself (its backend
 sampling, `edgekit serve --reduce-rows llama`, the default on a GPU target), keeping each row's few
 largest logits where it is made; the same batches on a second engine over the same file, checked
 to name the same ids. On a CPU the logits are made in host memory either way, so this says what
 the reduction costs there, not what it saves a GPU (no vocabulary-wide row crossing to the host).
+
+`--mode host-cost` times what the host pays per GPU step for the rows llama.cpp hands it whole, at
+a GPU batch's sizes (B sessions x 5 rows, Qwen2.5's 152,064 logits by default): numpy's argmax over
+them on one thread and split over `--split` threads, and copying them; no model is loaded.
 """
 
 from __future__ import annotations
@@ -130,7 +135,55 @@ def measure(pair: str, batches: list[int], k: int, repeats: int, exact: bool, th
             "same_ids": same, "differ": differ, "rows": rows}
 
 
+def host_cost(sessions: list[int], vocab: int, repeats: int, splits: list[int]) -> dict[str, Any]:
+    """The host's time for a step's rows handed over whole: argmax (on 1..n threads) and a copy."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows_all = np.random.default_rng(0).standard_normal((max(sessions) * 5, vocab)).astype(np.float32)
+    pools = {n: ThreadPoolExecutor(n) for n in splits if n > 1}
+    rows = []
+    for b in sessions:
+        view = rows_all[: b * 5]
+        timed: dict[str, list[float]] = {}
+        best = np.argmax(view, axis=1)
+        for _ in range(repeats):
+            for n in splits:
+                t0 = time.perf_counter()
+                if n == 1:
+                    got = np.argmax(view, axis=1)
+                else:
+                    parts = np.array_split(np.arange(view.shape[0]), n)
+                    got = np.concatenate([f.result() for f in [
+                        pools[n].submit(np.argmax, view[p[0] : p[-1] + 1], 1) for p in parts if p.size]])
+                timed.setdefault(f"argmax_{n}", []).append((time.perf_counter() - t0) * 1e3)
+                assert np.array_equal(got, best)
+            t0 = time.perf_counter()
+            view.copy()
+            timed.setdefault("copy", []).append((time.perf_counter() - t0) * 1e3)
+        rows.append({"sessions": b, "rows": b * 5, "mb": view.nbytes / 1e6,
+                     **{f"{k}_ms": C.median(v) for k, v in timed.items()}})
+    for pool in pools.values():
+        pool.shutdown()
+    return {"mode": "host-cost", "vocab": vocab, "splits": splits, "rows": rows}
+
+
+def plot_host_cost(result: dict[str, Any], png: Path) -> None:
+    fig, (ax,) = C.subplots(width=6.5)
+    rows = result["rows"]
+    xs = [r["rows"] for r in rows]
+    for n in result["splits"]:
+        ax.plot(xs, [r[f"argmax_{n}_ms"] for r in rows], "o-", label=f"numpy argmax, {n} thread{'s' * (n > 1)}")
+    ax.plot(xs, [r["copy_ms"] for r in rows], "s--", color="grey", label="copying the rows")
+    ax.set_xlabel(f"rows handed to the host whole (5 per session), {result['vocab']:,} logits each")
+    ax.set_ylabel("ms per GPU step (median)")
+    ax.set_title("What the host pays for a step's whole rows")
+    C.save_figure(fig, png)
+
+
 def plot(result: dict[str, Any], png: Path) -> None:
+    if result.get("mode") == "host-cost":
+        plot_host_cost(result, png)
+        return
     fig, (ax,) = C.subplots(width=6.5)
     for r in result["results"]:
         xs = [row["sessions"] for row in r["rows"]]
@@ -158,10 +211,22 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,8", help="sessions per batch, comma-separated")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--numerics", default="exact,fast")
-    ap.add_argument("--mode", default="greedy", choices=("greedy", "sample"),
-                    help="greedy rounds (argmax), or top-k sampling rounds judged by the lossless rule")
+    ap.add_argument("--mode", default="greedy", choices=("greedy", "sample", "host-cost"),
+                    help="greedy rounds (argmax), top-k sampling rounds judged by the lossless rule, or the host's "
+                         "cost of a GPU step's whole rows (no model)")
+    ap.add_argument("--vocab", type=int, default=152064, help="host-cost: logits per row (Qwen2.5's)")
+    ap.add_argument("--split", default="1,2", help="host-cost: threads the argmax is split over")
     ap.add_argument("--llama", action="store_true", help="greedy: llama.cpp's own reduction too (its backend sampling)")
     args = C.parse(ap, plot=plot)
+    if args.mode == "host-cost":
+        cost = host_cost(C.csv_list(args.batches, int), args.vocab, args.repeats, C.csv_list(args.split, int))
+        print(C.table(["sessions", "rows", "MB", *[f"argmax, {n} threads ms" for n in cost["splits"]], "copy ms"],
+                      [[r["sessions"], r["rows"], r["mb"], *[r[f"argmax_{n}_ms"] for n in cost["splits"]],
+                        r["copy_ms"]] for r in cost["rows"]]))
+        path = C.write_result(args.out, {"settings": vars(args), **cost})
+        plot(cost, path.with_suffix(".png"))
+        print(f"wrote {path} and {path.with_suffix('.png').name}")
+        return
     if args.llama and args.mode != "greedy":
         raise SystemExit("--llama reduces greedy rows: --mode greedy")
     threads = args.threads or None

@@ -467,8 +467,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                     exact=args.numerics == "exact", gpu_layers=args.gpu_layers, threads=args.threads,
                                     repeats=5 if args.dry_run else 9, max_batch_rows=args.max_batch_rows)
         payload["step_curve"] = measure(reduce_rows=args.reduce_rows)
-        if args.curve_also:
-            payload["step_curve_also"] = {"reduce_rows": args.curve_also, "rows": measure(reduce_rows=args.curve_also)}
     if args.roofline:
         payload["torch_roofline"] = {"source": args.roofline,
                                      "rows": torch_roofline(Path(args.roofline), args.roofline_model)}
@@ -480,6 +478,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         payload["edgekit"][system] = run_system(args, target, system, payload, first=i == 0)
         C.write_result("goodput", payload, out)
     payload["comparison"] = compare(payload, args)
+    C.write_result("goodput", payload, out)
+    if args.curve_also and "curve" not in skip:  # last: llama.cpp's backend sampling is experimental, and an
+        # abort there loses nothing measured before it
+        payload["step_curve_also"] = {"reduce_rows": args.curve_also, "rows": measure(reduce_rows=args.curve_also)}
     payload["wall_s"] = time.time() - started
     path = C.write_result("goodput", payload, out)
     plot(payload, path.with_suffix(".png"))
