@@ -40,6 +40,7 @@ import itertools
 import logging
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -60,6 +61,11 @@ log = logging.getLogger("edgekit.verifier")
 MAX_RESIDENT = 256
 
 ReduceRows = Literal["host", "llama"]
+
+# A decode call's greedy rows are reduced on several threads from this many logits on (a GPU step's
+# batch: 640 rows of 152,064 logits took 27 ms on one thread of a 2-core CPU, 20 on two; the
+# next call waits for them, the rows living in llama.cpp's buffer until then).
+SPLIT_ARGMAX_FROM = 16_000_000
 
 __all__ = [
     "MAX_RESIDENT", "LlamaEngine", "ReduceRows", "bands_between", "calibrate_invariant_batches", "calibration_depths",
@@ -154,6 +160,11 @@ def bands_between(table: Sequence[tuple[int, int]], lo: int, hi: int) -> list[in
     return out
 
 
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def call_rows(max_block: int, max_batch_rows: int, offloaded: bool) -> int:
     """Rows one llama.cpp call decodes (the context's n_batch and n_ubatch). On a CPU, 512: a
     call's cost grows with its rows, so splitting a batch costs nothing, and a larger call's
@@ -245,6 +256,7 @@ class LlamaEngine:
         # whether llama.cpp reduces greedy rows (`_take_outputs`); off for good where it cannot
         self.reduces_in_llama = reduce_rows == "llama"
         self._redo: list[int] = []  # this batch's feeds to decode again with whole rows (`_take_outputs`)
+        self._argmax_pool: ThreadPoolExecutor | None = None  # made at the first call that splits its argmaxes
         self._ctx = LlamaContext(
             self.model,
             n_ctx=max_context * resident,
@@ -420,6 +432,7 @@ class LlamaEngine:
         buffer (in batch order), reduced there for an `argmax` feed, else copied whole; an `argmax`
         feed whose rows llama.cpp reduced reads its best ids from llama.cpp's reduction."""
         view = self._ctx.output_logits(sum(wanted))
+        greedy: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, where their best ids go), reduced below
         taken = 0
         for i, run in itertools.groupby(zip(range(len(chunk)), chunk, wanted), key=lambda x: x[1][0]):
             rows = [(row, r) for row, (_, r), want in run if want]  # a suffix of the feed's rows in this chunk
@@ -435,7 +448,7 @@ class LlamaEngine:
                 elif i not in self._redo:  # a padding entry won (or no id came back): whole rows (`_run_resident`)
                     self._redo.append(i)
             elif f.argmax:
-                outs[i][first : first + m] = np.argmax(block[:, : f.argmax], axis=1)
+                greedy.append((block[:, : f.argmax], outs[i][first : first + m]))
             elif f.keep:
                 outs[i][first : first + m] = [kept_of(row, f.keep, f.within or self.n_vocab) for row in block]
             else:
@@ -445,6 +458,19 @@ class LlamaEngine:
                 for k, (row, _) in enumerate(rows):
                     rows_out[first + k] = self._ctx.hidden(row)
             taken += m
+        self._argmaxes(greedy)
+
+    def _argmaxes(self, jobs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Each job's rows reduced to their argmaxes, written into its output: on several threads where
+        the call's rows are many (numpy's argmax lets go of the GIL), else here."""
+        if sum(rows.size for rows, _ in jobs) < SPLIT_ARGMAX_FROM or len(jobs) < 2 or _cores() < 2:
+            for rows, out in jobs:
+                np.argmax(rows, axis=1, out=out)
+            return
+        if self._argmax_pool is None:
+            self._argmax_pool = ThreadPoolExecutor(min(8, _cores()), thread_name_prefix="edgekit-argmax")
+        for done in [self._argmax_pool.submit(np.argmax, rows, 1, out) for rows, out in jobs]:
+            done.result()
 
     def truncate(self, seq: int, length: int) -> None:
         self.slots.truncate(seq, length)
@@ -459,5 +485,7 @@ class LlamaEngine:
         return self.slots.length(seq)
 
     def close(self) -> None:
+        if self._argmax_pool is not None:
+            self._argmax_pool.shutdown()
         self._ctx.close()
         self.model.close()
