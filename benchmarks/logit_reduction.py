@@ -48,6 +48,7 @@ from edgekit import Sampler
 from edgekit.models import pair_paths
 from edgekit.protocol import SparseDistribution, accept_sampling, in_columns
 from edgekit.verifier import Feed, LlamaEngine
+from edgekit.verifier.engine import kept_of
 
 TEXT = (
     "A verifier checks the blocks many devices draft, one batch for all of them. "
@@ -157,6 +158,14 @@ def host_cost(sessions: list[int], vocab: int, repeats: int, splits: list[int]) 
                         pools[n].submit(np.argmax, view[p[0] : p[-1] + 1], 1) for p in parts if p.size]])
                 timed.setdefault(f"argmax_{n}", []).append((time.perf_counter() - t0) * 1e3)
                 assert np.array_equal(got, best)
+            for n in splits:  # a top-k 40 sampler's rows: what each keeps (`kept_of`)
+                t0 = time.perf_counter()
+                if n == 1:
+                    kept = [kept_of(row, 40, vocab) for row in view]
+                else:
+                    kept = [f.result() for f in [pools[n].submit(kept_of, row, 40, vocab) for row in view]]
+                timed.setdefault(f"keep_{n}", []).append((time.perf_counter() - t0) * 1e3)
+                assert len(kept) == view.shape[0]
             t0 = time.perf_counter()
             view.copy()
             timed.setdefault("copy", []).append((time.perf_counter() - t0) * 1e3)
@@ -173,6 +182,8 @@ def plot_host_cost(result: dict[str, Any], png: Path) -> None:
     xs = [r["rows"] for r in rows]
     for n in result["splits"]:
         ax.plot(xs, [r[f"argmax_{n}_ms"] for r in rows], "o-", label=f"numpy argmax, {n} thread{'s' * (n > 1)}")
+    for n in result["splits"]:
+        ax.plot(xs, [r[f"keep_{n}_ms"] for r in rows], "^:", label=f"top-k 40 kept, {n} thread{'s' * (n > 1)}")
     ax.plot(xs, [r["copy_ms"] for r in rows], "s--", color="grey", label="copying the rows")
     ax.set_xlabel(f"rows handed to the host whole (5 per session), {result['vocab']:,} logits each")
     ax.set_ylabel("ms per GPU step (median)")
@@ -220,9 +231,10 @@ def main() -> None:
     args = C.parse(ap, plot=plot)
     if args.mode == "host-cost":
         cost = host_cost(C.csv_list(args.batches, int), args.vocab, args.repeats, C.csv_list(args.split, int))
-        print(C.table(["sessions", "rows", "MB", *[f"argmax, {n} threads ms" for n in cost["splits"]], "copy ms"],
+        print(C.table(["sessions", "rows", "MB", *[f"argmax, {n} threads ms" for n in cost["splits"]],
+                       *[f"top-k kept, {n} threads ms" for n in cost["splits"]], "copy ms"],
                       [[r["sessions"], r["rows"], r["mb"], *[r[f"argmax_{n}_ms"] for n in cost["splits"]],
-                        r["copy_ms"]] for r in cost["rows"]]))
+                        *[r[f"keep_{n}_ms"] for n in cost["splits"]], r["copy_ms"]] for r in cost["rows"]]))
         path = C.write_result(args.out, {"settings": vars(args), **cost})
         plot(cost, path.with_suffix(".png"))
         print(f"wrote {path} and {path.with_suffix('.png').name}")

@@ -63,7 +63,7 @@ MAX_RESIDENT = 256
 ReduceRows = Literal["host", "llama"]
 
 # A decode call's greedy rows are reduced on several threads from this many logits on (a GPU step's
-# batch: 640 rows of 152,064 logits took 27 ms on one thread of a 2-core CPU, 20 on two; the
+# batch: 640 rows of 152,064 logits took 26-27 ms on one thread of a 2-core CPU, 17-20 on two; the
 # next call waits for them, the rows living in llama.cpp's buffer until then).
 SPLIT_ARGMAX_FROM = 16_000_000
 
