@@ -112,3 +112,27 @@ def test_a_large_calls_argmaxes_are_split_over_threads_and_name_the_same_ids(gem
         assert fewer.tolist() == np.argmax(full[:, :1000], axis=1).tolist()
     finally:
         engine.close()
+
+
+def test_sessions_parked_out_of_the_context_keep_their_own_rows(gemma_paths):
+    """More sessions than the context holds (parked and loaded back into whichever context sequence
+    is free, that sequence's reduction set for whoever runs there): every session's ids and rows are
+    those of the same batches on a host-reducing engine holding all of them."""
+    host = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=4, max_block=8, exact=False, reduce_rows="host")
+    llama = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=4, resident=2, max_block=8, exact=False,
+                        reduce_rows="llama")
+    try:
+        heads = [tuple(host.model.tokenize(t)) for t in TEXTS]
+        for e in (host, llama):
+            for s, h in enumerate(heads):
+                e.run_batch([Feed(s, 0, h[:-5], 0)])
+        for seqs, whole in (((0, 1), ()), ((2, 3), (3,)), ((1, 2), ()), ((3, 0), ()), ((2, 1), (1,))):
+            feeds = [Feed(s, len(heads[s]) - 5, heads[s][-5:], 5, argmax=0 if s in whole else host.n_vocab)
+                     for s in seqs]
+            want, got = host.run_batch(feeds), llama.run_batch(feeds)
+            for s, w, g in zip(seqs, want, got):
+                assert np.array_equal(g, w), (seqs, s)
+        assert llama.slots.parks > 0 and llama.slots.loads > 0
+    finally:
+        host.close()
+        llama.close()
