@@ -103,7 +103,7 @@ def test_a_large_calls_argmaxes_are_split_over_threads_and_name_the_same_ids(gem
     from edgekit.verifier.engine import _llama
 
     monkeypatch.setattr(_llama, "SPLIT_ARGMAX_FROM", 0)
-    monkeypatch.setattr(_llama, "_cores", lambda: 2)
+    monkeypatch.setattr(_llama, "physical_cores", lambda: 2)
     engine = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=4, max_block=8, exact=False)
     try:
         full, best, fewer, _ = _run(engine)
@@ -133,6 +133,32 @@ def test_sessions_parked_out_of_the_context_keep_their_own_rows(gemma_paths):
             for s, w, g in zip(seqs, want, got):
                 assert np.array_equal(g, w), (seqs, s)
         assert llama.slots.parks > 0 and llama.slots.loads > 0
+    finally:
+        host.close()
+        llama.close()
+
+
+def test_where_llama_cpp_refuses_a_reduction_the_host_reduces_every_row(gemma_paths):
+    """A backend that takes one sequence's reduction and refuses the next (llama.cpp's `set_sampler`
+    returning false): the engine takes back what it set and reduces every row itself from then on."""
+    host, llama = _engines(gemma_paths, exact=False)
+    taken = llama._ctx.reduce_rows
+    calls = {"on": 0}
+
+    def first_only(seq: int, on: bool) -> bool:
+        if on:
+            calls["on"] += 1
+            if calls["on"] > 1:
+                return False
+        return taken(seq, on)
+
+    llama._ctx.reduce_rows = first_only  # type: ignore[method-assign]
+    try:
+        want, got = _run(host), _run(llama)
+        assert calls["on"] == 2 and not llama.reduces_in_llama
+        assert not any(llama._ctx.reduces(s) for s in range(4))
+        for w, g in zip(want[:3], got[:3]):
+            assert np.array_equal(g, w)
     finally:
         host.close()
         llama.close()

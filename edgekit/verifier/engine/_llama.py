@@ -49,7 +49,7 @@ import numpy as np
 
 from ...errors import InferenceError, KVCacheFullError
 from ...protocol import Fingerprint
-from ...runtime import LlamaContext, LlamaModel, default_threads, gpu_offload
+from ...runtime import LlamaContext, LlamaModel, default_threads, gpu_offload, physical_cores
 from ._base import Feed, FeedOutput, KeptRows, kept_of
 from ._cache import load_cached, machine_key, store_cached
 from ._parking import SequenceSlots
@@ -158,11 +158,6 @@ def bands_between(table: Sequence[tuple[int, int]], lo: int, hi: int) -> list[in
         if (band_hi is None or lo < band_hi) and hi > band_lo:
             out.append(j)
     return out
-
-
-def _cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def call_rows(max_block: int, max_batch_rows: int, offloaded: bool) -> int:
@@ -422,7 +417,10 @@ class LlamaEngine:
         for i in outputting:
             f = feeds[i]
             if not self._ctx.reduce_rows(f.seq, bool(f.argmax) and i not in self._redo):
-                self.reduces_in_llama = False  # llama.cpp cannot run it on this backend: the host does
+                # llama.cpp cannot run it on this backend: the host reduces every row from now on
+                self.reduces_in_llama = False
+                for seq in range(self._ctx.n_seq):
+                    self._ctx.reduce_rows(seq, False)
                 log.warning("llama.cpp cannot reduce rows on this backend; the host reduces them")
                 return
 
@@ -463,12 +461,12 @@ class LlamaEngine:
     def _argmaxes(self, jobs: list[tuple[np.ndarray, np.ndarray]]) -> None:
         """Each job's rows reduced to their argmaxes, written into its output: on several threads where
         the call's rows are many (numpy's argmax lets go of the GIL), else here."""
-        if sum(rows.size for rows, _ in jobs) < SPLIT_ARGMAX_FROM or len(jobs) < 2 or _cores() < 2:
+        if sum(rows.size for rows, _ in jobs) < SPLIT_ARGMAX_FROM or len(jobs) < 2 or physical_cores() < 2:
             for rows, out in jobs:
                 np.argmax(rows, axis=1, out=out)
             return
         if self._argmax_pool is None:
-            self._argmax_pool = ThreadPoolExecutor(min(8, _cores()), thread_name_prefix="edgekit-argmax")
+            self._argmax_pool = ThreadPoolExecutor(min(8, physical_cores()), thread_name_prefix="edgekit-argmax")
         for done in [self._argmax_pool.submit(np.argmax, rows, 1, out) for rows, out in jobs]:
             done.result()
 
