@@ -200,3 +200,82 @@ def test_speculative_sampling_commits_the_samplers_distribution(name):
     seen = exact.ravel() > 0
     assert counts.ravel()[~seen].sum() == 0, "a token the sampler cuts was committed"
     assert chisquare(counts.ravel()[seen], exact.ravel()[seen] * trials).pvalue > ALPHA
+
+
+ACCEPTS_SAMPLERS = [
+    Sampler(), Sampler(temperature=0.6), Sampler(temperature=1.7, min_p=0.02), Sampler(top_k=50),
+    Sampler(top_k=9000), Sampler(temperature=0.8, top_k=40, min_p=0.05),
+    Sampler(repetition_penalty=1.3, frequency_penalty=0.4, logit_bias={5: 4.0, 17: -100.0}),
+    Sampler(top_p=0.9), Sampler(temperature=0.0),
+]
+
+
+def _named(sampler: Sampler) -> str:
+    return ",".join(f"{k}={v}" for k, v in sampler.describe().items())
+
+
+@pytest.mark.parametrize("sampler", ACCEPTS_SAMPLERS, ids=_named)
+def test_accepts_decides_as_the_whole_distribution_does_and_mostly_without_it(sampler, monkeypatch):
+    """`Sampler.accepts` (u q < p at one token, what speculative sampling asks at each position it
+    accepts) against the comparison with `probs` itself: the same answer for every threshold, those
+    a hair either side of p (where only `probs` can decide) among them; on whole vocabulary rows
+    without top-p, random thresholds are decided without the whole distribution."""
+    rng = np.random.default_rng(7)
+    whole_rows = 0
+    spec = Sampler.probs
+    calls = {"n": 0}
+
+    def counted(self, logits, context=()):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        return spec(self, logits, context)
+
+    for trial in range(12):
+        n = 262_144 if trial % 3 else 40_000
+        logits = (rng.standard_normal(n) * 2.5).astype(np.float32)
+        logits[rng.integers(0, n, 8)] += 9.0  # a few likely tokens, as a language model's row has
+        context = rng.integers(0, 64, 20).tolist()
+        p = spec(sampler, logits, context)
+        likely = np.flatnonzero(p > 1e-4)
+        tokens = [int(rng.choice(likely)), int(rng.integers(0, n)), n + 3]  # a likely, any, past the row
+        for x in tokens:
+            px = float(p[x]) if x < n else 0.0
+            nudges = (px, np.nextafter(px, 0.0), np.nextafter(px, 1.0), px * (1 - 1e-9), px * (1 + 1e-9))
+            for threshold in (*nudges, float(rng.random()) * px * 2, 0.0, float(rng.random())):
+                assert sampler.accepts(logits, x, threshold, context) == (threshold < px), (trial, x, threshold, px)
+        monkeypatch.setattr(Sampler, "probs", counted)
+        calls["n"] = 0
+        for _ in range(20):
+            x = int(rng.choice(likely))
+            threshold = float(rng.random()) * float(p[x]) * 2
+            assert sampler.accepts(logits, x, threshold, context) == (threshold < float(p[x]))
+        monkeypatch.setattr(Sampler, "probs", spec)
+        if not sampler.greedy and sampler.top_p == 1:
+            whole_rows += 1
+            assert calls["n"] <= 1, f"{calls['n']} of 20 random thresholds needed the whole distribution"
+        else:
+            assert calls["n"] == 20  # top-p and greedy take `probs` itself
+    assert whole_rows in (0, 12)
+
+
+def test_accept_sampling_gives_the_verdicts_it_gave_reading_every_whole_distribution(monkeypatch):
+    """The same seeds give the same verdicts whether each position's test reads the whole
+    distribution (as `accept_sampling` did before `Sampler.accepts`) or `accepts` decides it: the
+    random stream and every decision are unchanged."""
+
+    def whole(self, logits, token, threshold, context=()):  # type: ignore[no-untyped-def]
+        return threshold < (float(self.probs(logits, context)[token]) if token < logits.shape[0] else 0.0)
+
+    rng = np.random.default_rng(3)
+    vocab = 50_000
+    for sampler in (Sampler(temperature=0.9), Sampler(min_p=0.01), Sampler(top_p=0.95)):
+        for seed in range(25):
+            rows = (rng.standard_normal((5, vocab)) * 2).astype(np.float32)
+            rows[:, :6] += 8.0
+            block = [int(rng.integers(0, 6)) for _ in range(4)]
+            noisy = rows[:4] + rng.standard_normal((4, vocab)).astype(np.float32)
+            dists = [draft_distribution(noisy[i], Sampler(temperature=1.3), 64) for i in range(4)]
+            fast = accept_sampling(rows, block, dists, sampler, np.random.default_rng(seed))
+            with monkeypatch.context() as m:
+                m.setattr(Sampler, "accepts", whole)
+                whole_rows = accept_sampling(rows, block, dists, sampler, np.random.default_rng(seed))
+            assert whole_rows == fast, (sampler, seed)

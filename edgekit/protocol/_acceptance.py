@@ -208,11 +208,12 @@ def accept_sampling(
     k = len(draft_tokens)
     window = sampler.window(context)
     for i in range(k):
-        p = sampler.probs(target_logits[i], sampler.row_context(window, draft_tokens, i))
+        row, row_context = target_logits[i], sampler.row_context(window, draft_tokens, i)
         x = int(draft_tokens[i])
         q_x = draft_dists[i].prob_of(x)
-        if rng.random() * q_x < _prob_of(p, x):  # u < p/q without dividing by a tiny q
+        if sampler.accepts(row, x, rng.random() * q_x, row_context):  # u < p/q without dividing by a tiny q
             continue
+        p = sampler.probs(row, row_context)  # the whole distribution only where the block stops
         residual = p.copy()
         ids, probs = draft_dists[i].ids, draft_dists[i].probs
         inside = ids < p.size  # q's mass past the target's logits meets p = 0 there: nothing to take off

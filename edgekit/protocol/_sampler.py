@@ -23,7 +23,10 @@ The order of operations is that of vLLM (and of Hugging Face's generation):
 5. The softmax over the kept tokens.
 
 Every step is in float64 from the float32 logits, so the same logits and context give the same
-distribution on any machine that rounds IEEE doubles the same way (all of them).
+distribution on any machine that rounds IEEE doubles the same way (all of them). `Sampler.accepts`,
+the test speculative sampling makes at each drafted token (is u q < p?), gives the answer that
+comparison with this distribution gives, bit for bit, mostly from a bound on the softmax's
+normaliser instead of the float64 pass over the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -183,6 +186,44 @@ class Sampler:
             _nucleus(z, self.top_p)
         return z
 
+    def accepts(self, logits: np.ndarray, token: int, threshold: float, context: Sequence[int] = ()) -> bool:
+        """Whether `threshold` < `probs(logits, context)[token]` (speculative sampling's u q < p; a token
+        past the row has p = 0), decided as that comparison decides it, bit for bit, but mostly
+        without the whole distribution: the float64 exponential of a whole vocabulary is most of
+        what a sampling row costs the host. Where the sampler keeps the whole row (no truncation)
+        or cuts it by value (top-k, min-p), the softmax's normaliser is bounded instead, by a
+        float32 exponential over the kept logits (each term within 6e-6 of its float64 value for
+        logits within 87 of the largest, the rest under 1e-37 each) or a float64 one over a few
+        thousand: a threshold outside the bounds is decided by them, one inside (about one in a
+        hundred thousand) by `probs` itself. top-p, greedy and short rows (top-k columns, small
+        vocabularies) take `probs` directly."""
+        n = logits.shape[0]
+        if not 0 <= token < n:
+            return threshold < 0.0
+        if self.greedy or self.top_p < 1 or n < _BOUNDED_FROM:
+            return threshold < float(self.probs(logits, context)[token])
+        d = self.adjusted(logits, context).astype(np.float64) / self.temperature  # as `probs` computes it
+        d -= float(d.max())
+        keep = None
+        if self.top_k and self.top_k < n:
+            keep = d >= _kth_largest(d, self.top_k)
+        if self.min_p > 0:
+            above = d >= math.log(self.min_p)
+            keep = above if keep is None else keep & above
+        if keep is not None and not keep[token]:
+            return threshold < 0.0
+        terms = d if keep is None else d[keep]
+        if terms.size < _BOUNDED_FROM:
+            total, slack = float(np.exp(terms).sum()), 1e-12  # float64 sums in another order: ulps apart
+        else:
+            total, slack = float(np.exp(terms.astype(np.float32)).sum(dtype=np.float64)), _FLOAT32_SLACK
+        numerator = math.exp(float(d[token]))
+        if threshold < numerator / (total * (1.0 + slack)):
+            return True
+        if threshold >= numerator / (total * (1.0 - slack)):
+            return False
+        return threshold < float(self.probs(logits, context)[token])
+
     def window(self, context: Sequence[int]) -> list[int]:
         """The part of the context the penalties read (empty: none do)."""
         if not self.penalized:
@@ -203,6 +244,11 @@ class Sampler:
 
 
 GREEDY = Sampler(temperature=0.0)  # the argmax of the plain logits
+# `Sampler.accepts`: rows at least this long bound the normaliser rather than compute the distribution
+_BOUNDED_FROM = 4096
+# and the relative error allowed the float32 sum: each term's is under 87 x 2^-24 (the rounding of its
+# argument) plus numpy's float32 exp (a few ulps), about 6e-6 at most; a margin of 3x over that
+_FLOAT32_SLACK = 2e-5
 
 
 def _kth_largest(z: np.ndarray, k: int) -> float:
