@@ -4,10 +4,10 @@ Speculative sampling asks, at each drafted position, whether u q(x) < p(x) under
 sampler; only where the block stops does it need the whole distribution (the residual to draw
 from). Before, the rules computed `Sampler.probs` (a float64 softmax over the whole vocabulary)
 at every position; now `Sampler.accepts` bounds the softmax's normaliser with a float32 sum and
-decides by the bound, falling back to `probs` where the threshold lies within it. This times both
-on the same rows, for samplers that keep the whole row or cut it by value (top-p takes `probs`
-either way, and is timed to show it), and counts the decisions that fell back; every decision is
-checked to be the same both ways.
+decides by the bound, falling back to `probs` where the threshold lies within it (with top-p, also
+where the bound leaves the nucleus's edge in doubt, or its candidates are too many). This times
+both on the same rows, for samplers that keep the whole row, cut it by value or take a nucleus,
+and counts the decisions that fell back; every decision is checked to be the same both ways.
 
 The rows are the target's own: its logits along a text, decoded one token at a time (no batch
 effects). Token x is drawn from each row's distribution (what a drafted token that may be accepted
@@ -44,7 +44,8 @@ SAMPLERS = {
     "min-p 0.05": Sampler(temperature=0.8, min_p=0.05),
     "penalties and bias": Sampler(temperature=0.8, repetition_penalty=1.2, presence_penalty=0.3,
                                   logit_bias={10: 2.0}),
-    "top-p 0.9 (not bounded)": Sampler(temperature=0.8, top_p=0.9),
+    "top-p 0.9": Sampler(temperature=0.8, top_p=0.9),
+    "top-p 0.95, temperature 1": Sampler(top_p=0.95),
 }
 
 

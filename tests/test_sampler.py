@@ -206,7 +206,8 @@ ACCEPTS_SAMPLERS = [
     Sampler(), Sampler(temperature=0.6), Sampler(temperature=1.7, min_p=0.02), Sampler(top_k=50),
     Sampler(top_k=9000), Sampler(temperature=0.8, top_k=40, min_p=0.05),
     Sampler(repetition_penalty=1.3, frequency_penalty=0.4, logit_bias={5: 4.0, 17: -100.0}),
-    Sampler(top_p=0.9), Sampler(temperature=0.0),
+    Sampler(top_p=0.9), Sampler(temperature=0.7, top_p=0.5), Sampler(top_k=200, top_p=0.95, min_p=0.001),
+    Sampler(temperature=0.0),
 ]
 
 
@@ -218,8 +219,8 @@ def _named(sampler: Sampler) -> str:
 def test_accepts_decides_as_the_whole_distribution_does_and_mostly_without_it(sampler, monkeypatch):
     """`Sampler.accepts` (u q < p at one token, what speculative sampling asks at each position it
     accepts) against the comparison with `probs` itself: the same answer for every threshold, those
-    a hair either side of p (where only `probs` can decide) among them; on whole vocabulary rows
-    without top-p, random thresholds are decided without the whole distribution."""
+    a hair either side of p (where only `probs` can decide) among them; on whole vocabulary rows,
+    random thresholds are decided without the whole distribution."""
     rng = np.random.default_rng(7)
     whole_rows = 0
     spec = Sampler.probs
@@ -232,7 +233,7 @@ def test_accepts_decides_as_the_whole_distribution_does_and_mostly_without_it(sa
     for trial in range(12):
         n = 262_144 if trial % 3 else 40_000
         logits = (rng.standard_normal(n) * 2.5).astype(np.float32)
-        logits[rng.integers(0, n, 8)] += 9.0  # a few likely tokens, as a language model's row has
+        logits[rng.integers(0, n, 8)] += 16.0  # a few tokens holding most of the mass, as a language model's row
         context = rng.integers(0, 64, 20).tolist()
         p = spec(sampler, logits, context)
         likely = np.flatnonzero(p > 1e-4)
@@ -249,11 +250,11 @@ def test_accepts_decides_as_the_whole_distribution_does_and_mostly_without_it(sa
             threshold = float(rng.random()) * float(p[x]) * 2
             assert sampler.accepts(logits, x, threshold, context) == (threshold < float(p[x]))
         monkeypatch.setattr(Sampler, "probs", spec)
-        if not sampler.greedy and sampler.top_p == 1:
+        if not sampler.greedy:
             whole_rows += 1
             assert calls["n"] <= 1, f"{calls['n']} of 20 random thresholds needed the whole distribution"
         else:
-            assert calls["n"] == 20  # top-p and greedy take `probs` itself
+            assert calls["n"] == 20  # greedy takes `probs` itself
     assert whole_rows in (0, 12)
 
 
@@ -279,3 +280,34 @@ def test_accept_sampling_gives_the_verdicts_it_gave_reading_every_whole_distribu
                 m.setattr(Sampler, "accepts", whole)
                 whole_rows = accept_sampling(rows, block, dists, sampler, np.random.default_rng(seed))
             assert whole_rows == fast, (sampler, seed)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_accepts_at_the_edge_of_the_nucleus_decides_as_the_whole_distribution(temperature):
+    """top_p set to the running mass of the likeliest tokens (as `probs` sums it), so whether the
+    next one is in the nucleus turns on the last bits: `accepts` must answer as `probs` does for
+    the tokens either side of the edge, and for near-equal tokens whose order rounding decides (a
+    float32 ulp apart; a bias putting one a float64 ulp above the other)."""
+    rng = np.random.default_rng(11)
+    n = 100_000
+    for trial in range(9):
+        logits = (rng.standard_normal(n) * 2.0).astype(np.float32)
+        logits[:12] += 12.0 + rng.standard_normal(12).astype(np.float32)
+        bias: dict[int, float] = {}
+        if trial % 3 == 1:
+            logits[5] = np.nextafter(logits[4], np.float32(0))  # two tokens a float32 ulp apart
+        elif trial % 3 == 2:  # token 5 biased to a float64 ulp or two above token 4
+            above = float(logits[4]) + (trial // 3) * math.ulp(float(logits[4]))
+            bias = {5: above - float(logits[5])}
+        base = Sampler(temperature=temperature, logit_bias=bias).probs(logits)
+        order = np.lexsort((np.arange(n), -base))
+        for m in (1, 3, 5, 6):
+            top_p = float(np.cumsum(base[order])[m - 1])
+            for edge in (top_p, np.nextafter(top_p, 0.0), np.nextafter(top_p, 1.0)):
+                if not 0 < edge <= 1:
+                    continue
+                sampler = Sampler(temperature=temperature, top_p=edge, logit_bias=bias)
+                p = sampler.probs(logits)
+                for x in order[max(0, m - 2): m + 2]:
+                    for threshold in (0.0, float(p[x]) * 0.5, float(p[x]), np.nextafter(float(p[x]), 1.0), 1e-300):
+                        assert sampler.accepts(logits, int(x), threshold) == (threshold < float(p[x])), (m, edge, x)

@@ -195,12 +195,14 @@ class Sampler:
         float32 exponential over the kept logits (each term within 6e-6 of its float64 value for
         logits within 87 of the largest, the rest under 1e-37 each) or a float64 one over a few
         thousand: a threshold outside the bounds is decided by them, one inside (about one in a
-        hundred thousand) by `probs` itself. top-p, greedy and short rows (top-k columns, small
-        vocabularies) take `probs` directly."""
+        hundred thousand) by `probs` itself. With top-p, the nucleus is found among the likeliest
+        kept tokens whose mass surely reaches top-p (`_nucleus_share`), and where the bound leaves
+        its edge or the order of near-equal tokens in doubt, `probs` decides. Greedy and short rows
+        (top-k columns, small vocabularies) take `probs` directly."""
         n = logits.shape[0]
         if not 0 <= token < n:
             return threshold < 0.0
-        if self.greedy or self.top_p < 1 or n < _BOUNDED_FROM:
+        if self.greedy or n < _BOUNDED_FROM:
             return threshold < float(self.probs(logits, context)[token])
         d = self.adjusted(logits, context).astype(np.float64) / self.temperature  # as `probs` computes it
         d -= float(d.max())
@@ -217,12 +219,52 @@ class Sampler:
             total, slack = float(np.exp(terms).sum()), 1e-12  # float64 sums in another order: ulps apart
         else:
             total, slack = float(np.exp(terms.astype(np.float32)).sum(dtype=np.float64)), _FLOAT32_SLACK
-        numerator = math.exp(float(d[token]))
-        if threshold < numerator / (total * (1.0 + slack)):
+        if self.top_p < 1:
+            share = self._nucleus_share(d, keep, terms.size, token, total, max(slack, 1e-9))
+            if share is None:
+                return threshold < float(self.probs(logits, context)[token])
+            low, high = share * (1.0 - 1e-9), share * (1.0 + 1e-9)  # the spec's sums in another order
+        else:
+            numerator = math.exp(float(d[token]))
+            low, high = numerator / (total * (1.0 + slack)), numerator / (total * (1.0 - slack))
+        if threshold < low:
             return True
-        if threshold >= numerator / (total * (1.0 - slack)):
+        if threshold >= high:
             return False
         return threshold < float(self.probs(logits, context)[token])
+
+    def _nucleus_share(self, d: np.ndarray, keep: np.ndarray | None, kept: int, token: int, total: float,
+                       slack: float) -> float | None:
+        """p(token) under top-p, for `accepts`: the likeliest kept tokens (d: the logits over the
+        temperature, less their largest; `kept` of them kept), widened until their mass surely
+        reaches top_p of the normaliser `total` (known within `slack`), ordered as `_nucleus`
+        orders them, by probability then id; the nucleus is where the running mass first reaches
+        top_p, and p(token) is its share of the nucleus (0 outside it). None where the bound cannot
+        say where the nucleus ends, two of its tokens are so nearly equal that rounding could order
+        them otherwise, or the candidates grow past _BOUNDED_MOST: there `probs` decides."""
+        floor = -4.0
+        while True:
+            near = d >= floor
+            if keep is not None:
+                near &= keep
+            ids = np.flatnonzero(near)
+            e = np.exp(d[ids])
+            if e.sum() >= self.top_p * total * (1.0 + slack):
+                break
+            if ids.size >= kept or ids.size > _BOUNDED_MOST:
+                return None
+            floor *= 2.0
+        order = np.lexsort((ids, -e))
+        ids, e = ids[order], e[order]
+        gaps = e[:-1] - e[1:]
+        if np.any((gaps > 0) & (gaps <= e[:-1] * 1e-12)):
+            return None
+        mass = np.cumsum(e)
+        first = int(np.searchsorted(mass, self.top_p * total * (1.0 - slack), side="left"))
+        if first != int(np.searchsorted(mass, self.top_p * total * (1.0 + slack), side="left")) or first >= e.size:
+            return None
+        at = np.flatnonzero(ids[: first + 1] == token)
+        return float(e[at[0]] / mass[first]) if at.size else 0.0
 
     def window(self, context: Sequence[int]) -> list[int]:
         """The part of the context the penalties read (empty: none do)."""
@@ -249,6 +291,8 @@ _BOUNDED_FROM = 4096
 # and the relative error allowed the float32 sum: each term's is under 87 x 2^-24 (the rounding of its
 # argument) plus numpy's float32 exp (a few ulps), about 6e-6 at most; a margin of 3x over that
 _FLOAT32_SLACK = 2e-5
+# and the most candidates a top-p nucleus is looked for among before `probs` decides
+_BOUNDED_MOST = 1 << 15
 
 
 def _kth_largest(z: np.ndarray, k: int) -> float:
