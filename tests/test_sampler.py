@@ -218,7 +218,8 @@ def _named(sampler: Sampler) -> str:
 @pytest.mark.parametrize("sampler", ACCEPTS_SAMPLERS, ids=_named)
 def test_accepts_decides_as_the_whole_distribution_does_and_mostly_without_it(sampler, monkeypatch):
     """`Sampler.accepts` (u q < p at one token, what speculative sampling asks at each position it
-    accepts) against the comparison with `probs` itself: the same answer for every threshold, those
+    accepts) against the comparison with `probs` itself (and `bounds` holding p, within 5e-5 of it):
+    the same answer for every threshold, those
     a hair either side of p (where only `probs` can decide) among them; on whole vocabulary rows,
     random thresholds are decided without the whole distribution."""
     rng = np.random.default_rng(7)
@@ -240,6 +241,8 @@ def test_accepts_decides_as_the_whole_distribution_does_and_mostly_without_it(sa
         tokens = [int(rng.choice(likely)), int(rng.integers(0, n)), n + 3]  # a likely, any, past the row
         for x in tokens:
             px = float(p[x]) if x < n else 0.0
+            low, high = sampler.bounds(logits, x, context)
+            assert low <= px <= high and high <= low * (1 + 5e-5), (x, low, px, high)
             nudges = (px, np.nextafter(px, 0.0), np.nextafter(px, 1.0), px * (1 - 1e-9), px * (1 + 1e-9))
             for threshold in (*nudges, float(rng.random()) * px * 2, 0.0, float(rng.random())):
                 assert sampler.accepts(logits, x, threshold, context) == (threshold < px), (trial, x, threshold, px)

@@ -123,7 +123,9 @@ def acceptance_ratios(
 ) -> np.ndarray:
     """min(1, p_j(s_j) / q_j(s_j)) for every token of a block, past the first rejection too
     (GOODSPEED eq. 3's terms): with distributions, the sampling rule's acceptance
-    probabilities; without (greedy), whether each draft token is the sampler's greedy choice."""
+    probabilities, p within 2e-5 of its value on whole rows (the middle of `Sampler.bounds`: what
+    the budgets learn from needs no more); without (greedy), whether each draft token is the
+    sampler's greedy choice."""
     k = len(draft_tokens)
     if not k:
         return np.zeros(0)
@@ -134,7 +136,8 @@ def acceptance_ratios(
     out = np.empty(k)
     window = sampler.window(context)
     for j in range(k):
-        p = _prob_of(sampler.probs(target_logits[j], sampler.row_context(window, draft_tokens, j)), int(tokens[j]))
+        low, high = sampler.bounds(target_logits[j], int(tokens[j]), sampler.row_context(window, draft_tokens, j))
+        p = (low + high) / 2
         q = draft_dists[j].prob_of(int(tokens[j]))
         out[j] = 1.0 if q <= p else p / q
     return out
@@ -157,11 +160,6 @@ def in_columns(
         return np.where(hit, at, ids.size + np.arange(t.size))
 
     return columns(tokens).tolist(), [SparseDistribution(columns(d.ids), d.probs) for d in dists]
-
-
-def _prob_of(p: np.ndarray, token: int) -> float:
-    """p[token], or 0 for an id past the target's logits (a padding entry only the draft has)."""
-    return float(p[token]) if token < p.size else 0.0
 
 
 def mismatch_positions(target_logits: np.ndarray, draft_tokens: Sequence[int]) -> list[int]:

@@ -189,21 +189,31 @@ class Sampler:
     def accepts(self, logits: np.ndarray, token: int, threshold: float, context: Sequence[int] = ()) -> bool:
         """Whether `threshold` < `probs(logits, context)[token]` (speculative sampling's u q < p; a token
         past the row has p = 0), decided as that comparison decides it, bit for bit, but mostly
+        without the whole distribution (`bounds`): a threshold outside the bounds is decided by
+        them, one inside (about one in a hundred thousand) by `probs` itself."""
+        low, high = self.bounds(logits, token, context)
+        if threshold < low:
+            return True
+        if threshold >= high:
+            return False
+        return threshold < float(self.probs(logits, context)[token])
+
+    def bounds(self, logits: np.ndarray, token: int, context: Sequence[int] = ()) -> tuple[float, float]:
+        """low <= `probs(logits, context)[token]` <= high (equal where it is known exactly), mostly
         without the whole distribution: the float64 exponential of a whole vocabulary is most of
         what a sampling row costs the host. Where the sampler keeps the whole row (no truncation)
         or cuts it by value (top-k, min-p), the softmax's normaliser is bounded instead, by a
         float32 exponential over the kept logits (each term within 6e-6 of its float64 value for
-        logits within 87 of the largest, the rest under 1e-37 each) or a float64 one over a few
-        thousand: a threshold outside the bounds is decided by them, one inside (about one in a
-        hundred thousand) by `probs` itself. With top-p, the nucleus is found among the likeliest
-        kept tokens whose mass surely reaches top-p (`_nucleus_share`), and where the bound leaves
-        its edge or the order of near-equal tokens in doubt, `probs` decides. Greedy and short rows
+        logits within 87 of the largest, the rest under 1e-37 each: high / low is 1 + 4e-5) or a
+        float64 one over a few thousand. With top-p, the nucleus is found among the likeliest kept
+        tokens whose mass surely reaches top-p (`_nucleus_share`); where the bound leaves its edge
+        or the order of near-equal tokens in doubt, `probs` gives the value. Greedy and short rows
         (top-k columns, small vocabularies) take `probs` directly."""
         n = logits.shape[0]
         if not 0 <= token < n:
-            return threshold < 0.0
+            return 0.0, 0.0
         if self.greedy or n < _BOUNDED_FROM:
-            return threshold < float(self.probs(logits, context)[token])
+            return self._exactly(logits, token, context)
         d = self.adjusted(logits, context).astype(np.float64) / self.temperature  # as `probs` computes it
         d -= float(d.max())
         keep = None
@@ -213,7 +223,7 @@ class Sampler:
             above = d >= math.log(self.min_p)
             keep = above if keep is None else keep & above
         if keep is not None and not keep[token]:
-            return threshold < 0.0
+            return 0.0, 0.0
         terms = d if keep is None else d[keep]
         if terms.size < _BOUNDED_FROM:
             total, slack = float(np.exp(terms).sum()), 1e-12  # float64 sums in another order: ulps apart
@@ -222,20 +232,18 @@ class Sampler:
         if self.top_p < 1:
             share = self._nucleus_share(d, keep, terms.size, token, total, max(slack, 1e-9))
             if share is None:
-                return threshold < float(self.probs(logits, context)[token])
-            low, high = share * (1.0 - 1e-9), share * (1.0 + 1e-9)  # the spec's sums in another order
-        else:
-            numerator = math.exp(float(d[token]))
-            low, high = numerator / (total * (1.0 + slack)), numerator / (total * (1.0 - slack))
-        if threshold < low:
-            return True
-        if threshold >= high:
-            return False
-        return threshold < float(self.probs(logits, context)[token])
+                return self._exactly(logits, token, context)
+            return share * (1.0 - 1e-9), share * (1.0 + 1e-9)  # the spec's sums in another order
+        numerator = math.exp(float(d[token]))
+        return numerator / (total * (1.0 + slack)), numerator / (total * (1.0 - slack))
+
+    def _exactly(self, logits: np.ndarray, token: int, context: Sequence[int]) -> tuple[float, float]:
+        p = float(self.probs(logits, context)[token])
+        return p, p
 
     def _nucleus_share(self, d: np.ndarray, keep: np.ndarray | None, kept: int, token: int, total: float,
                        slack: float) -> float | None:
-        """p(token) under top-p, for `accepts`: the likeliest kept tokens (d: the logits over the
+        """p(token) under top-p, for `bounds`: the likeliest kept tokens (d: the logits over the
         temperature, less their largest; `kept` of them kept), widened until their mass surely
         reaches top_p of the normaliser `total` (known within `slack`), ordered as `_nucleus`
         orders them, by probability then id; the nucleus is where the running mass first reaches
