@@ -314,3 +314,41 @@ def test_accepts_at_the_edge_of_the_nucleus_decides_as_the_whole_distribution(te
                 for x in order[max(0, m - 2): m + 2]:
                     for threshold in (0.0, float(p[x]) * 0.5, float(p[x]), np.nextafter(float(p[x]), 1.0), 1e-300):
                         assert sampler.accepts(logits, int(x), threshold) == (threshold < float(p[x])), (m, edge, x)
+
+
+def _reference(sampler: Sampler, logits: np.ndarray, context: list[int]) -> np.ndarray:
+    """Steps 3-5 as the module docstring states them, over the whole row, the plain way."""
+    z = sampler.adjusted(logits, context).astype(np.float64)
+    if sampler.greedy:
+        return (np.arange(z.size) == int(np.argmax(z))).astype(np.float64)
+    z = z / sampler.temperature
+    z -= z.max()
+    if sampler.top_k and sampler.top_k < z.size:
+        z[z < np.sort(z)[-sampler.top_k]] = -np.inf
+    if sampler.min_p > 0:
+        z[z < math.log(sampler.min_p)] = -np.inf
+    p = np.exp(z) / np.exp(z).sum()
+    if sampler.top_p < 1:
+        order = np.lexsort((np.arange(z.size), -p))
+        kept = order[: int(np.searchsorted(np.cumsum(p[order]), sampler.top_p)) + 1]
+        p[np.setdiff1d(np.arange(z.size), kept)] = 0.0
+        p /= p.sum()
+    return p
+
+
+@pytest.mark.parametrize("sampler", ACCEPTS_SAMPLERS, ids=_named)
+def test_support_is_the_distribution_where_it_is_not_zero(sampler):
+    """`Sampler.support` (what a draft's uploaded distribution is cut from) and `probs` against
+    the steps done the plain way over the whole row: the same tokens, ascending, with the same
+    probabilities (top-k and min-p now take the softmax of the kept tokens only; sums in another
+    order: ulps)."""
+    rng = np.random.default_rng(5)
+    for n in (1_000, 262_144):
+        logits = (rng.standard_normal(n) * 2.5).astype(np.float32)
+        logits[rng.integers(0, n, 8)] += 12.0
+        context = rng.integers(0, 64, 20).tolist()
+        ids, probs = sampler.support(logits, context)
+        reference = _reference(sampler, logits, context)
+        assert ids.tolist() == np.flatnonzero(reference).tolist()
+        np.testing.assert_allclose(probs, reference[ids], rtol=1e-12)
+        np.testing.assert_allclose(sampler.probs(logits, context), reference, rtol=1e-12, atol=0)

@@ -84,11 +84,11 @@ def draft_distribution(
         sampler = replace(sampler, temperature=1.0)
     if not sampler.top_k or sampler.top_k > support:
         sampler = replace(sampler, top_k=support)  # the same cut before the nucleus: q stays the sampler's
-    p = sampler.probs(logits, context)
-    ids = np.flatnonzero(p)
+    ids, p = sampler.support(logits, context)
     if ids.size > support:  # equals of the k-th kept by the sampler: the cut here is by index
-        ids = ids[np.argpartition(-p[ids], support - 1)[:support]]
-    probs = p[ids].astype(np.float32)
+        at = np.argpartition(-p, support - 1)[:support]
+        ids, p = ids[at], p[at]
+    probs = p.astype(np.float32)
     keep = probs > 0
     ids, probs = ids[keep], probs[keep]
     probs = probs / probs.sum(dtype=np.float32)

@@ -168,23 +168,46 @@ class Sampler:
     def probs(self, logits: np.ndarray, context: Sequence[int] = ()) -> np.ndarray:
         """The distribution over the whole row (float64, zeros where truncated). Greedy: all its
         mass on `best`."""
+        kept, w = self._softmax(logits, context)
+        if kept is None:
+            return w
+        p = np.zeros(logits.shape[0])
+        p[kept] = w
+        return p
+
+    def support(self, logits: np.ndarray, context: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution where it is not zero: the ids (ascending) and their probabilities, the
+        values `probs` has there, without a whole row's worth of zeros where top-k or min-p cut."""
+        kept, w = self._softmax(logits, context)
+        nonzero = np.flatnonzero(w)
+        return (nonzero if kept is None else kept[nonzero]), w[nonzero]
+
+    def _softmax(self, logits: np.ndarray, context: Sequence[int]) -> tuple[np.ndarray | None, np.ndarray]:
+        """Steps 1-5: the ids top-k and min-p keep (ascending; None: the whole row) and the
+        distribution over them."""
         z = self.adjusted(logits, context)
         if self.greedy:
-            p = np.zeros(z.shape[0])
-            p[int(np.argmax(z))] = 1.0
-            return p
+            return np.array([int(np.argmax(z))]), np.ones(1)
         z = z.astype(np.float64) / self.temperature  # a copy: the caller's row stays as it was
-        top = float(z.max())
-        z -= top
-        if self.top_k and self.top_k < z.shape[0]:
-            z[z < _kth_largest(z, self.top_k)] = -np.inf  # equals of the k-th stay: the cut is by value
-        if self.min_p > 0:
-            z[z < math.log(self.min_p)] = -np.inf  # p_i >= min_p * p_max, as logits relative to the max
-        np.exp(z, out=z)
-        z /= z.sum()
+        z -= float(z.max())
+        cut = self._cut(z)
+        kept = np.flatnonzero(z >= cut) if cut > -np.inf else None
+        w = z if kept is None else z[kept]  # the rest is 0: the softmax over the kept ones only
+        np.exp(w, out=w)
+        w /= w.sum()
         if self.top_p < 1:
-            _nucleus(z, self.top_p)
-        return z
+            _nucleus(w, self.top_p)  # `kept` ascends: ties still go by id
+        return kept, w
+
+    def _cut(self, d: np.ndarray) -> float:
+        """The least logit (over the temperature, less the largest) that top-k and min-p keep;
+        -inf where neither cuts. Equals of the k-th stay: the cut is by value."""
+        cut = -np.inf
+        if self.top_k and self.top_k < d.shape[0]:
+            cut = _kth_largest(d, self.top_k)
+        if self.min_p > 0:
+            cut = max(cut, math.log(self.min_p))  # p_i >= min_p * p_max, as logits relative to the max
+        return cut
 
     def accepts(self, logits: np.ndarray, token: int, threshold: float, context: Sequence[int] = ()) -> bool:
         """Whether `threshold` < `probs(logits, context)[token]` (speculative sampling's u q < p; a token
@@ -216,12 +239,8 @@ class Sampler:
             return self._exactly(logits, token, context)
         d = self.adjusted(logits, context).astype(np.float64) / self.temperature  # as `probs` computes it
         d -= float(d.max())
-        keep = None
-        if self.top_k and self.top_k < n:
-            keep = d >= _kth_largest(d, self.top_k)
-        if self.min_p > 0:
-            above = d >= math.log(self.min_p)
-            keep = above if keep is None else keep & above
+        cut = self._cut(d)
+        keep = d >= cut if cut > -np.inf else None
         if keep is not None and not keep[token]:
             return 0.0, 0.0
         terms = d if keep is None else d[keep]
