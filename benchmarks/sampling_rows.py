@@ -9,6 +9,11 @@ where the bound leaves the nucleus's edge in doubt, or its candidates are too ma
 both on the same rows, for samplers that keep the whole row, cut it by value or take a nucleus,
 and counts the decisions that fell back; every decision is checked to be the same both ways.
 
+The device pays for the same rows when it drafts: each drafted token's distribution is uploaded cut
+to its `draft_top_k` (32) likeliest tokens (`draft_distribution`), which now takes the softmax of
+the tokens the cut keeps (`Sampler.support`) where it took `probs` over the whole row: timed too,
+beside `probs`, the whole row's cost it no longer pays.
+
 The rows are the target's own: its logits along a text, decoded one token at a time (no batch
 effects). Token x is drawn from each row's distribution (what a drafted token that may be accepted
 looks like) and u q(x) is a uniform draw times 1.25 p(x), so about four in five are accepted.
@@ -32,11 +37,14 @@ import harness as C
 
 from edgekit import Sampler
 from edgekit.models import pair_paths
+from edgekit.protocol import draft_distribution
 from edgekit.runtime import LlamaContext, LlamaModel
 
 TEXT = ("The verifier checks the blocks many devices draft. Each block is a few tokens the device "
         "guessed; the target accepts them up to the first it would not have said, then adds its own. "
         "def mean(xs):\n    return sum(xs) / len(xs)\n")
+
+DRAFT_TOP_K = 32  # ClientConfig.draft_top_k's default
 
 SAMPLERS = {
     "temperature 0.8": Sampler(temperature=0.8),
@@ -87,11 +95,17 @@ def measure(rows: np.ndarray, tokens: list[int], repeats: int) -> list[dict[str,
                 ms = (time.perf_counter() - t0) * 1e3 / len(asks)
                 (whole_ms if way == "whole" else bounded_ms).append(ms)
                 assert got == [t < px for _, _, t, _, px in asks], (name, way)
+        drafted_ms = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for row, _, _, ctx, _ in asks:
+                draft_distribution(row, sampler, DRAFT_TOP_K, ctx)
+            drafted_ms.append((time.perf_counter() - t0) * 1e3 / len(asks))
         whole, bounded = C.median(whole_ms), C.median(bounded_ms)
         out.append({"sampler": name, "settings": sampler.describe(), "rows": len(asks),
                     "accepted": sum(t < px for _, _, t, _, px in asks), "whole_ms_per_row": whole,
                     "accepts_ms_per_row": bounded, "whole_over_accepts": C.ratio(whole, bounded),
-                    "took_probs": probs_taken(sampler, asks)})
+                    "took_probs": probs_taken(sampler, asks), "draft_distribution_ms_per_row": C.median(drafted_ms)})
     return out
 
 
@@ -120,6 +134,8 @@ def plot(result: dict[str, Any], png: Path) -> None:
     ys = np.arange(len(rows))
     ax.barh(ys + 0.2, [r["whole_ms_per_row"] for r in rows], 0.4, label="the whole distribution (Sampler.probs)")
     ax.barh(ys - 0.2, [r["accepts_ms_per_row"] for r in rows], 0.4, label="Sampler.accepts")
+    ax.plot([r["draft_distribution_ms_per_row"] for r in rows], ys, "k|", ms=14, mew=2,
+            label=f"the device: draft_distribution, top {DRAFT_TOP_K}")
     for y, r in zip(ys, rows):
         ax.text(r["whole_ms_per_row"], y + 0.2, f" {r['whole_over_accepts']:.1f}x", va="center", fontsize=8)
     ax.set_yticks(ys, [r["sampler"] for r in rows])
@@ -137,9 +153,10 @@ def main() -> None:
     args = C.parse(ap, plot=plot)
     rows, tokens = target_rows(args.pair, args.rows, args.threads or None)
     results = measure(rows, tokens, args.repeats)
-    print(C.table(["sampler", "rows", "accepted", "probs ms/row", "accepts ms/row", "ratio", "took probs"],
+    print(C.table(["sampler", "rows", "accepted", "probs ms/row", "accepts ms/row", "ratio", "took probs",
+                   "draft_distribution ms/row"],
                   [[r["sampler"], r["rows"], r["accepted"], r["whole_ms_per_row"], r["accepts_ms_per_row"],
-                    r["whole_over_accepts"], r["took_probs"]] for r in results]))
+                    r["whole_over_accepts"], r["took_probs"], r["draft_distribution_ms_per_row"]] for r in results]))
     payload = {"settings": vars(args), "pair": args.pair, "vocab": int(rows.shape[1]), "results": results}
     path = C.write_result(args.out, payload)
     plot(payload, path.with_suffix(".png"))

@@ -244,15 +244,16 @@ class Sampler:
         if keep is not None and not keep[token]:
             return 0.0, 0.0
         terms = d if keep is None else d[keep]
-        if terms.size < _BOUNDED_FROM:
-            total, slack = float(np.exp(terms).sum()), 1e-12  # float64 sums in another order: ulps apart
-        else:
-            total, slack = float(np.exp(terms.astype(np.float32)).sum(dtype=np.float64)), _FLOAT32_SLACK
+        small = terms.size < _BOUNDED_FROM
+        exps = np.exp(terms) if small else np.exp(terms.astype(np.float32))
+        total = float(exps.sum(dtype=np.float64))
         if self.top_p < 1:
-            share = self._nucleus_share(d, keep, terms.size, token, total, max(slack, 1e-9))
+            ids_of = None if keep is None else np.flatnonzero(keep)
+            share = self._nucleus_share(terms, ids_of, token, total, None if small else exps)
             if share is None:
                 return self._exactly(logits, token, context)
             return share * (1.0 - 1e-9), share * (1.0 + 1e-9)  # the spec's sums in another order
+        slack = 1e-12 if small else _FLOAT32_SLACK  # float64 sums in another order are ulps apart
         numerator = math.exp(float(d[token]))
         return numerator / (total * (1.0 + slack)), numerator / (total * (1.0 - slack))
 
@@ -260,38 +261,49 @@ class Sampler:
         p = float(self.probs(logits, context)[token])
         return p, p
 
-    def _nucleus_share(self, d: np.ndarray, keep: np.ndarray | None, kept: int, token: int, total: float,
-                       slack: float) -> float | None:
-        """p(token) under top-p, for `bounds`: the likeliest kept tokens (d: the logits over the
-        temperature, less their largest; `kept` of them kept), widened until their mass surely
-        reaches top_p of the normaliser `total` (known within `slack`), ordered as `_nucleus`
-        orders them, by probability then id; the nucleus is where the running mass first reaches
-        top_p, and p(token) is its share of the nucleus (0 outside it). None where the bound cannot
-        say where the nucleus ends, two of its tokens are so nearly equal that rounding could order
-        them otherwise, or the candidates grow past _BOUNDED_MOST: there `probs` decides."""
-        floor = -4.0
+    def _nucleus_share(self, terms: np.ndarray, ids_of: np.ndarray | None, token: int, total: float,
+                       exps32: np.ndarray | None) -> float | None:
+        """p(token) under top-p, for `bounds`. `terms`: the logits top-k and min-p keep, over the
+        temperature, less the largest; `ids_of`: their ids (None: the whole row); `total`: the
+        float64 sum of their exponentials, float32 ones `exps32` (None: float64's own).
+
+        The likeliest terms are taken, widened until their mass surely reaches top_p of the
+        normaliser: that is their float64 sum plus the float32 sum of the rest, whose error is
+        all the bound's (so a nucleus of thousands of tokens still has a sharp edge), and 1e-9
+        of it besides for sums in another order. Ordered as `_nucleus` orders them, by probability
+        then id, the nucleus ends where the running mass first reaches top_p, and p(token) is its
+        share of the nucleus (0 outside it). None where the bound cannot say where the nucleus
+        ends, two of its tokens are so near that rounding could order them otherwise, or the
+        candidates grow past _BOUNDED_MOST: there `probs` decides."""
+        floor = -2.0
         while True:
-            near = d >= floor
-            if keep is not None:
-                near &= keep
-            ids = np.flatnonzero(near)
-            e = np.exp(d[ids])
-            if e.sum() >= self.top_p * total * (1.0 + slack):
-                break
-            if ids.size >= kept or ids.size > _BOUNDED_MOST:
+            near = terms >= floor
+            count = int(np.count_nonzero(near))
+            if count > _BOUNDED_MOST:
                 return None
-            floor *= 2.0
+            at = np.flatnonzero(near)
+            e = np.exp(terms[at])
+            mass_near = float(e.sum())
+            rest = 0.0 if exps32 is None else max(total - float(exps32[at].sum(dtype=np.float64)), 0.0)
+            normaliser = total if exps32 is None else mass_near + rest
+            doubt = rest * _FLOAT32_SLACK + normaliser * 1e-9
+            if mass_near >= self.top_p * (normaliser + doubt):
+                break
+            if count >= terms.size:
+                return None
+            floor -= 2.0  # e^-2 at a time: a nucleus's mass is reached before its candidates grow far past it
+        ids = at if ids_of is None else ids_of[at]
         order = np.lexsort((ids, -e))
         ids, e = ids[order], e[order]
         gaps = e[:-1] - e[1:]
         if np.any((gaps > 0) & (gaps <= e[:-1] * 1e-12)):
             return None
         mass = np.cumsum(e)
-        first = int(np.searchsorted(mass, self.top_p * total * (1.0 - slack), side="left"))
-        if first != int(np.searchsorted(mass, self.top_p * total * (1.0 + slack), side="left")) or first >= e.size:
+        first = int(np.searchsorted(mass, self.top_p * (normaliser - doubt), side="left"))
+        if first != int(np.searchsorted(mass, self.top_p * (normaliser + doubt), side="left")) or first >= e.size:
             return None
-        at = np.flatnonzero(ids[: first + 1] == token)
-        return float(e[at[0]] / mass[first]) if at.size else 0.0
+        hit = np.flatnonzero(ids[: first + 1] == token)
+        return float(e[hit[0]] / mass[first]) if hit.size else 0.0
 
     def window(self, context: Sequence[int]) -> list[int]:
         """The part of the context the penalties read (empty: none do)."""
