@@ -54,6 +54,7 @@ SAMPLERS = {
                                   logit_bias={10: 2.0}),
     "top-p 0.9": Sampler(temperature=0.8, top_p=0.9),
     "top-p 0.95, temperature 1": Sampler(top_p=0.95),
+    "the chat's defaults": Sampler(temperature=0.7, top_p=0.9, min_p=0.05, repetition_penalty=1.1),
 }
 
 
@@ -129,7 +130,7 @@ def probs_taken(sampler: Sampler, asks: list[tuple[Any, ...]]) -> int:
 
 
 def plot(result: dict[str, Any], png: Path) -> None:
-    fig, (ax,) = C.subplots(width=7.0)
+    fig, (ax,) = C.subplots(width=7.5, height=4.8)
     rows = result["results"]
     ys = np.arange(len(rows))
     ax.barh(ys + 0.2, [r["whole_ms_per_row"] for r in rows], 0.4, label="the whole distribution (Sampler.probs)")
@@ -142,8 +143,8 @@ def plot(result: dict[str, Any], png: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel(f"ms per drafted token's test (median of {result['settings']['repeats']}), "
                   f"{result['vocab']:,} logits a row")
-    ax.set_title(f"Is u q(x) < p(x)? One sampling row on the host, {result['pair']}'s target")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"Is u q(x) < p(x)? A sampling row on the host ({result['pair']})")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8)
     C.save_figure(fig, png)
 
 
