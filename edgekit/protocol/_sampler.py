@@ -213,7 +213,7 @@ class Sampler:
         """Whether `threshold` < `probs(logits, context)[token]` (speculative sampling's u q < p; a token
         past the row has p = 0), decided as that comparison decides it, bit for bit, but mostly
         without the whole distribution (`bounds`): a threshold outside the bounds is decided by
-        them, one inside (about one in a hundred thousand) by `probs` itself."""
+        them, one inside (rarely: one of 224 tests in `benchmarks/sampling_rows.py`) by `probs`."""
         low, high = self.bounds(logits, token, context)
         if threshold < low:
             return True
