@@ -219,11 +219,10 @@ def _named(sampler: Sampler) -> str:
 def test_accepts_decides_as_the_whole_distribution_does_and_mostly_without_it(sampler, monkeypatch):
     """`Sampler.accepts` (u q < p at one token, what speculative sampling asks at each position it
     accepts) against the comparison with `probs` itself (and `bounds` holding p, within 5e-5 of it):
-    the same answer for every threshold, those
-    a hair either side of p (where only `probs` can decide) among them; on whole vocabulary rows,
-    random thresholds are decided without the whole distribution."""
+    the same answer for every threshold, those a hair either side of p (where only `probs` can
+    decide) among them; on whole vocabulary rows, random thresholds are decided without the whole
+    distribution."""
     rng = np.random.default_rng(7)
-    whole_rows = 0
     spec = Sampler.probs
     calls = {"n": 0}
 
@@ -242,6 +241,7 @@ def test_accepts_decides_as_the_whole_distribution_does_and_mostly_without_it(sa
         for x in tokens:
             px = float(p[x]) if x < n else 0.0
             low, high = sampler.bounds(logits, x, context)
+            # the bounds' width is the float32 sum's slack (2e-5) on both sides: (1 + 2e-5) / (1 - 2e-5) < 1 + 5e-5
             assert low <= px <= high and high <= low * (1 + 5e-5), (x, low, px, high)
             nudges = (px, np.nextafter(px, 0.0), np.nextafter(px, 1.0), px * (1 - 1e-9), px * (1 + 1e-9))
             for threshold in (*nudges, float(rng.random()) * px * 2, 0.0, float(rng.random())):
@@ -254,11 +254,9 @@ def test_accepts_decides_as_the_whole_distribution_does_and_mostly_without_it(sa
             assert sampler.accepts(logits, x, threshold, context) == (threshold < float(p[x]))
         monkeypatch.setattr(Sampler, "probs", spec)
         if not sampler.greedy:
-            whole_rows += 1
             assert calls["n"] <= 1, f"{calls['n']} of 20 random thresholds needed the whole distribution"
         else:
             assert calls["n"] == 20  # greedy takes `probs` itself
-    assert whole_rows in (0, 12)
 
 
 def test_accept_sampling_gives_the_verdicts_it_gave_reading_every_whole_distribution(monkeypatch):
@@ -281,8 +279,8 @@ def test_accept_sampling_gives_the_verdicts_it_gave_reading_every_whole_distribu
             fast = accept_sampling(rows, block, dists, sampler, np.random.default_rng(seed))
             with monkeypatch.context() as m:
                 m.setattr(Sampler, "accepts", whole)
-                whole_rows = accept_sampling(rows, block, dists, sampler, np.random.default_rng(seed))
-            assert whole_rows == fast, (sampler, seed)
+                read_whole = accept_sampling(rows, block, dists, sampler, np.random.default_rng(seed))
+            assert read_whole == fast, (sampler, seed)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
@@ -350,5 +348,6 @@ def test_support_is_the_distribution_where_it_is_not_zero(sampler):
         ids, probs = sampler.support(logits, context)
         reference = _reference(sampler, logits, context)
         assert ids.tolist() == np.flatnonzero(reference).tolist()
+        # float64 throughout, only the sums taken in another order: a few ulps (~1e-15), whatever the CPU
         np.testing.assert_allclose(probs, reference[ids], rtol=1e-12)
         np.testing.assert_allclose(sampler.probs(logits, context), reference, rtol=1e-12, atol=0)

@@ -325,7 +325,7 @@ class Sampler:
 
 
 GREEDY = Sampler(temperature=0.0)  # the argmax of the plain logits
-# `Sampler.accepts`: rows at least this long bound the normaliser rather than compute the distribution
+# `Sampler.bounds`: rows (and kept sets) at least this long bound the normaliser with a float32 sum
 _BOUNDED_FROM = 4096
 # and the relative error allowed the float32 sum: each term's is under 87 x 2^-24 (the rounding of its
 # argument) plus numpy's float32 exp (a few ulps), about 6e-6 at most; a margin of 3x over that
