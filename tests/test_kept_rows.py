@@ -13,7 +13,8 @@ import pytest
 
 from edgekit import Sampler
 from edgekit.protocol import SparseDistribution, accept_sampling, in_columns
-from edgekit.verifier.engine import KeptRows, kept_of
+from edgekit.runtime import KERNEL, kept_of, kept_rows
+from edgekit.verifier.engine import KeptRows
 
 
 def test_a_row_keeps_what_reaches_its_kth_logit_ties_included_and_nothing_past_within():
@@ -23,6 +24,72 @@ def test_a_row_keeps_what_reaches_its_kth_logit_ties_included_and_nothing_past_w
     kept = KeptRows.of([(ids, vals), (np.array([0, 4]), np.array([1.0, 1.5], dtype=np.float32))])
     assert kept.ids.tolist() == [0, 1, 2, 3, 4, 5]
     assert np.array_equal(kept.logits, [[-np.inf, 3, 2, 2, -np.inf, 2], [1.0, -np.inf, -np.inf, -np.inf, 1.5, -np.inf]])
+
+
+def _rows(rng: np.random.Generator, kind: str, m: int, n: int) -> np.ndarray:
+    rows = (rng.standard_normal((m, n)) * 3).astype(np.float32)
+    if kind == "ties":
+        rows = np.round(rows).astype(np.float32)  # a dozen distinct values: ties at every k
+    elif kind == "masked":
+        rows[:, rng.random(n) < 0.3] = -np.inf  # masked entries, some rows' k-th among them
+    elif kind == "ascending":
+        rows.sort(axis=1)  # every value enters the heap: the kernel's slowest order
+    elif kind == "constant":
+        rows[:] = 1.5
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "masked", "ascending", "constant"])
+def test_kept_rows_of_a_batch_are_each_rows_kept_of(kind):
+    """The kernel's heap (where it is built) against numpy's partition: the same ids and logits for
+    any keep (1, past the kernel's blocks, past `within`), any `within`, rows of any length."""
+    rng = np.random.default_rng(3)
+    for case in range(60):
+        m, n = int(rng.integers(1, 6)), int(rng.integers(1, 2_000))
+        within, keep = int(rng.integers(1, n + 1)), int(rng.choice([1, 2, 40, 1 + n // 2, n, n + 7]))
+        rows = _rows(rng, kind, m, n)
+        got = kept_rows(rows, keep, within)
+        assert len(got) == m
+        for r, (ids, vals) in enumerate(got):
+            want = kept_of(rows[r], keep, within)
+            assert ids.dtype == np.int64 and vals.dtype == np.float32
+            assert ids.tolist() == want[0].tolist() and np.array_equal(vals, want[1]), (kind, case, r)
+
+
+def test_kept_rows_of_a_vocabulary_sized_batch_and_a_row_with_a_nan():
+    rng = np.random.default_rng(4)
+    rows = _rows(rng, "normal", 8, 152_064)
+    rows[3, rng.integers(152_064, size=40)] = rows.max()  # a tie at the top of one row
+    for keep in (1, 40, 1_000):
+        got = kept_rows(rows, keep, 151_000)  # the ids past `within` (a target's padding) never kept
+        for r, (ids, vals) in enumerate(got):
+            want = kept_of(rows[r], keep, 151_000)
+            assert ids.tolist() == want[0].tolist() and np.array_equal(vals, want[1]), (keep, r)
+    rows[5, 77] = np.nan  # numpy orders a NaN above every value; the kernel refuses the call, numpy answers
+    for r, (ids, vals) in enumerate(kept_rows(rows, 40, 152_064)):
+        want = kept_of(rows[r], 40, 152_064)
+        assert ids.tolist() == want[0].tolist() and np.array_equal(vals, want[1], equal_nan=True)
+    with pytest.raises(ValueError, match="keep"):
+        kept_rows(rows, 0, 100)
+
+
+@pytest.mark.skipif(KERNEL == "numpy", reason="the kernel is not built here")
+def test_the_kernels_kept_answers_rows_one_after_another_and_refuses_what_it_cannot_read():
+    from edgekit.runtime import _logitstats
+
+    rows = np.array([[0.5, 3.0, 2.0, 2.0, -1.0, 2.0, 9.0], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], dtype=np.float32)
+    ids, vals, counts = _logitstats.kept(rows, 2, 6)  # the 9.0 is past `within`
+    assert np.frombuffer(counts, np.int64).tolist() == [4, 6]
+    assert np.frombuffer(ids, np.int64).tolist() == [1, 2, 3, 5, 0, 1, 2, 3, 4, 5]
+    assert np.frombuffer(vals, np.float32).tolist() == [3, 2, 2, 2, 1, 1, 1, 1, 1, 1]
+    rows[1, 3] = np.nan
+    assert _logitstats.kept(rows, 2, 6) is None
+    with pytest.raises(ValueError, match="2-d float32"):
+        _logitstats.kept(rows.astype(np.float64), 2, 6)
+    with pytest.raises(ValueError, match="within"):
+        _logitstats.kept(rows, 2, 8)
+    with pytest.raises(ValueError, match="keep"):
+        _logitstats.kept(rows, 0, 6)
 
 
 @pytest.mark.parametrize("settings", [dict(top_k=5, temperature=0.8), dict(top_k=20, temperature=1.3, top_p=0.9),

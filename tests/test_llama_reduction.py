@@ -97,19 +97,27 @@ def test_batches_of_one_shape_but_other_sequences_get_their_own_rows(gemma_paths
         llama.close()
 
 
-def test_a_large_calls_argmaxes_are_split_over_threads_and_name_the_same_ids(gemma_paths, monkeypatch):
-    """The host's argmaxes of a call whose rows are many (a GPU step's) run on a few threads: each
-    feed's ids are still the argmax of its whole rows (the same rows, reduced elsewhere)."""
+def test_a_large_calls_reductions_are_split_over_threads_and_name_the_same_ids(gemma_paths, monkeypatch):
+    """The host's reductions of a call whose rows are many (a GPU step's) run on a few threads: each
+    feed's ids are still the argmax of its whole rows, and its kept logits those of the same calls
+    on an engine that reduces them all on its own thread (same model, same batches: the same rows)."""
     from edgekit.verifier.engine import _llama
 
-    monkeypatch.setattr(_llama, "SPLIT_ARGMAX_FROM", 0)
+    plain = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=4, max_block=8, exact=False)
+    try:
+        _, _, _, kept_here = _run(plain)
+        assert plain._reduce_pool is None
+    finally:
+        plain.close()
+    monkeypatch.setattr(_llama, "SPLIT_REDUCTION_FROM", 0)
     monkeypatch.setattr(_llama, "physical_cores", lambda: 2)
     engine = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=4, max_block=8, exact=False)
     try:
-        full, best, fewer, _ = _run(engine)
-        assert engine._argmax_pool is not None  # the split ran
+        full, best, fewer, kept = _run(engine)
+        assert engine._reduce_pool is not None  # the split ran
         assert best.tolist() == np.argmax(full, axis=1).tolist()
         assert fewer.tolist() == np.argmax(full[:, :1000], axis=1).tolist()
+        assert np.array_equal(kept.ids, kept_here.ids) and np.array_equal(kept.logits, kept_here.logits)
     finally:
         engine.close()
 

@@ -28,6 +28,8 @@ from ._logits import (
     NumpyLogitStats,
     available_kernels,
     current_kernel,
+    kept_of,
+    kept_rows,
     use_kernel,
 )
 from ._pool import DraftPool, DraftSlot, LlamaPoolBackend, PoolBackend, Step
@@ -69,6 +71,8 @@ __all__ = [
     "env_gpu_layers",
     "gpu_offload",
     "is_padding_text",
+    "kept_of",
+    "kept_rows",
     "llama_build",
     "model_memory_need",
     "physical_cores",

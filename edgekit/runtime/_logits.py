@@ -58,6 +58,8 @@ __all__ = [
     "NumpyLogitStats",
     "available_kernels",
     "current_kernel",
+    "kept_of",
+    "kept_rows",
     "use_kernel",
 ]
 
@@ -189,6 +191,39 @@ def _numpy_stats(z: np.ndarray, level: int) -> list[float]:
     y = z - np.float32(h)
     mean = float(np.dot(y, _ones(z.shape[0]))) / z.shape[0]
     return [m, second, i, s, t, h + mean, float(np.dot(y, y)) / z.shape[0] - mean * mean]
+
+
+def kept_of(row: np.ndarray, keep: int, within: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's ids (ascending) whose logits reach its `keep`-th largest among the first `within`,
+    ties included, and those logits (copies): all a top-`keep` sampler's distribution covers.
+    With numpy: `kept_rows` does the same for a batch's rows, with the kernel where it is built."""
+    if keep < 1:
+        raise ValueError(f"keep must be 1 or more, not {keep}")
+    view = row[:within]
+    k = min(keep, view.shape[0])
+    kth = np.partition(view, view.shape[0] - k)[view.shape[0] - k]
+    ids = np.flatnonzero(view >= kth)
+    return ids, view[ids].copy()
+
+
+def kept_rows(rows: np.ndarray, keep: int, within: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`kept_of` of each row of a 2-d float32 array, the same ids and logits. The kernel, where it is
+    built, finds each row's `keep`-th largest in one pass with a heap of `keep` values, then reads
+    again only the few stretches of the row where such values were seen, and lets go of the GIL
+    throughout (numpy's partition moves the whole row); a row holding a NaN, which numpy orders
+    last and the heap cannot, has the whole call made with numpy."""
+    if keep < 1:
+        raise ValueError(f"keep must be 1 or more, not {keep}")
+    within = min(within, rows.shape[-1])
+    usable = rows.dtype == np.float32 and rows.ndim == 2 and rows.flags.c_contiguous and within > 0
+    if _kernel is None or not usable or rows.shape[0] == 0:
+        return [kept_of(row, keep, within) for row in rows]
+    kept = _kernel.kept(rows, keep, within)
+    if kept is None:
+        return [kept_of(row, keep, within) for row in rows]
+    ids, logits = np.frombuffer(kept[0], np.int64), np.frombuffer(kept[1], np.float32)
+    cut = np.cumsum(np.frombuffer(kept[2], np.int64)[:-1])
+    return list(zip(np.split(ids, cut), np.split(logits, cut), strict=True))
 
 
 _ONES: dict[int, np.ndarray] = {}

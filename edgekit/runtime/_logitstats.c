@@ -14,6 +14,12 @@
  *                     float32 into x; only the sums those columns need are
  *                     computed (no moments without logit_std).
  *
+ * kept(rows, keep, within)
+ *                     a top-k sampler's support of each row of a batch (the verifier's
+ *                     rows under top-k sampling): each row's keep-th largest value in
+ *                     one pass with a small heap, then the values that reach it, looked
+ *                     for only where the pass saw such values; the GIL let go for both.
+ *
  * It runs inside the drafting loop, right after a llama.cpp decode has evicted
  * every cache, so it is one call that reads the vocabulary once, computing the
  * exponentials while the logits stream in from memory, and takes no
@@ -220,6 +226,195 @@ static PyTypeObject StatsType = {
     .tp_new = Stats_new,
 };
 
+/* ---- kept(): each row's logits that reach its k-th largest (a top-k sampler's support) ---- */
+
+/* Restores the min-heap h[0..k) from position i down. */
+static void
+sift_down(float *h, Py_ssize_t k, Py_ssize_t i)
+{
+    float v = h[i];
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= k) break;
+        if (c + 1 < k && h[c + 1] < h[c]) c++;
+        if (!(h[c] < v)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = v;
+}
+
+/* Values are read in blocks of KEPT_BLOCK, each first tested as a whole (a loop the compiler
+ * vectorizes): past the first few thousand of a logit row almost no block holds a value that
+ * matters, and only those that do are read one by one. The blocks that held one are noted, so
+ * that the kept values are then looked for in them alone: a value that reaches the row's k-th
+ * largest reached the heap's minimum when its block was read (that minimum only grows). */
+#define KEPT_BLOCK 32
+
+/* Where the blocks that held a value reaching the heap's minimum start, all rows' one after another. */
+typedef struct {
+    Py_ssize_t *at;
+    Py_ssize_t len, cap;
+} Marks;
+
+static int
+mark_block(Marks *m, Py_ssize_t start)
+{
+    if (m->len == m->cap) {
+        Py_ssize_t cap = m->cap ? 2 * m->cap : 1024;
+        Py_ssize_t *grown = PyMem_RawRealloc(m->at, (size_t)cap * sizeof(Py_ssize_t));
+        if (grown == NULL) return -1;
+        m->at = grown;
+        m->cap = cap;
+    }
+    m->at[m->len++] = start;
+    return 0;
+}
+
+/* Offers x to the min-heap h of k floats: it enters if above the heap's minimum. */
+static inline void
+offer(float *h, Py_ssize_t k, float x)
+{
+    if (x > h[0]) {
+        h[0] = x;
+        sift_down(h, k, 0);
+    }
+}
+
+/* The k-th largest of z[0..n), ties counted (numpy's partition's: the value at index n - k of
+ * the sorted row), 1 <= k <= n, in one pass with a min-heap `h` of k floats: the heap's minimum
+ * is the k-th largest so far, and a value enters only above it. The blocks past z[k] holding a
+ * value that reaches the minimum are noted in `marks`. Returns 0; 1 if a value is NaN (numpy
+ * orders NaN last, which the heap cannot); -1 out of memory. */
+static int
+kth_largest(const float *z, Py_ssize_t n, Py_ssize_t k, float *h, float *kth, Marks *marks)
+{
+    int nan = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        h[i] = z[i];
+        nan |= z[i] != z[i];
+    }
+    for (Py_ssize_t i = k / 2; i-- > 0;) sift_down(h, k, i);
+    Py_ssize_t i = k;
+    for (; i + KEPT_BLOCK <= n; i += KEPT_BLOCK) {
+        const float *b = z + i, t = h[0];
+        int reaches = 0, bad = 0;
+        for (int j = 0; j < KEPT_BLOCK; j++) {
+            reaches |= b[j] >= t;
+            bad |= b[j] != b[j];
+        }
+        nan |= bad;
+        if (reaches) {
+            if (mark_block(marks, i) < 0) return -1;
+            for (int j = 0; j < KEPT_BLOCK; j++) offer(h, k, b[j]);
+        }
+    }
+    for (; i < n; i++) {
+        nan |= z[i] != z[i];
+        offer(h, k, z[i]);
+    }
+    *kth = h[0];
+    return nan;
+}
+
+/* Calls f(id, value) for each of row z[0..n)'s values that reach t, in id order: the first k and
+ * the tail past the last whole block read whole, the blocks between only where marked. */
+#define EACH_KEPT(z, n, k, t, marks, first, last, f)                                         \
+    do {                                                                                      \
+        for (Py_ssize_t i_ = 0; i_ < (k); i_++)                                              \
+            if ((z)[i_] >= (t)) f(i_, (z)[i_]);                                              \
+        for (Py_ssize_t m_ = (first); m_ < (last); m_++)                                     \
+            for (Py_ssize_t i_ = (marks)[m_]; i_ < (marks)[m_] + KEPT_BLOCK; i_++)            \
+                if ((z)[i_] >= (t)) f(i_, (z)[i_]);                                          \
+        for (Py_ssize_t i_ = (k) + ((n) - (k)) / KEPT_BLOCK * KEPT_BLOCK; i_ < (n); i_++)   \
+            if ((z)[i_] >= (t)) f(i_, (z)[i_]);                                              \
+    } while (0)
+
+/* kept(rows, keep, within) -> (ids, logits, counts) as bytearrays, or None */
+static PyObject *
+kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "kept(rows, keep, within)");
+        return NULL;
+    }
+    Py_ssize_t keep = PyLong_AsSsize_t(args[1]), within = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (keep < 1) {
+        PyErr_SetString(PyExc_ValueError, "keep must be 1 or more");
+        return NULL;
+    }
+    Py_buffer z;
+    if (PyObject_GetBuffer(args[0], &z, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (z.itemsize != 4 || !is_format(z.format, 'f') || z.ndim != 2 || within < 1 || within > z.shape[1]) {
+        PyBuffer_Release(&z);
+        PyErr_SetString(PyExc_ValueError, "rows must be a contiguous 2-d float32 array and 1 <= within <= its row length");
+        return NULL;
+    }
+    Py_ssize_t rows = z.shape[0], n = z.shape[1], k = keep < within ? keep : within;
+    float *h = PyMem_RawMalloc((size_t)k * sizeof(float));
+    float *kth = PyMem_RawMalloc((size_t)(rows ? rows : 1) * sizeof(float));
+    Py_ssize_t *ends = PyMem_RawMalloc((size_t)(rows ? rows : 1) * sizeof(Py_ssize_t)); /* each row's marks end */
+    PyObject *counts = PyByteArray_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(int64_t));
+    PyObject *ids = NULL, *values = NULL, *out = NULL;
+    Marks marks = {NULL, 0, 0};
+    int status = 0;
+    Py_ssize_t total = 0;
+    if (h == NULL || kth == NULL || ends == NULL || counts == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *count = (int64_t *)PyByteArray_AS_STRING(counts);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows && status == 0; r++) {
+        const float *row = (const float *)z.buf + r * n;
+        Py_ssize_t first = marks.len;
+        status = kth_largest(row, within, k, h, &kth[r], &marks);
+        ends[r] = marks.len;
+        int64_t c = 0;
+#define COUNT(i, v) c++
+        if (status == 0) EACH_KEPT(row, within, k, kth[r], marks.at, first, marks.len, COUNT);
+#undef COUNT
+        count[r] = c;
+        total += c;
+    }
+    Py_END_ALLOW_THREADS
+    if (status < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (status > 0) { /* a NaN: numpy answers */
+        Py_INCREF(Py_None);
+        out = Py_None;
+        goto done;
+    }
+    ids = PyByteArray_FromStringAndSize(NULL, total * (Py_ssize_t)sizeof(int64_t));
+    values = PyByteArray_FromStringAndSize(NULL, total * (Py_ssize_t)sizeof(float));
+    if (ids == NULL || values == NULL) goto done;
+    int64_t *id = (int64_t *)PyByteArray_AS_STRING(ids);
+    float *value = (float *)PyByteArray_AS_STRING(values);
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t at = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const float *row = (const float *)z.buf + r * n;
+#define TAKE(i, v) (id[at] = (i), value[at] = (v), at++)
+        EACH_KEPT(row, within, k, kth[r], marks.at, r ? ends[r - 1] : 0, ends[r], TAKE);
+#undef TAKE
+    }
+    Py_END_ALLOW_THREADS
+    out = PyTuple_Pack(3, ids, values, counts);
+done:
+    Py_XDECREF(ids);
+    Py_XDECREF(values);
+    Py_XDECREF(counts);
+    PyMem_RawFree(marks.at);
+    PyMem_RawFree(ends);
+    PyMem_RawFree(kth);
+    PyMem_RawFree(h);
+    PyBuffer_Release(&z);
+    return out;
+}
+
 static PyObject *
 use(PyObject *module, PyObject *arg)
 {
@@ -237,6 +432,11 @@ use(PyObject *module, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"use", use, METH_O, "use(name): run the kernel of that name, one of KERNELS (ValueError if this CPU lacks it)."},
+    {"kept", (PyCFunction)(void (*)(void))kept, METH_FASTCALL,
+     "kept(rows, keep, within) -> (ids, logits, counts): of each row of a 2-d float32 array, the ids and "
+     "values of its first `within` values that reach its keep-th largest (ties counted, as numpy's "
+     "partition), rows one after another, as bytearrays of int64, float32 and int64 (how many each row "
+     "kept); None where a row holds a NaN."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,12 +1,12 @@
 """Engines run batches of sequence feeds on a target model and decide nothing:
 `LlamaEngine` on a GGUF file through llama.cpp, `ToyEngine` on a toy model for tests."""
 
-from ._base import Engine, Feed, FeedOutput, KeptRows, kept_of, split_output
+from ._base import Engine, Feed, FeedOutput, KeptRows, split_output
 from ._cache import cpu_name, default_calibration_dir
 from ._llama import LlamaEngine, calibrate_invariant_batches, call_rows
 from ._toy import ToyEngine
 
 __all__ = [
     "Engine", "Feed", "FeedOutput", "KeptRows", "LlamaEngine", "ToyEngine", "calibrate_invariant_batches",
-    "call_rows", "cpu_name", "default_calibration_dir", "kept_of", "split_output",
+    "call_rows", "cpu_name", "default_calibration_dir", "split_output",
 ]

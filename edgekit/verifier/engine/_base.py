@@ -10,7 +10,7 @@ import numpy as np
 
 from ...protocol import Fingerprint
 
-__all__ = ["Engine", "Feed", "FeedOutput", "KeptRows", "kept_of", "split_output"]
+__all__ = ["Engine", "Feed", "FeedOutput", "KeptRows", "split_output"]
 
 
 @dataclass(frozen=True)
@@ -58,22 +58,12 @@ class KeptRows:
 
     @staticmethod
     def of(rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> KeptRows:
-        """From each row's kept (ids, logits), as `kept_of` gives them."""
+        """From each row's kept (ids, logits), as `edgekit.runtime.kept_rows` gives them."""
         ids = np.unique(np.concatenate([i for i, _ in rows])) if rows else np.empty(0, dtype=np.int64)
         out = np.full((len(rows), ids.size), -np.inf, dtype=np.float32)
         for r, (i, v) in enumerate(rows):
             out[r, np.searchsorted(ids, i)] = v
         return KeptRows(out, ids.astype(np.int64))
-
-
-def kept_of(row: np.ndarray, keep: int, within: int) -> tuple[np.ndarray, np.ndarray]:
-    """A row's ids (ascending) whose logits reach its `keep`-th largest among the first `within`,
-    ties included, and those logits (copies): all a top-`keep` sampler's distribution covers."""
-    view = row[:within]
-    k = min(keep, view.shape[0])
-    kth = np.partition(view, view.shape[0] - k)[view.shape[0] - k]
-    ids = np.flatnonzero(view >= kth)
-    return ids, view[ids].copy()
 
 
 # logits; (logits, hidden) for a `hidden` feed; the rows' best ids ([n_out] int64) for an `argmax` one;

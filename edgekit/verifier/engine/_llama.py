@@ -36,10 +36,11 @@ llama.cpp's output buffer (one argmax per decode call).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -49,8 +50,8 @@ import numpy as np
 
 from ...errors import InferenceError, KVCacheFullError
 from ...protocol import Fingerprint
-from ...runtime import LlamaContext, LlamaModel, default_threads, gpu_offload, physical_cores
-from ._base import Feed, FeedOutput, KeptRows, kept_of
+from ...runtime import LlamaContext, LlamaModel, default_threads, gpu_offload, kept_rows, physical_cores
+from ._base import Feed, FeedOutput, KeptRows
 from ._cache import load_cached, machine_key, store_cached
 from ._parking import SequenceSlots
 
@@ -62,10 +63,11 @@ MAX_RESIDENT = 256
 
 ReduceRows = Literal["host", "llama"]
 
-# A decode call's greedy rows are reduced on several threads from this many logits on (a GPU step's
-# batch: 640 rows of 152,064 logits took 26-27 ms on one thread of a 2-core CPU, 17-20 on two; the
-# next call waits for them, the rows living in llama.cpp's buffer until then).
-SPLIT_ARGMAX_FROM = 16_000_000
+# A decode call's reductions (greedy rows' argmaxes, top-k rows' kept logits) run on several threads
+# from this many logits on (a GPU step's batch: 640 greedy rows of 152,064 logits took 26-27 ms on one
+# thread of a 2-core CPU, 17-20 on two; the next call waits for them, the rows living in llama.cpp's
+# buffer until then).
+SPLIT_REDUCTION_FROM = 16_000_000
 
 __all__ = [
     "MAX_RESIDENT", "LlamaEngine", "ReduceRows", "bands_between", "calibrate_invariant_batches", "calibration_depths",
@@ -251,7 +253,7 @@ class LlamaEngine:
         # whether llama.cpp reduces greedy rows (`_take_outputs`); off for good where it cannot
         self.reduces_in_llama = reduce_rows == "llama"
         self._redo: list[int] = []  # this batch's feeds to decode again with whole rows (`_take_outputs`)
-        self._argmax_pool: ThreadPoolExecutor | None = None  # made at the first call that splits its argmaxes
+        self._reduce_pool: ThreadPoolExecutor | None = None  # made at the first call that splits its reductions
         self._ctx = LlamaContext(
             self.model,
             n_ctx=max_context * resident,
@@ -430,7 +432,7 @@ class LlamaEngine:
         buffer (in batch order), reduced there for an `argmax` feed, else copied whole; an `argmax`
         feed whose rows llama.cpp reduced reads its best ids from llama.cpp's reduction."""
         view = self._ctx.output_logits(sum(wanted))
-        greedy: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, where their best ids go), reduced below
+        jobs: list[tuple[int, Callable[[], object]]] = []  # (logits read, a reduction): run below
         taken = 0
         for i, run in itertools.groupby(zip(range(len(chunk)), chunk, wanted), key=lambda x: x[1][0]):
             rows = [(row, r) for row, (_, r), want in run if want]  # a suffix of the feed's rows in this chunk
@@ -446,9 +448,11 @@ class LlamaEngine:
                 elif i not in self._redo:  # a padding entry won (or no id came back): whole rows (`_run_resident`)
                     self._redo.append(i)
             elif f.argmax:
-                greedy.append((block[:, : f.argmax], outs[i][first : first + m]))
+                best_of = functools.partial(np.argmax, block[:, : f.argmax], 1, outs[i][first : first + m])
+                jobs.append((m * f.argmax, best_of))
             elif f.keep:
-                outs[i][first : first + m] = [kept_of(row, f.keep, f.within or self.n_vocab) for row in block]
+                kept = functools.partial(_keep_into, outs[i], first, block, f.keep, f.within or self.n_vocab)
+                jobs.append((block.size, kept))
             else:
                 outs[i][first : first + m] = block
             rows_out = hidden[i]
@@ -456,18 +460,19 @@ class LlamaEngine:
                 for k, (row, _) in enumerate(rows):
                     rows_out[first + k] = self._ctx.hidden(row)
             taken += m
-        self._argmaxes(greedy)
+        self._reduce(jobs)
 
-    def _argmaxes(self, jobs: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Each job's rows reduced to their argmaxes, written into its output: on several threads where
-        the call's rows are many (numpy's argmax lets go of the GIL), else here."""
-        if sum(rows.size for rows, _ in jobs) < SPLIT_ARGMAX_FROM or len(jobs) < 2 or physical_cores() < 2:
-            for rows, out in jobs:
-                np.argmax(rows, axis=1, out=out)
+    def _reduce(self, jobs: list[tuple[int, Callable[[], object]]]) -> None:
+        """Runs each feed's reduction of its rows (argmaxes, or a top-k sampler's kept logits), which
+        write into its output: on several threads where the call's rows are many (numpy's argmax and
+        the kernel's `kept_rows` let go of the GIL), else here."""
+        if sum(size for size, _ in jobs) < SPLIT_REDUCTION_FROM or len(jobs) < 2 or physical_cores() < 2:
+            for _, job in jobs:
+                job()
             return
-        if self._argmax_pool is None:
-            self._argmax_pool = ThreadPoolExecutor(min(8, physical_cores()), thread_name_prefix="edgekit-argmax")
-        for done in [self._argmax_pool.submit(np.argmax, rows, 1, out) for rows, out in jobs]:
+        if self._reduce_pool is None:
+            self._reduce_pool = ThreadPoolExecutor(min(8, physical_cores()), thread_name_prefix="edgekit-reduce")
+        for done in [self._reduce_pool.submit(job) for _, job in jobs]:
             done.result()
 
     def truncate(self, seq: int, length: int) -> None:
@@ -483,7 +488,12 @@ class LlamaEngine:
         return self.slots.length(seq)
 
     def close(self) -> None:
-        if self._argmax_pool is not None:
-            self._argmax_pool.shutdown()
+        if self._reduce_pool is not None:
+            self._reduce_pool.shutdown()
         self._ctx.close()
         self.model.close()
+
+
+def _keep_into(out: list[Any], first: int, rows: np.ndarray, keep: int, within: int) -> None:
+    """A top-`keep` sampler's kept logits of `rows`, into `out` from `first` on."""
+    out[first : first + rows.shape[0]] = kept_rows(rows, keep, within)

@@ -21,8 +21,8 @@ import numpy as np
 
 from ...errors import InferenceError, KVCacheFullError
 from ...protocol import Fingerprint
-from ...runtime import ToyLanguageModel
-from ._base import Feed, FeedOutput, KeptRows, kept_of
+from ...runtime import ToyLanguageModel, kept_rows
+from ._base import Feed, FeedOutput, KeptRows
 
 __all__ = ["ToyEngine"]
 
@@ -90,7 +90,7 @@ class ToyEngine:
         if feed.argmax:
             return np.argmax(logits[:, : feed.argmax], axis=1)
         if feed.keep:
-            return KeptRows.of([kept_of(row, feed.keep, feed.within or self.n_vocab) for row in logits])
+            return KeptRows.of(kept_rows(logits, feed.keep, feed.within or self.n_vocab))
         if not feed.hidden:
             return logits
         hidden = [self.hidden(kv[: n - feed.n_out + i + 1]) for i in range(feed.n_out)]
