@@ -27,7 +27,9 @@ the reduction costs there, not what it saves a GPU (no vocabulary-wide row cross
 
 `--mode host-cost` times what the host pays per GPU step for the rows llama.cpp hands it whole, at
 a GPU batch's sizes (B sessions x 5 rows, Qwen2.5's 152,064 logits by default): numpy's argmax over
-them on one thread and split over `--split` threads, and copying them; no model is loaded.
+them on one thread and split over `--split` threads, a top-k 40 sampler's kept logits of each row
+(numpy's partition row by row, and `kept_rows`, the kernel's heap, a session's rows a call), and
+copying them; no model is loaded.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ import harness as C
 from edgekit import Sampler
 from edgekit.models import pair_paths
 from edgekit.protocol import SparseDistribution, accept_sampling, in_columns
+from edgekit.runtime import KERNEL, kept_of, kept_rows
 from edgekit.verifier import Feed, LlamaEngine
-from edgekit.verifier.engine import kept_of
 
 TEXT = (
     "A verifier checks the blocks many devices draft, one batch for all of them. "
@@ -158,7 +160,7 @@ def host_cost(sessions: list[int], vocab: int, repeats: int, splits: list[int]) 
                         pools[n].submit(np.argmax, view[p[0] : p[-1] + 1], 1) for p in parts if p.size]])
                 timed.setdefault(f"argmax_{n}", []).append((time.perf_counter() - t0) * 1e3)
                 assert np.array_equal(got, best)
-            for n in splits:  # a top-k 40 sampler's rows: what each keeps (`kept_of`)
+            for n in splits:  # a top-k 40 sampler's rows: what each keeps, with numpy (`kept_of`), row by row
                 t0 = time.perf_counter()
                 if n == 1:
                     kept = [kept_of(row, 40, vocab) for row in view]
@@ -166,6 +168,16 @@ def host_cost(sessions: list[int], vocab: int, repeats: int, splits: list[int]) 
                     kept = [f.result() for f in [pools[n].submit(kept_of, row, 40, vocab) for row in view]]
                 timed.setdefault(f"keep_{n}", []).append((time.perf_counter() - t0) * 1e3)
                 assert len(kept) == view.shape[0]
+            for n in splits:  # the same with `kept_rows` (the kernel where built), a session's 5 rows a call
+                blocks = [view[s : s + 5] for s in range(0, view.shape[0], 5)]
+                t0 = time.perf_counter()
+                if n == 1:
+                    by_kernel = [pair for block in blocks for pair in kept_rows(block, 40, vocab)]
+                else:
+                    by_kernel = [pair for f in [pools[n].submit(kept_rows, block, 40, vocab) for block in blocks]
+                                 for pair in f.result()]
+                timed.setdefault(f"kernel_{n}", []).append((time.perf_counter() - t0) * 1e3)
+                assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(kept, by_kernel))
             t0 = time.perf_counter()
             view.copy()
             timed.setdefault("copy", []).append((time.perf_counter() - t0) * 1e3)
@@ -173,7 +185,7 @@ def host_cost(sessions: list[int], vocab: int, repeats: int, splits: list[int]) 
                      **{f"{k}_ms": C.median(v) for k, v in timed.items()}})
     for pool in pools.values():
         pool.shutdown()
-    return {"mode": "host-cost", "vocab": vocab, "splits": splits, "rows": rows}
+    return {"mode": "host-cost", "vocab": vocab, "splits": splits, "kernel": KERNEL, "rows": rows}
 
 
 def plot_host_cost(result: dict[str, Any], png: Path) -> None:
@@ -183,7 +195,12 @@ def plot_host_cost(result: dict[str, Any], png: Path) -> None:
     for n in result["splits"]:
         ax.plot(xs, [r[f"argmax_{n}_ms"] for r in rows], "o-", label=f"numpy argmax, {n} thread{'s' * (n > 1)}")
     for n in result["splits"]:
-        ax.plot(xs, [r[f"keep_{n}_ms"] for r in rows], "^:", label=f"top-k 40 kept, {n} thread{'s' * (n > 1)}")
+        ax.plot(xs, [r[f"keep_{n}_ms"] for r in rows], "^:", label=f"top-k 40 kept, numpy, {n} thread{'s' * (n > 1)}")
+    for n in result["splits"]:
+        if f"kernel_{n}_ms" in rows[0]:
+            ax.plot(xs, [r[f"kernel_{n}_ms"] for r in rows], "v-.",
+                    label=f"top-k 40 kept, kept_rows ({'C' if result.get('kernel') != 'numpy' else 'numpy'}), "
+                          f"{n} thread{'s' * (n > 1)}")
     ax.plot(xs, [r["copy_ms"] for r in rows], "s--", color="grey", label="copying the rows")
     ax.set_xlabel(f"rows handed to the host whole (5 per session), {result['vocab']:,} logits each")
     ax.set_ylabel("ms per GPU step (median)")
@@ -232,9 +249,11 @@ def main() -> None:
     if args.mode == "host-cost":
         cost = host_cost(C.csv_list(args.batches, int), args.vocab, args.repeats, C.csv_list(args.split, int))
         print(C.table(["sessions", "rows", "MB", *[f"argmax, {n} threads ms" for n in cost["splits"]],
-                       *[f"top-k kept, {n} threads ms" for n in cost["splits"]], "copy ms"],
+                       *[f"top-k kept, numpy, {n} threads ms" for n in cost["splits"]],
+                       *[f"top-k kept, kept_rows, {n} threads ms" for n in cost["splits"]], "copy ms"],
                       [[r["sessions"], r["rows"], r["mb"], *[r[f"argmax_{n}_ms"] for n in cost["splits"]],
-                        *[r[f"keep_{n}_ms"] for n in cost["splits"]], r["copy_ms"]] for r in cost["rows"]]))
+                        *[r[f"keep_{n}_ms"] for n in cost["splits"]], *[r[f"kernel_{n}_ms"] for n in cost["splits"]],
+                        r["copy_ms"]] for r in cost["rows"]]))
         path = C.write_result(args.out, {"settings": vars(args), **cost})
         plot(cost, path.with_suffix(".png"))
         print(f"wrote {path} and {path.with_suffix('.png').name}")
