@@ -215,11 +215,9 @@ def kept_rows(rows: np.ndarray, keep: int, within: int) -> list[tuple[np.ndarray
     if keep < 1:
         raise ValueError(f"keep must be 1 or more, not {keep}")
     within = min(within, rows.shape[-1])
-    usable = rows.dtype == np.float32 and rows.ndim == 2 and rows.flags.c_contiguous and within > 0
-    if _kernel is None or not usable or rows.shape[0] == 0:
-        return [kept_of(row, keep, within) for row in rows]
-    kept = _kernel.kept(rows, keep, within)
-    if kept is None:
+    readable = rows.dtype == np.float32 and rows.ndim == 2 and rows.flags.c_contiguous and within > 0
+    kept = _kernel.kept(rows, keep, within) if _kernel is not None and readable and rows.shape[0] else None
+    if kept is None:  # no kernel, rows it cannot read, or a NaN
         return [kept_of(row, keep, within) for row in rows]
     ids, logits = np.frombuffer(kept[0], np.int64), np.frombuffer(kept[1], np.float32)
     cut = np.cumsum(np.frombuffer(kept[2], np.int64)[:-1])
