@@ -13,8 +13,19 @@ import pytest
 
 from edgekit import Sampler
 from edgekit.protocol import SparseDistribution, accept_sampling, in_columns
-from edgekit.runtime import KERNEL, kept_of, kept_rows
+from edgekit.runtime import KERNEL, available_kernels, kept_of, kept_rows, use_kernel
 from edgekit.verifier.engine import KeptRows
+
+
+@pytest.fixture(params=available_kernels() or ["numpy"])
+def each_kernel(request):
+    """Each compiled kernel this CPU runs in turn (its pass over the blocks differs by instruction
+    set), then the best again; numpy's path alone where none is built."""
+    if request.param != "numpy":
+        use_kernel(request.param)
+    yield request.param
+    if request.param != "numpy":
+        use_kernel(KERNEL)
 
 
 def test_a_row_keeps_what_reaches_its_kth_logit_ties_included_and_nothing_past_within():
@@ -29,20 +40,22 @@ def test_a_row_keeps_what_reaches_its_kth_logit_ties_included_and_nothing_past_w
 def _rows(rng: np.random.Generator, kind: str, m: int, n: int) -> np.ndarray:
     rows = (rng.standard_normal((m, n)) * 3).astype(np.float32)
     if kind == "ties":
-        rows = np.round(rows).astype(np.float32)  # a dozen distinct values: ties at every k
+        rows = np.round(rows).astype(np.float32)  # a dozen distinct values: ties at every k, and among blocks' maxima
     elif kind == "masked":
         rows[:, rng.random(n) < 0.3] = -np.inf  # masked entries, some rows' k-th among them
+    elif kind == "mostly masked":
+        rows[:, rng.random(n) < 0.97] = -np.inf  # whole blocks of -inf: the k-th block maximum may be -inf
     elif kind == "ascending":
-        rows.sort(axis=1)  # every value enters the heap: the kernel's slowest order
+        rows.sort(axis=1)  # every block's maximum enters the heap: the kernel's slowest order
     elif kind == "constant":
         rows[:] = 1.5
     return rows
 
 
-@pytest.mark.parametrize("kind", ["normal", "ties", "masked", "ascending", "constant"])
-def test_kept_rows_of_a_batch_are_each_rows_kept_of(kind):
-    """The kernel's heap (where it is built) against numpy's partition: the same ids and logits for
-    any keep (1, past the kernel's blocks, past `within`), any `within`, rows of any length."""
+@pytest.mark.parametrize("kind", ["normal", "ties", "masked", "mostly masked", "ascending", "constant"])
+def test_kept_rows_of_a_batch_are_each_rows_kept_of(kind, each_kernel):
+    """Each kernel (where it is built) against numpy's partition: the same ids and logits for
+    any keep (1, past the number of blocks, past `within`), any `within`, rows of any length."""
     rng = np.random.default_rng(3)
     for case in range(60):
         m, n = int(rng.integers(1, 6)), int(rng.integers(1, 2_000))
@@ -56,7 +69,7 @@ def test_kept_rows_of_a_batch_are_each_rows_kept_of(kind):
             assert ids.tolist() == want[0].tolist() and np.array_equal(vals, want[1]), (kind, case, r)
 
 
-def test_kept_rows_of_a_vocabulary_sized_batch_and_a_row_with_a_nan():
+def test_kept_rows_of_a_vocabulary_sized_batch_and_a_row_with_a_nan(each_kernel):
     rng = np.random.default_rng(4)
     rows = _rows(rng, "normal", 8, 152_064)
     rows[3, rng.integers(152_064, size=40)] = rows.max()  # a tie at the top of one row

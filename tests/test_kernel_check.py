@@ -46,12 +46,13 @@ def test_every_native_kernel_matches_the_scalar_reference(tmp_path):
 
 
 def test_the_check_finds_planted_errors(tmp_path):
-    """A kernel whose sum is off by 1e-5 and whose argmax takes the second of a tie must fail."""
+    """A kernel whose sum is off by 1e-5, whose argmax takes the second of a tie and whose blocks'
+    maxima miss the row's last value must fail."""
     cc = sysconfig.get_config_var("CC") or "cc"
     if shutil.which(cc.split()[0]) is None:
         pytest.skip("no C compiler")
     out = _run([str(_build(cc.split()[0], tmp_path / "check")), "selftest"])
-    assert "FAIL planted" in out and " sum " in out and " argmax " in out
+    assert "FAIL planted" in out and " sum " in out and " argmax " in out and " blocks " in out
 
 
 def test_the_aarch64_kernels_match_the_scalar_reference_under_emulation(tmp_path):

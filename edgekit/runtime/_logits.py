@@ -208,10 +208,12 @@ def kept_of(row: np.ndarray, keep: int, within: int) -> tuple[np.ndarray, np.nda
 
 def kept_rows(rows: np.ndarray, keep: int, within: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """`kept_of` of each row of a 2-d float32 array, the same ids and logits. The kernel, where it is
-    built, finds each row's `keep`-th largest in one pass with a heap of `keep` values, then reads
-    again only the few stretches of the row where such values were seen, and lets go of the GIL
-    throughout (numpy's partition moves the whole row); a row holding a NaN, which numpy orders
-    last and the heap cannot, has the whole call made with numpy."""
+    built, takes the maximum of each block of 32 logits in one vector pass over the row, then reads
+    again only the blocks whose maxima reach the `keep`-th largest of those maxima (the only ones
+    that can hold a kept value: about `keep` blocks), selects the `keep`-th largest among them and
+    takes what reaches it, letting go of the GIL throughout (numpy's partition moves the whole
+    row); a row holding a NaN, which numpy orders last and the selection cannot, has the whole call
+    made with numpy."""
     if keep < 1:
         raise ValueError(f"keep must be 1 or more, not {keep}")
     within = min(within, rows.shape[-1])

@@ -16,9 +16,10 @@
  *
  * kept(rows, keep, within)
  *                     a top-k sampler's support of each row of a batch (the verifier's
- *                     rows under top-k sampling): each row's keep-th largest value in
- *                     one pass with a small heap, then the values that reach it, looked
- *                     for only where the pass saw such values; the GIL let go for both.
+ *                     rows under top-k sampling): each row's blocks' maxima in one
+ *                     vector pass, the keep-th largest value selected from the few
+ *                     blocks whose maxima reach the keep-th largest of those, and the
+ *                     values that reach it taken from them; the GIL let go throughout.
  *
  * It runs inside the drafting loop, right after a llama.cpp decode has evicted
  * every cache, so it is one call that reads the vocabulary once, computing the
@@ -228,6 +229,31 @@ static PyTypeObject StatsType = {
 
 /* ---- kept(): each row's logits that reach its k-th largest (a top-k sampler's support) ---- */
 
+/* What kept() gives back, all rows' one after another: ids and values, grown as rows are read. */
+typedef struct {
+    int64_t *id;
+    float *value;
+    Py_ssize_t len, cap;
+} Kept;
+
+static int
+kept_add(Kept *o, int64_t id, float value)
+{
+    if (o->len == o->cap) {
+        Py_ssize_t cap = o->cap ? 2 * o->cap : 4096;
+        int64_t *ids = PyMem_RawRealloc(o->id, (size_t)cap * sizeof(int64_t));
+        if (ids == NULL) return -1;
+        o->id = ids;
+        float *values = PyMem_RawRealloc(o->value, (size_t)cap * sizeof(float));
+        if (values == NULL) return -1;
+        o->value = values;
+        o->cap = cap;
+    }
+    o->id[o->len] = id;
+    o->value[o->len++] = value;
+    return 0;
+}
+
 /* Restores the min-heap h[0..k) from position i down. */
 static void
 sift_down(float *h, Py_ssize_t k, Py_ssize_t i)
@@ -244,91 +270,109 @@ sift_down(float *h, Py_ssize_t k, Py_ssize_t i)
     h[i] = v;
 }
 
-/* Values are read in blocks of KEPT_BLOCK, each first tested as a whole (a loop the compiler
- * vectorizes): past the first few thousand of a logit row almost no block holds a value that
- * matters, and only those that do are read one by one. The blocks that held one are noted, so
- * that the kept values are then looked for in them alone: a value that reaches the row's k-th
- * largest reached the heap's minimum when its block was read (that minimum only grows). */
-#define KEPT_BLOCK 32
+/* Values tested at once (a loop the compiler vectorizes) before any is looked at alone. */
+#define SCAN 16
 
-/* Where the blocks that held a value reaching the heap's minimum start, all rows' one after another. */
-typedef struct {
-    Py_ssize_t *at;
-    Py_ssize_t len, cap;
-} Marks;
-
-static int
-mark_block(Marks *m, Py_ssize_t start)
+static inline int
+any_reaching(const float *a, float t)
 {
-    if (m->len == m->cap) {
-        Py_ssize_t cap = m->cap ? 2 * m->cap : 1024;
-        Py_ssize_t *grown = PyMem_RawRealloc(m->at, (size_t)cap * sizeof(Py_ssize_t));
-        if (grown == NULL) return -1;
-        m->at = grown;
-        m->cap = cap;
-    }
-    m->at[m->len++] = start;
-    return 0;
+    int reaching = 0;
+    for (int j = 0; j < SCAN; j++) reaching |= a[j] >= t;
+    return reaching;
 }
 
-/* Offers x to the min-heap h of k floats: it enters if above the heap's minimum. */
-static inline void
-offer(float *h, Py_ssize_t k, float x)
+/* The k-th largest of a[0..n), k <= n, by a min-heap h of k floats: past the first k, a value
+ * costs one comparison unless it is among the k largest so far (the maxima of a logit row's
+ * blocks: a few hundred of thousands enter for k = 40, where a selection would move them all). */
+static float
+kth_by_heap(const float *a, Py_ssize_t n, Py_ssize_t k, float *h)
 {
-    if (x > h[0]) {
-        h[0] = x;
-        sift_down(h, k, 0);
-    }
-}
-
-/* The k-th largest of z[0..n), ties counted (numpy's partition's: the value at index n - k of
- * the sorted row), 1 <= k <= n, in one pass with a min-heap `h` of k floats: the heap's minimum
- * is the k-th largest so far, and a value enters only above it. The blocks past z[k] holding a
- * value that reaches the minimum are noted in `marks`. Returns 0; 1 if a value is NaN (numpy
- * orders NaN last, which the heap cannot); -1 out of memory. */
-static int
-kth_largest(const float *z, Py_ssize_t n, Py_ssize_t k, float *h, float *kth, Marks *marks)
-{
-    int nan = 0;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        h[i] = z[i];
-        nan |= z[i] != z[i];
-    }
+    memcpy(h, a, (size_t)k * sizeof(float));
     for (Py_ssize_t i = k / 2; i-- > 0;) sift_down(h, k, i);
     Py_ssize_t i = k;
-    for (; i + KEPT_BLOCK <= n; i += KEPT_BLOCK) {
-        const float *b = z + i, t = h[0];
-        int reaches = 0, bad = 0;
-        for (int j = 0; j < KEPT_BLOCK; j++) {
-            reaches |= b[j] >= t;
-            bad |= b[j] != b[j];
-        }
-        nan |= bad;
-        if (reaches) {
-            if (mark_block(marks, i) < 0) return -1;
-            for (int j = 0; j < KEPT_BLOCK; j++) offer(h, k, b[j]);
+    for (; i + SCAN <= n; i += SCAN) {
+        if (!any_reaching(a + i, h[0])) continue; /* most of them, past the first few hundred */
+        for (Py_ssize_t j = i; j < i + SCAN; j++) {
+            if (a[j] > h[0]) {
+                h[0] = a[j];
+                sift_down(h, k, 0);
+            }
         }
     }
     for (; i < n; i++) {
-        nan |= z[i] != z[i];
-        offer(h, k, z[i]);
+        if (a[i] > h[0]) {
+            h[0] = a[i];
+            sift_down(h, k, 0);
+        }
     }
-    *kth = h[0];
-    return nan;
+    return h[0];
 }
 
-/* Calls f(id, value) for each of row z[0..n)'s values that reach t, in id order: the first k and
- * the tail past the last whole block read whole, the blocks between only where marked. */
-#define EACH_KEPT(z, n, k, t, marks, first, last, f)                                         \
-    do {                                                                                      \
-        for (Py_ssize_t i_ = 0; i_ < (k); i_++)                                              \
-            if ((z)[i_] >= (t)) f(i_, (z)[i_]);                                              \
-        for (Py_ssize_t m_ = (first); m_ < (last); m_++)                                     \
-            for (Py_ssize_t i_ = (marks)[m_]; i_ < (marks)[m_] + KEPT_BLOCK; i_++)            \
-                if ((z)[i_] >= (t)) f(i_, (z)[i_]);                                          \
-        for (Py_ssize_t i_ = (k) + ((n) - (k)) / KEPT_BLOCK * KEPT_BLOCK; i_ < (n); i_++)   \
-            if ((z)[i_] >= (t)) f(i_, (z)[i_]);                                              \
-    } while (0)
+/* The value of rank r (0: the smallest) of a[0..n), no NaN, 0 <= r < n; a is reordered.
+ * Hoare's selection with a median-of-three pivot: equal values stop both scans, so rows of
+ * ties split evenly, and sorted runs do not degrade it. */
+static float
+select_rank(float *a, Py_ssize_t n, Py_ssize_t r)
+{
+    Py_ssize_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        float x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi];
+        float p = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < p) i++;
+            while (a[j] > p) j--;
+            if (i <= j) {
+                float t = a[i];
+                a[i++] = a[j];
+                a[j--] = t;
+            }
+        }
+        if (r <= j)
+            hi = j;
+        else if (r >= i)
+            lo = i;
+        else
+            return a[r]; /* between the two scans: equal to the pivot */
+    }
+    return a[r];
+}
+
+/* Row z[0..n)'s values that reach its k-th largest (ties counted: numpy's partition's value at
+ * index n - k of the sorted row), 1 <= k <= n, appended to `out` in id order. The kernel's one
+ * pass takes each block's maximum; t, the k-th largest of those maxima, is reached by k values at
+ * least (one in each of k blocks), so the k-th largest is t or more, and every value as large
+ * lies in a block whose maximum reaches t. Only those blocks (about k of them on a logit row) are
+ * read again, while they are still in cache: their values of t or more are selected from
+ * (Hoare's selection: k may be in the thousands), then taken. `maxima` has room for the blocks'
+ * maxima, `scratch` for n values, `blocks` for their indices. Returns 0; 1 if a value is NaN
+ * (numpy orders NaN last, the selection cannot); -1 out of memory. */
+static int
+kept_row(const float *z, Py_ssize_t n, Py_ssize_t k, float *maxima, float *scratch, Py_ssize_t *blocks, Kept *out)
+{
+    if (kernel->blocks(z, n, maxima)) return 1;
+    Py_ssize_t nb = (n + LS_BLOCK - 1) / LS_BLOCK, nc = 0, m = 0;
+    float t = -INFINITY; /* k blocks or fewer: every block */
+    if (k < nb) t = kth_by_heap(maxima, nb, k, scratch);
+    for (Py_ssize_t b0 = 0; b0 < nb; b0 += SCAN) {
+        Py_ssize_t b1 = b0 + SCAN < nb ? b0 + SCAN : nb;
+        if (b1 - b0 == SCAN && !any_reaching(maxima + b0, t)) continue;
+        for (Py_ssize_t b = b0; b < b1; b++) {
+            if (!(maxima[b] >= t)) continue;
+            blocks[nc++] = b;
+            Py_ssize_t end = (b + 1) * LS_BLOCK < n ? (b + 1) * LS_BLOCK : n;
+            for (Py_ssize_t i = b * LS_BLOCK; i < end; i++)
+                if (z[i] >= t) scratch[m++] = z[i];
+        }
+    }
+    float kth = select_rank(scratch, m, m - k); /* m >= k: the k blocks' maxima at least */
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        Py_ssize_t b = blocks[c], end = (b + 1) * LS_BLOCK < n ? (b + 1) * LS_BLOCK : n;
+        for (Py_ssize_t i = b * LS_BLOCK; i < end; i++)
+            if (z[i] >= kth && kept_add(out, i, z[i]) < 0) return -1;
+    }
+    return 0;
+}
 
 /* kept(rows, keep, within) -> (ids, logits, counts) as bytearrays, or None */
 static PyObject *
@@ -352,31 +396,24 @@ kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t rows = z.shape[0], n = z.shape[1], k = keep < within ? keep : within;
-    float *h = PyMem_RawMalloc((size_t)k * sizeof(float));
-    float *kth = PyMem_RawMalloc((size_t)(rows ? rows : 1) * sizeof(float));
-    Py_ssize_t *ends = PyMem_RawMalloc((size_t)(rows ? rows : 1) * sizeof(Py_ssize_t)); /* each row's marks end */
+    Py_ssize_t nb = (within + LS_BLOCK - 1) / LS_BLOCK;
+    float *scratch = PyMem_RawMalloc((size_t)within * sizeof(float));
+    float *maxima = PyMem_RawMalloc((size_t)nb * sizeof(float));
+    Py_ssize_t *blocks = PyMem_RawMalloc((size_t)nb * sizeof(Py_ssize_t));
     PyObject *counts = PyByteArray_FromStringAndSize(NULL, rows * (Py_ssize_t)sizeof(int64_t));
     PyObject *ids = NULL, *values = NULL, *out = NULL;
-    Marks marks = {NULL, 0, 0};
+    Kept got = {NULL, NULL, 0, 0};
     int status = 0;
-    Py_ssize_t total = 0;
-    if (h == NULL || kth == NULL || ends == NULL || counts == NULL) {
+    if (scratch == NULL || maxima == NULL || blocks == NULL || counts == NULL) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         goto done;
     }
     int64_t *count = (int64_t *)PyByteArray_AS_STRING(counts);
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < rows && status == 0; r++) {
-        const float *row = (const float *)z.buf + r * n;
-        Py_ssize_t first = marks.len;
-        status = kth_largest(row, within, k, h, &kth[r], &marks);
-        ends[r] = marks.len;
-        int64_t c = 0;
-#define COUNT(i, v) c++
-        if (status == 0) EACH_KEPT(row, within, k, kth[r], marks.at, first, marks.len, COUNT);
-#undef COUNT
-        count[r] = c;
-        total += c;
+        Py_ssize_t before = got.len;
+        status = kept_row((const float *)z.buf + r * n, within, k, maxima, scratch, blocks, &got);
+        count[r] = got.len - before;
     }
     Py_END_ALLOW_THREADS
     if (status < 0) {
@@ -388,29 +425,19 @@ kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         out = Py_None;
         goto done;
     }
-    ids = PyByteArray_FromStringAndSize(NULL, total * (Py_ssize_t)sizeof(int64_t));
-    values = PyByteArray_FromStringAndSize(NULL, total * (Py_ssize_t)sizeof(float));
+    ids = PyByteArray_FromStringAndSize((const char *)got.id, got.len * (Py_ssize_t)sizeof(int64_t));
+    values = PyByteArray_FromStringAndSize((const char *)got.value, got.len * (Py_ssize_t)sizeof(float));
     if (ids == NULL || values == NULL) goto done;
-    int64_t *id = (int64_t *)PyByteArray_AS_STRING(ids);
-    float *value = (float *)PyByteArray_AS_STRING(values);
-    Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t at = 0;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        const float *row = (const float *)z.buf + r * n;
-#define TAKE(i, v) (id[at] = (i), value[at] = (v), at++)
-        EACH_KEPT(row, within, k, kth[r], marks.at, r ? ends[r - 1] : 0, ends[r], TAKE);
-#undef TAKE
-    }
-    Py_END_ALLOW_THREADS
     out = PyTuple_Pack(3, ids, values, counts);
 done:
     Py_XDECREF(ids);
     Py_XDECREF(values);
     Py_XDECREF(counts);
-    PyMem_RawFree(marks.at);
-    PyMem_RawFree(ends);
-    PyMem_RawFree(kth);
-    PyMem_RawFree(h);
+    PyMem_RawFree(got.id);
+    PyMem_RawFree(got.value);
+    PyMem_RawFree(blocks);
+    PyMem_RawFree(maxima);
+    PyMem_RawFree(scratch);
     PyBuffer_Release(&z);
     return out;
 }

@@ -241,6 +241,42 @@ LS_FN(_fused)(const float *z, ptrdiff_t n, const int moments, double *out)
     out[6] = moments ? Q / n - A * A : NAN; /* the variance */
 }
 
+/* The maximum of each LS_BLOCK logits of z[0..n) (the last block may be shorter) into
+ * maxima[0..ceil(n / LS_BLOCK)), in one pass that streams the row from memory: a top-k
+ * sampler's support lies in the blocks whose maxima reach the k-th largest of them
+ * (_logitstats.c, kept). Returns 1 if a value is NaN (the maxima are then not to be used),
+ * else 0. */
+LS_TARGET static int
+LS_CAT(LS_NAME, _blocks)(const float *z, ptrdiff_t n, float *maxima)
+{
+    const ptrdiff_t nv = n / LS_BLOCK * LS_BLOCK;
+    VI bad = (VI){0};
+    for (ptrdiff_t i = 0; i < nv; i += LS_BLOCK) {
+        VF m, x;
+        memcpy(&m, z + i, sizeof m);
+        bad |= m != m;
+        for (int j = LS_W; j < LS_BLOCK; j += LS_W) {
+            memcpy(&x, z + i + j, sizeof x);
+            bad |= x != x;
+            m = LS_VMAX(x, m);
+        }
+        float b = m[0];
+        for (int k = 1; k < LS_W; k++) b = m[k] > b ? m[k] : b;
+        maxima[i / LS_BLOCK] = b;
+    }
+    int nan = 0;
+    for (int k = 0; k < LS_W; k++) nan |= bad[k] != 0;
+    if (nv < n) {
+        float b = z[nv];
+        for (ptrdiff_t i = nv; i < n; i++) {
+            nan |= z[i] != z[i];
+            b = z[i] > b ? z[i] : b;
+        }
+        maxima[nv / LS_BLOCK] = b;
+    }
+    return nan;
+}
+
 /* mode 0: the first pass alone; LS_SOFTMAX (| LS_MOMENTS): the fused pass. */
 LS_TARGET static void
 LS_NAME(const float *z, ptrdiff_t n, int mode, double *out)

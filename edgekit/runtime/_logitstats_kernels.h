@@ -28,6 +28,10 @@
  * sum exp(z - max) (z - max), mean, variance]; NaN where the mode did not ask. */
 typedef void (*ls_kernel_fn)(const float *, ptrdiff_t, int, double *);
 
+/* blocks(z, n, maxima): the maximum of each LS_BLOCK values into maxima; 1 if a value is NaN. */
+#define LS_BLOCK 32 /* a multiple of every kernel's lanes */
+typedef int (*ls_blocks_fn)(const float *, ptrdiff_t, float *);
+
 #define LS_W 4
 #define LS_NAME kernel_base
 #define LS_TARGET
@@ -85,17 +89,18 @@ typedef void (*ls_kernel_fn)(const float *, ptrdiff_t, int, double *);
 typedef struct {
     const char *name;
     ls_kernel_fn fn;
+    ls_blocks_fn blocks;
 } ls_kernel;
 
 static const ls_kernel ls_kernels[] = {
 #ifdef LS_X86
-    {"avx512f", kernel_avx512},
-    {"avx2", kernel_avx2},
+    {"avx512f", kernel_avx512, kernel_avx512_blocks},
+    {"avx2", kernel_avx2, kernel_avx2_blocks},
 #endif
 #ifdef LS_ARM64
-    {"neon", kernel_neon},
+    {"neon", kernel_neon, kernel_neon_blocks},
 #endif
-    {"baseline", kernel_base},
+    {"baseline", kernel_base, kernel_base_blocks},
 };
 #define LS_NKERNELS ((int)(sizeof ls_kernels / sizeof ls_kernels[0]))
 

@@ -1,4 +1,5 @@
-/* Every logit-statistics kernel this target compiles, against a scalar reference in double.
+/* Every logit-statistics kernel this target compiles, against a scalar reference in double;
+ * and each one's maxima of blocks (what kept() selects a top-k sampler's support from), exactly.
  *
  *   cc -O2 -I edgekit/runtime tests/kernels/check.c -lm -o check && ./check
  *   aarch64-linux-gnu-gcc ... && qemu-aarch64-static -L /usr/aarch64-linux-gnu ./check
@@ -89,9 +90,53 @@ planted(const float *z, ptrdiff_t n, int mode, double *out)
     if (n > 1 && out[2] + 1 < n && z[(ptrdiff_t)out[2] + 1] == z[(ptrdiff_t)out[2]]) out[2] += 1;
 }
 
-static const ls_kernel planted_kernels[] = {{"planted", planted}};
+/* ... and its blocks' maxima blind to the row's last value. */
+static int
+planted_blocks(const float *z, ptrdiff_t n, float *maxima)
+{
+    return kernel_base_blocks(z, n > 1 ? n - 1 : n, maxima);
+}
+
+static const ls_kernel planted_kernels[] = {{"planted", planted, planted_blocks}};
 static const ls_kernel *under_test = ls_kernels;
 static int n_under_test = LS_NKERNELS;
+
+/* Each block's maximum, as a loop of comparisons would have it, and whether a value is NaN. */
+static int
+reference_blocks(const float *z, ptrdiff_t n, float *maxima)
+{
+    int nan = 0;
+    for (ptrdiff_t b = 0; b * LS_BLOCK < n; b++) {
+        float m = -INFINITY;
+        for (ptrdiff_t i = b * LS_BLOCK; i < n && i < (b + 1) * LS_BLOCK; i++) {
+            nan |= z[i] != z[i];
+            if (z[i] > m) m = z[i];
+        }
+        maxima[b] = m;
+    }
+    return nan;
+}
+
+static float want_maxima[262145 / LS_BLOCK + 1], got_maxima[262145 / LS_BLOCK + 1];
+
+/* A kernel's blocks' maxima against the reference's: the NaN flag always, each maximum where
+ * no value is NaN (the maxima are not to be used otherwise). */
+static void
+check_blocks(const ls_kernel *k, const char *name, const float *z, ptrdiff_t n)
+{
+    ptrdiff_t nb = (n + LS_BLOCK - 1) / LS_BLOCK;
+    int want_nan = reference_blocks(z, n, want_maxima);
+    for (ptrdiff_t b = 0; b < nb; b++) got_maxima[b] = NAN;
+    int got_nan = k->blocks(z, n, got_maxima);
+    expect(k->name, name, -1, "blocks nan", got_nan, want_nan, 0);
+    if (want_nan) return;
+    for (ptrdiff_t b = 0; b < nb; b++) {
+        if (got_maxima[b] != want_maxima[b]) { /* -inf blocks compare equal; a NaN never does */
+            expect(k->name, name, -1, "blocks", got_maxima[b], want_maxima[b], 0);
+            return;
+        }
+    }
+}
 
 /* One case through every kernel under test and every mode. */
 static void
@@ -102,6 +147,7 @@ check(const char *name, const float *z, ptrdiff_t n, int finite)
     double entropy = log(want[3]) - want[4] / want[3];
     for (int k = 0; k < n_under_test; k++) {
         if (!ls_runs(&under_test[k])) continue;
+        check_blocks(&under_test[k], name, z, n);
         const int modes[] = {0, LS_SOFTMAX, LS_SOFTMAX | LS_MOMENTS};
         for (int j = 0; j < 3; j++) {
             double got[7];
