@@ -18,6 +18,11 @@ verdicts. The times include the rules' work, which is where whole rows cost most
     python benchmarks/logit_reduction.py --pairs qwen-coder --batches 1,8 --repeats 20
     python benchmarks/logit_reduction.py --llama --numerics fast --out logit_reduction_llama
     python benchmarks/logit_reduction.py --mode host-cost --out logit_reduction_host_cost
+    python benchmarks/logit_reduction.py --k 0 --mode sample --numerics fast --out target_only_sample
+
+With `--k 0` a session's feed is one row, as a target-only stream's step (`Generate`): greedy takes
+its best id, sampling draws the token from the target's distribution (the rule's bonus draw: the
+sampler's `probs` and a draw, as the stream makes them).
 
 With `--llama` (greedy), a third way beside them: llama.cpp reduces the rows itself (its backend
 sampling, `edgekit serve --reduce-rows llama`, the default on a GPU target), keeping each row's few

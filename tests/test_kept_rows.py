@@ -146,3 +146,39 @@ def test_a_top_k_sampling_round_asks_the_engine_for_kept_rows_and_a_penalised_on
         rounds = [f for f in feeds if f.n_out]
         assert len(final.token_ids) == 30 and rounds
         assert {f.keep for f in rounds} == {keep}  # penalties move logits before the top-k: whole rows
+
+
+@pytest.mark.parametrize("settings, reduced", [
+    (dict(mode="greedy"), "argmax"),
+    (dict(mode="sample", temperature=0.9, top_k=6), "keep"),
+    (dict(mode="sample", temperature=1.3, top_k=20, top_p=0.8, min_p=0.05), "keep"),
+    (dict(mode="sample", temperature=0.9, top_k=6, repetition_penalty=1.2), None),  # penalties: whole rows
+    (dict(mode="sample", temperature=0.9), None),  # no top-k: no cut to keep to
+])
+def test_a_target_only_stream_reduces_its_rows_where_they_are_made_and_draws_the_same_tokens(
+        monkeypatch, settings, reduced):
+    """The target-only stream (Generate) asks the engine for best ids (greedy) or kept rows (top-k),
+    as rounds do, and streams what it streamed over whole rows: a stream asking for logprobs takes
+    whole rows (it reports them), so the two are compared with one seed. The same tokens, not only
+    the same distribution: over kept rows the sampler's probabilities are the whole row's floats
+    where they are not zero, in the same order, and the draw reads one uniform against their sums."""
+    from edgekit.protocol import GenerateRequest
+    from edgekit.testing import ToyEngine, ToyLanguageModel, toy_verifier
+
+    feeds = []
+    run = ToyEngine.run_batch
+    monkeypatch.setattr(ToyEngine, "run_batch", lambda self, batch: feeds.extend(batch) or run(self, batch))
+    mode = settings.pop("mode")
+    sampler = Sampler(**settings) if settings else Sampler(temperature=0.0)
+    service = toy_verifier(ToyLanguageModel(vocab_size=300, seed=9)).service
+    for seed in range(6):
+        ask = dict(prompt_tokens=[5, 6, 7 + seed], mode=mode, seed=seed, max_tokens=40, sampler=sampler)
+        feeds.clear()
+        plain = [t.token for t in service.baseline.generate(GenerateRequest(**ask))]
+        steps = [f for f in feeds if f.n_out]
+        assert len(plain) == 40 == len(steps)
+        assert all(bool(f.argmax) == (reduced == "argmax") and bool(f.keep) == (reduced == "keep") for f in steps)
+        feeds.clear()
+        whole = [t.token for t in service.baseline.generate(GenerateRequest(**ask, logprobs=0))]
+        assert not any(f.argmax or f.keep for f in feeds)
+        assert plain == whole, seed

@@ -63,6 +63,13 @@ class TargetOnly:
         sess = self.sessions.create(
             mode=mode, sampler=sampler, seed=seed, slo_class=slo_class, speed=speed, prefix="g-", caller=caller
         )
+        # Greedy over plain logits wants each step's best id only, and a top-k sampler only the logits
+        # that reach its k-th: both reduced where the row is made, as the rounds' are (so a tie goes
+        # the same way in both, wherever the engine reduces). Logprobs, penalties and a logit bias
+        # take the whole row.
+        plain = not sampler.adjusts and logprobs < 0
+        argmax = self.checks.n_real if plain and mode == "greedy" else 0
+        keep = sampler.top_k if plain and mode == "sample" else 0
         try:
             with sess.lock:
                 prefill = Feed(sess.seq, 0, tuple(tokens[:-1]), 0)
@@ -74,16 +81,22 @@ class TargetOnly:
                     if not is_active():
                         return
                     objective = self.slo.token(speed, time.perf_counter())
-                    step = Feed(sess.seq, pos, (last,), 1)
+                    step = Feed(sess.seq, pos, (last,), 1, argmax=argmax, keep=keep, within=self.checks.n_real)
                     ran = self.core.run(step, session_id=sess.id, slo_class=slo_class, objective=objective)
                     pos += 1
-                    logits = ran.logits[0, : self.checks.n_real]  # its tokens: a padding entry is no choice
+                    # its tokens: a padding entry is no choice (an argmax feed's row stayed in the engine)
+                    logits = ran.logits[0, : self.checks.n_real] if ran.best is None else ran.logits
                     context = sampler.window(tokens)
-                    if mode == "greedy":
+                    if ran.best is not None:
+                        tok = int(ran.best[0])
+                    elif mode == "greedy":
                         tok = sampler.best(logits, context)
                     else:
+                        # Over kept rows (`ran.ids`, the columns' ids) the distribution is the whole row's
+                        # where it is not zero, the same floats in the same order: the same draw.
                         p = sampler.probs(logits, context)
                         tok = int(sess.rng.choice(p.size, p=p))
+                        tok = tok if ran.ids is None else int(ran.ids[tok])
                     tokens.append(tok)
                     sess.last_used = self.sessions.clock()
                     self.stats.record_generated(slo_class)
