@@ -12,7 +12,11 @@ The engine, by `--kinds`:
 - `zero`: the toy engine as it is (its logits memoized: next to no time a batch);
 - `7b`: the toy engine taking, per batch, the time of a 7B target's step on an H200 as a
   function of the batch's rows (`step_ms`, the roofline table below), in `time.sleep`, which
-  releases the GIL as a GPU engine waiting on its kernels does;
+  releases the GIL as a GPU engine waiting on its kernels does. With `--device-step sync` (the
+  default) the sleep follows the toy's own Python, as a llama.cpp decode follows the host's work
+  on the batch and the rows' reduction follows it: the device's busy share of wall time
+  (`device_busy_share`) is then what a GPU would be busy. With `overlap` (the figures measured
+  before 2026-11-29) the toy's Python ran inside the modelled time, which hid the host's part;
 - `replayed` (with `--traces` and `--target`): llama.cpp's engine on a real GGUF, a GPU's where
   `--gpu-layers` puts it there, each greedy row answered as the traces' real target answered it
   (`rigs/replayed.py`; a random target of a real shape from `gpu/make_target.py` costs what the
@@ -155,6 +159,9 @@ def serve_main() -> None:
     n = spec["max_sessions"]
     if spec["kind"] == "replayed":
         engine, max_context = _replayed_engine(spec, w, n)
+    elif spec["kind"] == "7b" and spec["device_step"] == "sync":
+        max_context = w.max_context
+        engine = _device_step_engine(ToyEngine)(toy_target(w), n_seq=n, max_context=max_context)
     else:
         max_context = w.max_context
         engine = ToyEngine(toy_target(w), n_seq=n, max_context=max_context,
@@ -170,6 +177,26 @@ def serve_main() -> None:
             break
         print(json.dumps(_server_stats(server)), flush=True)
     server.stop(grace=0.5)
+
+
+def _device_step_engine(toy: type) -> type:
+    """`--kinds 7b --device-step sync`: the toy engine as a GPU engine over llama.cpp runs a step,
+    the host's part (the toy's Python, standing for building the batch and reducing its rows),
+    then the device's modelled time (`step_ms`, in `time.sleep`), one after the other: a decode
+    returns when the device is done, and the host waits for the GIL after it. `device_s` sums the
+    device's time, so that its busy share of wall time is known."""
+
+    class DeviceStep(toy):  # type: ignore[misc, valid-type]
+        device_s = 0.0
+
+        def run_batch(self, feeds: Sequence[Any]) -> list[Any]:
+            out = super().run_batch(feeds)
+            device = step_ms(feeds) / 1e3
+            time.sleep(device)
+            self.device_s += device
+            return out
+
+    return DeviceStep
 
 
 def _replayed_engine(spec: dict[str, Any], w: Workload, n: int) -> tuple[Any, int]:
@@ -198,6 +225,7 @@ def _server_stats(server: Any) -> dict[str, Any]:
         "rss_mb": _proc_status("VmRSS") / 1024,
         "sessions_open": s.sessions,
         "engine_s": s.engine_s,
+        "device_s": getattr(server.engine, "device_s", 0.0),  # the modelled device's time (--device-step sync)
         "batches": s.batches,
         "works": sum(k * v for k, v in s.batch_sizes.items()),
         "rows": sum(k * v for k, v in s.batch_rows.items()),
@@ -278,7 +306,7 @@ def run_points(kind: str, counts: Sequence[int], args: argparse.Namespace, workl
     spec = {"workload": asdict(workload), "kind": kind, "max_sessions": max(counts) + 16, "cores": args.server_cores,
             "max_batch_rows": args.max_batch_rows, "rounds": args.rounds, "target": args.target,
             "numerics": args.numerics, "gpu_layers": args.gpu_layers, "threads": args.threads,
-            "reduce_rows": args.reduce_rows,
+            "reduce_rows": args.reduce_rows, "device_step": args.device_step,
             "policy": args.policy, "budgets": args.budgets, "token_budget": args.token_budget}
     if kind == "instant":
         server = spawn("instant", spec, cores=args.server_cores, log=logs / "verifier.log")
@@ -417,6 +445,9 @@ def _summary(kind: str, devices: int, args: argparse.Namespace, workload: Worklo
     step = d["stages"].get("engine step", {})
     out["verifier"] = {
         "engine_busy_share": d["engine_s"] / span,
+        # the modelled device's own time (its steps' roofline ms) over wall time: what a GPU would be
+        # busy, where the engine's busy share also counts the host's part of each step
+        "device_busy_share": d["device_s"] / span if d.get("device_s") else None,
         "rounds_per_s": d["rounds"] / span,  # as the verifier counted them: a cross-check
         "batches_per_s": d["batches"] / span,
         "works_per_batch": C.ratio(d["works"], d["batches"]),
@@ -553,6 +584,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--numerics", default="exact", choices=("exact", "fast"), help="replayed: the verifier's numerics")
     ap.add_argument("--reduce-rows", default="host", choices=("host", "llama"),
                     help="replayed: where greedy rows become argmaxes (edgekit serve --reduce-rows)")
+    ap.add_argument("--device-step", default="sync", choices=("sync", "overlap"),
+                    help="7b: the host's part of a step, then the device's modelled time (sync: as llama.cpp's "
+                         "decode runs), or the device's time with the host's part inside it (overlap: figures "
+                         "before 2026-11-29)")
     ap.add_argument("--duration", type=float, default=10.0, help="seconds measured per point")
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds before the window, while sessions open (default: 3, or devices / 200 if more)")
@@ -711,8 +746,11 @@ def _done_when(points: list[dict[str, Any]]) -> dict[str, Any]:
     p = next((p for p in points if p["kind"] == "7b" and p["devices"] == 128 and "failed" not in p), None)
     if p is None:
         return {"measured": False}
-    busy = p["verifier"]["engine_busy_share"]
-    return {"measured": True, "rounds_per_s": p["rounds_per_s"], "engine_busy_share": busy,
+    engine = p["verifier"]["engine_busy_share"]
+    device = p["verifier"].get("device_busy_share")
+    busy = device if device is not None else engine  # the GPU's share where the device is modelled apart
+    return {"measured": True, "rounds_per_s": p["rounds_per_s"], "engine_busy_share": engine,
+            "device_busy_share": device,
             "ceiling_rounds_per_s": p["ceiling_rounds_per_s"],
             "engine_bound_rounds_per_s": p["engine_bound_rounds_per_s"],
             "busy_90pct": busy >= 0.9, "rounds_6000": p["rounds_per_s"] >= 6000,
@@ -723,8 +761,10 @@ def _line(p: dict[str, Any]) -> str:
     if "failed" in p:
         return f"FAILED: {p['failed']}"
     busy = p.get("verifier", {}).get("engine_busy_share")
+    device = p.get("verifier", {}).get("device_busy_share")
+    device_share = f" (device {device:.2f})" if device is not None else ""
     return (f"{p['rounds_per_s']:.0f} rounds/s, rtt p50 {p['rtt_ms']['p50']:.1f} ms, engine busy "
-            f"{C.fmt(busy)}, fairness {C.fmt(p.get('device_rounds', {}).get('jain'))}, "
+            f"{C.fmt(busy)}{device_share}, fairness {C.fmt(p.get('device_rounds', {}).get('jain'))}, "
             f"verifier cpu {p['verifier_cpu_share']:.2f}, generator cpu "
             f"{', '.join(f'{x:.2f}' for x in p['loadgen']['cpu_share'])}, mismatches {p['mismatches']}, "
             f"errors {p['errors'] or 0}")
@@ -784,6 +824,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ps = sorted((p for p in points if p["kind"] == kind), key=lambda p: p["devices"])
         ax.plot([p["devices"] for p in ps], [p["verifier"]["engine_busy_share"] for p in ps], "o-",
                 color=COLORS.get(kind), label=labels.get(kind, kind))
+        device = [(p["devices"], p["verifier"]["device_busy_share"]) for p in ps
+                  if p["verifier"].get("device_busy_share") is not None]
+        if device:  # the modelled GPU's own share: the engine's busy time less the host's part of each step
+            ax.plot(*zip(*device), "s--", color=COLORS.get(kind), label=f"{labels.get(kind, kind)}: the device alone")
     ax.axhline(0.9, color="grey", ls="--", lw=0.8, label="90%")
     ax.set_xscale("log", base=2)
     ax.set_ylim(0, 1.05)

@@ -64,6 +64,20 @@ def test_a_thousand_devices_on_one_verifier_see_no_error_and_only_the_targets_to
     assert point["verifier"]["sessions_open"] >= 1000 and point["rounds_per_s"] > 0
 
 
+@pytest.mark.timeout(90)
+def test_the_modelled_device_is_busy_only_for_its_steps_within_the_engines_busy_time(serve_load, tmp_path):
+    """`--kinds 7b` (the device's time after the host's part of each step): the device's busy share
+    counts the roofline's ms of the batches that ran, all inside the engine's own busy time (each
+    step sleeps at least its device time after the toy's Python)."""
+    serve_load.main(["--devices", "8", "--kinds", "7b", "--duration", "2", "--warmup", "0.5", "--profile", "",
+                     "--results-dir", str(tmp_path), "--out", "device_step", "--no-plot"])
+    (point,) = json.loads((tmp_path / "device_step.json").read_text())["points"]
+    assert "failed" not in point, point
+    assert point["errors"] == {} and point["mismatches"] == 0
+    v = point["verifier"]
+    assert 0 < v["device_busy_share"] <= v["engine_busy_share"] < 1
+
+
 def test_the_cost_model_is_the_roofline_at_its_points(serve_load):
     """A batch of B sessions' blocks of 4 (5 rows each) takes the roofline's verify time for B;
     B single tokens its plain-decoding time; in between and beyond, lines through the points."""
