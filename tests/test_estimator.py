@@ -125,6 +125,17 @@ def test_the_active_set_fit_is_as_good_as_the_exhaustive_search(kind):
             assert float(w @ g @ w - 2 * h @ w) <= f_ref + tol
 
 
+def test_a_coefficient_the_solve_leaves_at_zero_as_it_is_freed_stops_nothing():
+    """A direction too weak for `lstsq` (its singular value under the cutoff) gets 0 when freed: the
+    step towards it is none, not 0/0, and the other coefficient keeps its fit."""
+    from edgekit.verifier._estimator import _nnls_normal
+
+    g, h = np.array([[1.0, 0.0], [0.0, 1e-17]]), np.array([1.0, 1e-5])
+    with np.errstate(all="raise"):
+        w = _nnls_normal(g, h)
+    assert w.tolist() == [1.0, 0.0]
+
+
 def test_the_online_refit_follows_a_machine_that_slows_down():
     prior_batches = _random_batches(40, seed=4)
     x0 = np.array([batch_features(b) for b in prior_batches])

@@ -118,8 +118,10 @@ def _nnls_normal(g: np.ndarray, h: np.ndarray, passive: np.ndarray | None = None
             if not bad.any():
                 w = s
                 break
-            # Step from w towards s as far as stays feasible, and hold at zero what reaches it.
-            ratios = w[bad] / (w[bad] - s[bad])
+            # Step from w towards s as far as stays feasible, and hold at zero what reaches it (a
+            # coefficient at zero already, as one just freed that `lstsq` left at zero: no step).
+            gap = w[bad] - s[bad]
+            ratios = np.divide(w[bad], gap, out=np.zeros_like(gap), where=gap > 0)
             k = int(np.argmin(ratios))
             w = w + float(ratios[k]) * (s - w)
             w[np.flatnonzero(bad)[k]] = 0.0
