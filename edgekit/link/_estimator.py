@@ -133,7 +133,9 @@ def probe(
     max_payload_bytes: int = 8 * 1024 * 1024,
 ) -> ProbeResult:
     """Measures the link with pings: `pings` empty ones, then `tries` pairs of an
-    empty ping and a payload each way. A payload that takes too little extra time
+    empty ping and a payload each way; a payload's extra time is its quickest
+    exchange's over the quickest empty one's (each the least delayed by queueing).
+    A payload that takes too little extra time
     to tell from the RTT's noise is made 4x larger, up to `max_payload_bytes`
     (and the verifier's message limit). Each ping has the transport's deadline; a
     dead or silent verifier raises the transport's error within it."""
@@ -150,7 +152,7 @@ def probe(
         size = payload_bytes
         while True:
             kwargs = {"payload_bytes": size} if direction == "up" else {"reply_bytes": size}
-            best = None
+            fastest = None  # the quickest loaded exchange: the least queueing on top of its transfer
             for _ in range(tries):
                 empty = transport.ping()
                 try:
@@ -166,9 +168,12 @@ def probe(
                 n += 2
                 est.add_rtt(empty)
                 empties.append(empty)
-                extra = loaded - empty
-                best = extra if best is None or extra < best else best
-            assert best is not None
+                fastest = loaded if fastest is None or loaded < fastest else fastest
+            assert fastest is not None
+            # Against the quickest empty exchange of the whole probe, not the one just before: on a
+            # link whose RTT jitters by more than the payload takes, an empty ping that queued made
+            # every pair's difference negative (no rate at all), where the two minima each shed it.
+            best = fastest - min(empties)
             noise = statistics.pstdev(empties) if len(empties) > 1 else 0.0
             if best >= max(MIN_TIMED_MS, 3 * noise) or size * 4 > max_payload_bytes:
                 break
