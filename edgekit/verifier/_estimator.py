@@ -213,7 +213,6 @@ class VerifyTimeEstimator:
         self.coefficients = coefficients or Coefficients()
         self._g = np.zeros((5, 5))
         self._h = np.zeros(5)
-        self._free = self.coefficients.vector() > 0  # where the next refit starts its search
         self.observed = 0
 
     @property
@@ -244,8 +243,8 @@ class VerifyTimeEstimator:
         self.observed += 1
         if self.observed % self.refit_every == 0:
             p = max(self.prior_floor, self.prior_weight * f**self.observed)
-            w = _nnls_normal(p * self._g0 + self._g, p * self._h0 + self._h, self._free)
-            self._free = w > 0
+            # the search starts from the coefficients the last fit left free (non-zero)
+            w = _nnls_normal(p * self._g0 + self._g, p * self._h0 + self._h, self.coefficients.vector() > 0)
             self.coefficients = Coefficients.of(w / _SCALE)
 
     # -- persistence -----------------------------------------------------------------------
