@@ -99,9 +99,12 @@ def test_the_dry_run_measures_every_part_and_every_answer_is_the_recorded_target
     result = json.loads((tmp_path / "goodput.json").read_text())
     assert result["dry_run"] and result["numerics"] == "exact" and result["devices"] == [2, 4]
     assert 0 < result["acceptance"]["a"] < 1
-    # the step curve: on a CPU a step of 5 rows a sequence costs more than one of 1
+    # the step curve: every shape measured, a median no quicker than its quickest run. Its ordering
+    # (a step of 5 rows a sequence dearer than one of 1) is a timing, left to the benchmark: on a
+    # loaded 2-core CI machine the toy's medians of a few runs can invert (CI saw it)
     curve = {(r["batch"], r["tokens"]): r["ms"] for r in result["step_curve"]}
-    assert all(curve[b, 5] > curve[b, 1] > 0 for b in (2, 4))
+    assert set(curve) == {(b, t) for b in (2, 4) for t in (1, 2, 3, 5)}  # the dry run: K = 1, 2, 4
+    assert all(0 < r["ms_min"] <= r["ms"] for r in result["step_curve"])
     assert result["reduce_rows"] == "llama" and result["step_curve_also"]["reduce_rows"] == "host"
     assert {(r["batch"], r["tokens"]) for r in result["step_curve_also"]["rows"]} == set(curve)
     assert all(p["errors"] == [] and p["committed_tokens_per_s"] > 0 for p in result["baseline"]["points"])
