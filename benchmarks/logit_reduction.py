@@ -7,9 +7,10 @@ its rows in the buffer, one argmax per decode. This times a batch of B sessions'
 tokens each, K + 1 rows) both ways on the same `LlamaEngine`, interleaved, with the argmax the
 rounds would take added to the copying path, and checks both name the same ids.
 
-A top-k sampling round needs, of each row, only the logits that reach its k-th largest: with
+A top-k sampling round needs, of each row, only the logits that reach its k-th largest (a min-p
+one, those within its spread of the largest: `--sampler temperature=0.8,min_p=0.05`): with
 `--mode sample` the copying path copies the rows out and judges the block over them as the rounds
-did (`accept_sampling` over whole rows), the reducing one asks for kept rows (`Feed.keep`) and
+did (`accept_sampling` over whole rows), the reducing one asks for kept rows (`Feed.keep`, `Feed.spread`) and
 judges the block in their columns; both with the same generator seeds, checked to give the same
 verdicts. The times include the rules' work, which is where whole rows cost most.
 
@@ -63,7 +64,16 @@ TEXT = (
 ) * 6
 
 
-SAMPLER = Sampler(temperature=0.8, top_k=20)
+SAMPLER = "temperature=0.8,top_k=20"  # --sampler's default: what sampled rounds judge by
+
+
+def sampler_of(text: str) -> Sampler:
+    """`--sampler`'s settings, "name=value" comma-separated (Sampler's fields)."""
+    settings = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        settings[name.strip()] = int(value) if name.strip() in ("top_k", "penalty_last_n") else float(value)
+    return Sampler(**settings)
 
 
 def _drafts(block: tuple[int, ...], vocab: int, seed: int) -> list[SparseDistribution]:
@@ -78,22 +88,27 @@ def _drafts(block: tuple[int, ...], vocab: int, seed: int) -> list[SparseDistrib
 
 
 def _verdicts(outs: list[Any], block: tuple[int, ...], dists: list[SparseDistribution], reduced: bool,
-              seed: int) -> list[tuple[int, int]]:
+              seed: int, sampler: Sampler) -> list[tuple[int, int]]:
     """Each session's (accepted, next token), as the rounds judge it, its generator seeded alike either way."""
     verdicts = []
     for s, out in enumerate(outs):
         rng = np.random.default_rng(seed + s)
         if reduced:
             columns, kept = in_columns(out.ids, block, dists)
-            accepted, at = accept_sampling(out.logits, columns, kept, SAMPLER, rng)
+            accepted, at = accept_sampling(out.logits, columns, kept, sampler, rng)
             verdicts.append((accepted, int(out.ids[at])))
         else:
-            verdicts.append(accept_sampling(out, block, dists, SAMPLER, rng))
+            verdicts.append(accept_sampling(out, block, dists, sampler, rng))
     return verdicts
 
 
 def measure(pair: str, batches: list[int], k: int, repeats: int, exact: bool, threads: int | None,
-            mode: str = "greedy", llama: bool = False) -> dict[str, Any]:
+            mode: str = "greedy", llama: bool = False, sampler: Sampler | None = None) -> dict[str, Any]:
+    sampler = sampler or sampler_of(SAMPLER)
+    keep, spread = sampler.support_cut()
+    if mode == "sample" and (not (keep or spread < float("inf")) or sampler.adjusts):
+        raise SystemExit(f"--sampler {sampler.describe()}: no top-k or min-p to keep rows to, or it adjusts the "
+                         "logits (the rounds take whole rows there)")
     _, target = pair_paths(pair)
     n = max(batches)
     engines = {way: LlamaEngine(str(target), max_context=256, n_seq=n, max_block=k, exact=exact, threads=threads,
@@ -114,7 +129,7 @@ def measure(pair: str, batches: list[int], k: int, repeats: int, exact: bool, th
         random.shuffle(cells)
         for b, way in cells:
             reduced = way != "copied"
-            kept = {"keep": SAMPLER.top_k, "within": engine.n_vocab}
+            kept = {"keep": keep, "within": engine.n_vocab, "spread": spread}
             asks = ({"argmax": engine.n_vocab} if mode == "greedy" else kept) if reduced else {}
             feeds = [Feed(s, len(head) - 1, (head[-1], *block), k + 1, **asks) for s in range(b)]
             t0 = time.perf_counter()
@@ -122,7 +137,7 @@ def measure(pair: str, batches: list[int], k: int, repeats: int, exact: bool, th
             if mode == "greedy":
                 ids = [i.tolist() for i in outs] if reduced else [np.argmax(o, axis=1).tolist() for o in outs]
             else:
-                ids = _verdicts(outs, block, dists, reduced, seed=1000 * r)
+                ids = _verdicts(outs, block, dists, reduced, seed=1000 * r, sampler=sampler)
             times[b, way].append((time.perf_counter() - t0) * 1e3)
             ids_of[b, way, r] = ids
     differ = [{"sessions": b, "repeat": r, "way": w, "copied": ids_of[b, "copied", r], "ids": ids_of[b, w, r]}
@@ -139,7 +154,7 @@ def measure(pair: str, batches: list[int], k: int, repeats: int, exact: bool, th
             by_llama = C.median(times[b, "llama"])
             rows[-1].update(llama_ms=by_llama, llama_saved_ms=copied - by_llama, reduced_over_llama=reduced / by_llama)
     return {"pair": pair, "numerics": "exact" if exact else "fast", "mode": mode, "llama": llama,
-            "sampler": SAMPLER.describe() if mode == "sample" else "greedy", "n_vocab": engine.n_vocab, "k": k,
+            "sampler": sampler.describe() if mode == "sample" else "greedy", "n_vocab": engine.n_vocab, "k": k,
             "same_ids": same, "differ": differ, "rows": rows}
 
 
@@ -233,7 +248,7 @@ def plot(result: dict[str, Any], png: Path) -> None:
     ax.set_ylabel("ms saved per batch (median): copied - reduced")
     sampled = any(r.get("mode") == "sample" for r in result["results"])
     by_llama = any(r.get("llama") for r in result["results"])
-    ax.set_title("Top-k sampling rows kept in llama.cpp's buffer, judged" if sampled
+    ax.set_title("Sampling rows kept to the sampler's cut in llama.cpp's buffer, judged" if sampled
                  else "Greedy rows reduced by the host or by llama.cpp, against copied out" if by_llama
                  else "Greedy rows reduced in llama.cpp's buffer instead of copied out")
     C.save_figure(fig, png)
@@ -249,6 +264,8 @@ def main() -> None:
                          "cost of a GPU step's whole rows (no model)")
     ap.add_argument("--vocab", type=int, default=152064, help="host-cost: logits per row (Qwen2.5's)")
     ap.add_argument("--split", default="1,2", help="host-cost: threads the argmax is split over")
+    ap.add_argument("--sampler", default=SAMPLER, help="sample: the sampler's settings, name=value comma-separated "
+                    "(a top-k or a min-p: the rows are kept to its cut)")
     ap.add_argument("--llama", action="store_true", help="greedy: llama.cpp's own reduction too (its backend sampling)")
     args = C.parse(ap, plot=plot)
     if args.mode == "host-cost":
@@ -267,7 +284,7 @@ def main() -> None:
         raise SystemExit("--llama reduces greedy rows: --mode greedy")
     threads = args.threads or None
     results = [measure(p, C.csv_list(args.batches, int), args.k, args.repeats, numerics == "exact", threads,
-                       args.mode, args.llama)
+                       args.mode, args.llama, sampler_of(args.sampler))
                for p in C.csv_list(args.pairs) for numerics in C.csv_list(args.numerics)]
     print(C.table(
         ["pair", "numerics", "sessions", "rows", "copied ms", "reduced ms", "saved ms", "ratio",

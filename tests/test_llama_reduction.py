@@ -9,12 +9,16 @@ beside the reduced ones stay bit-identical."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from edgekit import ServerConfig
 from edgekit.errors import ConfigError
+from edgekit.runtime import kept_of
 from edgekit.verifier import Feed, LlamaEngine
+from edgekit.verifier.engine import KeptRows
 
 pytestmark = pytest.mark.models
 
@@ -30,7 +34,7 @@ def test_the_config_names_where_rows_are_reduced():
 
 
 def _engines(gemma_paths, exact: bool) -> list[LlamaEngine]:
-    return [LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=4, max_block=8, exact=exact, reduce_rows=way)
+    return [LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=5, max_block=8, exact=exact, reduce_rows=way)
             for way in ("host", "llama")]
 
 
@@ -42,13 +46,14 @@ def _unique_top(rows: np.ndarray) -> bool:
 def _run(engine: LlamaEngine) -> list:
     tokens = tuple(engine.model.tokenize(PROMPT))
     head, block = tokens[:-6], tokens[-6:]
-    engine.run_batch([Feed(seq, 0, head, 0) for seq in range(4)])
+    engine.run_batch([Feed(seq, 0, head, 0) for seq in range(5)])
     n = len(block)
     return engine.run_batch([
         Feed(0, len(head), block, n),  # whole rows, beside the reduced ones in the same calls
         Feed(1, len(head), block, n, argmax=engine.n_vocab),
         Feed(2, len(head), block, n, argmax=1000),  # the ids past 1000 never chosen (a target's padding)
-        Feed(3, len(head), block, n, keep=20, within=engine.n_vocab),
+        Feed(3, len(head), block, n, keep=20, within=engine.n_vocab),  # a top-k sampler's rows
+        Feed(4, len(head), block, n, within=engine.n_vocab, spread=3.0),  # a min-p one's (0.05 at temperature 1)
     ])
 
 
@@ -66,7 +71,12 @@ def test_rows_llama_cpp_reduces_name_the_argmax_of_the_whole_rows(gemma_paths, e
         # again with whole rows, and the best among the first 1000 taken
         assert np.argmax(full, axis=1).max() >= 1000 and llama._redo == [2]
         assert got[2].tolist() == np.argmax(full[:, :1000], axis=1).tolist()
-        assert np.array_equal(got[3].ids, want[3].ids) and np.array_equal(got[3].logits, want[3].logits)
+        for cut in (3, 4):
+            assert np.array_equal(got[cut].ids, want[cut].ids) and np.array_equal(got[cut].logits, want[cut].logits)
+        if exact:  # every sequence's rows bit-identical: the kept ones are the whole rows' own
+            for cut, keep, spread in ((3, 20, math.inf), (4, 0, 3.0)):
+                whole = KeptRows.of([kept_of(row, keep, llama.n_vocab, spread) for row in full])
+                assert np.array_equal(got[cut].ids, whole.ids) and np.array_equal(got[cut].logits, whole.logits)
         assert llama._ctx.reduces(1) and not llama._ctx.reduces(0) and not llama._ctx.reduces(2)
     finally:
         host.close()
@@ -103,21 +113,22 @@ def test_a_large_calls_reductions_are_split_over_threads_and_name_the_same_ids(g
     on an engine that reduces them all on its own thread (same model, same batches: the same rows)."""
     from edgekit.verifier.engine import _llama
 
-    plain = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=4, max_block=8, exact=False)
+    plain = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=5, max_block=8, exact=False)
     try:
-        _, _, _, kept_here = _run(plain)
+        _, _, _, kept_here, spread_here = _run(plain)
         assert plain._reduce_pool is None
     finally:
         plain.close()
     monkeypatch.setattr(_llama, "SPLIT_REDUCTION_FROM", 0)
     monkeypatch.setattr(_llama, "physical_cores", lambda: 2)
-    engine = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=4, max_block=8, exact=False)
+    engine = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=5, max_block=8, exact=False)
     try:
-        full, best, fewer, kept = _run(engine)
+        full, best, fewer, kept, spread = _run(engine)
         assert engine._reduce_pool is not None  # the split ran
         assert best.tolist() == np.argmax(full, axis=1).tolist()
         assert fewer.tolist() == np.argmax(full[:, :1000], axis=1).tolist()
         assert np.array_equal(kept.ids, kept_here.ids) and np.array_equal(kept.logits, kept_here.logits)
+        assert np.array_equal(spread.ids, spread_here.ids) and np.array_equal(spread.logits, spread_here.logits)
     finally:
         engine.close()
 

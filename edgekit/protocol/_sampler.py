@@ -113,6 +113,22 @@ class Sampler:
     def truncates(self) -> bool:
         return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
 
+    def support_cut(self) -> tuple[int, float]:
+        """The cut by value that a row's support (its tokens of p > 0) lies within, where steps 1-2
+        change nothing (plain logits, in their own units, before the temperature): the `top_k`
+        highest (0: no such cut), and those within `spread` of the largest (inf: no such cut). Min-p's
+        p_i >= min_p p_max is z_i >= z_max + T ln(min_p): spread is -T ln(min_p), widened by 1e-5
+        of itself and 1e-5 besides, far past the float64 rounding of the sampler's own test, so a
+        token that test keeps is never cut. Top-p has no such cut: its edge depends on the whole
+        row's mass. Greedy: none (its rows want their argmax)."""
+        if self.greedy:
+            return 0, math.inf
+        spread = math.inf
+        if self.min_p > 0:
+            exact = -self.temperature * math.log(self.min_p)
+            spread = exact + 1e-5 * (1.0 + exact)
+        return self.top_k, spread
+
     def features(self) -> tuple[str, ...]:
         """The capabilities a verifier needs for these settings (its handshake's sampler features)."""
         used = (self.top_k > 0, self.top_p < 1, self.min_p > 0, self.penalized, bool(self.logit_bias))

@@ -193,34 +193,49 @@ def _numpy_stats(z: np.ndarray, level: int) -> list[float]:
     return [m, second, i, s, t, h + mean, float(np.dot(y, y)) / z.shape[0] - mean * mean]
 
 
-def kept_of(row: np.ndarray, keep: int, within: int) -> tuple[np.ndarray, np.ndarray]:
-    """A row's ids (ascending) whose logits reach its `keep`-th largest among the first `within`,
-    ties included, and those logits (copies): all a top-`keep` sampler's distribution covers.
-    With numpy: `kept_rows` does the same for a batch's rows, with the kernel where it is built."""
-    if keep < 1:
-        raise ValueError(f"keep must be 1 or more, not {keep}")
+def _cuts(keep: int, spread: float) -> None:
+    if keep < 0 or not spread >= 0 or (keep == 0 and spread == math.inf):
+        raise ValueError(f"keep must be 0 or more and spread 0 or more, and one of them must cut, not {keep}, {spread}")
+
+
+def kept_of(row: np.ndarray, keep: int, within: int, spread: float = math.inf) -> tuple[np.ndarray, np.ndarray]:
+    """A row's ids (ascending) whose logits, among the first `within`, reach both its `keep`-th
+    largest (ties included; 0: no such cut) and its floor, the largest less `spread` (in float64;
+    inf: no such cut), and those logits (copies): all a top-`keep` sampler's
+    distribution covers, or a min-p one's (`Sampler.support_cut`). With numpy: `kept_rows` does
+    the same for a batch's rows, with the kernel where it is built."""
+    _cuts(keep, spread)
     view = row[:within]
-    k = min(keep, view.shape[0])
-    kth = np.partition(view, view.shape[0] - k)[view.shape[0] - k]
-    ids = np.flatnonzero(view >= kth)
+    cut = -np.inf
+    if keep:
+        k = min(keep, view.shape[0])
+        cut = np.partition(view, view.shape[0] - k)[view.shape[0] - k]
+    if spread < math.inf:
+        floor = float(view.max()) - spread
+        at_least = np.float32(floor)
+        if float(at_least) < floor:  # rounded down: a float32 there would not reach the floor
+            at_least = np.nextafter(at_least, np.float32(np.inf))
+        cut = max(cut, at_least)
+    ids = np.flatnonzero(view >= cut)
     return ids, view[ids].copy()
 
 
-def kept_rows(rows: np.ndarray, keep: int, within: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def kept_rows(rows: np.ndarray, keep: int, within: int,
+              spread: float = math.inf) -> list[tuple[np.ndarray, np.ndarray]]:
     """`kept_of` of each row of a 2-d float32 array, the same ids and logits. The kernel, where it is
     built, takes the maximum of each block of 32 logits in one vector pass over the row, then reads
-    again only the blocks whose maxima reach the `keep`-th largest of those maxima (the only ones
-    that can hold a kept value: about `keep` blocks), selects the `keep`-th largest among them and
-    takes what reaches it, letting go of the GIL throughout (numpy's partition moves the whole
-    row); a row holding a NaN, which numpy orders last and the selection cannot, has the whole call
-    made with numpy."""
-    if keep < 1:
-        raise ValueError(f"keep must be 1 or more, not {keep}")
+    again only the blocks whose maxima reach the `keep`-th largest of those maxima and the floor (the
+    only ones that can hold a kept value: about `keep` blocks under top-k), selects the `keep`-th
+    largest among them and takes what reaches it and the floor, letting go of the GIL throughout
+    (numpy's partition moves the whole row); a row holding a NaN, which numpy orders last and the
+    selection cannot, has the whole call made with numpy."""
+    _cuts(keep, spread)
     within = min(within, rows.shape[-1])
     readable = rows.dtype == np.float32 and rows.ndim == 2 and rows.flags.c_contiguous and within > 0
-    kept = _kernel.kept(rows, keep, within) if _kernel is not None and readable and rows.shape[0] else None
+    kept = (_kernel.kept(rows, keep, within, float(spread))
+            if _kernel is not None and readable and rows.shape[0] else None)
     if kept is None:  # no kernel, rows it cannot read, or a NaN
-        return [kept_of(row, keep, within) for row in rows]
+        return [kept_of(row, keep, within, spread) for row in rows]
     ids, logits = np.frombuffer(kept[0], np.int64), np.frombuffer(kept[1], np.float32)
     cut = np.cumsum(np.frombuffer(kept[2], np.int64)[:-1])
     return list(zip(np.split(ids, cut), np.split(logits, cut), strict=True))

@@ -14,12 +14,13 @@
  *                     float32 into x; only the sums those columns need are
  *                     computed (no moments without logit_std).
  *
- * kept(rows, keep, within)
- *                     a top-k sampler's support of each row of a batch (the verifier's
- *                     rows under top-k sampling): each row's blocks' maxima in one
- *                     vector pass, the keep-th largest value selected from the few
- *                     blocks whose maxima reach the keep-th largest of those, and the
- *                     values that reach it taken from them; the GIL let go throughout.
+ * kept(rows, keep, within, spread)
+ *                     a top-k or min-p sampler's support of each row of a batch (the
+ *                     verifier's rows under such sampling): each row's blocks' maxima in
+ *                     one vector pass, then, from the few blocks whose maxima reach the
+ *                     keep-th largest of those maxima and the row's largest less spread,
+ *                     the keep-th largest value selected and the values that reach it
+ *                     (and the floor) taken; the GIL let go throughout.
  *
  * It runs inside the drafting loop, right after a llama.cpp decode has evicted
  * every cache, so it is one call that reads the vocabulary once, computing the
@@ -339,22 +340,55 @@ select_rank(float *a, Py_ssize_t n, Py_ssize_t r)
     return a[r];
 }
 
-/* Row z[0..n)'s values that reach its k-th largest (ties counted: numpy's partition's value at
- * index n - k of the sorted row), 1 <= k <= n, appended to `out` in id order. The kernel's one
- * pass takes each block's maximum; t, the k-th largest of those maxima, is reached by k values at
- * least (one in each of k blocks), so the k-th largest is t or more, and every value as large
- * lies in a block whose maximum reaches t. Only those blocks (about k of them on a logit row) are
- * read again, while they are still in cache: their values of t or more are selected from
- * (Hoare's selection: k may be in the thousands), then taken. `maxima` has room for the blocks'
- * maxima, `scratch` for n values, `blocks` for their indices. Returns 0; 1 if a value is NaN
- * (numpy orders NaN last, the selection cannot); -1 out of memory. */
+/* The least float32 at least x: a float32 reaches it exactly where it reaches x. */
+static float
+float_at_least(double x)
+{
+    float f = (float)x;
+    return (double)f < x ? nextafterf(f, INFINITY) : f;
+}
+
+/* The largest of a[0..n), n >= 1, no NaN: eight running maxima, so that the comparisons do not
+ * wait on one another (one chain is a comparison's latency per value). */
+static float
+row_top(const float *a, Py_ssize_t n)
+{
+    float m[8];
+    for (int j = 0; j < 8; j++) m[j] = a[0];
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) m[j] = a[i + j] > m[j] ? a[i + j] : m[j];
+    for (; i < n; i++) m[0] = a[i] > m[0] ? a[i] : m[0];
+    for (int j = 1; j < 8; j++) m[0] = m[j] > m[0] ? m[j] : m[0];
+    return m[0];
+}
+
+/* Row z[0..n)'s values that reach both its k-th largest (ties counted: numpy's partition's value
+ * at index n - k of the sorted row; k = 0: no such cut) and its floor, the largest value less
+ * `spread` (in float64; spread = inf: no floor), appended to `out` in id order.
+ * The kernel's one pass takes each block's maximum. t, the k-th largest of those maxima, is reached
+ * by k values at least (one in each of k blocks), so the k-th largest is t or more; the cut is
+ * t or the floor, the higher, and every value that reaches it lies in a block whose maximum does.
+ * Only those blocks (about k of them on a logit row under top-k; under min-p those near the top)
+ * are read again, while they are still in cache: their values that reach the cut are collected,
+ * the k-th largest selected among them where they are more than k (Hoare's selection: k may be in
+ * the thousands; fewer: the k-th largest is below the floor, which cuts), and what reaches it
+ * taken. `maxima` has room for the blocks' maxima, `scratch` for n values, `blocks` for their
+ * indices. Returns 0; 1 if a value is NaN (numpy orders NaN last, the selection cannot); -1 out
+ * of memory. */
 static int
-kept_row(const float *z, Py_ssize_t n, Py_ssize_t k, float *maxima, float *scratch, Py_ssize_t *blocks, Kept *out)
+kept_row(const float *z, Py_ssize_t n, Py_ssize_t k, double spread, float *maxima, float *scratch,
+         Py_ssize_t *blocks, Kept *out)
 {
     if (kernel->blocks(z, n, maxima)) return 1;
     Py_ssize_t nb = (n + LS_BLOCK - 1) / LS_BLOCK, nc = 0, m = 0;
     float t = -INFINITY; /* k blocks or fewer: every block */
-    if (k < nb) t = kth_by_heap(maxima, nb, k, scratch);
+    if (k > 0 && k < nb) t = kth_by_heap(maxima, nb, k, scratch);
+    if (spread < INFINITY) {
+        float top = row_top(maxima, nb);
+        float floor = float_at_least((double)top - spread);
+        t = floor > t ? floor : t;
+    }
     for (Py_ssize_t b0 = 0; b0 < nb; b0 += SCAN) {
         Py_ssize_t b1 = b0 + SCAN < nb ? b0 + SCAN : nb;
         if (b1 - b0 == SCAN && !any_reaching(maxima + b0, t)) continue;
@@ -366,27 +400,29 @@ kept_row(const float *z, Py_ssize_t n, Py_ssize_t k, float *maxima, float *scrat
                 if (z[i] >= t) scratch[m++] = z[i];
         }
     }
-    float kth = select_rank(scratch, m, m - k); /* m >= k: the k blocks' maxima at least */
+    /* m >= k where only top-k cuts (k blocks' maxima reach t); under a floor m may be fewer */
+    float cut = k > 0 && m > k ? select_rank(scratch, m, m - k) : t;
     for (Py_ssize_t c = 0; c < nc; c++) {
         Py_ssize_t b = blocks[c], end = (b + 1) * LS_BLOCK < n ? (b + 1) * LS_BLOCK : n;
         for (Py_ssize_t i = b * LS_BLOCK; i < end; i++)
-            if (z[i] >= kth && kept_add(out, i, z[i]) < 0) return -1;
+            if (z[i] >= cut && kept_add(out, i, z[i]) < 0) return -1;
     }
     return 0;
 }
 
-/* kept(rows, keep, within) -> (ids, logits, counts) as bytearrays, or None */
+/* kept(rows, keep, within, spread) -> (ids, logits, counts) as bytearrays, or None */
 static PyObject *
 kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "kept(rows, keep, within)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "kept(rows, keep, within, spread)");
         return NULL;
     }
     Py_ssize_t keep = PyLong_AsSsize_t(args[1]), within = PyLong_AsSsize_t(args[2]);
+    double spread = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) return NULL;
-    if (keep < 1) {
-        PyErr_SetString(PyExc_ValueError, "keep must be 1 or more");
+    if (keep < 0 || !(spread >= 0) || (keep == 0 && spread == INFINITY)) {
+        PyErr_SetString(PyExc_ValueError, "keep must be 0 or more and spread 0 or more, and one of them must cut");
         return NULL;
     }
     Py_buffer z;
@@ -413,7 +449,7 @@ kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < rows && status == 0; r++) {
         Py_ssize_t before = got.len;
-        status = kept_row((const float *)z.buf + r * n, within, k, maxima, scratch, blocks, &got);
+        status = kept_row((const float *)z.buf + r * n, within, k, spread, maxima, scratch, blocks, &got);
         count[r] = got.len - before;
     }
     Py_END_ALLOW_THREADS
@@ -461,10 +497,10 @@ use(PyObject *module, PyObject *arg)
 static PyMethodDef methods[] = {
     {"use", use, METH_O, "use(name): run the kernel of that name, one of KERNELS (ValueError if this CPU lacks it)."},
     {"kept", (PyCFunction)(void (*)(void))kept, METH_FASTCALL,
-     "kept(rows, keep, within) -> (ids, logits, counts): of each row of a 2-d float32 array, the ids and "
-     "values of its first `within` values that reach its keep-th largest (ties counted, as numpy's "
-     "partition), rows one after another, as bytearrays of int64, float32 and int64 (how many each row "
-     "kept); None where a row holds a NaN."},
+     "kept(rows, keep, within, spread) -> (ids, logits, counts): of each row of a 2-d float32 array, the "
+     "ids and values of its first `within` values that reach its keep-th largest (ties counted, as numpy's "
+     "partition; keep 0: no such cut) and its largest less spread (in float64; inf: no such cut), rows one after another, as bytearrays of int64, float32 and int64 (how many each row kept); "
+     "None where a row holds a NaN."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,6 +8,7 @@ the rounds' are: the padding entries at the end of a vocabulary are never one.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -63,13 +64,13 @@ class TargetOnly:
         sess = self.sessions.create(
             mode=mode, sampler=sampler, seed=seed, slo_class=slo_class, speed=speed, prefix="g-", caller=caller
         )
-        # Greedy over plain logits wants each step's best id only, and a top-k sampler only the logits
-        # that reach its k-th: both reduced where the row is made, as the rounds' are (so a tie goes
-        # the same way in both, wherever the engine reduces). Logprobs, penalties and a logit bias
-        # take the whole row.
+        # Greedy over plain logits wants each step's best id only, and a top-k or min-p sampler only
+        # the logits that reach its cut: both reduced where the row is made, as the rounds' are (so
+        # a tie goes the same way in both, wherever the engine reduces). Logprobs, penalties and a
+        # logit bias take the whole row.
         plain = not sampler.adjusts and logprobs < 0
         argmax = self.checks.n_real if plain and mode == "greedy" else 0
-        keep = sampler.top_k if plain and mode == "sample" else 0
+        keep, spread = sampler.support_cut() if plain and mode == "sample" else (0, math.inf)
         try:
             with sess.lock:
                 prefill = Feed(sess.seq, 0, tuple(tokens[:-1]), 0)
@@ -81,7 +82,8 @@ class TargetOnly:
                     if not is_active():
                         return
                     objective = self.slo.token(speed, time.perf_counter())
-                    step = Feed(sess.seq, pos, (last,), 1, argmax=argmax, keep=keep, within=self.checks.n_real)
+                    step = Feed(sess.seq, pos, (last,), 1, argmax=argmax, keep=keep, within=self.checks.n_real,
+                                spread=spread)
                     ran = self.core.run(step, session_id=sess.id, slo_class=slo_class, objective=objective)
                     pos += 1
                     # its tokens: a padding entry is no choice (an argmax feed's row stayed in the engine)

@@ -31,6 +31,7 @@ the lossless rule says).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -219,10 +220,11 @@ class Rounds:
             # where they are made (no row of logits copied); logprobs and SH's pending rows want them whole.
             plain = not sess.sampler.adjusts and sess.logprobs < 0 and r.upload != "sh"
             reduced = plain and sess.mode == "greedy"
-            # Top-k sampling wants of each row only what reaches its k-th logit: kept where it is made.
-            keep = sess.sampler.top_k if plain and sess.mode == "sample" else 0
+            # Top-k or min-p sampling wants of each row only what reaches its cut: kept where it is made.
+            keep, spread = sess.sampler.support_cut() if plain and sess.mode == "sample" else (0, math.inf)
             feed = Feed(sess.seq, base - 1, (sess.tokens[-1], *block[:run]), run + 1, hidden=semantic,
-                        argmax=self.checks.n_real if reduced else 0, keep=keep, within=self.checks.n_real)
+                        argmax=self.checks.n_real if reduced else 0, keep=keep, within=self.checks.n_real,
+                        spread=spread)
             ran = self._run(sess, feed, deadline, objective)
             verify_ms = ran.run_ms + checks_ms
             if r.upload == "sh":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,10 +28,12 @@ class Feed:
     `argmax`: the round wants only each of those rows' best id among the first `argmax` ids
     (greedy with plain logits: the engine reduces its rows where they are made, and no row of
     logits is copied out); 0, the default: their logits.
-    `keep`: sampling under a top-k sampler wants, of each of those rows, only the logits that
-    reach the row's `keep`-th largest among the first `within` ids (those tied with it kept too):
-    the engine reduces its rows where they are made, and the round gets them as `KeptRows`
-    (a top-k sampler's distribution is zero everywhere else, so nothing it needs is lost).
+    `keep`, `spread`: sampling under a top-k or min-p sampler wants, of each of those rows, only
+    the logits among the first `within` ids that reach both the row's `keep`-th largest (those tied
+    with it kept too; 0: no such cut) and its largest less `spread` (inf: no such cut;
+    `Sampler.support_cut` gives both): the engine reduces its rows where they are made, and the
+    round gets them as `KeptRows` (the sampler's distribution is zero everywhere else, so nothing it
+    needs is lost).
     `generated`: tokens that rounds decoded before, given again to rebuild a session's KV the way
     it was built (a reopened session's history): decoded as a round's rows are (in exact mode, the
     calibrated sub-batches, so that every cell is what the rounds left), not in a prompt's chunks;
@@ -46,6 +49,12 @@ class Feed:
     keep: int = 0
     within: int = 0
     generated: bool = False
+    spread: float = math.inf
+
+    @property
+    def cuts(self) -> bool:
+        """Whether the feed wants its rows' kept logits (`keep` or `spread` cuts)."""
+        return self.keep > 0 or self.spread < math.inf
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ class KeptRows:
 
 
 # logits; (logits, hidden) for a `hidden` feed; the rows' best ids ([n_out] int64) for an `argmax` one;
-# `KeptRows` for a `keep` one
+# `KeptRows` for one that `cuts`
 FeedOutput = np.ndarray | tuple[np.ndarray, np.ndarray] | KeptRows
 
 

@@ -325,8 +325,8 @@ class LlamaEngine:
 
     def _run_resident(self, feeds: Sequence[Feed]) -> list[FeedOutput]:
         """Runs feeds whose sequences are the context's own."""
-        outs: list[Any] = [  # each feed's: logits, best ids, or (keep) its rows' kept (ids, logits)
-            np.empty(f.n_out, dtype=np.int64) if f.argmax else [None] * f.n_out if f.keep
+        outs: list[Any] = [  # each feed's: logits, best ids, or (a cut) its rows' kept (ids, logits)
+            np.empty(f.n_out, dtype=np.int64) if f.argmax else [None] * f.n_out if f.cuts
             else np.empty((f.n_out, self.n_vocab), dtype=np.float32)
             for f in feeds
         ]
@@ -364,7 +364,7 @@ class LlamaEngine:
             for f in feeds:
                 self._ctx.truncate(f.seq, f.start)  # leave every session as it was
             raise
-        # a `keep` feed's rows, reduced (it wants no hidden rows: only the semantic mode's rounds do)
+        # a cutting feed's rows, reduced (it wants no hidden rows: only the semantic mode's rounds do)
         return [KeptRows.of(o) if isinstance(o, list) else o if h is None else (o, h) for o, h in zip(outs, hidden)]
 
     def _rebuild(self, feed: Feed) -> None:
@@ -450,8 +450,8 @@ class LlamaEngine:
             elif f.argmax:
                 best_of = functools.partial(np.argmax, block[:, : f.argmax], 1, outs[i][first : first + m])
                 jobs.append((m * f.argmax, best_of))
-            elif f.keep:
-                kept = functools.partial(_keep_into, outs[i], first, block, f.keep, f.within or self.n_vocab)
+            elif f.cuts:
+                kept = functools.partial(_keep_into, outs[i], first, block, f)
                 jobs.append((block.size, kept))
             else:
                 outs[i][first : first + m] = block
@@ -494,6 +494,6 @@ class LlamaEngine:
         self.model.close()
 
 
-def _keep_into(out: list[Any], first: int, rows: np.ndarray, keep: int, within: int) -> None:
-    """A top-`keep` sampler's kept logits of `rows`, into `out` from `first` on."""
-    out[first : first + rows.shape[0]] = kept_rows(rows, keep, within)
+def _keep_into(out: list[Any], first: int, rows: np.ndarray, feed: Feed) -> None:
+    """The logits of `rows` that `feed`'s cut keeps, into `out` from `first` on."""
+    out[first : first + rows.shape[0]] = kept_rows(rows, feed.keep, feed.within or rows.shape[1], feed.spread)

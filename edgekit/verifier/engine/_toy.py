@@ -89,8 +89,8 @@ class ToyEngine:
         logits = np.stack(rows) if rows else np.empty((0, self.n_vocab), dtype=np.float32)
         if feed.argmax:
             return np.argmax(logits[:, : feed.argmax], axis=1)
-        if feed.keep:
-            return KeptRows.of(kept_rows(logits, feed.keep, feed.within or self.n_vocab))
+        if feed.cuts:
+            return KeptRows.of(kept_rows(logits, feed.keep, feed.within or self.n_vocab, feed.spread))
         if not feed.hidden:
             return logits
         hidden = [self.hidden(kv[: n - feed.n_out + i + 1]) for i in range(feed.n_out)]

@@ -60,7 +60,7 @@ class WorkResult:
     estimated_ms: float = 0.0  # what the scheduler's estimator expected of that batch (0: no estimate)
     hidden: np.ndarray | None = None  # [n_out, n_embd], the target's hidden rows when the feed asked for them
     best: np.ndarray | None = None  # [n_out], each row's best id, for an `argmax` feed (its logits never copied)
-    ids: np.ndarray | None = None  # a `keep` feed's: the vocabulary ids of `logits`' columns (`KeptRows`)
+    ids: np.ndarray | None = None  # a cutting feed's: the vocabulary ids of `logits`' columns (`KeptRows`)
 
 
 @dataclass(eq=False)
