@@ -59,7 +59,7 @@ class Feed:
 
 @dataclass(frozen=True)
 class KeptRows:
-    """A `keep` feed's rows, reduced: `logits` [n_out, len(ids)] at the vocabulary's `ids` (sorted,
+    """A cutting feed's rows, reduced (`Feed.cuts`): `logits` [n_out, len(ids)] at the vocabulary's `ids` (sorted,
     int64), each row's kept logits and -inf at the ids only another row kept."""
 
     logits: np.ndarray
@@ -94,7 +94,7 @@ class Engine(Protocol):
     logits of its last `n_out` positions ([n_out, n_vocab] float32, copies),
     or for a feed with `hidden` set the pair (logits, hidden [n_out, n_embd]), or for a feed
     with `argmax` set its rows' best ids ([n_out] int64; the first best where several tie), or
-    for a feed with `keep` set its rows' kept logits (`KeptRows`).
+    for a feed that `cuts` (`keep`, `spread`) its rows' kept logits (`KeptRows`).
     A feed that does not fit raises `KVCacheFullError`, leaving the sequences
     at their feeds' starts. `truncate` cuts a sequence, `release` empties it (for
     callers outside the verifier: it needs neither); `cached` says how many
