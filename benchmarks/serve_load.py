@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -151,12 +152,13 @@ def engine_bound(devices: int, k: int, max_rows: int) -> dict[str, float]:
 def serve_main() -> None:
     """The verifier process: its spec on stdin, then "stats" (a JSON line of its counters) and "quit"."""
     from edgekit import ServerConfig
-    from edgekit.verifier import ToyEngine, VerifierServer
+    from edgekit.verifier import FrontEnds, ToyEngine, VerifierServer
 
     spec = json.loads(sys.stdin.readline())
     prepare_process(spec.get("cores"))
     w = Workload(**spec["workload"])
-    n = spec["max_sessions"]
+    frontends = spec.get("frontends", 1)
+    n = spec["max_sessions"] * frontends  # the engine's sequences: each front end may hold every device
     if spec["kind"] == "replayed":
         engine, max_context = _replayed_engine(spec, w, n)
     elif spec["kind"] == "7b" and spec["device_step"] == "sync":
@@ -167,16 +169,18 @@ def serve_main() -> None:
         engine = ToyEngine(toy_target(w), n_seq=n, max_context=max_context,
                            cost=step_ms if spec["kind"] == "7b" else None)
     # calibrate off: no timing run before serving; the queue bound above the devices: no refusal
-    config = ServerConfig(port=0, max_sessions=n, max_context=max_context, max_block=max(w.k, 8),
-                          calibrate="off", max_queue=max(256, n + 8), max_batch_rows=spec["max_batch_rows"],
-                          policy=spec["policy"], budgets=spec["budgets"], token_budget=spec["token_budget"])
-    server = VerifierServer(engine, config).start()
+    per = spec["max_sessions"]
+    config = ServerConfig(port=0, max_sessions=per, max_context=max_context, max_block=max(w.k, 8),
+                          calibrate="off", max_queue=max(256, per + 8), max_batch_rows=spec["max_batch_rows"],
+                          policy=spec["policy"], budgets=spec["budgets"], token_budget=spec["token_budget"],
+                          frontends=frontends)
+    server: Any = (FrontEnds(engine, config) if frontends > 1 else VerifierServer(engine, config)).start()
     print(json.dumps({"ready": True, "address": server.address, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         if json.loads(line)["command"] == "quit":
             break
         print(json.dumps(_server_stats(server)), flush=True)
-    server.stop(grace=0.5)
+    server.stop()
 
 
 def _device_step_engine(toy: type) -> type:
@@ -216,24 +220,38 @@ def _replayed_engine(spec: dict[str, Any], w: Workload, n: int) -> tuple[Any, in
 
 
 def _server_stats(server: Any) -> dict[str, Any]:
-    s = server.service.stats.snapshot()
-    classes = s.classes.values()
-    return {
+    """The verifier's counters: one `VerifierServer`'s, or the sum of `FrontEnds`' (the engine's
+    busy time, calls and CPU then the host process's, with its front ends')."""
+    split = hasattr(server, "host")
+    snapshots = server.stats() if split else [server.service.stats.snapshot()]
+    classes = [c for s in snapshots for c in s.classes.values()]
+    out = {
         "t": time.monotonic(),
         "cpu_s": sum(os.times()[:2]),
         "threads": _proc_status("Threads"),
         "rss_mb": _proc_status("VmRSS") / 1024,
-        "sessions_open": s.sessions,
-        "engine_s": s.engine_s,
+        "sessions_open": sum(s.sessions for s in snapshots),
+        "engine_s": server.host.busy_s if split else snapshots[0].engine_s,
         "device_s": getattr(server.engine, "device_s", 0.0),  # the modelled device's time (--device-step sync)
-        "batches": s.batches,
-        "works": sum(k * v for k, v in s.batch_sizes.items()),
-        "rows": sum(k * v for k, v in s.batch_rows.items()),
+        "batches": server.host.calls if split else snapshots[0].batches,  # engine calls
+        "works": sum(k * v for s in snapshots for k, v in s.batch_sizes.items()),
+        "rows": sum(k * v for s in snapshots for k, v in s.batch_rows.items()),
         "rounds": sum(c.rounds for c in classes),
         "queue_s": sum(c.queue_s.sum for c in classes),
         "verify_s": sum(c.verify_s.sum for c in classes),
-        "stages": s.stages,
+        "stages": functools.reduce(_add, (s.stages for s in snapshots)),
     }
+    if split:  # every process's CPU: the front ends are this one's children
+        out["proc_cpu_s"] = cpu_seconds(os.getpid()) + sum(cpu_seconds(pid) for pid in server.pids)
+    return out
+
+
+def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """a + b, field by field, nested dicts too."""
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = _add(a.get(key, {}), value) if isinstance(value, dict) else a.get(key, 0) + value
+    return out
 
 
 def _proc_status(key: str) -> int:
@@ -307,7 +325,8 @@ def run_points(kind: str, counts: Sequence[int], args: argparse.Namespace, workl
             "max_batch_rows": args.max_batch_rows, "rounds": args.rounds, "target": args.target,
             "numerics": args.numerics, "gpu_layers": args.gpu_layers, "threads": args.threads,
             "reduce_rows": args.reduce_rows, "device_step": args.device_step,
-            "policy": args.policy, "budgets": args.budgets, "token_budget": args.token_budget}
+            "policy": args.policy, "budgets": args.budgets, "token_budget": args.token_budget,
+            "frontends": args.frontends}
     if kind == "instant":
         server = spawn("instant", spec, cores=args.server_cores, log=logs / "verifier.log")
     else:
@@ -383,7 +402,7 @@ def _measure(kind: str, devices: int, args: argparse.Namespace, workload: Worklo
 def _sample(server: LineProcess, pid: int, workers: list[LineProcess]) -> tuple[dict[str, Any], list[float]]:
     server.send({"command": "stats"})
     stats = server.recv()
-    stats["proc_cpu_s"] = cpu_seconds(pid)  # every thread, gRPC's own included
+    stats.setdefault("proc_cpu_s", cpu_seconds(pid))  # every thread, gRPC's own included (front ends: summed)
     return stats, [cpu_seconds(w.proc.pid) for w in workers]
 
 
@@ -584,6 +603,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--numerics", default="exact", choices=("exact", "fast"), help="replayed: the verifier's numerics")
     ap.add_argument("--reduce-rows", default="host", choices=("host", "llama"),
                     help="replayed: where greedy rows become argmaxes (edgekit serve --reduce-rows)")
+    ap.add_argument("--frontends", type=int, default=1,
+                    help="verifier processes on the port over one engine (edgekit serve --frontends), all on "
+                         "--server-cores")
     ap.add_argument("--device-step", default="sync", choices=("sync", "overlap"),
                     help="7b: the host's part of a step, then the device's modelled time (sync: as llama.cpp's "
                          "decode runs), or the device's time with the host's part inside it (overlap: figures "
@@ -816,7 +838,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=7, loc="upper left")
     ax.set_xlabel("devices (instant)" if not result["workload"]["draft_ms"] else "devices (paced)")
     ax.set_ylabel("rounds / s")
-    ax.set_title("Rounds per second, one verifier process")
+    frontends = result.get("settings", {}).get("frontends", 1)
+    ax.set_title("Rounds per second, one verifier process" if frontends == 1
+                 else f"Rounds per second, {frontends} front ends over one engine")
     ax = axes[1]
     for kind in kinds:
         if kind == "instant":

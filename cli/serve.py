@@ -109,6 +109,13 @@ def serve(
         2048, "--max-batch-rows", min=1,
         help="The most tokens one engine batch puts through; the scheduler cuts batches there.",
     ),
+    frontends: int = typer.Option(
+        1, "--frontends", min=1,
+        help="Verifier processes serving the port over one engine: each its own gRPC server, sessions "
+        "(--max-sessions each) and scheduler; what they send while the engine is busy runs as one batch. "
+        "One process's Python caps it at 1,200-1,700 rounds a second; a GPU target serving hundreds of "
+        "devices wants several. Front end i serves metrics on --metrics-port + i.",
+    ),
     policy: str = typer.Option(
         "fcfs", "--policy", help=SCHEDULERS.help("Which work runs next"), metavar=SCHEDULERS.metavar(),
         callback=registered(SCHEDULERS),
@@ -215,6 +222,7 @@ def serve(
         reduce_rows=reduce_rows.value,
         prefill_chunk=prefill_chunk,
         max_batch_rows=max_batch_rows,
+        frontends=frontends,
         policy=policy,
         guard_ms=guard_ms,
         slo_budget=cast(Literal["round", "response"], slo_budget),
@@ -234,16 +242,12 @@ def serve(
 
     resolved = resolve_for_use(model if model is not None else get_pair(pair).target, role="target")
     path, name = resolved.path, resolved.name
+    if frontends > 1:
+        _serve_front_ends(path, config, name, drain_timeout, drain_quiet)
+        return
     server = VerifierServer(path, config, name=name).start()
     engine = server.engine
-    if engine.exact:
-        together = "sessions batched together" if engine.mixes_sessions else "each session's rows apart"
-        detail = f"exact numerics, invariant batch {engine.invariant_batch}, {together}"
-    else:
-        detail = "fast numerics"
-    if getattr(engine, "reduces_in_llama", False):
-        detail += "; greedy rows reduced by llama.cpp"
-    note(f"edgekit verifier: {name} on {server.address} ({detail}; up to {max_sessions} sessions)")
+    note(f"edgekit verifier: {name} on {server.address} ({_engine_detail(engine)}; up to {max_sessions} sessions)")
     classes = ", ".join(f"{n} {s:g}" for n, s in server.service.slo.classes.items())
     estimator = server.service.estimator
     fitted = "calibrated" if estimator.calibrated else "learning from live batches"
@@ -254,6 +258,11 @@ def serve(
         note(f"semantic mode offered: head {semantic.identity}, threshold {semantic.default_threshold:.3f}")
     if server.metrics_address is not None:
         note(f"metrics: http://{server.metrics_address}/metrics")
+    _serve_until_signalled(server, drain_timeout, drain_quiet)
+
+
+def _serve_until_signalled(server: Any, drain_timeout: float, drain_quiet: float) -> None:
+    """Serves until SIGINT or SIGTERM, then drains `server` (a `VerifierServer` or `FrontEnds`)."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -262,6 +271,30 @@ def serve(
          f"{drain_timeout:g} s at most")
     took = server.drain(timeout=drain_timeout, quiet=drain_quiet)
     note(f"stopped after {took:.1f} s")
+
+
+def _engine_detail(engine: Any) -> str:
+    """How the engine runs, in words: its numerics, and where greedy rows are reduced."""
+    if engine.exact:
+        together = "sessions batched together" if engine.mixes_sessions else "each session's rows apart"
+        detail = f"exact numerics, invariant batch {engine.invariant_batch}, {together}"
+    else:
+        detail = "fast numerics"
+    if getattr(engine, "reduces_in_llama", False):
+        detail += "; greedy rows reduced by llama.cpp"
+    return detail
+
+
+def _serve_front_ends(path: Any, config: Any, name: str, drain_timeout: float, drain_quiet: float) -> None:
+    """`--frontends N`: N verifier processes over one engine in this one, until SIGINT or SIGTERM."""
+    from edgekit.verifier import FrontEnds
+
+    servers = FrontEnds(path, config, name=name).start()
+    note(f"edgekit verifier: {name} on {servers.address} ({_engine_detail(servers.engine)}; "
+         f"{config.frontends} front ends, up to {config.max_sessions} sessions each)")
+    if config.metrics_port is not None:
+        note(f"metrics: front end i on port {config.metrics_port} + i")
+    _serve_until_signalled(servers, drain_timeout, drain_quiet)
 
 
 def _log_to_stderr(level: str) -> None:

@@ -318,6 +318,12 @@ class ServerConfig:
     # EDGEKIT_GPU_LAYERS, else llama.cpp's default (all). A CPU-only build ignores it.
     gpu_layers: int | None = None
     workers: int = 32  # gRPC handler threads (at least max_sessions + 8)
+    # Verifier processes serving `port` (`edgekit.verifier.FrontEnds`): each its own gRPC server,
+    # sessions (max_sessions each), scheduler and acceptance, all over one engine in the main
+    # process (`EngineHost`), which runs what they send while it is busy in one batch. The kernel
+    # spreads the devices' connections over them (SO_REUSEPORT); front end i serves metrics on
+    # metrics_port + i. One process's Python caps it at 1,200-1,700 rounds a second.
+    frontends: int = 1
     # "exact": greedy output token-identical to target-only decoding (slower
     # kernels, blocks in batch-invariant sub-batches); "fast": every kernel.
     numerics: Numerics = "exact"
@@ -394,6 +400,8 @@ class ServerConfig:
             )
         if self.max_batch_rows < 1:
             raise ConfigError(f"max_batch_rows must be at least 1, got {self.max_batch_rows}")
+        if self.frontends < 1:
+            raise ConfigError(f"frontends must be at least 1, got {self.frontends}")
         if self.numerics not in ("exact", "fast"):
             raise ConfigError(f"numerics must be 'exact' or 'fast', got {self.numerics!r}")
         if self.reduce_rows not in ("host", "llama"):

@@ -64,6 +64,23 @@ def test_a_thousand_devices_on_one_verifier_see_no_error_and_only_the_targets_to
     assert point["verifier"]["sessions_open"] >= 1000 and point["rounds_per_s"] > 0
 
 
+@pytest.mark.timeout(120)
+def test_front_ends_over_one_engine_answer_every_device_as_the_target_and_are_counted_together(serve_load, tmp_path):
+    """`--frontends 3` (`edgekit serve --frontends`): 64 devices spread by the kernel over three
+    verifier processes over one engine: every verdict the toy target's, no call failed; the
+    verifier's figures are the front ends' together, its batches the engine's calls (each holding
+    one front end's batch or several), its CPU every process's."""
+    serve_load.main(["--devices", "64", "--kinds", "7b", "--duration", "2", "--warmup", "1", "--profile", "",
+                     "--frontends", "3", "--results-dir", str(tmp_path), "--out", "frontends", "--no-plot"])
+    (point,) = json.loads((tmp_path / "frontends.json").read_text())["points"]
+    assert "failed" not in point, point
+    assert point["errors"] == {} and point["mismatches"] == 0, (point["error_examples"], point["mismatch_examples"])
+    v = point["verifier"]
+    assert v["sessions_open"] >= 64 and v["rounds_per_s"] > 0 and v["works_per_batch"] >= 1
+    assert 0 < v["device_busy_share"] <= v["engine_busy_share"] < 1
+    assert point["verifier_cpu_share"] > 0
+
+
 @pytest.mark.timeout(90)
 def test_the_modelled_device_is_busy_only_for_its_steps_within_the_engines_busy_time(serve_load, tmp_path):
     """`--kinds 7b` (the device's time after the host's part of each step): the device's busy share

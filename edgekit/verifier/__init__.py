@@ -4,6 +4,7 @@ Its parts, each in its own module:
 
 - `VerifierServer` (`_server`): gRPC, health, token auth, TLS, the idle-session reaper,
   and the optional Prometheus endpoint (`_metrics`, with prometheus-client).
+- `FrontEnds` (`_frontends`): several verifier processes on one port over one engine.
 - `VerifierService` (`_service`): protobuf in, protobuf out.
 - `RequestChecks` (`_validation`): what a request must satisfy.
 - `SessionTable` (`_sessions`): sessions, their KV sequences, limits and eviction.
@@ -20,7 +21,8 @@ Its parts, each in its own module:
   (`_csi`) and, where it reads them, the target's confidence (`_confidence`); trained by
   the tooling in `edgekit.semantic`.
 - `scheduler/`: what runs next (`Scheduler`: `FcfsScheduler`, `WispScheduler`).
-  `engine/`: what runs it (`Engine`: `LlamaEngine` on llama.cpp, `ToyEngine` for tests).
+  `engine/`: what runs it (`Engine`: `LlamaEngine` on llama.cpp, `ToyEngine` for tests; `EngineHost`
+  serves one to other processes, each driving it as a `RemoteEngine`).
 """
 
 from ..registry import BUDGET_POLICIES
@@ -30,6 +32,7 @@ from ._confidence import TARGET_FEATURES, target_features
 from ._core import EngineCore
 from ._csi import CSI_FEATURES, channel_quality, csi_features, round_cost_ms
 from ._estimator import Coefficients, FitReport, VerifyTimeEstimator, batch_features, fit_coefficients, fit_report
+from ._frontends import FrontEnds
 from ._semantic_head import SemanticHead
 from ._server import VerifierServer
 from ._service import VerifierService
@@ -54,6 +57,7 @@ __all__ = [
     "Feed",
     "FitReport",
     "FixedShare",
+    "FrontEnds",
     "GoodSpeed",
     "LlamaEngine",
     "Objective",

@@ -22,9 +22,9 @@ from ._calibration import DECODE_STEP_CONTEXT, calibrated_estimator, default_cal
 from ._estimator import VerifyTimeEstimator
 from ._metrics import MetricsEndpoint, check_installed
 from ._service import VerifierService
-from .engine import Engine, LlamaEngine
+from .engine import Engine, LlamaEngine, RemoteEngine
 
-__all__ = ["Tokens", "VerifierServer"]
+__all__ = ["Tokens", "VerifierServer", "llama_engine"]
 
 log = logging.getLogger("edgekit.verifier")
 
@@ -104,6 +104,26 @@ class _TokenAuth(grpc.ServerInterceptor):
         return self._deny
 
 
+def llama_engine(path: str | Path, config: ServerConfig, *, name: str | None = None) -> LlamaEngine:
+    """The engine of a GGUF target as `config` sets it (its sessions, numerics, layers on a GPU...)."""
+    c = config
+    return LlamaEngine(
+        str(path),
+        name=name,
+        max_context=c.max_context,
+        n_seq=c.max_sessions * c.frontends,
+        max_block=c.max_block,
+        exact=c.numerics == "exact",
+        threads=c.threads,
+        cache_dir=Path(c.calibration_dir) if c.calibration_dir else default_calibration_dir(),
+        recalibrate=c.calibrate == "force",
+        gpu_layers=c.gpu_layers,
+        resident=c.resident_sessions or None,
+        max_batch_rows=c.max_batch_rows,
+        reduce_rows=c.reduce_rows,
+    )
+
+
 class VerifierServer:
     """The target model behind `edgekit.verifier.v1`.
 
@@ -129,25 +149,12 @@ class VerifierServer:
         virtual one; see `VerifierService`)."""
         self.config = config or ServerConfig()
         c = self.config
+        if c.frontends > 1 and not isinstance(target, RemoteEngine):
+            raise ConfigError(f"frontends={c.frontends}: several verifier processes over one engine are started "
+                              "by edgekit.verifier.FrontEnds (edgekit serve --frontends), not by one VerifierServer")
         if c.metrics_port is not None:
             check_installed()  # before a model is loaded for nothing
-        if isinstance(target, (str, Path)):
-            target = LlamaEngine(
-                str(target),
-                name=name,
-                max_context=c.max_context,
-                n_seq=c.max_sessions,
-                max_block=c.max_block,
-                exact=c.numerics == "exact",
-                threads=c.threads,
-                cache_dir=Path(c.calibration_dir) if c.calibration_dir else default_calibration_dir(),
-                recalibrate=c.calibrate == "force",
-                gpu_layers=c.gpu_layers,
-                resident=c.resident_sessions or None,
-                max_batch_rows=c.max_batch_rows,
-                reduce_rows=c.reduce_rows,
-            )
-        self.engine = target
+        self.engine = target if not isinstance(target, (str, Path)) else llama_engine(target, c, name=name)
         estimator = self._estimator()
         step_ms = self._timed_step(estimator)
         self.service = VerifierService(self.engine, c, estimator=estimator, clock=clock, timed_step_ms=step_ms)
@@ -166,7 +173,8 @@ class VerifierServer:
             options=[
                 ("grpc.max_receive_message_length", hard_cap),
                 ("grpc.max_send_message_length", hard_cap),
-                ("grpc.so_reuseport", 0),
+                # several front ends share the port (FrontEnds); one alone has it to itself
+                ("grpc.so_reuseport", int(c.frontends > 1)),
                 # gRPC Python takes calls from the core one at a time, so with a call in flight per
                 # device most wait in the core's pending queue, whose backlog protector cancels calls
                 # at random past 1,000 (CANCELLED, seen at 1,024 devices): room for every session's call.

@@ -30,6 +30,7 @@ import os
 import socket
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -91,6 +92,7 @@ class EngineHost:
         self._closed = False
         self.calls = 0  # engine calls run (merged batches)
         self.batches = 0  # clients' batches run in them
+        self.busy_s = 0.0  # seconds in the engine's calls
         self._threads = [threading.Thread(target=self._accept, name="edgekit-engine-accept", daemon=True),
                          threading.Thread(target=self._loop, name="edgekit-engine-host", daemon=True)]
         for t in self._threads:
@@ -194,15 +196,18 @@ class EngineHost:
         if not runs:
             return
         feeds = [f for r in runs for f in r.args[0]]
+        t0 = time.perf_counter()
         try:
             outputs = self.engine.run_batch(feeds)
         except Exception as exc:  # the clients' to raise
+            self.busy_s += time.perf_counter() - t0
             if len(runs) > 1:  # the engine left every sequence at its feed's start: each alone
                 for r in runs:
                     self._run([r])
                 return
             self._answer(runs[0], "error", _portable(exc))
             return
+        self.busy_s += time.perf_counter() - t0
         self.calls += 1
         self.batches += len(runs)
         at = 0

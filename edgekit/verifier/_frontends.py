@@ -1,0 +1,161 @@
+"""`FrontEnds`: several verifier processes on one port over one engine (issue 50).
+
+The engine (a GGUF target's `LlamaEngine`, or any `Engine` given) stays in this process behind an
+`EngineHost`; each front end is a process of its own (started with `spawn`) running a
+`VerifierServer` over a `RemoteEngine`: its gRPC server, sessions, scheduler, acceptance and
+statistics. Their gRPC servers share the port (SO_REUSEPORT): the kernel spreads the devices'
+connections over them, and a device's channel stays with one. A session lives in the front end
+that opened it; a device whose connection lands on another one after a reconnect finds its
+session unknown there and reopens it, as after any verifier restart.
+
+Front end i serves Prometheus metrics on `metrics_port` + i. The first front end measures the
+estimator's calibration (where the config asks for one) before the others start, which then
+read it from the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from ..config import ServerConfig
+from ..errors import ConfigError, VerifierUnavailableError
+from ._server import llama_engine
+from .engine import Engine, EngineHost, RemoteEngine
+
+__all__ = ["FrontEnds"]
+
+log = logging.getLogger("edgekit.verifier")
+
+START_TIMEOUT_S = 300.0  # a front end's start: imports, and the first one's calibration
+
+
+class FrontEnds:
+    """`config.frontends` verifier processes serving `config.port` over one engine in this process.
+
+    >>> with FrontEnds("target.gguf", ServerConfig(port=50551, frontends=4)) as servers:
+    ...     servers.address   # '127.0.0.1:50551'
+
+    `target`: a GGUF file, or an `Engine` holding `frontends` x `max_sessions` sequences (a
+    `ToyEngine` for tests). `stats()` gives each front end's `ServingStats` snapshot."""
+
+    def __init__(self, target: str | Path | Engine, config: ServerConfig, *, name: str | None = None) -> None:
+        self.config = config
+        self.engine: Engine = target if not isinstance(target, (str, Path)) else llama_engine(target, config, name=name)
+        self.host = EngineHost(self.engine, clients=config.frontends, seqs=config.max_sessions)
+        self._procs: list[Any] = []
+        self._pipes: list[Connection] = []
+        self._lock = threading.Lock()  # one command at a time on the pipes
+        self.port = 0
+        self.pids: list[int] = []
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    def start(self) -> FrontEnds:
+        ctx = multiprocessing.get_context("spawn")
+        port = self.config.port
+        try:
+            for i in range(self.config.frontends):
+                metrics = None if self.config.metrics_port is None else self.config.metrics_port + i
+                config = replace(self.config, port=port, metrics_port=metrics)
+                mine, theirs = ctx.Pipe()
+                proc = ctx.Process(target=_front_end, args=(self.host.address, self.host.authkey, config, theirs),
+                                   name=f"edgekit-frontend-{i}", daemon=True)
+                proc.start()
+                theirs.close()
+                self._procs.append(proc)
+                self._pipes.append(mine)
+                if not mine.poll(START_TIMEOUT_S):
+                    raise VerifierUnavailableError(f"front end {i} did not start within {START_TIMEOUT_S:g} s")
+                started = mine.recv()
+                if "error" in started:
+                    raise ConfigError(f"front end {i} could not start: {started['error']}")
+                port = self.port = started["port"]  # the first's (a free one where the config said 0) is everyone's
+                self.pids.append(started["pid"])
+        except BaseException:
+            self.stop()
+            raise
+        log.info("%d front ends listening on %s over one engine", self.config.frontends, self.address)
+        return self
+
+    def _command(self, command: str, **args: Any) -> list[Any]:
+        with self._lock:
+            for pipe in self._pipes:
+                pipe.send((command, args))
+            return [pipe.recv() for pipe in self._pipes]
+
+    def stats(self) -> list[Any]:
+        """Each front end's `ServingStats.snapshot()`."""
+        return self._command("stats")
+
+    def drain(self, timeout: float = 10.0, *, quiet: float = 2.0) -> float:
+        """`VerifierServer.drain` in every front end at once, then stops them all; the longest took."""
+        took = max(self._command("drain", timeout=timeout, quiet=quiet), default=0.0)
+        self.stop()
+        return float(took)
+
+    def stop(self) -> None:
+        """Stops the front ends, then the host; the engine is closed."""
+        with self._lock:
+            for pipe in self._pipes:
+                try:
+                    pipe.send(("stop", {}))
+                except OSError:  # gone already
+                    pass
+            for proc in self._procs:
+                proc.join(15.0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5.0)
+            for pipe in self._pipes:
+                pipe.close()
+            self._procs, self._pipes = [], []
+        self.host.close()
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> FrontEnds:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _front_end(address: str, authkey: bytes, config: ServerConfig, pipe: Connection) -> None:
+    """A front end's process: a verifier over the host's engine, answering its parent's commands."""
+    from ._server import VerifierServer
+
+    try:
+        server = VerifierServer(RemoteEngine(address, authkey), config).start()
+    except Exception as exc:  # the parent says it
+        pipe.send({"error": f"{type(exc).__name__}: {exc}"})
+        return
+    pipe.send({"port": server.port, "pid": os.getpid()})
+    drained = False
+    try:
+        while True:
+            try:
+                command, args = pipe.recv()
+            except (EOFError, OSError):  # the parent is gone
+                return
+            if command == "stats":
+                pipe.send(server.service.stats.snapshot())
+            elif command == "drain":  # it stops the server when drained
+                drained = True
+                pipe.send(server.drain(**args))
+                return
+            else:
+                return
+    finally:
+        if not drained:
+            server.stop(grace=1.0)
+        server.engine.close()  # type: ignore[attr-defined]

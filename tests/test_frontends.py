@@ -1,0 +1,79 @@
+"""Several verifier processes on one port over one engine (`FrontEnds`, issue 50).
+
+What the tests may expect: the toy target is deterministic, so greedy answers through any front end
+are the target's own decoding, token for token, as a single verifier's are; which front end a
+device's connection reaches is the kernel's choice, so the tests ask only that the answers are right,
+that every front end is a process of its own over the one engine, and what each front end counted."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from edgekit import ClientConfig, EdgeClient, ServerConfig
+from edgekit.errors import ConfigError
+from edgekit.runtime import ToyLanguageModel
+from edgekit.testing import FakeDraftModel, toy_client, toy_verifier
+from edgekit.verifier import FrontEnds, ToyEngine, VerifierServer
+
+TARGET = ToyLanguageModel(vocab_size=300, seed=7)
+
+
+def test_front_ends_answer_greedy_as_one_verifier_does_and_count_their_rounds():
+    config = ServerConfig(port=0, max_sessions=8, max_context=512, max_block=8, frontends=2, calibrate="off")
+    prompts = [[5, 6, 7 + i] for i in range(6)]
+    with FrontEnds(ToyEngine(TARGET, n_seq=16, max_context=512), config) as servers:
+        assert len(set(servers.pids)) == 2 and servers.port > 0
+
+        def answer(prompt):
+            # a channel of its own per device, as devices have: the kernel spreads them over the front ends
+            with EdgeClient(servers.address, draft_model=FakeDraftModel(ToyLanguageModel(300, seed=7, noise=1.0)),
+                            config=ClientConfig(timeout=30)) as client:
+                return list(client.generate(prompt, mode="greedy", max_tokens=30, draft_k=4,
+                                            stop_at_eos=False).until_done().token_ids)
+
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(answer, prompts))
+        stats = servers.stats()
+        assert servers.host.calls > 0
+    alone = [list(toy_client(TARGET, noise=1.0, verifier=toy_verifier(TARGET, max_context=512), mode="greedy",
+                             max_tokens=30, draft_k=4, stop_at_eos=False).generate(p).until_done().token_ids)
+             for p in prompts]
+    assert got == alone
+    assert len(stats) == 2 and sum(s.batches for s in stats) == servers.host.batches > 0  # each its own
+
+
+def test_one_verifier_server_does_not_take_several_front_ends():
+    with pytest.raises(ConfigError, match="FrontEnds"):
+        VerifierServer(ToyEngine(TARGET, n_seq=8, max_context=64), ServerConfig(port=0, max_sessions=4, frontends=2))
+    with pytest.raises(ConfigError, match="frontends must be at least 1"):
+        ServerConfig(frontends=0)
+
+
+@pytest.mark.models
+def test_edgekit_serve_with_front_ends_answers_as_the_target_and_drains_on_sigterm(gemma_paths, gemma_draft):
+    """`edgekit serve --frontends 2` on the gemma target: greedy through it is the target's own
+    decoding (exact numerics), and SIGTERM drains every front end and stops."""
+    import signal
+
+    from test_resume_grpc import _free_port, _kill, _serve, _wait_serving
+
+    from edgekit import GenerationConfig
+
+    port = _free_port()
+    proc = _serve(str(gemma_paths[1]), port, "--frontends", "2", "--drain-quiet", "1")
+    try:
+        _wait_serving(port, proc)
+        gen = GenerationConfig(max_tokens=24, draft_k=4, stream_when_faster=False)
+        with EdgeClient(f"127.0.0.1:{port}", draft_model=gemma_draft, config=ClientConfig(timeout=60),
+                        generation=gen) as client:
+            prompt = "def fibonacci(n):"
+            assert client.generate(prompt).until_done().token_ids == client.generate_target_only(
+                prompt).until_done().token_ids
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        log = proc.stderr.read().decode()
+        assert "2 front ends, up to 4 sessions each" in log and "stopped after" in log
+    finally:
+        _kill(proc)
