@@ -293,7 +293,7 @@ def _serve_front_ends(path: Any, config: Any, name: str, drain_timeout: float, d
     note(f"edgekit verifier: {name} on {servers.address} ({_engine_detail(servers.engine)}; "
          f"{config.frontends} front ends, up to {config.max_sessions} sessions each)")
     if config.metrics_port is not None:
-        note(f"metrics: front end i on port {config.metrics_port} + i")
+        note("metrics: " + ", ".join(f"http://{a}/metrics" for a in servers.metrics_addresses))
     _serve_until_signalled(servers, drain_timeout, drain_quiet)
 
 

@@ -322,7 +322,7 @@ class ServerConfig:
     # sessions (max_sessions each), scheduler and acceptance, all over one engine in the main
     # process (`EngineHost`), which runs what they send while it is busy in one batch. The kernel
     # spreads the devices' connections over them (SO_REUSEPORT); front end i serves metrics on
-    # metrics_port + i. One process's Python caps it at 1,200-1,700 rounds a second.
+    # metrics_port + i (0: each on a free port). One process's Python caps it at 1,200-1,700 rounds a second.
     frontends: int = 1
     # "exact": greedy output token-identical to target-only decoding (slower
     # kernels, blocks in batch-invariant sub-batches); "fast": every kernel.

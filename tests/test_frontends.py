@@ -7,6 +7,7 @@ that every front end is a process of its own over the one engine, and what each 
 
 from __future__ import annotations
 
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -21,7 +22,8 @@ TARGET = ToyLanguageModel(vocab_size=300, seed=7)
 
 
 def test_front_ends_answer_greedy_as_one_verifier_does_and_count_their_rounds():
-    config = ServerConfig(port=0, max_sessions=8, max_context=512, max_block=8, frontends=2, calibrate="off")
+    config = ServerConfig(port=0, max_sessions=8, max_context=512, max_block=8, frontends=2, calibrate="off",
+                          metrics_port=0)
     prompts = [[5, 6, 7 + i] for i in range(6)]
     with FrontEnds(ToyEngine(TARGET, n_seq=16, max_context=512), config) as servers:
         assert len(set(servers.pids)) == 2 and servers.port > 0
@@ -37,6 +39,11 @@ def test_front_ends_answer_greedy_as_one_verifier_does_and_count_their_rounds():
             got = list(pool.map(answer, prompts))
         stats = servers.stats()
         assert servers.host.calls > 0
+        # each front end's own metrics endpoint (a free port each), its own rounds in it
+        assert len(set(servers.metrics_addresses)) == 2
+        for address, s in zip(servers.metrics_addresses, stats, strict=True):
+            text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+            assert f"edgekit:batch_size_count {float(s.batches)}" in text
     alone = [list(toy_client(TARGET, noise=1.0, verifier=toy_verifier(TARGET, max_context=512), mode="greedy",
                              max_tokens=30, draft_k=4, stop_at_eos=False).generate(p).until_done().token_ids)
              for p in prompts]

@@ -245,7 +245,7 @@ def edgekit_points(args: argparse.Namespace, target: Path, system: str, devices:
         argv += ["--gpu-layers", str(args.gpu_layers)]
     if args.threads:
         argv += ["--threads", str(args.threads)]
-    argv += ["--reduce-rows", args.reduce_rows]
+    argv += ["--reduce-rows", args.reduce_rows, "--frontends", str(args.frontends)]
     return list(S.main(argv)["points"])
 
 
@@ -406,6 +406,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--server-cores", default="0", help="the verifier's cores")
     ap.add_argument("--loadgen-cores", default=None, help="the devices' cores (default: every other core)")
     ap.add_argument("--max-batch-rows", type=int, default=2048, help="the verifier's --max-batch-rows")
+    ap.add_argument("--frontends", type=int, default=1,
+                    help="the verifier's --frontends: processes over one engine, on --server-cores")
     ap.add_argument("--slot-context", type=int, default=512, help="llama-server's context per slot")
     ap.add_argument("--reduce-rows", default="host", choices=("host", "llama"),
                     help="where the verifier's greedy rows become argmaxes (edgekit serve --reduce-rows)")

@@ -8,7 +8,8 @@ connections over them, and a device's channel stays with one. A session lives in
 that opened it; a device whose connection lands on another one after a reconnect finds its
 session unknown there and reopens it, as after any verifier restart.
 
-Front end i serves Prometheus metrics on `metrics_port` + i. The first front end measures the
+Front end i serves Prometheus metrics on `metrics_port` + i (0: each on a free port;
+`FrontEnds.metrics_addresses` says where). The first front end measures the
 estimator's calibration (where the config asks for one) before the others start, which then
 read it from the cache.
 """
@@ -54,6 +55,7 @@ class FrontEnds:
         self._lock = threading.Lock()  # one command at a time on the pipes
         self.port = 0
         self.pids: list[int] = []
+        self.metrics_addresses: list[str | None] = []  # each front end's Prometheus endpoint, HOST:PORT
 
     @property
     def address(self) -> str:
@@ -64,7 +66,8 @@ class FrontEnds:
         port = self.config.port
         try:
             for i in range(self.config.frontends):
-                metrics = None if self.config.metrics_port is None else self.config.metrics_port + i
+                port0 = self.config.metrics_port
+                metrics = None if port0 is None else 0 if port0 == 0 else port0 + i  # 0: a free one each
                 config = replace(self.config, port=port, metrics_port=metrics)
                 mine, theirs = ctx.Pipe()
                 proc = ctx.Process(target=_front_end, args=(self.host.address, self.host.authkey, config, theirs),
@@ -80,6 +83,7 @@ class FrontEnds:
                     raise ConfigError(f"front end {i} could not start: {started['error']}")
                 port = self.port = started["port"]  # the first's (a free one where the config said 0) is everyone's
                 self.pids.append(started["pid"])
+                self.metrics_addresses.append(started["metrics"])
         except BaseException:
             self.stop()
             raise
@@ -139,7 +143,7 @@ def _front_end(address: str, authkey: bytes, config: ServerConfig, pipe: Connect
     except Exception as exc:  # the parent says it
         pipe.send({"error": f"{type(exc).__name__}: {exc}"})
         return
-    pipe.send({"port": server.port, "pid": os.getpid()})
+    pipe.send({"port": server.port, "pid": os.getpid(), "metrics": server.metrics_address})
     drained = False
     try:
         while True:
