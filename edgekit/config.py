@@ -296,7 +296,7 @@ class ServerConfig:
     # and loaded back when they next call. KV memory in the context is max_context x this.
     resident_sessions: int = 0
     max_block: int = 32  # draft tokens per round
-    max_context: int = 4096  # tokens per session; KV memory is max_context x max_sessions
+    max_context: int = 4096  # tokens per session; KV memory is max_context x max_sessions (x frontends)
     idle_timeout: float = 900.0  # seconds before an idle session may be evicted
     # With the table full, a session idle this long makes room for a new one (least recently used first).
     reclaim_after: float = 60.0
@@ -319,7 +319,7 @@ class ServerConfig:
     gpu_layers: int | None = None
     workers: int = 32  # gRPC handler threads (at least max_sessions + 8)
     # Verifier processes serving `port` (`edgekit.verifier.FrontEnds`): each its own gRPC server,
-    # sessions (max_sessions each), scheduler and acceptance, all over one engine in the main
+    # sessions (max_sessions each, its limits its own), scheduler and acceptance, all over one engine in the main
     # process (`EngineHost`), which runs what they send while it is busy in one batch. The kernel
     # spreads the devices' connections over them (SO_REUSEPORT); front end i serves metrics on
     # metrics_port + i (0: each on a free port). One process's Python caps it at 1,200-1,700 rounds a second.

@@ -51,6 +51,24 @@ def test_front_ends_answer_greedy_as_one_verifier_does_and_count_their_rounds():
     assert len(stats) == 2 and sum(s.batches for s in stats) == servers.host.batches > 0  # each its own
 
 
+def test_a_taken_port_is_refused_and_a_front_end_that_died_does_not_stop_the_drain():
+    import os
+    import signal
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = ServerConfig(port=taken.getsockname()[1], max_sessions=2, frontends=2, calibrate="off")
+        with pytest.raises(ConfigError, match="the port is taken"):
+            FrontEnds(ToyEngine(TARGET, n_seq=4, max_context=64), config).start()
+    servers = FrontEnds(ToyEngine(TARGET, n_seq=4, max_context=64),
+                        ServerConfig(port=0, max_sessions=2, frontends=2, calibrate="off")).start()
+    os.kill(servers.pids[1], signal.SIGKILL)
+    assert servers.drain(timeout=5, quiet=0.1) < 5  # the other drained, and everything stopped
+    assert servers.stats() == []
+
+
 def test_one_verifier_server_does_not_take_several_front_ends():
     with pytest.raises(ConfigError, match="FrontEnds"):
         VerifierServer(ToyEngine(TARGET, n_seq=8, max_context=64), ServerConfig(port=0, max_sessions=4, frontends=2))
@@ -61,7 +79,9 @@ def test_one_verifier_server_does_not_take_several_front_ends():
 @pytest.mark.models
 def test_edgekit_serve_with_front_ends_answers_as_the_target_and_drains_on_sigterm(gemma_paths, gemma_draft):
     """`edgekit serve --frontends 2` on the gemma target: greedy through it is the target's own
-    decoding (exact numerics), and SIGTERM drains every front end and stops."""
+    decoding (exact numerics), and SIGTERM to its whole process group (a service manager's, a
+    terminal's Ctrl-C) drains every front end and stops."""
+    import os
     import signal
 
     from test_resume_grpc import _free_port, _kill, _serve, _wait_serving
@@ -78,7 +98,7 @@ def test_edgekit_serve_with_front_ends_answers_as_the_target_and_drains_on_sigte
             prompt = "def fibonacci(n):"
             assert client.generate(prompt).until_done().token_ids == client.generate_target_only(
                 prompt).until_done().token_ids
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)  # the whole group, as a service manager signals it
         assert proc.wait(timeout=120) == 0
         log = proc.stderr.read().decode()
         assert "2 front ends, up to 4 sessions each" in log and "stopped after" in log

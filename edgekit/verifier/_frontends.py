@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
+import socket
 import threading
 from dataclasses import replace
 from multiprocessing.connection import Connection
@@ -64,11 +66,15 @@ class FrontEnds:
     def start(self) -> FrontEnds:
         ctx = multiprocessing.get_context("spawn")
         port = self.config.port
+        if port:
+            _check_free(self.config.host, port)  # the front ends share it: another server there would too
         try:
             for i in range(self.config.frontends):
                 port0 = self.config.metrics_port
                 metrics = None if port0 is None else 0 if port0 == 0 else port0 + i  # 0: a free one each
-                config = replace(self.config, port=port, metrics_port=metrics)
+                # the first measures what the config asks; the others read it from the cache it left
+                calibrate = "auto" if i and self.config.calibrate == "force" else self.config.calibrate
+                config = replace(self.config, port=port, metrics_port=metrics, calibrate=calibrate)
                 mine, theirs = ctx.Pipe()
                 proc = ctx.Process(target=_front_end, args=(self.host.address, self.host.authkey, config, theirs),
                                    name=f"edgekit-frontend-{i}", daemon=True)
@@ -91,20 +97,34 @@ class FrontEnds:
         return self
 
     def _command(self, command: str, **args: Any) -> list[Any]:
+        """`command` to every front end at once, and each one's answer (None from one that is gone)."""
         with self._lock:
+            sent: list[Connection | None] = []
             for pipe in self._pipes:
-                pipe.send((command, args))
-            return [pipe.recv() for pipe in self._pipes]
+                try:
+                    pipe.send((command, args))
+                    sent.append(pipe)
+                except OSError:
+                    sent.append(None)
+            out: list[Any] = []
+            for receiving in sent:
+                try:
+                    out.append(None if receiving is None else receiving.recv())
+                except (EOFError, OSError):
+                    out.append(None)
+            return out
 
     def stats(self) -> list[Any]:
-        """Each front end's `ServingStats.snapshot()`."""
+        """Each front end's `ServingStats.snapshot()` (None for one that is gone)."""
         return self._command("stats")
 
     def drain(self, timeout: float = 10.0, *, quiet: float = 2.0) -> float:
         """`VerifierServer.drain` in every front end at once, then stops them all; the longest took."""
-        took = max(self._command("drain", timeout=timeout, quiet=quiet), default=0.0)
-        self.stop()
-        return float(took)
+        try:
+            return float(max((t for t in self._command("drain", timeout=timeout, quiet=quiet) if t is not None),
+                             default=0.0))
+        finally:
+            self.stop()
 
     def stop(self) -> None:
         """Stops the front ends, then the host; the engine is closed."""
@@ -134,10 +154,25 @@ class FrontEnds:
         self.stop()
 
 
+def _check_free(host: str, port: int) -> None:
+    """Refuses a port another server listens on: with SO_REUSEPORT the front ends would share it
+    with that server (the kernel splitting the devices between the two) instead of failing."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: a closed server's port is free
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror} (the port is taken?)") from None
+
+
 def _front_end(address: str, authkey: bytes, config: ServerConfig, pipe: Connection) -> None:
-    """A front end's process: a verifier over the host's engine, answering its parent's commands."""
+    """A front end's process: a verifier over the host's engine, answering its parent's commands.
+    Signals are the parent's: a Ctrl-C or a service manager's SIGTERM to the whole process group
+    reaches the parent, which drains every front end; each leaves when the parent's pipe closes."""
     from ._server import VerifierServer
 
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         server = VerifierServer(RemoteEngine(address, authkey), config).start()
     except Exception as exc:  # the parent says it

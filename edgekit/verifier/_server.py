@@ -119,7 +119,8 @@ def llama_engine(path: str | Path, config: ServerConfig, *, name: str | None = N
         recalibrate=c.calibrate == "force",
         gpu_layers=c.gpu_layers,
         resident=c.resident_sessions or None,
-        max_batch_rows=c.max_batch_rows,
+        # front ends' batches merged into one call: room for each one's largest
+        max_batch_rows=c.max_batch_rows * c.frontends,
         reduce_rows=c.reduce_rows,
     )
 

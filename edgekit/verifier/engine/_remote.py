@@ -6,20 +6,22 @@ acceptance) drives that one model.
 Why (issue 50): a verifier's Python, gRPC's included, takes 650-850 us of one core per round, so one
 process answers 1,200-1,700 rounds a second, and its engine thread waits for the GIL among the
 handler threads after every step; a 7B target on a GPU verifies 6,000 rounds a second at 128
-devices. Several front-end processes on one port (`ServerConfig.reuse_port`: the kernel spreads the
-devices' connections over them) each pay their own Python; the host's thread has no other Python to
+devices. Several front-end processes on one port (`ServerConfig.frontends`, `FrontEnds`: the kernel
+spreads the devices' connections over them) each pay their own Python; the host's thread has no other Python to
 wait for, and whatever the front ends sent while a step ran goes into the next one, one batch as the
 GPU wants it.
 
 Each client has sequences of its own: client i's sequence s is the engine's i x `seqs` + s, so the
-engine holds clients x `seqs` sequences (a `LlamaEngine` parks what its context cannot hold). A
-client's calls reach the engine in the order it made them: the host applies a call on a sequence
-that a batch waiting to run holds after that batch. `truncate`, `settle` and `release` are sent
-without waiting for an answer (the next call on that client's connection comes after them);
-`run_batch` and `cached` wait for theirs. A client that goes away has its sequences released and its
-place taken by the next one. Messages are pickled over a Unix socket (`multiprocessing.connection`,
-with an authentication key): feeds and reduced rows are small; whole rows (logprobs, penalties) are
-1 MB each on a 262,144-token vocabulary.
+engine holds clients x `seqs` sequences (a `LlamaEngine` parks what its context cannot hold), and a
+client may touch no other's. A client's calls on a sequence reach the engine in the order it made
+them: a call (a batch included) on a sequence that a batch waiting to run holds runs after that
+batch; calls on other sequences may go first. `truncate`, `settle` and `release` are sent without
+waiting for an answer (a later call on the sequence comes after them), so their errors are the
+host's log's, not the caller's; `run_batch`, `cached` and `is_eog` wait for theirs. A client that
+goes away has its sequences released and its place taken by the next one. Messages are pickled over
+a Unix socket (`multiprocessing.connection`, with an authentication key), each client's answers
+sent on a thread of their own: feeds and reduced rows are small; whole rows (logprobs, penalties)
+are 1 MB each on a 262,144-token vocabulary.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
 import socket
 import tempfile
 import threading
@@ -37,7 +40,13 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import (
+    Client,
+    Connection,
+    Listener,
+    answer_challenge,
+    deliver_challenge,
+)
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +67,45 @@ _CALLS = ("run", "cached", "is_eog", *_SENT)
 class _Request:
     client: int
     rid: int
-    kind: str  # "run", "cached", or one of _SENT
+    kind: str  # "run", "cached", "is_eog", one of _SENT, or "gone" (the client left)
     args: tuple[Any, ...]
+
+
+class _Peer:
+    """A client's connection. Its answers go out on a thread of its own, so that a client that stops
+    reading (1 MB whole rows fill a socket's buffer) holds up no other client and not the engine."""
+
+    def __init__(self, index: int, conn: Connection) -> None:
+        self.index, self.conn = index, conn
+        self._out: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_all, name=f"edgekit-engine-send{index}", daemon=True)
+        self._sender.start()
+
+    def answer(self, rid: int, status: str, value: Any) -> None:
+        self._out.put((rid, status, value))
+
+    def _send_all(self) -> None:
+        while (message := self._out.get()) is not None:
+            try:
+                self.conn.send(message)
+            except (OSError, ValueError):  # gone: its reader says so
+                return
+            except Exception as exc:  # an answer that does not pickle: the caller gets why, not silence
+                try:
+                    why = InferenceError(f"the engine's answer could not be sent: {exc}")
+                    self.conn.send((message[0], "error", why))
+                except Exception:  # gone as well
+                    return
+
+    def hang_up(self) -> None:
+        """Ends the connection both ways; its sender stops (its reader sees the end)."""
+        self._out.put(None)
+        _hang_up(self.conn)
+
+    def close(self) -> None:
+        self.hang_up()
+        self._sender.join(5.0)
+        self.conn.close()
 
 
 class EngineHost:
@@ -79,7 +125,8 @@ class EngineHost:
             self._dir = tempfile.mkdtemp(prefix="edgekit-engine-")
             address = str(Path(self._dir) / "engine.sock")
         self.address = address
-        self._listener = Listener(address, family="AF_UNIX", authkey=self.authkey)
+        # the key is checked on each connection's own thread: one that never answers holds up no other
+        self._listener = Listener(address, family="AF_UNIX")
         self._info = {
             "name": engine.name, "identity": engine.identity, "n_vocab": engine.n_vocab, "n_embd": engine.n_embd,
             "exact": engine.exact, "invariant_batch": engine.invariant_batch, "mixes_sessions": engine.mixes_sessions,
@@ -88,53 +135,89 @@ class EngineHost:
         }
         self._cond = threading.Condition()
         self._queue: deque[_Request] = deque()
-        self._conns: dict[int, Connection] = {}
+        self._peers: dict[int, _Peer] = {}
         self._closed = False
         self.calls = 0  # engine calls run (merged batches)
         self.batches = 0  # clients' batches run in them
         self.busy_s = 0.0  # seconds in the engine's calls
-        self._threads = [threading.Thread(target=self._accept, name="edgekit-engine-accept", daemon=True),
-                         threading.Thread(target=self._loop, name="edgekit-engine-host", daemon=True)]
-        for t in self._threads:
-            t.start()
+        self._accepting = threading.Thread(target=self._accept, name="edgekit-engine-accept", daemon=True)
+        self._running = threading.Thread(target=self._loop, name="edgekit-engine-host", daemon=True)
+        self._accepting.start()
+        self._running.start()
 
     # -- connections ---------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn = self._listener.accept()
-            except Exception:  # closed, or a client that failed the handshake (a wrong key)
-                if self._closed:
-                    return
-                continue
-            with self._cond:
-                free = [i for i in range(self.clients) if i not in self._conns]
-                if free:
-                    self._conns[free[0]] = conn
-            if not free:
-                _send(conn, (0, "error", ConfigError(f"the engine host serves {self.clients} clients at most")))
-                conn.close()
-                continue
-            _send(conn, (0, "ok", {**self._info, "client": free[0]}))
-            threading.Thread(target=self._read, args=(free[0], conn), name=f"edgekit-engine-client{free[0]}",
-                             daemon=True).start()
-
-    def _read(self, client: int, conn: Connection) -> None:
         while True:
             try:
-                rid, kind, args = conn.recv()
+                conn = self._listener.accept()
+            except OSError:
+                return  # closed
+            if self._closed:
+                conn.close()
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="edgekit-engine-client", daemon=True).start()
+
+    def _serve(self, conn: Connection) -> None:
+        """A connection: the key checked both ways (as `Listener` does), a place given, its calls read."""
+        try:
+            self._welcome(conn)
+        except Exception:  # a bug here must not leave the client waiting for a hello
+            log.exception("engine host: a client's connection failed")
+            conn.close()
+
+    def _welcome(self, conn: Connection) -> None:
+        try:
+            deliver_challenge(conn, self.authkey)
+            answer_challenge(conn, self.authkey)
+        except Exception:  # a wrong key, or a peer gone mid-handshake
+            conn.close()
+            return
+        with self._cond:
+            free = [i for i in range(self.clients) if i not in self._peers] if not self._closed else []
+            peer = _Peer(free[0], conn) if free else None
+            if peer is not None:
+                self._peers[peer.index] = peer
+        if peer is None:
+            _send(conn, (0, "error", ConfigError(f"the engine host serves {self.clients} clients at most")))
+            conn.close()
+            return
+        peer.answer(0, "ok", {**self._info, "client": peer.index})
+        self._read(peer)
+
+    def _read(self, peer: _Peer) -> None:
+        while True:
+            try:
+                rid, kind, args = peer.conn.recv()
             except (EOFError, OSError):
                 break
-            if kind not in _CALLS:
-                _send(conn, (rid, "error", ConfigError(f"the engine host answers {', '.join(_CALLS)}, not {kind!r}")))
+            except Exception:  # a message that does not unpickle, or not a call: the client is broken
+                log.exception("engine host: client %d sent what it cannot read; it is let go", peer.index)
+                break
+            problem = self._problem(peer.index, kind, args)
+            if problem:
+                peer.answer(rid, "error", ConfigError(problem))
                 continue
             with self._cond:
-                self._queue.append(_Request(client, rid, kind, args))
+                self._queue.append(_Request(peer.index, rid, kind, args))
                 self._cond.notify()
         with self._cond:  # gone: its sequences are emptied once what it sent has run
-            self._queue.append(_Request(client, 0, "gone", ()))
+            self._queue.append(_Request(peer.index, 0, "gone", ()))
             self._cond.notify()
+
+    def _problem(self, client: int, kind: str, args: Any) -> str:
+        """What is wrong with a call (empty: nothing): only the engine's calls, on the client's own
+        sequences."""
+        if kind not in _CALLS:
+            return f"the engine host answers {', '.join(_CALLS)}, not {kind!r}"
+        mine = range(client * self.seqs, (client + 1) * self.seqs)
+        if kind == "run":
+            feeds = args[0] if isinstance(args, tuple) and len(args) == 1 and isinstance(args[0], list) else None
+            if feeds is None or not all(isinstance(f, Feed) and f.seq in mine for f in feeds):
+                return f"a run is a list of feeds on client {client}'s sequences {mine.start}-{mine.stop - 1}"
+        elif kind != "is_eog" and not (isinstance(args, tuple) and args and args[0] in mine):
+            return f"{kind} takes one of client {client}'s sequences {mine.start}-{mine.stop - 1}"
+        return ""
 
     # -- the engine's thread -------------------------------------------------------------------
 
@@ -143,27 +226,40 @@ class EngineHost:
             with self._cond:
                 while not self._queue and not self._closed:
                     self._cond.wait()
-                if self._closed and not self._queue:
+                if self._closed:  # what is queued is dropped: its clients are hung up on
                     return
                 requests = list(self._queue)
                 self._queue.clear()
-            runs: list[_Request] = []
-            held: set[int] = set()  # sequences in `runs`
-            for r in requests:
-                if r.kind == "run":
-                    runs.append(r)
-                    held.update(f.seq for f in r.args[0])
-                    continue
-                seqs = self._seqs_of(r)
-                if held & seqs:  # after the batches that hold its sequence, as the client made them
-                    self._run(runs)
-                    runs, held = [], set()
+            try:
+                self._take(requests)
+            except Exception:  # a bug here must not leave every client waiting on a dead thread
+                log.exception("engine host: a round of calls failed")
+                for r in requests:
+                    if r.kind not in (*_SENT, "gone"):
+                        self._answer(r, "error", InferenceError("the engine host failed this call; see its log"))
+
+    def _take(self, requests: list[_Request]) -> None:
+        """Runs `requests` in their order, a sequence's calls after the batches that hold it: runs
+        merged into one engine call until one touches a sequence a merged run holds."""
+        runs: list[_Request] = []
+        held: set[int] = set()  # sequences in `runs`
+        for r in requests:
+            seqs = self._seqs_of(r)
+            if held & seqs:  # after the batches that hold its sequence, as the client made them
+                self._run(runs)
+                runs, held = [], set()
+            if r.kind == "run":
+                runs.append(r)
+                held |= seqs
+            else:
                 self._apply(r)
-            self._run(runs)
+        self._run(runs)
 
     def _seqs_of(self, r: _Request) -> set[int]:
         if r.kind == "gone":
             return set(range(r.client * self.seqs, (r.client + 1) * self.seqs))
+        if r.kind == "run":
+            return {f.seq for f in r.args[0]}
         return set() if r.kind == "is_eog" else {r.args[0]}
 
     def _apply(self, r: _Request) -> None:
@@ -174,15 +270,14 @@ class EngineHost:
                 except Exception:  # one sequence's failure must not keep the place
                     log.exception("engine host: releasing sequence %d", seq)
             with self._cond:
-                conn = self._conns.pop(r.client, None)
-            if conn is not None:  # this thread alone sends on it: closing it here races nothing
-                _hang_up(conn)
-                conn.close()
+                peer = self._peers.pop(r.client, None)
+            if peer is not None:
+                peer.close()
             return
         try:
             value = getattr(self.engine, r.kind)(*r.args)
         except Exception as exc:  # the client's to raise
-            if r.kind in _SENT:
+            if r.kind in _SENT:  # sent without waiting: the host's log says it
                 log.warning("engine host: %s%s from client %d failed: %s", r.kind, r.args, r.client, exc)
             else:
                 self._answer(r, "error", _portable(exc))
@@ -218,22 +313,30 @@ class EngineHost:
 
     def _answer(self, r: _Request, status: str, value: Any) -> None:
         with self._cond:
-            conn = self._conns.get(r.client)
-        if conn is not None:
-            _send(conn, (r.rid, status, value))
+            peer = self._peers.get(r.client)
+        if peer is not None:
+            peer.answer(r.rid, status, value)
 
     def close(self) -> None:
-        """Stops taking clients and calls (what is queued runs first); the engine stays open."""
+        """Stops taking clients and calls and hangs up on every client; returns once the engine's
+        thread has left it (after the call under way, if one is: the engine may then be closed)."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
-            conns = list(self._conns.values())
+            peers = list(self._peers.values())
+            self._peers.clear()
             self._cond.notify()
+        try:  # wakes the accept thread (closing the listener alone would not)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(self.address)
+        except OSError:
+            pass
+        self._accepting.join(5.0)
         self._listener.close()
-        for conn in conns:
-            _hang_up(conn)
-        self._threads[1].join(10.0)
+        for peer in peers:
+            peer.close()
+        self._running.join()
         if self._dir is not None:  # the listener took its socket file with it
             Path(self.address).unlink(missing_ok=True)
             Path(self._dir).rmdir()
@@ -241,7 +344,7 @@ class EngineHost:
 
 class RemoteEngine:
     """The `Engine` of an `EngineHost` at `address` (its `authkey`): this process's sequences are
-    0 .. `seqs` - 1. `timeout`: seconds to connect and be answered the handshake; `call_timeout`:
+    0 .. `seqs` - 1. `timeout`: seconds to wait for the host's hello once connected; `call_timeout`:
     seconds a call waits for its answer (a batch, with the batches queued before it: a long
     prompt's prefill on a CPU takes minutes) before the host is taken for gone."""
 
@@ -357,7 +460,9 @@ class RemoteEngine:
         while True:
             try:
                 rid, status, value = self._conn.recv()
-            except (EOFError, OSError) as exc:
+            except Exception as exc:  # closed, or a message it cannot read: either way the host is lost to it
+                if not isinstance(exc, (EOFError, OSError)):
+                    log.exception("the engine host at %s sent what this process cannot read", self.address)
                 gone = VerifierUnavailableError(f"the engine host at {self.address} is gone: {exc or 'closed'}")
                 with self._lock:
                     self._gone = gone
