@@ -1,0 +1,119 @@
+"""What the engine host's socket costs a front end (`edgekit serve --frontends`): one engine call of B
+sessions' rounds (5 rows each) made on the engine in this process, and the same call made through an
+`EngineHost` as a front end makes it (`RemoteEngine`: pickled over a Unix socket, answered from the
+host's threads), with the rows reduced three ways: best ids (greedy), kept rows (top-k 40) and
+whole rows (logprobs, penalties). The engine answers every call from rows it made once (no model
+runs), so the difference is the socket's, the pickling's and the host's threads'; both ways'
+outputs are checked equal, and the calls are interleaved so the machine's noise hits both alike.
+
+    python benchmarks/engine_host.py                                    # vocabulary 32,000
+    python benchmarks/engine_host.py --vocab 152064 --batches 1,16,64,128 --out engine_host_qwen
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness as C
+
+from edgekit.runtime import ToyLanguageModel
+from edgekit.verifier import Feed, ToyEngine
+from edgekit.verifier.engine import EngineHost, KeptRows, RemoteEngine
+
+WAYS = {"best ids": {"argmax": -1}, "kept rows (top-k 40)": {"keep": 40}, "whole rows": {}}
+
+
+class CannedEngine(ToyEngine):
+    """The toy engine's interface, every call answered from rows made once: what a call's outputs
+    weigh, without a model's time (whole rows are copied out, as llama.cpp's engine copies them)."""
+
+    def __init__(self, lm: ToyLanguageModel, n_seq: int) -> None:
+        super().__init__(lm, n_seq=n_seq, max_context=64)
+        rng = np.random.default_rng(0)
+        self.rows = rng.standard_normal((5, lm.vocab_size)).astype(np.float32)
+        self.kept = KeptRows(self.rows[:, :40].copy(), np.arange(40, dtype=np.int64))
+
+    def run_batch(self, feeds):  # type: ignore[no-untyped-def]
+        return [np.argmax(self.rows, axis=1) if f.argmax
+                else KeptRows(self.kept.logits.copy(), self.kept.ids.copy()) if f.keep else self.rows.copy()
+                for f in feeds]  # each its own arrays, as an engine's are (pickle sends a shared one once)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, KeptRows):
+        return np.array_equal(a.ids, b.ids) and np.array_equal(a.logits, b.logits)
+    return bool(np.array_equal(a, b))
+
+
+def measure(vocab: int, batches: list[int], repeats: int) -> dict[str, Any]:
+    n = max(batches)
+    lm = ToyLanguageModel(vocab_size=vocab, seed=3)
+    local = CannedEngine(lm, n)
+    host = EngineHost(CannedEngine(lm, n), clients=1, seqs=n)
+    remote = RemoteEngine(host.address, host.authkey)
+    try:
+        cells = [(b, way) for b in batches for way in WAYS]
+        times: dict[tuple[int, str, str], list[float]] = {(b, w, e): [] for b, w in cells for e in ("local", "host")}
+        for _ in range(repeats):
+            random.shuffle(cells)
+            for b, way in cells:
+                asks = {k: (vocab if v == -1 else v) for k, v in WAYS[way].items()}
+                if "keep" in asks:
+                    asks["within"] = vocab
+                feeds = [Feed(s, 4, (9, 10, 11, 12, 13), 5, **asks) for s in range(b)]
+                outs = {}
+                for name, engine in (("local", local), ("host", remote)):
+                    t0 = time.perf_counter()
+                    outs[name] = engine.run_batch(feeds)
+                    times[b, way, name].append((time.perf_counter() - t0) * 1e3)
+                assert all(_same(x, y) for x, y in zip(outs["local"], outs["host"], strict=True)), (b, way)
+    finally:
+        remote.close()
+        host.close()
+    rows = []
+    for b in batches:
+        for way in WAYS:
+            here, there = statistics.median(times[b, way, "local"]), statistics.median(times[b, way, "host"])
+            rows.append({"sessions": b, "rows": 5 * b, "way": way, "local_ms": here, "host_ms": there,
+                         "socket_ms": there - here, "socket_us_per_row": (there - here) * 1e3 / (5 * b)})
+    return {"vocab": vocab, "repeats": repeats, "rows": rows}
+
+
+def plot(result: dict[str, Any], png: Path) -> None:
+    fig, (ax,) = C.subplots(width=6.5)
+    for way in WAYS:
+        rs = [r for r in result["rows"] if r["way"] == way and r["socket_ms"] > 0]  # (noise can make one <= 0)
+        ax.plot([r["rows"] for r in rs], [r["socket_ms"] for r in rs], "o-", label=way)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(f"rows in the engine call (5 a session), {result['vocab']:,} logits each")
+    ax.set_ylabel("ms the host adds to a call (median)")
+    ax.set_title("An engine call through the engine host, over one made in process")
+    C.save_figure(fig, png)
+
+
+def main() -> None:
+    ap = C.arguments(__doc__, replot=True, threads=None, repeats=20, out="engine_host")
+    ap.add_argument("--vocab", type=int, default=32000, help="logits per row")
+    ap.add_argument("--batches", default="1,8,32,128", help="sessions per call, comma-separated")
+    args = C.parse(ap, plot=plot)
+    result = measure(args.vocab, C.csv_list(args.batches, int), args.repeats)
+    print(C.table(["sessions", "rows", "way", "in process ms", "through the host ms", "added ms", "added us a row"],
+                  [[r["sessions"], r["rows"], r["way"], r["local_ms"], r["host_ms"], r["socket_ms"],
+                    r["socket_us_per_row"]] for r in result["rows"]]))
+    path = C.write_result(args.out, {"settings": vars(args), **result})
+    plot(result, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png').name}")
+
+
+if __name__ == "__main__":
+    main()
