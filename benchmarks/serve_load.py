@@ -225,11 +225,12 @@ def _server_stats(server: Any) -> dict[str, Any]:
     split = hasattr(server, "host")
     snapshots = server.stats() if split else [server.service.stats.snapshot()]
     classes = [c for s in snapshots for c in s.classes.values()]
+    pids = ["self", *server.pids] if split else ["self"]  # every process's threads and memory
     out = {
         "t": time.monotonic(),
         "cpu_s": sum(os.times()[:2]),
-        "threads": _proc_status("Threads"),
-        "rss_mb": _proc_status("VmRSS") / 1024,
+        "threads": _proc_status("Threads", pids),
+        "rss_mb": _proc_status("VmRSS", pids) / 1024,
         "sessions_open": sum(s.sessions for s in snapshots),
         "engine_s": server.host.busy_s if split else snapshots[0].engine_s,
         "device_s": getattr(server.engine, "device_s", 0.0),  # the modelled device's time (--device-step sync)
@@ -254,12 +255,16 @@ def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _proc_status(key: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
+def _proc_status(key: str, pids: Sequence[int | str] = ("self",)) -> int:
+    """`key` of /proc/PID/status (its number), summed over `pids` (a front end gone counts 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith(key + ":")), 0)
+        except OSError:
+            pass
+    return total
 
 
 def _shares(rounds: list[int]) -> dict[str, float]:

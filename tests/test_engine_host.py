@@ -75,31 +75,37 @@ def host():
     h.close()
 
 
-def test_every_output_through_the_host_is_a_local_engines_and_clients_have_their_own_sequences(host):
+@pytest.fixture
+def pair(host):
+    """Two clients of `host` (its clients 0 and 1); after the test, the engine's gate open and both closed."""
+    clients = _client(host), _client(host)
+    yield clients
+    host.engine.gate.set()
+    for c in clients:
+        c.close()
+
+
+def test_every_output_through_the_host_is_a_local_engines_and_clients_have_their_own_sequences(host, pair):
     local = ToyEngine(LM, n_seq=4, max_context=64)
-    a, b = _client(host), _client(host)
-    try:
-        assert (a.client, b.client, a.seqs) == (0, 1, 4)
-        assert (a.name, a.n_vocab, a.exact, a.fingerprint()) == (local.name, local.n_vocab, True, local.fingerprint())
-        prompt = (5, 6, 7, 8, 9)
-        feeds = [Feed(0, 0, prompt, 3), Feed(2, 0, prompt[:3], 1, argmax=300),
-                 Feed(3, 0, prompt, 5, keep=4, within=300), Feed(1, 0, prompt, 2, hidden=True)]
-        want = local.run_batch(feeds)
-        for remote in (a, b):
-            got = remote.run_batch(feeds)
-            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
-            assert isinstance(got[2], KeptRows) and np.array_equal(got[2].logits, want[2].logits)
-            assert all(np.array_equal(x, y) for x, y in zip(got[3], want[3], strict=True))
-        # a's sequence 0 is the engine's 0, b's the engine's 4; both hold the prompt, nothing else does
-        assert [host.engine.cached(s) for s in range(12)] == [5, 5, 3, 5, 5, 5, 3, 5, 0, 0, 0, 0]
-        assert a.is_eog(LM.eos) and not a.is_eog(5)
-        a.truncate(0, 2)
-        assert a.cached(0) == 2 and b.cached(0) == 5
-        with pytest.raises(InferenceError, match="sequence 4 is not one of this process's 4"):
-            a.run_batch([Feed(4, 0, prompt, 1)])
-    finally:
-        a.close()
-        b.close()
+    a, b = pair
+    assert (a.client, b.client, a.seqs) == (0, 1, 4)
+    assert (a.name, a.n_vocab, a.exact, a.fingerprint()) == (local.name, local.n_vocab, True, local.fingerprint())
+    prompt = (5, 6, 7, 8, 9)
+    feeds = [Feed(0, 0, prompt, 3), Feed(2, 0, prompt[:3], 1, argmax=300),
+             Feed(3, 0, prompt, 5, keep=4, within=300), Feed(1, 0, prompt, 2, hidden=True)]
+    want = local.run_batch(feeds)
+    for remote in (a, b):
+        got = remote.run_batch(feeds)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        assert isinstance(got[2], KeptRows) and np.array_equal(got[2].logits, want[2].logits)
+        assert all(np.array_equal(x, y) for x, y in zip(got[3], want[3], strict=True))
+    # a's sequence 0 is the engine's 0, b's the engine's 4; both hold the prompt, nothing else does
+    assert [host.engine.cached(s) for s in range(12)] == [5, 5, 3, 5, 5, 5, 3, 5, 0, 0, 0, 0]
+    assert a.is_eog(LM.eos) and not a.is_eog(5)
+    a.truncate(0, 2)
+    assert a.cached(0) == 2 and b.cached(0) == 5
+    with pytest.raises(InferenceError, match="sequence 4 is not one of this process's 4"):
+        a.run_batch([Feed(4, 0, prompt, 1)])
 
 
 def test_batches_sent_while_the_engine_runs_go_into_its_next_call_together(host):
@@ -128,58 +134,47 @@ def test_batches_sent_while_the_engine_runs_go_into_its_next_call_together(host)
             c.close()
 
 
-def test_a_call_on_a_sequence_a_waiting_batch_holds_comes_after_that_batch(host):
-    a = _client(host)
-    b = _client(host)
+def test_a_call_on_a_sequence_a_waiting_batch_holds_comes_after_that_batch(host, pair):
+    a, b = pair
     engine = host.engine
-    try:
-        a.run_batch([Feed(0, 0, (5, 6, 7, 8), 0)])
-        engine.shut()
-        with ThreadPoolExecutor(2) as pool:
-            holding = pool.submit(b.run_batch, [Feed(0, 0, (9,), 1)])
-            assert engine.entered.wait(30)
-            grown = pool.submit(a.run_batch, [Feed(0, 4, (9, 10), 2)])
-            _queued(host, 1)
-            a.truncate(0, 3)  # sent after the batch that grows the sequence to 6: it cuts what that left
-            _queued(host, 2)
-            engine.gate.set()
-            holding.result(30)
-            rows = grown.result(30)
-        assert a.cached(0) == 3
-        want = ToyEngine(LM, n_seq=1, max_context=64).run_batch([Feed(0, 0, (5, 6, 7, 8, 9, 10), 2)])
-        assert np.array_equal(rows[0], want[0])
-    finally:
+    a.run_batch([Feed(0, 0, (5, 6, 7, 8), 0)])
+    engine.shut()
+    with ThreadPoolExecutor(2) as pool:
+        holding = pool.submit(b.run_batch, [Feed(0, 0, (9,), 1)])
+        assert engine.entered.wait(30)
+        grown = pool.submit(a.run_batch, [Feed(0, 4, (9, 10), 2)])
+        _queued(host, 1)
+        a.truncate(0, 3)  # sent after the batch that grows the sequence to 6: it cuts what that left
+        _queued(host, 2)
         engine.gate.set()
-        a.close()
-        b.close()
+        holding.result(30)
+        rows = grown.result(30)
+    assert a.cached(0) == 3
+    want = ToyEngine(LM, n_seq=1, max_context=64).run_batch([Feed(0, 0, (5, 6, 7, 8, 9, 10), 2)])
+    assert np.array_equal(rows[0], want[0])
 
 
-def test_two_batches_on_one_sequence_never_share_an_engine_call(host):
+def test_two_batches_on_one_sequence_never_share_an_engine_call(host, pair):
     """A client's second batch on a sequence (sent before the first ran: a front end whose call
     timed out goes on) runs after the first, in a call of its own: one call holding both would
     decode them into one sequence at once."""
-    a, b = _client(host), _client(host)
+    a, b = pair
     engine = host.engine
-    try:
-        engine.shut()
-        with ThreadPoolExecutor(3) as pool:
-            holding = pool.submit(b.run_batch, [Feed(0, 0, (9,), 1)])
-            assert engine.entered.wait(30)
-            first = pool.submit(a.run_batch, [Feed(0, 0, (5, 6, 7), 1), Feed(1, 0, (5,), 1)])
-            _queued(host, 1)
-            second = pool.submit(a.run_batch, [Feed(0, 3, (8,), 1)])
-            _queued(host, 2)
-            engine.gate.set()
-            holding.result(30)
-            first.result(30)
-            rows = second.result(30)
-        assert [sorted(f.seq for f in call) for call in engine.calls] == [[4], [0, 1], [0]]
-        want = ToyEngine(LM, n_seq=1, max_context=64).run_batch([Feed(0, 0, (5, 6, 7, 8), 1)])
-        assert np.array_equal(rows[0], want[0])
-    finally:
+    engine.shut()
+    with ThreadPoolExecutor(3) as pool:
+        holding = pool.submit(b.run_batch, [Feed(0, 0, (9,), 1)])
+        assert engine.entered.wait(30)
+        first = pool.submit(a.run_batch, [Feed(0, 0, (5, 6, 7), 1), Feed(1, 0, (5,), 1)])
+        _queued(host, 1)
+        second = pool.submit(a.run_batch, [Feed(0, 3, (8,), 1)])
+        _queued(host, 2)
         engine.gate.set()
-        a.close()
-        b.close()
+        holding.result(30)
+        first.result(30)
+        rows = second.result(30)
+    assert [sorted(f.seq for f in call) for call in engine.calls] == [[4], [0, 1], [0]]
+    want = ToyEngine(LM, n_seq=1, max_context=64).run_batch([Feed(0, 0, (5, 6, 7, 8), 1)])
+    assert np.array_equal(rows[0], want[0])
 
 
 def test_a_client_may_touch_only_its_own_sequences_and_the_engines_calls(host):
@@ -201,10 +196,10 @@ def test_a_client_may_touch_only_its_own_sequences_and_the_engines_calls(host):
         conn.close()
 
 
-def test_closing_the_host_waits_for_the_engines_call_under_way(host):
+def test_closing_the_host_waits_for_the_engines_call_under_way(host, pair):
     """Closing returns only once the engine's thread has left the engine (which may then be closed),
     and hangs up on every client: what was queued behind the call is not run."""
-    a, b = _client(host), _client(host)
+    a, b = pair
     engine = host.engine
     engine.shut()
     with ThreadPoolExecutor(3) as pool:
@@ -223,31 +218,24 @@ def test_closing_the_host_waits_for_the_engines_call_under_way(host):
         with pytest.raises(VerifierUnavailableError):
             busy.result(30)  # its answer was not sent: the host had hung up
     assert not any(t.name.startswith("edgekit-engine-accept") for t in threading.enumerate())
-    a.close()
-    b.close()
 
 
-def test_a_full_kv_cache_fails_only_the_batch_that_overflows_it(host):
-    a, b = _client(host), _client(host)
+def test_a_full_kv_cache_fails_only_the_batch_that_overflows_it(host, pair):
+    a, b = pair
     engine = host.engine
-    try:
-        engine.shut()
-        with ThreadPoolExecutor(3) as pool:
-            first = pool.submit(a.run_batch, [Feed(1, 0, (5,), 1)])
-            assert engine.entered.wait(30)
-            over = pool.submit(a.run_batch, [Feed(0, 0, tuple(range(5, 75)), 1)])  # 70 tokens: past 64
-            fits = pool.submit(b.run_batch, [Feed(0, 0, (5, 6), 1)])
-            _queued(host, 2)
-            engine.gate.set()
-            first.result(30)
-            with pytest.raises(KVCacheFullError):
-                over.result(30)
-            assert fits.result(30)[0].shape == (1, 300)
-        assert a.cached(0) == 0 and b.cached(0) == 2
-    finally:
+    engine.shut()
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(a.run_batch, [Feed(1, 0, (5,), 1)])
+        assert engine.entered.wait(30)
+        over = pool.submit(a.run_batch, [Feed(0, 0, tuple(range(5, 75)), 1)])  # 70 tokens: past 64
+        fits = pool.submit(b.run_batch, [Feed(0, 0, (5, 6), 1)])
+        _queued(host, 2)
         engine.gate.set()
-        a.close()
-        b.close()
+        first.result(30)
+        with pytest.raises(KVCacheFullError):
+            over.result(30)
+        assert fits.result(30)[0].shape == (1, 300)
+    assert a.cached(0) == 0 and b.cached(0) == 2
 
 
 def test_a_client_that_goes_leaves_its_place_and_its_sequences_empty_for_the_next(host):
