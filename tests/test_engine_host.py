@@ -285,6 +285,24 @@ def test_a_wrong_key_or_a_host_gone_is_a_clear_error(host):
     a.close()
 
 
+def test_a_host_that_accepts_and_never_checks_the_key_is_an_error_at_the_deadline(tmp_path):
+    """A socket that takes the connection and says nothing (a hung host, or not an engine host at
+    all): multiprocessing's own Client would wait on it forever."""
+    import socket
+
+    address = str(tmp_path / "silent.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(1)
+    try:
+        with pytest.raises(VerifierUnavailableError, match="did not check this process's key within 0.3 s"):
+            RemoteEngine(address, b"key", timeout=0.3)
+        held, _ = listener.accept()  # it did connect: the deadline was the key check's
+        held.close()
+    finally:
+        listener.close()
+
+
 def test_a_client_in_another_process_gets_the_same_rows(host):
     """Through pickling across processes: a front end's feeds and the reduced and whole rows back."""
     script = (

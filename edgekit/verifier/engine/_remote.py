@@ -31,6 +31,7 @@ import logging
 import os
 import queue
 import socket
+import struct
 import tempfile
 import threading
 import time
@@ -41,7 +42,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import (
-    Client,
     Connection,
     Listener,
     answer_challenge,
@@ -344,17 +344,13 @@ class EngineHost:
 
 class RemoteEngine:
     """The `Engine` of an `EngineHost` at `address` (its `authkey`): this process's sequences are
-    0 .. `seqs` - 1. `timeout`: seconds to wait for the host's hello once connected; `call_timeout`:
-    seconds a call waits for its answer (a batch, with the batches queued before it: a long
-    prompt's prefill on a CPU takes minutes) before the host is taken for gone."""
+    0 .. `seqs` - 1. `timeout`: seconds each step of connecting (the connection, each of the key
+    check's reads, the host's hello) may wait; `call_timeout`: seconds a call waits for its answer (a
+    batch, with the batches queued before it: a long prompt's prefill on a CPU takes minutes) before
+    the host is taken for gone."""
 
     def __init__(self, address: str, authkey: bytes, *, timeout: float = 30.0, call_timeout: float = 600.0) -> None:
-        try:
-            self._conn = Client(address, family="AF_UNIX", authkey=authkey)
-        except (OSError, EOFError) as exc:
-            raise VerifierUnavailableError(f"cannot reach the engine host at {address}: {exc}") from exc
-        except AuthenticationError as exc:
-            raise ConfigError(f"the engine host at {address} refused this process's key: {exc}") from exc
+        self._conn = _connect(address, authkey, timeout)
         if not self._conn.poll(timeout):
             self._conn.close()
             raise VerifierUnavailableError(f"the engine host at {address} did not answer within {timeout:g} s")
@@ -479,6 +475,45 @@ class RemoteEngine:
                 future.set_result(value)
             else:
                 future.set_exception(value)
+
+
+def _connect(address: str, authkey: bytes, timeout: float) -> Connection:
+    """A connection to the host at `address` whose key check passed, within `timeout` seconds: a host
+    that accepts and then says nothing (hung, or not an engine host) is an error at the deadline, not
+    a wait forever (multiprocessing's `Client` has no deadline)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(address)
+        sock.settimeout(None)  # blocking again: `Connection` reads the descriptor itself,
+        _receive_deadline(sock, timeout)  # and the key check's reads give up at the deadline
+    except OSError as exc:
+        sock.close()
+        raise VerifierUnavailableError(f"cannot reach the engine host at {address}: {exc}") from exc
+    conn = Connection(sock.detach())
+    try:
+        answer_challenge(conn, authkey)
+        deliver_challenge(conn, authkey)
+    except AuthenticationError as exc:
+        conn.close()
+        raise ConfigError(f"the engine host at {address} refused this process's key: {exc}") from exc
+    except BlockingIOError:  # the receive deadline passed
+        conn.close()
+        raise VerifierUnavailableError(
+            f"the engine host at {address} did not check this process's key within {timeout:g} s") from None
+    except (OSError, EOFError) as exc:
+        conn.close()
+        raise VerifierUnavailableError(f"cannot reach the engine host at {address}: {exc}") from exc
+    with socket.socket(fileno=conn.fileno()) as sock:  # no deadline from here: calls have their own
+        _receive_deadline(sock, 0.0)
+        sock.detach()
+    return conn
+
+
+def _receive_deadline(sock: socket.socket, seconds: float) -> None:
+    """SO_RCVTIMEO on a blocking socket: a read that waits longer fails with EAGAIN (0: never)."""
+    whole = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
 
 
 def _hang_up(conn: Connection) -> None:
