@@ -433,6 +433,9 @@ def _summary(kind: str, devices: int, args: argparse.Namespace, workload: Worklo
         "aal": C.ratio(tally.accepted, tally.rounds),  # accepted draft tokens per round, without the bonus
         "rtt_ms": {"mean": rtt_mean, **{f"p{q}": C.percentile(rtt, q) for q in (50, 90, 99)}},
         "device_rounds": _shares(tally.device_rounds),
+        # a device's mean seconds in the window waiting on each kind of call (the rest: its modelled
+        # drafting and link): where the starved ones waited
+        "device_waits_s": {call: s / devices for call, s in sorted(tally.waits_s.items())},
         # each device's committed tokens/s over the window, and how many devices reached each SLO class's speed
         "device_tokens_per_s": _speeds([t / window for t in tally.device_tokens], tally.device_classes),
         "flood": {"calls_in_flight": args.flood, "calls_per_s": tally.flood_calls / window,
@@ -794,7 +797,8 @@ def _line(p: dict[str, Any]) -> str:
             f"{C.fmt(busy)}{device_share}, fairness {C.fmt(p.get('device_rounds', {}).get('jain'))}, "
             f"verifier cpu {p['verifier_cpu_share']:.2f}, generator cpu "
             f"{', '.join(f'{x:.2f}' for x in p['loadgen']['cpu_share'])}, mismatches {p['mismatches']}, "
-            f"errors {p['errors'] or 0}")
+            f"errors {p['errors'] or 0}; a device's seconds waiting on "
+            f"{', '.join(f'{call} {s:.2f}' for call, s in p.get('device_waits_s', {}).items()) or '-'}")
 
 
 def _table(points: list[dict[str, Any]]) -> str:
@@ -823,7 +827,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     points = [p for p in result["points"] if "failed" not in p]
     kinds = list(dict.fromkeys(p["kind"] for p in points))
     fair = [p for p in points if p.get("device_rounds")]
-    fig, axes = C.subplots(4 if fair else 3, width=5.2)
+    waits = [p for p in points if p.get("device_waits_s")]
+    fig, axes = C.subplots(3 + bool(fair) + bool(waits), width=5.2)
     ax = axes[0]
     labels = {"instant": "instant verifier (gRPC alone)", "zero": "verifier, toy engine at zero cost",
               "7b": "verifier, 7B step times"}
@@ -873,6 +878,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set_ylabel("ms per round (mean)")
     ax.set_title("Where a round's time goes")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=7, ncol=2)
     if fair:
         ax = axes[3]
         for kind in kinds:
@@ -885,9 +892,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("Jain's index of rounds per device")
         ax.set_title(f"How evenly devices are served ({result['settings'].get('rounds', 'unary')} rounds)")
         ax.legend(fontsize=7, loc="lower left")
-    ax.tick_params(axis="x", labelsize=7)
-    ax.legend(fontsize=7, ncol=2)
+    if waits:
+        _plot_waits(axes[-1], waits)
     print(f"figure: {C.save_figure(fig, path)}")
+
+
+def _plot_waits(ax: Any, points: list[dict[str, Any]]) -> None:
+    """A device's mean seconds in the window on each kind of call, the rest its own (modelled
+    drafting and link), stacked: the waits that starved some devices show as their own colour."""
+    calls = sorted({call for p in points for call in p["device_waits_s"]})
+    labels = [f"{p['kind']}\n{p['devices']}" for p in points]
+    bottom = [0.0] * len(points)
+    for call in calls:
+        heights = [p["device_waits_s"].get(call, 0.0) for p in points]
+        ax.bar(labels, heights, bottom=bottom, label=f"waiting on {call}")
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.bar(labels, [max(p["window_s"] - b, 0.0) for p, b in zip(points, bottom)], bottom=bottom, color="lightgrey",
+           label="its own drafting and link")
+    ax.set_ylabel("seconds of the window, per device (mean)")
+    ax.set_title("Where a device's time goes")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=7)
 
 
 if __name__ == "__main__":

@@ -259,8 +259,9 @@ class ClientConfig:
     # Over gRPC, True sends a session's rounds on one stream (the Rounds RPC) where the verifier
     # offers it; False (the default), a Verify call each. Measured on one verifier core, a stream
     # per session gave 0.7-1.45x the rounds per second of Verify calls and, past 256 devices at
-    # saturation, a tail ten times longer (p99 7-8 s at 1,024 devices, against 0.8-1 s): gRPC served
-    # some streams far more often than others (docs/results/serving-stack.md).
+    # saturation, a tail ten times longer (p99 7-8 s at 1,024 devices, against 0.8-1 s): open streams
+    # went round after round while the devices opening one waited seconds for gRPC to take the new
+    # call (docs/results/serving-stack.md).
     round_streams: bool = False
 
     def __post_init__(self) -> None:

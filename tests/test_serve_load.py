@@ -47,6 +47,9 @@ def test_the_smallest_run_measures_rounds_and_stages(serve_load, tmp_path):
     assert point["ceiling_rounds_per_s"]["generator_cpu"] > 0 and point["loadgen"]["cpu_share"]
     shares = point["device_rounds"]  # every device's rounds, and how evenly they were served
     assert 0 < shares["jain"] <= 1 and shares["min"] <= shares["median"] <= shares["max"] > 0
+    # where a device's time in the window went: its calls, one at a time, so at most the window
+    waits = point["device_waits_s"]
+    assert waits["Verify"] > 0 and sum(waits.values()) <= point["window_s"] * (1 + 1e-9)
 
 
 @pytest.mark.timeout(180)
@@ -62,6 +65,8 @@ def test_a_thousand_devices_on_one_verifier_see_no_error_and_only_the_targets_to
     assert "failed" not in point, point
     assert point["errors"] == {} and point["mismatches"] == 0, (point["error_examples"], point["mismatch_examples"])
     assert point["verifier"]["sessions_open"] >= 1000 and point["rounds_per_s"] > 0
+    waits = point["device_waits_s"]  # the rounds' waits named by the way they went
+    assert ("Rounds" in waits, "Verify" in waits) == ((True, False) if rounds == "stream" else (False, True))
 
 
 @pytest.mark.timeout(120)

@@ -296,6 +296,9 @@ class Tally:
     device_rounds: list[int] = field(default_factory=list)  # each device's rounds in the window: its share
     device_tokens: list[float] = field(default_factory=list)  # and its committed tokens there
     device_classes: list[str] = field(default_factory=list)  # and its SLO class ("" best effort)
+    # seconds the devices spent inside the window waiting on each kind of call, summed over devices
+    # ("Rounds (opening)": a stream's first round, the new call's acceptance with it): where they waited
+    waits_s: Counter[str] = field(default_factory=Counter)
     flood_calls: int = 0  # an abusive device's calls answered in the window (`_flood`)
     flood_refusals: Counter[str] = field(default_factory=Counter)
 
@@ -310,6 +313,7 @@ class Tally:
         self.device_rounds += other["device_rounds"] or [other["rounds"]]
         self.device_tokens += other["device_tokens"] or [other["committed"]]
         self.device_classes += other["device_classes"]
+        self.waits_s.update(other["waits_s"])
         self.flood_calls += other["flood_calls"]
         self.flood_refusals.update(other["flood_refusals"])
 
@@ -317,6 +321,7 @@ class Tally:
         out = asdict(self)
         out["errors"] = dict(self.errors)
         out["flood_refusals"] = dict(self.flood_refusals)
+        out["waits_s"] = dict(self.waits_s)
         out["rtt_ms"] = list(self.rtt_ms)
         return out
 
@@ -413,6 +418,12 @@ class Device:
             if not self._failed(answer, "CloseSession"):
                 backoff = 0.0
 
+    def waited(self, call: str, sent: float, answered: float) -> None:
+        """A call of kind `call` waited from `sent` to `answered`: its share inside the window."""
+        inside = min(answered, self.end) - max(sent, self.start)
+        if inside > 0:
+            self.tally.waits_s[call] += inside
+
     def _budget(self, assigned: int, current: int) -> int:
         """The block a device drafts next: the verifier's budget where it assigns one and the
         devices follow them (up to the tables' k), else what it drafted."""
@@ -502,10 +513,12 @@ async def _drive_aio(device: Device, stubs: dict[str, Callable[..., Any]], round
         if wait:
             await asyncio.sleep(wait)
         sent = time.monotonic()
+        call = method
         try:
             if method == "Verify" and rounds == "stream":
+                call = "Rounds"
                 if stream is None:
-                    stream = stubs["Rounds"](timeout=600.0)
+                    stream, call = stubs["Rounds"](timeout=600.0), "Rounds (opening)"
                 await stream.write(request)
                 response = await stream.read()
                 if response is grpc.aio.EOF:
@@ -520,6 +533,7 @@ async def _drive_aio(device: Device, stubs: dict[str, Callable[..., Any]], round
         except grpc.RpcError as exc:
             response, stream = exc, None
         answer = (response, sent, time.monotonic())
+        device.waited(call, sent, answer[2])
     if stream is not None:
         await _end(stream)
 
@@ -548,6 +562,7 @@ def _drive_blocking(device: Device, stubs: dict[str, Callable[..., Any]]) -> Non
         except grpc.RpcError as exc:
             response = exc
         answer = (response, sent, time.monotonic())
+        device.waited(method, sent, answer[2])
 
 
 async def _run_aio(devices: list[Device], address: str, per_device: bool, rounds: str = "unary",
