@@ -303,6 +303,38 @@ def test_a_host_that_accepts_and_never_checks_the_key_is_an_error_at_the_deadlin
         listener.close()
 
 
+def test_a_client_knows_how_many_of_its_sequences_the_engine_holds_at_once(tmp_path, caplog):
+    """A parking engine's resident sequences bound a front end's calibration (which times batches on
+    sequences held at once), not the front end's own max_sessions."""
+    from types import SimpleNamespace
+
+    from edgekit.verifier import VerifierServer
+
+    engine = GatedEngine(LM, n_seq=2 * 4, max_context=64)
+    engine.slots = SimpleNamespace(resident=2)  # as LlamaEngine's SequenceSlots says it
+    host = EngineHost(engine, clients=2, seqs=4)
+    try:
+        a = _client(host)
+        assert (a.seqs, a.resident) == (4, 2)
+        config = ServerConfig(port=0, frontends=2, max_sessions=4, max_context=64, policy="wisp", calibrate="force",
+                              calibration_dir=str(tmp_path))
+        with caplog.at_level("WARNING", logger="edgekit.verifier"):
+            server = VerifierServer(a, config)  # never started: its estimator is made here
+        assert "2 sequences are too few to calibrate" in caplog.text
+        assert not list(tmp_path.iterdir())  # nothing calibrated on sequences the engine would park
+        server.service.close()
+        a.close()
+    finally:
+        host.close()
+    roomy = EngineHost(GatedEngine(LM, n_seq=2 * 4, max_context=64), clients=2, seqs=4)  # no parking: all held
+    try:
+        b = _client(roomy)
+        assert b.resident == 4
+        b.close()
+    finally:
+        roomy.close()
+
+
 def test_a_client_in_another_process_gets_the_same_rows(host):
     """Through pickling across processes: a front end's feeds and the reduced and whole rows back."""
     script = (

@@ -223,8 +223,14 @@ class VerifierServer:
         c = self.config
         if c.calibrate == "off":
             return VerifyTimeEstimator()
-        # its batches on sequences the context holds at once: parking would be timed with them
-        resident = self.engine.slots.resident if isinstance(self.engine, LlamaEngine) else c.max_sessions
+        # its batches on sequences the context holds at once: parking would be timed with them (a front
+        # end calibrates before the others start, on the sequences the host's engine holds)
+        if isinstance(self.engine, LlamaEngine):
+            resident = self.engine.slots.resident
+        elif isinstance(self.engine, RemoteEngine):
+            resident = min(c.max_sessions, self.engine.resident)
+        else:
+            resident = c.max_sessions
         return calibrated_estimator(
             self.engine,
             n_seq=resident,

@@ -132,6 +132,8 @@ class EngineHost:
             "exact": engine.exact, "invariant_batch": engine.invariant_batch, "mixes_sessions": engine.mixes_sessions,
             "fingerprint": engine.fingerprint(), "chat_template": engine.chat_template(),
             "sampling_defaults": engine.sampling_defaults(), "seqs": seqs,
+            # the sequences the engine holds at once, for all its clients (a parking engine's resident ones)
+            "resident": min(getattr(getattr(engine, "slots", None), "resident", clients * seqs), clients * seqs),
         }
         self._cond = threading.Condition()
         self._queue: deque[_Request] = deque()
@@ -369,6 +371,9 @@ class RemoteEngine:
         self.mixes_sessions: bool = info["mixes_sessions"]
         self.client: int = info["client"]
         self.seqs: int = info["seqs"]
+        # of this client's sequences, how many the engine can hold at once (its resident ones are shared by
+        # every client: alone, one may use them all)
+        self.resident: int = min(info["resident"], self.seqs)
         self._fingerprint: Fingerprint = info["fingerprint"]
         self._chat_template: str | None = info["chat_template"]
         self._sampling: dict[str, float] = info["sampling_defaults"]
