@@ -2,9 +2,11 @@
 sessions' rounds (5 rows each) made on the engine in this process, and the same call made through an
 `EngineHost` as a front end makes it (`RemoteEngine`: pickled over a Unix socket, answered from the
 host's threads), with the rows reduced three ways: best ids (greedy), kept rows (top-k 40) and
-whole rows (logprobs, penalties). The engine answers every call from rows it made once (no model
-runs), so the difference is the socket's, the pickling's and the host's threads'; both ways'
-outputs are checked equal, and the calls are interleaved so the machine's noise hits both alike.
+whole rows (logprobs, penalties, top-p alone), these last both through the socket and through
+shared memory (the host's default: arrays of 64 KiB or more go through a file in /dev/shm). The
+engine answers every call from rows it made once (no model runs), so the difference is the
+socket's, the pickling's and the host's threads'; every way's outputs are checked equal, and the
+calls are interleaved so the machine's noise hits them alike.
 
     python benchmarks/engine_host.py                                    # vocabulary 32,000
     python benchmarks/engine_host.py --vocab 152064 --batches 1,16,64,128 --out engine_host_qwen
@@ -58,11 +60,13 @@ def measure(vocab: int, batches: list[int], repeats: int) -> dict[str, Any]:
     n = max(batches)
     lm = ToyLanguageModel(vocab_size=vocab, seed=3)
     local = CannedEngine(lm, n)
-    host = EngineHost(CannedEngine(lm, n), clients=1, seqs=n)
-    remote = RemoteEngine(host.address, host.authkey)
+    hosts = {"host": EngineHost(CannedEngine(lm, n), clients=1, seqs=n, shared_rows=None),
+             "shared": EngineHost(CannedEngine(lm, n), clients=1, seqs=n)}
+    remotes = {name: RemoteEngine(h.address, h.authkey) for name, h in hosts.items()}
+    engines = {"local": local, **remotes}
     try:
         cells = [(b, way) for b in batches for way in WAYS]
-        times: dict[tuple[int, str, str], list[float]] = {(b, w, e): [] for b, w in cells for e in ("local", "host")}
+        times: dict[tuple[int, str, str], list[float]] = {(b, w, e): [] for b, w in cells for e in engines}
         for _ in range(repeats):
             random.shuffle(cells)
             for b, way in cells:
@@ -71,20 +75,23 @@ def measure(vocab: int, batches: list[int], repeats: int) -> dict[str, Any]:
                     asks["within"] = vocab
                 feeds = [Feed(s, 4, (9, 10, 11, 12, 13), 5, **asks) for s in range(b)]
                 outs = {}
-                for name, engine in (("local", local), ("host", remote)):
+                for name in random.sample(list(engines), len(engines)):
                     t0 = time.perf_counter()
-                    outs[name] = engine.run_batch(feeds)
+                    outs[name] = engines[name].run_batch(feeds)
                     times[b, way, name].append((time.perf_counter() - t0) * 1e3)
-                assert all(_same(x, y) for x, y in zip(outs["local"], outs["host"], strict=True)), (b, way)
+                for name in remotes:
+                    assert all(_same(x, y) for x, y in zip(outs["local"], outs[name], strict=True)), (b, way, name)
     finally:
-        remote.close()
-        host.close()
+        for name, remote in remotes.items():
+            remote.close()
+            hosts[name].close()
     rows = []
     for b in batches:
         for way in WAYS:
-            here, there = statistics.median(times[b, way, "local"]), statistics.median(times[b, way, "host"])
+            here, there, shared = (statistics.median(times[b, way, e]) for e in ("local", "host", "shared"))
             rows.append({"sessions": b, "rows": 5 * b, "way": way, "local_ms": here, "host_ms": there,
-                         "socket_ms": there - here, "socket_us_per_row": (there - here) * 1e3 / (5 * b)})
+                         "socket_ms": there - here, "socket_us_per_row": (there - here) * 1e3 / (5 * b),
+                         "shared_host_ms": shared, "shared_ms": shared - here})
     return {"vocab": vocab, "repeats": repeats, "rows": rows}
 
 
@@ -92,11 +99,16 @@ def plot(result: dict[str, Any], png: Path) -> None:
     fig, (ax,) = C.subplots(width=6.5)
     for way in WAYS:
         rs = [r for r in result["rows"] if r["way"] == way and r["socket_ms"] > 0]  # (noise can make one <= 0)
-        ax.plot([r["rows"] for r in rs], [r["socket_ms"] for r in rs], "o-", label=way)
+        line = ax.plot([r["rows"] for r in rs], [r["socket_ms"] for r in rs], "o-", label=way)[0]
+        if way == "whole rows" and any("shared_ms" in r for r in rs):
+            rs = [r for r in rs if r.get("shared_ms", 0) > 0]
+            ax.plot([r["rows"] for r in rs], [r["shared_ms"] for r in rs], "s--", color=line.get_color(),
+                    label="whole rows, through shared memory")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(f"rows in the engine call (5 a session), {result['vocab']:,} logits each")
     ax.set_ylabel("ms the host adds to a call (median)")
+    ax.legend(fontsize=8)
     ax.set_title("An engine call through the engine host, over one made in process")
     C.save_figure(fig, png)
 
@@ -107,9 +119,10 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,128", help="sessions per call, comma-separated")
     args = C.parse(ap, plot=plot)
     result = measure(args.vocab, C.csv_list(args.batches, int), args.repeats)
-    print(C.table(["sessions", "rows", "way", "in process ms", "through the host ms", "added ms", "added us a row"],
+    print(C.table(["sessions", "rows", "way", "in process ms", "through the host ms", "added ms", "added us a row",
+                   "added ms, shared memory"],
                   [[r["sessions"], r["rows"], r["way"], r["local_ms"], r["host_ms"], r["socket_ms"],
-                    r["socket_us_per_row"]] for r in result["rows"]]))
+                    r["socket_us_per_row"], r["shared_ms"]] for r in result["rows"]]))
     path = C.write_result(args.out, {"settings": vars(args), **result})
     plot(result, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png').name}")

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,7 +71,7 @@ def _queued(host: EngineHost, n: int) -> None:
 @pytest.fixture
 def host():
     engine = GatedEngine(LM, n_seq=3 * 4, max_context=64)
-    h = EngineHost(engine, clients=3, seqs=4)
+    h = EngineHost(engine, clients=3, seqs=4, shared_rows=1)  # every array through shared memory
     yield h
     h.close()
 
@@ -99,6 +100,10 @@ def test_every_output_through_the_host_is_a_local_engines_and_clients_have_their
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
         assert isinstance(got[2], KeptRows) and np.array_equal(got[2].logits, want[2].logits)
         assert all(np.array_equal(x, y) for x, y in zip(got[3], want[3], strict=True))
+    # the rows came through shared memory; a's next answer too (it freed the file when it copied them out)
+    assert [(host._peers[c].rows.shared, host._peers[c].rows.inline) for c in (0, 1)] == [(1, 0), (1, 0)]
+    assert np.array_equal(a.run_batch(feeds[:1])[0], want[0])
+    assert (host._peers[0].rows.shared, host._peers[0].rows.inline) == (2, 0)
     # a's sequence 0 is the engine's 0, b's the engine's 4; both hold the prompt, nothing else does
     assert [host.engine.cached(s) for s in range(12)] == [5, 5, 3, 5, 5, 5, 3, 5, 0, 0, 0, 0]
     assert a.is_eog(LM.eos) and not a.is_eog(5)
@@ -180,6 +185,8 @@ def test_two_batches_on_one_sequence_never_share_an_engine_call(host, pair):
 def test_a_client_may_touch_only_its_own_sequences_and_the_engines_calls(host):
     from multiprocessing.connection import Client
 
+    from edgekit.verifier.engine._shared_rows import RowReader
+
     conn = Client(host.address, family="AF_UNIX", authkey=host.authkey)
     try:
         _, status, info = conn.recv()
@@ -190,7 +197,7 @@ def test_a_client_may_touch_only_its_own_sequences_and_the_engines_calls(host):
             got, status, error = conn.recv()
             assert (got, status) == (rid, "error") and isinstance(error, ConfigError), call
         conn.send((9, "run", ([Feed(3, 0, (5,), 1)],)))  # its own last sequence: answered
-        got, status, rows = conn.recv()
+        (got, status, rows), _ = RowReader().loads(conn.recv_bytes())  # its rows in the host's shared memory
         assert (got, status) == (9, "ok") and rows[0].shape == (1, 300)
     finally:
         conn.close()
@@ -242,8 +249,10 @@ def test_a_client_that_goes_leaves_its_place_and_its_sequences_empty_for_the_nex
     clients = [_client(host) for _ in range(3)]
     with pytest.raises(ConfigError, match="3 clients at most"):
         _client(host)
-    clients[1].run_batch([Feed(2, 0, (5, 6, 7), 0)])
+    clients[1].run_batch([Feed(2, 0, (5, 6, 7), 1)])  # its row through a file in shared memory
     assert host.engine.cached(6) == 3
+    shared = Path(host._peers[1].rows._path)
+    assert shared.exists()
     clients[1].close()
     deadline = time.monotonic() + 30
     while True:  # its place is free once the host has seen it go
@@ -255,6 +264,7 @@ def test_a_client_that_goes_leaves_its_place_and_its_sequences_empty_for_the_nex
             time.sleep(0.01)
     try:
         assert again.client == 1 and again.cached(2) == 0
+        assert not shared.parent.exists()  # the file went with the client that left
     finally:
         again.close()
         clients[0].close()

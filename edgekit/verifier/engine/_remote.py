@@ -20,8 +20,9 @@ waiting for an answer (a later call on the sequence comes after them), so their 
 host's log's, not the caller's; `run_batch`, `cached` and `is_eog` wait for theirs. A client that
 goes away has its sequences released and its place taken by the next one. Messages are pickled over
 a Unix socket (`multiprocessing.connection`, with an authentication key), each client's answers
-sent on a thread of their own: feeds and reduced rows are small; whole rows (logprobs, penalties)
-are 1 MB each on a 262,144-token vocabulary.
+sent on a thread of their own: feeds and reduced rows are small; whole rows (logprobs, penalties,
+top-p alone) are 1 MB each on a 262,144-token vocabulary, and go through shared memory instead
+(`_shared_rows`: a file in /dev/shm per client, one answer in it at a time).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from typing import Any
 from ...errors import ConfigError, InferenceError, VerifierUnavailableError
 from ...protocol import Fingerprint
 from ._base import Engine, Feed, FeedOutput
+from ._shared_rows import RowReader, RowWriter
 
 __all__ = ["EngineHost", "RemoteEngine"]
 
@@ -75,8 +77,8 @@ class _Peer:
     """A client's connection. Its answers go out on a thread of its own, so that a client that stops
     reading (1 MB whole rows fill a socket's buffer) holds up no other client and not the engine."""
 
-    def __init__(self, index: int, conn: Connection) -> None:
-        self.index, self.conn = index, conn
+    def __init__(self, index: int, conn: Connection, rows: RowWriter) -> None:
+        self.index, self.conn, self.rows = index, conn, rows
         self._out: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._send_all, name=f"edgekit-engine-send{index}", daemon=True)
         self._sender.start()
@@ -87,7 +89,7 @@ class _Peer:
     def _send_all(self) -> None:
         while (message := self._out.get()) is not None:
             try:
-                self.conn.send(message)
+                self.conn.send_bytes(self.rows.dumps(message))
             except (OSError, ValueError):  # gone: its reader says so
                 return
             except Exception as exc:  # an answer that does not pickle: the caller gets why, not silence
@@ -106,19 +108,23 @@ class _Peer:
         self.hang_up()
         self._sender.join(5.0)
         self.conn.close()
+        self.rows.close()
 
 
 class EngineHost:
     """Serves `engine` to up to `clients` processes at once, `seqs` sequences each (the engine holds
     clients x seqs), at `address` (a Unix socket path; None: a new one in a private directory).
-    `authkey`: what clients must present (None: a random one; `authkey` says which)."""
+    `authkey`: what clients must present (None: a random one; `authkey` says which).
+    `shared_rows`: arrays of this many bytes or more (whole logit rows) reach a client through shared
+    memory rather than the socket (`_shared_rows`); None: all through the socket."""
 
     def __init__(self, engine: Engine, *, clients: int, seqs: int, address: str | None = None,
-                 authkey: bytes | None = None) -> None:
+                 authkey: bytes | None = None, shared_rows: int | None = 64 * 1024) -> None:
         if clients < 1 or seqs < 1:
             raise ConfigError(f"an engine host serves 1 client or more with 1 sequence or more, not {clients}, {seqs}")
         self.engine = engine
         self.clients, self.seqs = clients, seqs
+        self.shared_rows = shared_rows
         self.authkey = authkey or os.urandom(32)
         self._dir = None
         if address is None:
@@ -177,7 +183,7 @@ class EngineHost:
             return
         with self._cond:
             free = [i for i in range(self.clients) if i not in self._peers] if not self._closed else []
-            peer = _Peer(free[0], conn) if free else None
+            peer = _Peer(free[0], conn, RowWriter(min_bytes=self.shared_rows)) if free else None
             if peer is not None:
                 self._peers[peer.index] = peer
         if peer is None:
@@ -196,6 +202,9 @@ class EngineHost:
             except Exception:  # a message that does not unpickle, or not a call: the client is broken
                 log.exception("engine host: client %d sent what it cannot read; it is let go", peer.index)
                 break
+            if kind == "freed":  # the client copied an answer's arrays out of shared memory
+                peer.rows.freed(*args)
+                continue
             problem = self._problem(peer.index, kind, args)
             if problem:
                 peer.answer(rid, "error", ConfigError(problem))
@@ -356,7 +365,8 @@ class RemoteEngine:
         if not self._conn.poll(timeout):
             self._conn.close()
             raise VerifierUnavailableError(f"the engine host at {address} did not answer within {timeout:g} s")
-        _, status, info = self._conn.recv()
+        self._rows = RowReader()
+        (_, status, info), _ = self._rows.loads(self._conn.recv_bytes())
         if status != "ok":
             self._conn.close()
             raise info
@@ -424,6 +434,8 @@ class RemoteEngine:
         self._reader.join(5.0)
         with self._lock:
             self._conn.close()
+        if not self._reader.is_alive():
+            self._rows.close()
 
     # -- the connection ------------------------------------------------------------------------
 
@@ -460,7 +472,7 @@ class RemoteEngine:
     def _read(self) -> None:
         while True:
             try:
-                rid, status, value = self._conn.recv()
+                (rid, status, value), generation = self._rows.loads(self._conn.recv_bytes())
             except Exception as exc:  # closed, or a message it cannot read: either way the host is lost to it
                 if not isinstance(exc, (EOFError, OSError)):
                     log.exception("the engine host at %s sent what this process cannot read", self.address)
@@ -473,6 +485,11 @@ class RemoteEngine:
                 return
             with self._lock:
                 waiting = self._pending.pop(rid, None)
+                if generation is not None:  # its arrays are copied out: the host's file may take the next
+                    try:
+                        self._conn.send((0, "freed", (generation,)))
+                    except (OSError, ValueError):  # gone: the next read says so
+                        pass
             if waiting is None:  # a call whose caller no longer waits (its deadline passed)
                 continue
             future = waiting
