@@ -3,7 +3,7 @@ sessions' rounds (5 rows each) made on the engine in this process, and the same 
 `EngineHost` as a front end makes it (`RemoteEngine`: pickled over a Unix socket, answered from the
 host's threads), with the rows reduced three ways: best ids (greedy), kept rows (top-k 40) and
 whole rows (logprobs, penalties, top-p alone), these last both through the socket and through
-shared memory (the host's default: arrays of 64 KiB or more go through a file in /dev/shm). The
+shared memory (the host's default on Linux: arrays of 64 KiB or more go through a memory file). The
 engine answers every call from rows it made once (no model runs), so the difference is the
 socket's, the pickling's and the host's threads'; every way's outputs are checked equal, and the
 calls are interleaved so the machine's noise hits them alike.

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,7 +184,7 @@ def test_two_batches_on_one_sequence_never_share_an_engine_call(host, pair):
 def test_a_client_may_touch_only_its_own_sequences_and_the_engines_calls(host):
     from multiprocessing.connection import Client
 
-    from edgekit.verifier.engine._shared_rows import RowReader
+    from edgekit.verifier.engine._shared_rows import RowReader, receive
 
     conn = Client(host.address, family="AF_UNIX", authkey=host.authkey)
     try:
@@ -197,7 +196,7 @@ def test_a_client_may_touch_only_its_own_sequences_and_the_engines_calls(host):
             got, status, error = conn.recv()
             assert (got, status) == (rid, "error") and isinstance(error, ConfigError), call
         conn.send((9, "run", ([Feed(3, 0, (5,), 1)],)))  # its own last sequence: answered
-        (got, status, rows), _ = RowReader().loads(conn.recv_bytes())  # its rows in the host's shared memory
+        (got, status, rows), _ = receive(conn, RowReader())  # its rows in the host's shared memory
         assert (got, status) == (9, "ok") and rows[0].shape == (1, 300)
     finally:
         conn.close()
@@ -251,8 +250,8 @@ def test_a_client_that_goes_leaves_its_place_and_its_sequences_empty_for_the_nex
         _client(host)
     clients[1].run_batch([Feed(2, 0, (5, 6, 7), 1)])  # its row through a file in shared memory
     assert host.engine.cached(6) == 3
-    shared = Path(host._peers[1].rows._path)
-    assert shared.exists()
+    rows = host._peers[1].rows
+    assert rows.shared == 1 and rows._fd >= 0
     clients[1].close()
     deadline = time.monotonic() + 30
     while True:  # its place is free once the host has seen it go
@@ -264,7 +263,7 @@ def test_a_client_that_goes_leaves_its_place_and_its_sequences_empty_for_the_nex
             time.sleep(0.01)
     try:
         assert again.client == 1 and again.cached(2) == 0
-        assert not shared.parent.exists()  # the file went with the client that left
+        assert rows._fd == -1 and rows._map is None  # the file went with the client that left
     finally:
         again.close()
         clients[0].close()
@@ -293,6 +292,52 @@ def test_a_wrong_key_or_a_host_gone_is_a_clear_error(host):
         for _ in range(100):  # the first call may still be sent before the host's close reaches this side
             a.run_batch([Feed(0, 0, (5,), 1)])
     a.close()
+
+
+def test_a_host_whose_listen_queue_stays_full_is_an_error_at_the_deadline(tmp_path):
+    """A connect waits while the host's queue of connections to accept is full (as multiprocessing's
+    Client waits), up to the deadline: not an error at once, not a wait forever."""
+    import socket
+
+    address = str(tmp_path / "busy.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(0)
+    queued = []
+    try:
+        while True:  # fill the queue: a non-blocking connect is refused once it is full
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            queued.append(s)
+            try:
+                s.connect(address)
+            except BlockingIOError:
+                break
+            assert len(queued) < 1000, "the listen queue never filled"
+        with pytest.raises(VerifierUnavailableError, match="did not accept within 0.3 s"):
+            RemoteEngine(address, b"key", timeout=0.3)
+    finally:
+        for s in queued:
+            s.close()
+        listener.close()
+
+
+def test_a_client_made_under_a_process_wide_socket_timeout_stays_blocking(host):
+    """socket.setdefaulttimeout (some libraries set it) must not leave the client's connection
+    non-blocking: its first read would fail at once and the host be taken for gone."""
+    import socket
+
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(5.0)
+    try:
+        a = _client(host)
+    finally:
+        socket.setdefaulttimeout(old)
+    try:
+        assert os.get_blocking(a._conn.fileno())
+        assert a.run_batch([Feed(0, 0, (5, 6), 1)])[0].shape == (1, LM.vocab_size)  # its row through shared memory
+    finally:
+        a.close()
 
 
 def test_a_host_that_accepts_and_never_checks_the_key_is_an_error_at_the_deadline(tmp_path):

@@ -22,7 +22,7 @@ goes away has its sequences released and its place taken by the next one. Messag
 a Unix socket (`multiprocessing.connection`, with an authentication key), each client's answers
 sent on a thread of their own: feeds and reduced rows are small; whole rows (logprobs, penalties,
 top-p alone) are 1 MB each on a 262,144-token vocabulary, and go through shared memory instead
-(`_shared_rows`: a file in /dev/shm per client, one answer in it at a time).
+(`_shared_rows`: a memory file per client, one answer in it at a time).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import pickle
 import queue
 import socket
 import struct
@@ -53,6 +54,7 @@ from typing import Any
 
 from ...errors import ConfigError, InferenceError, VerifierUnavailableError
 from ...protocol import Fingerprint
+from . import _shared_rows as shared_rows
 from ._base import Engine, Feed, FeedOutput
 from ._shared_rows import RowReader, RowWriter
 
@@ -87,17 +89,19 @@ class _Peer:
         self._out.put((rid, status, value))
 
     def _send_all(self) -> None:
-        while (message := self._out.get()) is not None:
-            try:
-                self.conn.send_bytes(self.rows.dumps(message))
-            except (OSError, ValueError):  # gone: its reader says so
-                return
-            except Exception as exc:  # an answer that does not pickle: the caller gets why, not silence
+        try:
+            while (message := self._out.get()) is not None:
                 try:
-                    why = InferenceError(f"the engine's answer could not be sent: {exc}")
-                    self.conn.send((message[0], "error", why))
-                except Exception:  # gone as well
+                    data = self.rows.dumps(message)
+                except Exception as exc:  # an answer that does not pickle: the caller gets why, not silence
+                    why = InferenceError(f"the engine's answer could not be sent: {type(exc).__name__}: {exc}")
+                    data = pickle.dumps((message[0], "error", why))
+                try:
+                    shared_rows.send(self.conn, self.rows, data)
+                except (OSError, ValueError):  # gone: its reader says so
                     return
+        finally:
+            self.rows.close()  # on this thread: no answer is being written into its file
 
     def hang_up(self) -> None:
         """Ends the connection both ways; its sender stops (its reader sees the end)."""
@@ -108,7 +112,6 @@ class _Peer:
         self.hang_up()
         self._sender.join(5.0)
         self.conn.close()
-        self.rows.close()
 
 
 class EngineHost:
@@ -132,7 +135,7 @@ class EngineHost:
             address = str(Path(self._dir) / "engine.sock")
         self.address = address
         # the key is checked on each connection's own thread: one that never answers holds up no other
-        self._listener = Listener(address, family="AF_UNIX")
+        self._listener = Listener(address, family="AF_UNIX", backlog=max(8, 2 * clients))
         self._info = {
             "name": engine.name, "identity": engine.identity, "n_vocab": engine.n_vocab, "n_embd": engine.n_embd,
             "exact": engine.exact, "invariant_batch": engine.invariant_batch, "mixes_sessions": engine.mixes_sessions,
@@ -203,7 +206,10 @@ class EngineHost:
                 log.exception("engine host: client %d sent what it cannot read; it is let go", peer.index)
                 break
             if kind == "freed":  # the client copied an answer's arrays out of shared memory
-                peer.rows.freed(*args)
+                if not (isinstance(args, tuple) and len(args) == 1 and isinstance(args[0], int)):
+                    log.error("engine host: client %d sent a malformed freed; it is let go", peer.index)
+                    break
+                peer.rows.freed(args[0])
                 continue
             problem = self._problem(peer.index, kind, args)
             if problem:
@@ -366,7 +372,9 @@ class RemoteEngine:
             self._conn.close()
             raise VerifierUnavailableError(f"the engine host at {address} did not answer within {timeout:g} s")
         self._rows = RowReader()
-        (_, status, info), _ = self._rows.loads(self._conn.recv_bytes())
+        (_, status, info), generation = shared_rows.receive(self._conn, self._rows)
+        if generation is not None:  # (a hello holds no large array; were it to, the file would stay busy)
+            self._conn.send((0, "freed", (generation,)))
         if status != "ok":
             self._conn.close()
             raise info
@@ -472,7 +480,7 @@ class RemoteEngine:
     def _read(self) -> None:
         while True:
             try:
-                (rid, status, value), generation = self._rows.loads(self._conn.recv_bytes())
+                (rid, status, value), generation = shared_rows.receive(self._conn, self._rows)
             except Exception as exc:  # closed, or a message it cannot read: either way the host is lost to it
                 if not isinstance(exc, (EOFError, OSError)):
                     log.exception("the engine host at %s sent what this process cannot read", self.address)
@@ -500,17 +508,21 @@ class RemoteEngine:
 
 
 def _connect(address: str, authkey: bytes, timeout: float) -> Connection:
-    """A connection to the host at `address` whose key check passed, within `timeout` seconds: a host
-    that accepts and then says nothing (hung, or not an engine host) is an error at the deadline, not
-    a wait forever (multiprocessing's `Client` has no deadline)."""
+    """A connection to the host at `address` whose key check passed, each step within `timeout`
+    seconds: a host that accepts and then says nothing (hung, or not an engine host) is an error at
+    the deadline, not a wait forever (multiprocessing's `Client` has no deadline). The socket stays
+    blocking throughout (a full listen queue is waited on, as `Client` waits), its waits bounded by
+    SO_SNDTIMEO and SO_RCVTIMEO, both cleared once the key is checked."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.settimeout(timeout)
+        sock.setblocking(True)  # (whatever socket.setdefaulttimeout says: `Connection` reads the descriptor)
+        _deadlines(sock, timeout)
         sock.connect(address)
-        sock.settimeout(None)  # blocking again: `Connection` reads the descriptor itself,
-        _receive_deadline(sock, timeout)  # and the key check's reads give up at the deadline
     except OSError as exc:
         sock.close()
+        if isinstance(exc, BlockingIOError):
+            raise VerifierUnavailableError(
+                f"the engine host at {address} did not accept within {timeout:g} s") from None
         raise VerifierUnavailableError(f"cannot reach the engine host at {address}: {exc}") from exc
     conn = Connection(sock.detach())
     try:
@@ -519,23 +531,28 @@ def _connect(address: str, authkey: bytes, timeout: float) -> Connection:
     except AuthenticationError as exc:
         conn.close()
         raise ConfigError(f"the engine host at {address} refused this process's key: {exc}") from exc
-    except BlockingIOError:  # the receive deadline passed
+    except BlockingIOError:  # a deadline passed
         conn.close()
         raise VerifierUnavailableError(
             f"the engine host at {address} did not check this process's key within {timeout:g} s") from None
     except (OSError, EOFError) as exc:
         conn.close()
         raise VerifierUnavailableError(f"cannot reach the engine host at {address}: {exc}") from exc
-    with socket.socket(fileno=conn.fileno()) as sock:  # no deadline from here: calls have their own
-        _receive_deadline(sock, 0.0)
-        sock.detach()
+    sock = socket.socket(fileno=conn.fileno())  # no deadline from here: calls have their own
+    sock.setblocking(True)
+    _deadlines(sock, 0.0)
+    sock.detach()
     return conn
 
 
-def _receive_deadline(sock: socket.socket, seconds: float) -> None:
-    """SO_RCVTIMEO on a blocking socket: a read that waits longer fails with EAGAIN (0: never)."""
+def _deadlines(sock: socket.socket, seconds: float) -> None:
+    """SO_SNDTIMEO and SO_RCVTIMEO on a blocking socket: a connect, send or read that waits longer fails
+    with EAGAIN (0: never; a positive time is at least a microsecond)."""
     whole = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
+    micros = int((seconds - whole) * 1e6) or (1 if seconds > 0 and not whole else 0)
+    value = struct.pack("ll", whole, micros)
+    for option in (socket.SO_SNDTIMEO, socket.SO_RCVTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, option, value)
 
 
 def _hang_up(conn: Connection) -> None:
@@ -558,8 +575,6 @@ def _send(conn: Connection, message: tuple[Any, ...]) -> None:
 def _portable(exc: BaseException) -> BaseException:
     """`exc` as it can cross to the client: itself where it pickles and comes back as itself, else
     an `InferenceError` saying what it was."""
-    import pickle
-
     try:
         back = pickle.loads(pickle.dumps(exc))
         if type(back) is type(exc) and str(back) == str(exc):
