@@ -77,9 +77,10 @@ def test_one_verifier_server_does_not_take_several_front_ends():
 
 
 @pytest.mark.models
-def test_edgekit_serve_with_front_ends_answers_as_the_target_and_drains_on_sigterm(gemma_paths, gemma_draft):
+def test_edgekit_serve_with_front_ends_answers_as_the_target_and_drains_on_sigterm(gemma_paths, gemma_draft,
+                                                                                   gemma_server):
     """`edgekit serve --frontends 2` on the gemma target: greedy through it is the target's own
-    decoding (exact numerics), and SIGTERM to its whole process group (a service manager's, a
+    decoding (exact numerics), its log-probabilities too, and SIGTERM to its whole process group (a service manager's, a
     terminal's Ctrl-C) drains every front end and stops."""
     import os
     import signal
@@ -98,6 +99,15 @@ def test_edgekit_serve_with_front_ends_answers_as_the_target_and_drains_on_sigte
             prompt = "def fibonacci(n):"
             assert client.generate(prompt).until_done().token_ids == client.generate_target_only(
                 prompt).until_done().token_ids
+            # log-probabilities take whole rows (262,144 logits, 1 MB each: through shared memory from
+            # the engine's process): a greedy answer's equal target-only decoding's and one verifier
+            # process's, bit for bit
+            spec = client.generate(prompt, logprobs=5).until_done()
+            alone = client.generate_target_only(prompt, logprobs=5).until_done()
+            assert spec.token_ids == alone.token_ids and spec.logprobs == alone.logprobs and len(spec.logprobs) == 24
+        with EdgeClient(gemma_server.address, draft_model=gemma_draft, config=ClientConfig(timeout=60),
+                        generation=gen) as client:
+            assert client.generate(prompt, logprobs=5).until_done().logprobs == spec.logprobs
         os.killpg(proc.pid, signal.SIGTERM)  # the whole group, as a service manager signals it
         assert proc.wait(timeout=120) == 0
         log = proc.stderr.read().decode()
