@@ -56,7 +56,6 @@ from ...errors import ConfigError, InferenceError, VerifierUnavailableError
 from ...protocol import Fingerprint
 from . import _shared_rows as shared_rows
 from ._base import Engine, Feed, FeedOutput
-from ._shared_rows import RowReader, RowWriter
 
 __all__ = ["EngineHost", "RemoteEngine"]
 
@@ -79,7 +78,7 @@ class _Peer:
     """A client's connection. Its answers go out on a thread of its own, so that a client that stops
     reading (1 MB whole rows fill a socket's buffer) holds up no other client and not the engine."""
 
-    def __init__(self, index: int, conn: Connection, rows: RowWriter) -> None:
+    def __init__(self, index: int, conn: Connection, rows: shared_rows.RowWriter) -> None:
         self.index, self.conn, self.rows = index, conn, rows
         self._out: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._send_all, name=f"edgekit-engine-send{index}", daemon=True)
@@ -186,7 +185,7 @@ class EngineHost:
             return
         with self._cond:
             free = [i for i in range(self.clients) if i not in self._peers] if not self._closed else []
-            peer = _Peer(free[0], conn, RowWriter(min_bytes=self.shared_rows)) if free else None
+            peer = _Peer(free[0], conn, shared_rows.RowWriter(min_bytes=self.shared_rows)) if free else None
             if peer is not None:
                 self._peers[peer.index] = peer
         if peer is None:
@@ -371,7 +370,7 @@ class RemoteEngine:
         if not self._conn.poll(timeout):
             self._conn.close()
             raise VerifierUnavailableError(f"the engine host at {address} did not answer within {timeout:g} s")
-        self._rows = RowReader()
+        self._rows = shared_rows.RowReader()
         (_, status, info), generation = shared_rows.receive(self._conn, self._rows)
         if generation is not None:  # (a hello holds no large array; were it to, the file would stay busy)
             self._conn.send((0, "freed", (generation,)))
@@ -538,10 +537,8 @@ def _connect(address: str, authkey: bytes, timeout: float) -> Connection:
     except (OSError, EOFError) as exc:
         conn.close()
         raise VerifierUnavailableError(f"cannot reach the engine host at {address}: {exc}") from exc
-    sock = socket.socket(fileno=conn.fileno())  # no deadline from here: calls have their own
-    sock.setblocking(True)
-    _deadlines(sock, 0.0)
-    sock.detach()
+    with shared_rows.socket_of(conn) as s:  # no deadline from here: calls have their own
+        _deadlines(s, 0.0)
     return conn
 
 
@@ -559,7 +556,7 @@ def _hang_up(conn: Connection) -> None:
     """Shuts `conn`'s socket both ways, so that both ends see it end and a thread blocked reading it
     wakes (closing the descriptor would not wake it, and would race that thread's use of it)."""
     try:
-        with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as s:  # a duplicate: shuts both
+        with shared_rows.socket_of(conn) as s:
             s.shutdown(socket.SHUT_RDWR)
     except OSError:  # closed already
         pass

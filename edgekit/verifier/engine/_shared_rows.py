@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RowReader", "RowWriter", "available", "receive", "send"]
+__all__ = ["RowReader", "RowWriter", "available", "receive", "send", "socket_of"]
 
 _ALIGN = 64
 MAX_BYTES = 4 << 30  # a file no larger: an answer past it goes in the pickle
@@ -230,7 +230,7 @@ def send(conn: Connection, writer: RowWriter, data: bytes) -> None:
     fd = writer.new_file()
     if fd is not None:
         conn.send_bytes(_FILE_NOTICE)
-        with _socket_of(conn) as s:
+        with socket_of(conn) as s:
             socket.send_fds(s, [b"F"], [fd])
     conn.send_bytes(data)
 
@@ -240,7 +240,7 @@ def receive(conn: Connection, reader: RowReader) -> tuple[Any, int | None]:
     while True:
         data = conn.recv_bytes()
         if data == _FILE_NOTICE:
-            with _socket_of(conn) as s:
+            with socket_of(conn) as s:
                 _, fds, _, _ = socket.recv_fds(s, 1, 1)
             if len(fds) != 1:
                 raise OSError("the engine host's shared memory did not arrive")
@@ -253,9 +253,10 @@ _FILE_NOTICE = pickle.dumps((_FILE,), protocol=4)
 
 
 @contextlib.contextmanager
-def _socket_of(conn: Connection) -> Iterator[socket.socket]:
-    """`conn`'s socket, as a socket object for sendmsg/recvmsg, left blocking (a process-wide default
-    timeout would make the shared descriptor non-blocking under the Connection's feet)."""
+def socket_of(conn: Connection) -> Iterator[socket.socket]:
+    """`conn`'s socket as a socket object (on a duplicate of its descriptor: options and shutdown act
+    on the one socket), left blocking (a process-wide default timeout would make the shared
+    descriptor non-blocking under the Connection's feet)."""
     s = socket.socket(fileno=os.dup(conn.fileno()))
     try:
         s.setblocking(True)
