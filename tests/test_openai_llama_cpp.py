@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _wait import until
 
-from edgekit import ConfigError, EdgeClient, GenerationConfig, ProtocolError
+from edgekit import ClientConfig, ConfigError, EdgeClient, GenerationConfig, ProtocolError
 from edgekit.protocol import OpenRequest
 from edgekit.transport import OpenAITransport
 
@@ -25,6 +25,10 @@ GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "verifiers-and
 # server sorts the whole vocabulary in Python for every echoed position (~0.3 s each on gemma's 262,144),
 # so a round costs its context's length. 8 tokens at K = 3 are still several rounds, drafts accepted.
 ANSWER_TOKENS = 8
+# The deadline of each call to that server. Its Python sort makes an 8-token answer with logprobs take ~5 s
+# on an idle 2-core machine, and over 30 s (the client's default deadline) in a CI run where the other test
+# worker kept both cores busy with llama.cpp. The deadline is there to end a hung server, not to time one.
+SERVER_DEADLINE_S = 300.0
 
 
 def _free_port() -> int:
@@ -109,7 +113,7 @@ def llama_server(gemma_paths, tmp_path_factory):
 
 def _client(url: str, draft, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
     config = GenerationConfig(**({"max_tokens": 24, "drafting": "fixed", "draft_k": 3, "stop_at_eos": False} | gen))
-    return EdgeClient(url, draft_model=draft, generation=config)
+    return EdgeClient(url, draft_model=draft, generation=config, config=ClientConfig(timeout=SERVER_DEADLINE_S))
 
 
 @pytest.mark.numerics
@@ -127,7 +131,7 @@ def test_greedy_through_the_openai_server_is_its_own_target_only_decoding(llama_
 
 
 def test_what_text_prompts_cannot_carry_is_refused_not_verified_shifted(llama_server, gemma_draft):
-    transport = OpenAITransport(llama_server.removeprefix("openai+"), gemma_draft)
+    transport = OpenAITransport(llama_server.removeprefix("openai+"), gemma_draft, timeout=SERVER_DEADLINE_S)
     transport.handshake(gemma_draft.fingerprint(), draft_model=gemma_draft.name, draft_hidden_size=0)
     # "Hello" as two tokens: the server would read the text back as one
     split = gemma_draft.tokenize("Hel") + gemma_draft.tokenize("lo", add_special=False)
