@@ -126,6 +126,8 @@ def run(args: argparse.Namespace) -> dict:
                   phases=[Phase.generate])
         @given(st.data())
         def fuzz(data: st.DataObject) -> None:
+            aim.replenish(channel, auth, fingerprint=hs.draft_tokenizer, hidden=hs.draft_hidden_size,
+                          prompt=[2, 818, 5279, 563], timeout=120)
             method = data.draw(st.sampled_from(sorted(METHODS)))
             payload = data.draw(
                 requests(method, vocab=vocab, sessions=lambda: opened, near=lambda: [4, 5, 6, 40],

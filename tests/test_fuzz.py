@@ -72,7 +72,7 @@ def test_every_rpc_answers_hostile_input_with_a_status_and_the_good_client_goes_
     good = threading.Thread(target=_well_behaved, args=(server.address, stop, outcomes), daemon=True)
     good.start()
     seen: dict[str, set] = {m: set() for m in METHODS}
-    aim = Aim()
+    aim, seen_open = Aim(), []  # the fuzzer's sessions to aim at, and the valid opens that kept one
     fingerprint = fingerprint_to_pb(FakeDraftModel(TARGET).fingerprint())
 
     # 700 examples: with 400, one run in about seven never ran a whole round of some RPC (measured)
@@ -80,6 +80,10 @@ def test_every_rpc_answers_hostile_input_with_a_status_and_the_good_client_goes_
               phases=[Phase.generate])  # the server's state moves on: no replaying to shrink
     @given(st.data())
     def fuzz(data: st.DataObject) -> None:
+        opened = aim.replenish(channel, auth, fingerprint=fingerprint, hidden=8, prompt=[1 + len(seen_open) % 60, 2, 3])
+        if opened is not None:  # a valid open is served, or refused for room
+            seen_open.append(opened)
+            assert opened in (grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED), opened
         method = data.draw(st.sampled_from(sorted(METHODS)))
         payload = data.draw(
             requests(method, vocab=TARGET.vocab_size, sessions=live, near=near)
