@@ -149,6 +149,8 @@ class GenerationConfig:
                 "semantic mode reads the draft's hidden states at mismatches: set upload to fh, sh, auto or rtt "
                 "(upload='tokens' sends none)"
             )
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):  # greedy reads none, but a NaN is a mistake
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.mode == "sample" and not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0 when sampling, got {self.temperature}")
         try:

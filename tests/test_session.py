@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from edgekit import (
@@ -126,6 +128,10 @@ def test_invalid_generation_config_is_refused():
         GenerationConfig(draft_k=0)
     with pytest.raises(ConfigError, match="temperature"):
         GenerationConfig(mode="sample", temperature=0)
+    for bad in (math.nan, math.inf, -0.5):  # in greedy mode too, which reads no temperature
+        with pytest.raises(ConfigError, match="temperature must be a finite number >= 0"):
+            GenerationConfig(mode="greedy", temperature=bad)
+    assert GenerationConfig(mode="greedy", temperature=0).sampler().temperature == 0
 
 
 def test_sampling_through_the_session_is_distributed_as_the_target():
