@@ -149,8 +149,12 @@ class GenerationConfig:
                 "semantic mode reads the draft's hidden states at mismatches: set upload to fh, sh, auto or rtt "
                 "(upload='tokens' sends none)"
             )
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):  # greedy reads none, but a NaN is a mistake
-            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        for name in ("temperature", "draft_temperature"):  # in any mode: greedy reads neither, but a NaN is a mistake
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
+        if self.draft_temperature is not None and not self.draft_temperature > 0:
+            raise ConfigError(f"draft_temperature must be > 0, got {self.draft_temperature}")
         if self.mode == "sample" and not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0 when sampling, got {self.temperature}")
         try:
@@ -158,7 +162,7 @@ class GenerationConfig:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         draft = sampler
-        if self.mode == "sample" and self.draft_temperature is not None and self.draft_temperature > 0:
+        if self.mode == "sample" and self.draft_temperature is not None:
             draft = replace(sampler, temperature=self.draft_temperature)
         object.__setattr__(self, "_samplers", (sampler, draft))  # built once: the draft asks every token
         if self.mode == "semantic" and sampler.adjusts:
@@ -167,8 +171,6 @@ class GenerationConfig:
             )
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ConfigError(f"logprobs must be between 0 and 20 alternatives, got {self.logprobs}")
-        if self.draft_temperature is not None and not self.draft_temperature > 0:
-            raise ConfigError(f"draft_temperature must be > 0, got {self.draft_temperature}")
         if not 1 <= self.draft_k <= 64:
             raise ConfigError(f"draft_k must be between 1 and 64, got {self.draft_k}")
         DRAFTING.check(self.drafting)

@@ -129,8 +129,13 @@ def test_invalid_generation_config_is_refused():
     with pytest.raises(ConfigError, match="temperature"):
         GenerationConfig(mode="sample", temperature=0)
     for bad in (math.nan, math.inf, -0.5):  # in greedy mode too, which reads no temperature
-        with pytest.raises(ConfigError, match="temperature must be a finite number >= 0"):
-            GenerationConfig(mode="greedy", temperature=bad)
+        for mode in ("greedy", "sample"):
+            with pytest.raises(ConfigError, match="^temperature must be a finite number >= 0"):
+                GenerationConfig(mode=mode, temperature=bad)
+            with pytest.raises(ConfigError, match="^draft_temperature must be a finite number >= 0"):
+                GenerationConfig(mode=mode, draft_temperature=bad)
+    with pytest.raises(ConfigError, match="draft_temperature must be > 0"):
+        GenerationConfig(mode="sample", draft_temperature=0)
     assert GenerationConfig(mode="greedy", temperature=0).sampler().temperature == 0
 
 
