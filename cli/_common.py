@@ -36,6 +36,19 @@ TARGET_HELP = (
     "Checked against the draft's tokenizer before any weights load."
 )
 _DRAFT = typer.Option(None, "--draft", help=DRAFT_HELP)
+_TOKEN = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier.")
+_INSECURE = typer.Option(
+    False, "--insecure", envvar="EDGEKIT_INSECURE",
+    help="Send the verifier's token over plaintext (no TLS) to a verifier that is not on this machine: anyone on "
+    "the path can read it. Without it such a connection is refused; use grpcs:// (or --tls) instead.",
+)
+
+
+def timeout_option(default: float) -> Any:
+    """--timeout: each verifier call's deadline; EDGEKIT_TIMEOUT where the flag is not given."""
+    return typer.Option(
+        default, "--timeout", envvar="EDGEKIT_TIMEOUT", help="Deadline of each verifier call, in seconds."
+    )
 _TARGET = typer.Option(None, "--target", help=TARGET_HELP)
 _YES = typer.Option(
     False, "--yes", "-y", help="With --target and no --draft: draft with the smallest model of the target's "

@@ -13,6 +13,7 @@ def build_client(
     target: str | None = None,  # the local verifier's model, by reference; None: the pair's
     timeout: float,
     token: str | None,
+    insecure: bool = False,  # a token over plaintext to another machine (--insecure)
     generation,  # GenerationConfig
     announce: bool = True,
     local_server=None,  # ServerConfig of the local verifier, when one is started
@@ -27,7 +28,9 @@ def build_client(
     retry: dict = {} if retry_for is None else {"retry_for": retry_for}
     if on_disconnect is not None:
         retry["on_disconnect"] = on_disconnect
-    config = ClientConfig.from_env(timeout=timeout, connect_timeout=min(10.0, timeout), token=token, **retry)
+    config = ClientConfig.from_env(
+        timeout=timeout, connect_timeout=min(10.0, timeout), token=token, insecure=insecure, **retry
+    )
     # pair None with a verifier: the pair whose target it serves (EdgeClient asks it)
     client = EdgeClient(
         verifier, pair=pair, draft=draft, target=target, config=config, generation=generation,

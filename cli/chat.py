@@ -16,6 +16,7 @@ from ._common import (
     _DRAFT,
     _DRAFTING,
     _FREQUENCY_PENALTY,
+    _INSECURE,
     _MAX_WINDOW,
     _MIN_P,
     _ON_DISCONNECT,
@@ -31,6 +32,7 @@ from ._common import (
     _SLO_CLASS,
     _TARGET,
     _TARGET_SPEED,
+    _TOKEN,
     _TOP_K,
     _TOP_P,
     _UPLOAD,
@@ -40,6 +42,7 @@ from ._common import (
     VERIFIER_HELP,
     sampler_options,
     semantic_summary,
+    timeout_option,
     upload_for,
 )
 from .generate import Mode
@@ -236,8 +239,9 @@ def chat(
         True, "--history/--no-history",
         help="Keep the chat in the per-user data directory (EDGEKIT_NO_HISTORY=1 also turns it off)."
     ),
-    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
-    timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, in seconds."),
+    token: str | None = _TOKEN,
+    insecure: bool = _INSECURE,
+    timeout: float = timeout_option(60.0),
     retry_for: float | None = _RETRY_FOR,
     on_disconnect: str | None = _ON_DISCONNECT,
     proactive: bool = _PROACTIVE,
@@ -274,6 +278,7 @@ def chat(
     out = Console(highlight=False, soft_wrap=True, stderr=json_out)
     with _connect.build_client(
         pair=pair if verifier else pair or "qwen-coder", verifier=verifier, timeout=timeout, token=token,
+        insecure=insecure,
         draft=draft, target=target, yes=yes,
         generation=gen, retry_for=retry_for, on_disconnect=on_disconnect,
     ) as client:

@@ -13,6 +13,7 @@ from ._common import (
     _DRAFTING,
     _FREQUENCY_PENALTY,
     _HIDDEN_ENCODING,
+    _INSECURE,
     _MAX_WINDOW,
     _MIN_P,
     _ON_DISCONNECT,
@@ -28,6 +29,7 @@ from ._common import (
     _SLO_CLASS,
     _TARGET,
     _TARGET_SPEED,
+    _TOKEN,
     _TOP_K,
     _TOP_P,
     _UPLOAD,
@@ -39,6 +41,7 @@ from ._common import (
     print_json,
     sampler_options,
     semantic_summary,
+    timeout_option,
     upload_for,
 )
 
@@ -95,8 +98,9 @@ def generate(
         False, "--json", help="Print one JSON object (token ids, text, metrics) and nothing else."
     ),
     rounds: bool = typer.Option(False, "--rounds", help="With --json, include per-round figures."),
-    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
-    timeout: float = typer.Option(30.0, "--timeout", help="Deadline of each verifier call, in seconds."),
+    token: str | None = _TOKEN,
+    insecure: bool = _INSECURE,
+    timeout: float = timeout_option(30.0),
     retry_for: float | None = _RETRY_FOR,
     on_disconnect: str | None = _ON_DISCONNECT,
     proactive: bool = _PROACTIVE,
@@ -119,6 +123,7 @@ def generate(
     )
     with _connect.build_client(
         pair=pair if verifier else pair or "gemma-270m", verifier=verifier, timeout=timeout, token=token,
+        insecure=insecure,
         draft=draft, target=target, yes=yes,
         generation=gen, announce=not json_out,
         retry_for=retry_for, on_disconnect=on_disconnect,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import _DRAFT, _TARGET, PAIR_HELP, VERIFIER_HELP, note, print_json
+from ._common import _DRAFT, _INSECURE, _TARGET, _TOKEN, PAIR_HELP, VERIFIER_HELP, note, print_json, timeout_option
 
 
 def _prompts(path: Path) -> list[str]:
@@ -44,8 +44,9 @@ def plan(
     ),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Draft threads (default: EDGEKIT_THREADS)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
-    timeout: float = typer.Option(30.0, "--timeout", help="Deadline of each verifier call, in seconds."),
+    token: str | None = _TOKEN,
+    insecure: bool = _INSECURE,
+    timeout: float = timeout_option(30.0),
 ) -> None:
     """Plan a set of prompts: the batches and window with the least predicted total latency
     (the latency model and dynamic program of paper 003, fitted here and against the verifier)."""
@@ -61,7 +62,7 @@ def plan(
 
     texts = _prompts(prompts_file)
     with _connect.build_client(pair=pair, verifier=verifier, draft=draft, target=target, timeout=timeout,
-                               token=token, generation=GenerationConfig(max_tokens=max_tokens),
+                               token=token, insecure=insecure, generation=GenerationConfig(max_tokens=max_tokens),
                                announce=not json_out) as client:
         info = client.server_info()
         inputs = [len(client.tokenize(t)) for t in texts]

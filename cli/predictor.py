@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from ._common import PAIR_HELP, VERIFIER_HELP, note, print_json
+from ._common import _INSECURE, _TOKEN, PAIR_HELP, VERIFIER_HELP, note, print_json, timeout_option
 
 if TYPE_CHECKING:
     from edgekit.predictors.collect import Trace
@@ -35,8 +35,9 @@ def collect(
     mode: str = typer.Option("greedy", "--mode", help="greedy or sample (labels depend on the acceptance rule)."),
     seed: int = typer.Option(0, "--seed"),
     numerics: str = typer.Option("exact", "--numerics", help="Numerics of the local verifier: exact or fast."),
-    timeout: float = typer.Option(60.0, "--timeout", help="Deadline of each verifier call, seconds."),
-    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Verifier bearer token."),
+    timeout: float = timeout_option(60.0),
+    token: str | None = _TOKEN,
+    insecure: bool = _INSECURE,
     json_out: bool = typer.Option(False, "--json", help="Print the trace summary as JSON."),
 ) -> None:
     """Run speculative decoding with a fixed window over a prompt set and record
@@ -54,7 +55,8 @@ def collect(
     gen = GenerationConfig(mode=cast(Mode, mode), drafting="fixed", draft_k=window, max_tokens=max_tokens)
     local = ServerConfig(port=0, max_sessions=2, numerics=cast(Numerics, numerics))
     with _connect.build_client(
-        pair=pair, verifier=verifier, timeout=timeout, token=token, generation=gen, local_server=local
+        pair=pair, verifier=verifier, timeout=timeout, token=token, insecure=insecure, generation=gen,
+        local_server=local,
     ) as client:
 
         def progress(i: int, p: dict, n: int) -> None:

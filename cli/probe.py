@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from ._common import _DRAFT, note, print_json
+from ._common import _DRAFT, _INSECURE, _TOKEN, note, print_json, timeout_option
 
 if TYPE_CHECKING:
     from edgekit import ClientConfig, DraftModel, GenerationConfig
@@ -34,8 +34,9 @@ def probe(
     calibration_tokens: int = typer.Option(48, "--calibration-tokens", min=8, help="Tokens drafted to measure costs."),
     max_window: int = typer.Option(8, "--max-window", min=1, max=64, help="Longest window the policy may choose."),
     hidden_encoding: str = typer.Option("fp16", "--hidden-encoding", help="fp16 or int8."),
-    token: str | None = typer.Option(None, "--token", envvar="EDGEKIT_TOKEN", help="Bearer token for the verifier."),
-    timeout: float = typer.Option(5.0, "--timeout", help="Deadline of each call, in seconds."),
+    token: str | None = _TOKEN,
+    insecure: bool = _INSECURE,
+    timeout: float = timeout_option(5.0),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
     plot: Path | None = typer.Option(None, "--plot", help="Also draw the time per token of each window and upload "
                                      "into this PNG (needs the bench extra: matplotlib)."),
@@ -62,7 +63,7 @@ def probe(
         max_tokens=calibration_tokens, drafting="latency", max_window=max_window, upload="auto",
         hidden_encoding=cast(HiddenEncoding, hidden_encoding), stop_at_eos=False,
     )
-    config = ClientConfig(timeout=timeout, connect_timeout=timeout, token=token)
+    config = ClientConfig.from_env(timeout=timeout, connect_timeout=timeout, token=token, insecure=insecure)
     link = LinkEstimator()
     if stock:
         # a stock server: its transport needs the draft's tokenizer even to ping

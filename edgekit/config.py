@@ -223,6 +223,11 @@ class ClientConfig:
     connect_timeout: float = 10.0  # deadline for the channel to become ready
     token: str | None = None  # sent as `authorization: Bearer <token>`
     tls: bool = False
+    # A token is sent in plaintext only to a verifier on this machine (a loopback address or
+    # localhost): to any other over plain gRPC or HTTP the connection is refused, as anyone on the
+    # path could read the token, unless this is True (EDGEKIT_INSECURE, --insecure): a private
+    # link the user trusts, a tunnel, a TLS-terminating proxy on the same host under another name.
+    insecure: bool = False
     root_certificates: str | None = None  # PEM file; system roots when None
     # Mutual TLS: this client's certificate chain and private key (PEM files), for a verifier
     # that asks for one (`edgekit serve --tls-client-ca`).
@@ -286,7 +291,9 @@ class ClientConfig:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ClientConfig:
-        return replace(cls(), **_env_values(cls, "EDGEKIT_"), **overrides)
+        """The defaults, then the EDGEKIT_* variables set, then `overrides` (a caller's explicit
+        values, such as a command's flags, win over the environment)."""
+        return replace(cls(), **{**_env_values(cls, "EDGEKIT_"), **overrides})
 
 
 @dataclass(frozen=True)
@@ -309,6 +316,9 @@ class ServerConfig:
     # hard limit. Either way, with the table full, a client holding less than half of it takes the
     # least recently used session of one holding more (its owner reopens it when it next calls).
     max_sessions_per_client: int = 0
+    # Proxies in front (addresses or networks, comma-separated): from these a call's host is the last
+    # address of its x-forwarded-for, so that devices behind them count as clients of their own.
+    trusted_proxies: str = ""
     max_draft_top_k: int = 1024
     max_message_bytes: int = 16 * 1024 * 1024
     max_generate_tokens: int = 4096
@@ -322,7 +332,21 @@ class ServerConfig:
     # Target layers on a GPU, where llama.cpp was built with one: -1 all, 0 none; None:
     # EDGEKIT_GPU_LAYERS, else llama.cpp's default (all). A CPU-only build ignores it.
     gpu_layers: int | None = None
-    workers: int = 32  # gRPC handler threads (at least max_sessions + 8)
+    workers: int = 32  # gRPC handler threads for unary calls (at least max_sessions + 8)
+    # Streams (a session's Rounds, a target-only Generate) open at once, each holding a thread of its
+    # own beside the workers (0: max_sessions); past it, and past max_sessions_per_client of one
+    # client's, a new stream is refused (RESOURCE_EXHAUSTED). A stream that moves no message for
+    # stream_idle_timeout seconds while the verifier is not working on it is ended (a device opens
+    # another at its next round): a client cannot hold threads by opening streams and sending nothing.
+    max_streams: int = 0
+    stream_idle_timeout: float = 60.0
+    # Calls in flight or waiting for a thread at once (gRPC's maximum_concurrent_rpcs; 0: four per
+    # thread); past it a call is refused (RESOURCE_EXHAUSTED) before anything of it is read.
+    max_calls: int = 0
+    # A connection with no call for this long is closed (the client reconnects at its next call).
+    connection_idle_timeout: float = 600.0
+    # The most bytes a Ping may ask to be answered with (the link probe's downlink payload).
+    max_ping_reply_bytes: int = 4 * 1024 * 1024
     # Verifier processes serving `port` (`edgekit.verifier.FrontEnds`): each its own gRPC server,
     # sessions (max_sessions each, its limits its own), scheduler and acceptance, all over one engine in the main
     # process (`EngineHost`), which runs what they send while it is busy in one batch. The kernel
@@ -388,6 +412,9 @@ class ServerConfig:
     # Serve Prometheus metrics over HTTP on this port of `host` (0 picks a free port); None: no
     # endpoint. Needs prometheus-client: pip install 'edgekit[server]'.
     metrics_port: int | None = None
+    # The address the metrics endpoint listens on: loopback unless asked (it has no auth, and tells
+    # the load, sessions and tenants of the verifier); 0.0.0.0 for a scraper on another host.
+    metrics_host: str = "127.0.0.1"
     # Semantic verification (WISV, lossy, opt-in per session): the ONNX decision head the
     # verifier runs; None or "" offers no semantic mode. `edgekit serve --semantic-head shipped`
     # names the head shipped for the pair. A local verifier (`EdgeClient(pair=...)`) loads the
@@ -427,6 +454,10 @@ class ServerConfig:
             raise ConfigError(f"unreachable_share must be in (0, 1], got {self.unreachable_share}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be a port number (0 for a free one), got {self.metrics_port}")
+        if self.max_streams < 0 or self.max_calls < 0 or self.max_ping_reply_bytes < 0:
+            raise ConfigError("max_streams, max_calls and max_ping_reply_bytes must be >= 0")
+        if not (self.stream_idle_timeout > 0 and self.connection_idle_timeout > 0):
+            raise ConfigError("stream_idle_timeout and connection_idle_timeout must be positive")
         if self.reclaim_after < 0 or self.max_sessions_per_client < 0:
             raise ConfigError("reclaim_after and max_sessions_per_client must be >= 0")
         object.__setattr__(self, "slo_classes", _slo_classes(self.slo_classes))
@@ -437,7 +468,8 @@ class ServerConfig:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ServerConfig:
-        return replace(cls(), **_env_values(cls, "EDGEKIT_SERVE_"), **overrides)
+        """The defaults, then the EDGEKIT_SERVE_* variables set, then `overrides`."""
+        return replace(cls(), **{**_env_values(cls, "EDGEKIT_SERVE_"), **overrides})
 
 
 def _slo_classes(spec: Mapping[str, float] | str) -> dict[str, float]:

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from ..config import ClientConfig
 from ..errors import ConfigError
+from ..link import host_of, is_local
 from ..runtime import DraftModel
 from ._base import VerifierTransport
 
@@ -39,6 +40,7 @@ def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None)
     scheme, sep, rest = url.strip().partition("://")
     if not sep:
         scheme, rest = "grpc", url
+    _check_token_channel(scheme, rest, config)
     if scheme in ("grpc", "grpcs"):
         from ._grpc import GrpcTransport
 
@@ -68,3 +70,19 @@ def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None)
     from ._sglang import SGLangTransport
 
     return SGLangTransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)
+
+
+def _check_token_channel(scheme: str, rest: str, config: ClientConfig) -> None:
+    """Refuses to send a token in plaintext off this machine, unless the config says `insecure`."""
+    encrypted = scheme == "grpcs" or scheme.endswith("+https") or (scheme == "grpc" and config.tls)
+    if not config.token or config.insecure or encrypted:
+        return
+    host = host_of(rest)
+    if is_local(host):
+        return
+    raise ConfigError(
+        f"refusing to send the verifier's token in plaintext to {host}: anyone on the path could read it. "
+        f"Reach it over TLS (grpcs://{rest}, openai+https://, sglang+https://; edgekit serve --tls-cert/--tls-key), "
+        "or pass --insecure (EDGEKIT_INSECURE=1, ClientConfig(insecure=True)) on a link you trust"
+    )
+
