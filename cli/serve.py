@@ -173,6 +173,24 @@ def serve(
         help="Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port); needs "
         "pip install 'edgekit\\[server]'.",  # escaped: rich would read [server] as a tag
     ),
+    metrics_host: str = typer.Option(
+        "127.0.0.1", "--metrics-host", metavar="ADDRESS",
+        help="Address the metrics endpoint listens on: loopback by default (it has no auth); 0.0.0.0 for a "
+        "scraper on another host (keep the port off the open network).",
+    ),
+    trusted_proxies: str = typer.Option(
+        "", "--trusted-proxies", metavar="ADDRESSES",
+        help="Proxies in front (addresses or networks, comma-separated) whose x-forwarded-for names a call's "
+        "host, so that --max-sessions-per-client counts each device behind them, not the proxy.",
+    ),
+    max_streams: int = typer.Option(
+        0, "--max-streams", min=0,
+        help="Streams (Rounds, Generate) open at once, each a thread; more are refused (0: --max-sessions).",
+    ),
+    stream_idle_timeout: float = typer.Option(
+        60.0, "--stream-idle-timeout", min=0.1,
+        help="Seconds a stream may move no message before it is ended (a device opens another at its next round).",
+    ),
     semantic_head: str | None = typer.Option(
         None, "--semantic-head", metavar="FILE|shipped",
         help="Offer semantic verification (WISV, lossy, opt-in per session) with this ONNX decision head; "
@@ -235,6 +253,10 @@ def serve(
         calibrate="force" if calibrate else "auto",
         slo_classes=",".join(slo_class) if slo_class else dict(DEFAULT_SLO_CLASSES),
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        max_streams=max_streams,
+        trusted_proxies=trusted_proxies,
+        stream_idle_timeout=stream_idle_timeout,
         semantic_head=semantic_head,
     )
     from edgekit.models import get_pair

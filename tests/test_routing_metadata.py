@@ -109,12 +109,24 @@ def test_a_proxy_that_carries_no_round_stream_gets_verify_calls(rounds):
     assert methods.index("Rounds") < methods.index("Verify")
 
 
-def test_reflection_lists_the_verifier_and_health_services_and_describes_verify_without_a_token():
-    """grpcurl's `list` and `describe`, through grpc's own reflection client (issue 38, item 4)."""
+class _Token(grpc.StreamStreamClientInterceptor):
+    """A channel's calls carrying the token (grpcurl's -H 'authorization: Bearer ...')."""
+
+    def intercept_stream_stream(self, continuation, details, requests):  # type: ignore[no-untyped-def]
+        metadata = (*(details.metadata or ()), ("authorization", "Bearer secret"))
+        return continuation(details._replace(metadata=metadata), requests)
+
+
+def test_reflection_lists_the_verifier_and_health_services_and_describes_verify_with_the_token():
+    """grpcurl's `list` and `describe`, through grpc's own reflection client (issue 38, item 4);
+    where tokens are required, reflection needs one as every call but health checks (issue 66)."""
     c = ServerConfig(port=0, max_sessions=2, max_context=256, token="secret")
     with VerifierServer(ToyEngine(TARGET, n_seq=2, max_context=256), c) as verifier:
         with grpc.insecure_channel(verifier.address) as channel:
-            db = ProtoReflectionDescriptorDatabase(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                ProtoReflectionDescriptorDatabase(channel).get_services()
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            db = ProtoReflectionDescriptorDatabase(grpc.intercept_channel(channel, _Token()))
             services = set(db.get_services())
             assert {SERVICE_NAME, "grpc.health.v1.Health"} <= services, services
             verify = DescriptorPool(db).FindServiceByName(SERVICE_NAME).methods_by_name["Verify"]

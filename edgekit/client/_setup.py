@@ -8,6 +8,7 @@ their GGUF headers before any weights load (`edgekit.models.compat`)."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -110,6 +111,7 @@ def assemble(
         if where is None:
             parts.local = start_local(parts.pair, local_server, local_target)
             where = parts.local.address
+            config = replace(config, token=parts.local.config.token)  # its own, drawn for this process
         if parts.transport is None:
             parts.transport = connect(where, config, parts.draft) if isinstance(where, str) else where
     except BaseException:
@@ -185,4 +187,7 @@ def start_local(
         head = drafting.shipped_dir("semantic") / f"{pair}.onnx"
         if head.is_file():
             cfg = replace(cfg, semantic_head=str(head))
-    return VerifierServer(path, replace(cfg, host="127.0.0.1"), name=name).start()
+    # On loopback, but any local user could call it (and spend this one's target): it takes only a token
+    # drawn here, which the client is given, unless the config names tokens of its own.
+    token = cfg.token if cfg.token or cfg.tokens_file else secrets.token_urlsafe(32)
+    return VerifierServer(path, replace(cfg, host="127.0.0.1", token=token), name=name).start()

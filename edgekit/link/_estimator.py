@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..errors import VerifierUnavailableError
+from ..errors import ProtocolError, VerifierUnavailableError
 from ..protocol import LinkState
 
 __all__ = ["MIN_RTO_MS", "LinkEstimator", "Pinger", "ProbeResult", "probe"]
@@ -150,13 +150,21 @@ def probe(
     directions = ("up", "down") if getattr(transport, "can_time_payloads", True) else ()
     for direction in directions:  # a server without an echo endpoint: RTT only
         size = payload_bytes
+        measured: tuple[int, float] | None = None  # the last size timed, and its extra time
         while True:
             kwargs = {"payload_bytes": size} if direction == "up" else {"reply_bytes": size}
             fastest = None  # the quickest loaded exchange: the least queueing on top of its transfer
             for _ in range(tries):
                 empty = transport.ping()
+                n += 1
+                est.add_rtt(empty)
+                empties.append(empty)
                 try:
                     loaded = transport.ping(**kwargs)
+                except ProtocolError:
+                    if measured is None:
+                        raise
+                    break  # past the verifier's limit on a ping's payload: the last size measured stands
                 except VerifierUnavailableError as exc:
                     raise VerifierUnavailableError(
                         f"{exc}; empty pings took {empty:.0f} ms but a {size // 1024} KiB payload "
@@ -165,11 +173,12 @@ def probe(
                         address=exc.address,
                         code=exc.code,
                     ) from None
-                n += 2
-                est.add_rtt(empty)
-                empties.append(empty)
+                n += 1
                 fastest = loaded if fastest is None or loaded < fastest else fastest
-            assert fastest is not None
+            if fastest is None:
+                assert measured is not None
+                size, best = measured
+                break
             # Against the quickest empty exchange of the whole probe, not the one just before: on a
             # link whose RTT jitters by more than the payload takes, an empty ping that queued made
             # every pair's difference negative (no rate at all), where the two minima each shed it.
@@ -177,6 +186,7 @@ def probe(
             noise = statistics.pstdev(empties) if len(empties) > 1 else 0.0
             if best >= max(MIN_TIMED_MS, 3 * noise) or size * 4 > max_payload_bytes:
                 break
+            measured = (size, best)
             size *= 4
         est.set_rate(direction, size, best)
     est.probed = True

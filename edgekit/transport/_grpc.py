@@ -30,7 +30,7 @@ import grpc
 from google.protobuf.message import Message
 
 from ..config import ClientConfig
-from ..errors import EdgekitError
+from ..errors import EdgekitError, LimitExceededError
 from ..protocol import SERVICE_NAME, pb, pb_grpc
 from ._message import MessageTransport
 from ._round_stream import RoundStream
@@ -39,6 +39,7 @@ from ._rpc_error import map_rpc_error
 __all__ = ["CLIENT_HEADER", "SESSION_HEADER", "GrpcTransport", "map_rpc_error"]
 
 CLIENT_HEADER = "x-edgekit-client"
+KEEPALIVE_MS = 30_000  # a ping this often during a call: a dead link is found without waiting for TCP
 SESSION_HEADER = "x-edgekit-session"
 
 
@@ -52,7 +53,7 @@ class GrpcTransport(MessageTransport):
         options = [
             ("grpc.max_receive_message_length", c.max_message_bytes),
             ("grpc.max_send_message_length", c.max_message_bytes),
-            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_time_ms", KEEPALIVE_MS),
             ("grpc.enable_retries", 0),  # a round is never resent behind the session's back
             # After an outage the channel tries to reconnect within a second or two, not gRPC's
             # default of up to two minutes: the session's own back-off paces the calls.
@@ -91,9 +92,14 @@ class GrpcTransport(MessageTransport):
             raise map_rpc_error(exc, self.address, during=during, deadline=deadline) from None
         return answer, (time.perf_counter() - t0) * 1e3
 
-    def _round(self, request: pb.VerifyRequest, *, during: str) -> tuple[Message, float]:
+    def _round(self, request: pb.VerifyRequest, *, during: str, again: bool = True) -> tuple[Message, float]:
         """A round's exchange on its session's stream where the verifier offers one (and the
-        config allows it), else a Verify call."""
+        config allows it), else a Verify call. A stream the verifier ended while it idled (it
+        cancels streams that move nothing for a while) is replaced, and the round sent again on
+        the new one (the verifier knows a round it has answered by its key); a new stream the
+        verifier refuses for want of room (it bounds the streams open) sends its round as a Verify
+        call instead."""
+        fresh = False
         with self._streams_lock:
             stream = self._streams.get(request.session_id)
             if stream is not None and stream.over:  # it failed, or ended between two rounds
@@ -105,11 +111,18 @@ class GrpcTransport(MessageTransport):
                 stream = self._streams[request.session_id] = RoundStream(
                     self._stub.Rounds, self._metadata_for(request), self.address
                 )
+                fresh = True
         if stream is None:
             return self._unary("Verify", request, during=during)
         try:
             return stream.exchange(request, during=during, timeout=self.config.timeout)
-        except EdgekitError:
+        except EdgekitError as exc:
+            if again and getattr(exc, "code", None) == "CANCELLED":
+                self._end_stream(request.session_id, stream)
+                return self._round(request, during=during, again=False)
+            if fresh and isinstance(exc, LimitExceededError):
+                self._end_stream(request.session_id, stream)
+                return self._unary("Verify", request, during=during)
             if not stream.unsupported:
                 raise
             # A replica or a proxy on the way has no Rounds call: Verify calls from now on, this

@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ..config import ServerConfig
 from ..errors import ConfigError
+from ..link import is_local
 from ..protocol import SERVICE_NAME
 from ._calibration import DECODE_STEP_CONTEXT, calibrated_estimator, default_calibration_dir, time_decode_step
 from ._estimator import VerifyTimeEstimator
@@ -27,6 +28,10 @@ from .engine import Engine, LlamaEngine, RemoteEngine
 __all__ = ["Tokens", "VerifierServer", "llama_engine"]
 
 log = logging.getLogger("edgekit.verifier")
+
+# Keepalive pings a client may send (gRPC's default policy: one per 5 minutes, GOAWAY after the
+# third too early): a third of the devices' interval (edgekit.transport's KEEPALIVE_MS, 30 s).
+PINGS_PERMITTED_EVERY_MS = 10_000
 
 
 class Tokens:
@@ -81,24 +86,30 @@ def _read_tokens(path: Path) -> list[tuple[bytes, str]]:
 
 
 class _TokenAuth(grpc.ServerInterceptor):
-    """Requires `authorization: Bearer <token>` with a known token on every call but health checks."""
+    """Requires `authorization: Bearer <token>` with a known token on every call but health checks.
+
+    A call without one is refused from its headers: its handler is a stream handler, which gRPC runs
+    without waiting for a request message, so a client that sends headers and never a message holds
+    no thread (a unary handler would sit on a worker until the message came)."""
 
     def __init__(self, tokens: Tokens) -> None:
         self._tokens = tokens
+        self.refused = 0
 
-        def deny(request: object, context: grpc.ServicerContext) -> None:
+        def deny(requests: object, context: grpc.ServicerContext) -> None:
+            self.refused += 1
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token: pass the verifier's --token")
 
-        self._deny: grpc.RpcMethodHandler = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny: grpc.RpcMethodHandler = grpc.stream_stream_rpc_method_handler(deny)
 
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        # health checks (a load balancer's) and reflection (the API's schema, public as the
-        # .proto is) need no token
-        public = details.method.startswith(("/grpc.health.v1.", "/grpc.reflection."))
+        # health checks (a load balancer's, an orchestrator's) need no token; reflection does, as
+        # every other call: it tells what the verifier serves
+        public = details.method.startswith("/grpc.health.v1.")
         if public or self._tokens.tenant(details.invocation_metadata) is not None:
             return continuation(details)
         return self._deny
@@ -160,18 +171,27 @@ class VerifierServer:
         step_ms = self._timed_step(estimator)
         self.service = VerifierService(self.engine, c, estimator=estimator, clock=clock, timed_step_ms=step_ms)
         tokens = Tokens(c.token, c.tokens_file)
-        interceptors: list[grpc.ServerInterceptor] = [_TokenAuth(tokens)] if tokens else []
+        self._auth = _TokenAuth(tokens) if tokens else None
+        interceptors: list[grpc.ServerInterceptor] = [self._auth] if self._auth is not None else []
         # gRPC's hard cap sits a little above ours, so a request just over the limit reaches the
         # service and gets INVALID_ARGUMENT with its size; one far over it is refused by gRPC
         # (RESOURCE_EXHAUSTED) before it is read into memory.
         hard_cap = c.max_message_bytes + 64 * 1024
-        handlers = max(c.workers, c.max_sessions + 8)
+        # A handler per session and a few for handshakes and health: with fewer, calls would queue in
+        # gRPC's pool, in arrival order, before the scheduler could see them; and a thread for each
+        # stream the service admits (StreamLimits), so open streams never take the unary calls' threads.
+        handlers = max(c.workers, c.max_sessions + 8) + self.service.streams.max_open
         self._server = grpc.server(
-            # A handler per session and a few for handshakes and health: with fewer, calls would queue in
-            # gRPC's pool, in arrival order, before the scheduler could see them.
             futures.ThreadPoolExecutor(max_workers=handlers, thread_name_prefix="edgekit-verifier"),
             interceptors=interceptors,
+            # calls beyond this (in flight or waiting for a thread) are refused before they are read
+            maximum_concurrent_rpcs=c.max_calls or 4 * handlers,
             options=[
+                # a connection with no call in it is closed after a while; one with calls is not
+                ("grpc.max_connection_idle_ms", int(c.connection_idle_timeout * 1000)),
+                # the devices' keepalive pings (every 30 s during a call, edgekit.transport) are let
+                # through: gRPC's default policy takes one per 5 minutes and hangs up on the third
+                ("grpc.http2.min_ping_interval_without_data_ms", PINGS_PERMITTED_EVERY_MS),
                 ("grpc.max_receive_message_length", hard_cap),
                 ("grpc.max_send_message_length", hard_cap),
                 # several front ends share the port (FrontEnds); one alone has it to itself
@@ -190,6 +210,7 @@ class VerifierServer:
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         # server reflection: grpcurl, Postman and other explorers call the verifier without the .proto
+        # (with tokens required, they pass one: `grpcurl -H 'authorization: Bearer ...'`)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             self._server)
@@ -204,6 +225,11 @@ class VerifierServer:
             port = self._server.add_secure_port(bind, creds)
         else:
             port = self._server.add_insecure_port(bind)
+            if tokens and not is_local(c.host.strip("[]")):
+                log.warning(
+                    "tokens are required but %s serves plain gRPC (no --tls-cert/--tls-key): the devices' tokens "
+                    "cross the network readable by anyone on the path; serve TLS, or put a TLS-terminating proxy "
+                    "in front and keep this port off the open network (docs: Outages and access, Security)", bind)
         if port == 0:
             raise ConfigError(f"cannot listen on {bind}: the port is taken or the address is not local")
         self.port = port
@@ -258,7 +284,7 @@ class VerifierServer:
     def start(self) -> VerifierServer:
         c = self.config
         if c.metrics_port is not None and self._metrics is None:
-            self._metrics = MetricsEndpoint(self.service.stats, c.host, c.metrics_port, self.service.budgets)
+            self._metrics = MetricsEndpoint(self.service.stats, c.metrics_host, c.metrics_port, self.service.budgets)
             log.info("metrics on http://%s/metrics", self._metrics.address)
         self._server.start()
         for name in ("", SERVICE_NAME):
@@ -268,11 +294,20 @@ class VerifierServer:
         return self
 
     def _reap(self) -> None:
-        interval = max(1.0, min(30.0, self.config.idle_timeout / 4))
+        c = self.config
+        interval = max(0.1, min(30.0, c.idle_timeout / 4, c.stream_idle_timeout / 4))
         while not self._stop.wait(interval):
             n = self.service.sessions.reap()
             if n:
                 log.info("evicted %d idle session(s)", n)
+            n = self.service.streams.reap()
+            if n:
+                log.info("ended %d stream(s) idle for over %g s", n, c.stream_idle_timeout)
+
+    @property
+    def refused_unauthenticated(self) -> int:
+        """Calls refused for a missing or wrong token since the start."""
+        return self._auth.refused if self._auth is not None else 0
 
     def wait(self) -> None:
         self._server.wait_for_termination()

@@ -26,7 +26,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import closing
 from typing import NoReturn
 
 import grpc
@@ -58,12 +59,14 @@ from ._budgets import Budgets, BudgetState, capacity_within
 from ._calibration import DECODE_STEP_CONTEXT
 from ._core import EngineCore
 from ._estimator import VerifyTimeEstimator
+from ._peers import Peers
 from ._rounds import Rounds
 from ._semantic import DecisionHead, SemanticMode
 from ._sessions import Caller, SessionTable
 from ._slo import BEST_EFFORT, SpeedClasses
 from ._stages import mark
 from ._stats import ServingStats
+from ._streams import StreamLimits
 from ._validation import RequestChecks, clip
 from .engine import Engine, Feed
 from .scheduler import Scheduler
@@ -131,6 +134,11 @@ class VerifierService:
             self.core, self.sessions, self.checks, config, self.slo, self.stats, self.budgets, self.semantic
         )
         self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo, self.stats)
+        self.peers = Peers(config.trusted_proxies)
+        self.streams = StreamLimits(
+            config.max_streams or config.max_sessions, config.max_sessions_per_client,
+            idle_s=config.stream_idle_timeout, clock=clock,
+        )
         # Draining (`drain`): new sessions are refused, calls on open ones still served.
         self.draining: float | None = None  # when the verifier expects to be back, on `clock`
         self.round_streams = False  # whether Rounds is served: `handlers()` serves it
@@ -205,7 +213,7 @@ class VerifierService:
 
     def call_stream(
         self, method: str, raw: bytes, is_active: Callable[[], bool] = lambda: True, caller: Caller = Caller()
-    ) -> Iterator[Message]:
+    ) -> Generator[Message, None, None]:
         """A server-streaming RPC (Generate) on a serialized request."""
         if method != "Generate":
             raise KeyError(method)
@@ -239,7 +247,9 @@ class VerifierService:
 
         def caller(context: grpc.ServicerContext) -> Caller:
             tenant = tenant_of(context)
-            return Caller(tenant, f"tenant:{tenant}" if tenant else f"host:{_peer_host(context.peer())}")
+            if tenant:
+                return Caller(tenant, f"tenant:{tenant}")
+            return Caller(tenant, f"host:{self.peers.host(context.peer(), context.invocation_metadata())}")
 
         def unary(method: str) -> Callable[[bytes, grpc.ServicerContext], Message]:
             def handler(raw: bytes, context: grpc.ServicerContext) -> Message:
@@ -254,14 +264,27 @@ class VerifierService:
             # a session's rounds, each served as a Verify call; a refusal ends the stream
             who = caller(context)
             try:
-                for raw in requests:
-                    yield self.call("Verify", raw, _deadline(context), who)
+                with self.streams.admit(who.client, context.cancel) as open_stream:
+                    for raw in requests:
+                        with open_stream.working():
+                            answer = self.call("Verify", raw, _deadline(context), who)
+                        yield answer
+                        open_stream.moved()
             except EdgekitError as exc:
                 _abort(context, exc, "Rounds")
 
         def stream(raw: bytes, context: grpc.ServicerContext) -> Iterator[Message]:
+            who = caller(context)
             try:
-                yield from self.call_stream("Generate", raw, context.is_active, caller(context))
+                with self.streams.admit(who.client, context.cancel) as open_stream, \
+                        closing(self.call_stream("Generate", raw, context.is_active, who)) as tokens:
+                    while True:
+                        with open_stream.working():
+                            message = next(tokens, None)
+                        if message is None:
+                            return
+                        yield message
+                        open_stream.moved()
             except EdgekitError as exc:
                 _abort(context, exc, "Generate")
 
@@ -395,14 +418,6 @@ def _budgets(config: ServerConfig, estimator: VerifyTimeEstimator, sessions: Ses
         policy(), capacity=capacity, lo=lo, hi=hi, eta=config.budget_eta,
         beta=config.budget_beta, is_live=sessions.__contains__,
     )
-
-
-def _peer_host(peer: str) -> str:
-    """The host of a gRPC peer string ('ipv4:1.2.3.4:5', 'ipv6:[::1]:5', 'unix:...')."""
-    kind, _, rest = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return rest.rsplit(":", 1)[0]
-    return peer
 
 
 def _deadline(context: grpc.ServicerContext) -> float | None:

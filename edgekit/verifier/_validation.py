@@ -195,8 +195,10 @@ class RequestChecks:
             raise ProtocolError(f"max_tokens must be between 1 and {self.config.max_generate_tokens}")
 
     def ping_reply(self, reply_bytes: int) -> None:
-        if reply_bytes > self.config.max_message_bytes // 2:
-            raise ProtocolError(f"reply_bytes {reply_bytes} exceeds {self.config.max_message_bytes // 2}")
+        # a few bytes must not buy megabytes of the verifier's uplink: the probe's payloads grow to this
+        limit = min(self.config.max_message_bytes // 2, self.config.max_ping_reply_bytes)
+        if reply_bytes > limit:
+            raise ProtocolError(f"reply_bytes {reply_bytes} exceeds {limit}")
 
 
 def clip(value: object, limit: int = 48) -> str:
