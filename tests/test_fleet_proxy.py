@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,10 +172,13 @@ def test_a_flooding_client_is_refused_at_the_proxy_and_another_is_not(tmp_path):
     a second than the limit is refused RESOURCE_EXHAUSTED by the proxy, with a back-off hint, before
     its calls reach the verifier; a client beside it, under the limit, answers as if alone. The
     limit is set here to 50 calls a second (the shipped one, 200, is checked apart), so that four
-    threads of pings exceed it on any machine and a 40-token generation stays under it."""
+    threads of pings exceed it on any machine and a 40-token generation stays under it. The limit is
+    keyed on the source address and the token, never on a header the client picks: the flooder names
+    another client id on every call (with the limit on `x-edgekit-client`, it was never refused), and
+    the honest client beside it, from the same address (loopback), is told apart by its token."""
     _binary("haproxy")
     from edgekit.errors import LimitExceededError
-    from edgekit.transport import GrpcTransport
+    from edgekit.transport import CLIENT_HEADER, GrpcTransport
 
     shipped = _proxies.RATE_RULE.findall(_proxies.CONFIGS["haproxy"].read_text())
     assert [int(n) for _, n in shipped] == [200]
@@ -185,8 +189,9 @@ def test_a_flooding_client_is_refused_at_the_proxy_and_another_is_not(tmp_path):
     answered = [0]
 
     def flood(address: str) -> None:
-        with GrpcTransport(address, ClientConfig(client_id="flooder", timeout=5)) as t:
+        with GrpcTransport(address, ClientConfig(token="the-flooders-token", timeout=5)) as t:
             while not stop.is_set():
+                t._metadata = (t._metadata[0], (CLIENT_HEADER, uuid.uuid4().hex))  # a new client id a call
                 try:
                     t.ping()
                     answered[0] += 1
@@ -201,7 +206,8 @@ def test_a_flooding_client_is_refused_at_the_proxy_and_another_is_not(tmp_path):
             until(lambda: len(refusals) >= 10, "the flooder refused at the proxy", timeout=60)
             gen = GenerationConfig(max_tokens=40, draft_k=4, drafting="fixed", stop_at_eos=False)
             draft = FakeDraftModel(ToyLanguageModel(seed=31, noise=1.0, eos_bias=-8.0))
-            config = ClientConfig(client_id="honest", timeout=5, retry_for=0)  # a refusal would raise
+            # retry_for=0: a refusal would raise
+            config = ClientConfig(client_id="honest", token="the-honest-token", timeout=5, retry_for=0)
             prompt = [5, 6, 7]
             before = len(refusals)
             with EdgeClient(address, draft=draft, config=config, generation=gen) as client:
@@ -217,3 +223,36 @@ def test_a_flooding_client_is_refused_at_the_proxy_and_another_is_not(tmp_path):
     assert not [e for e in events if isinstance(e, Resumed)]
     assert refused_meanwhile > 0 and answered[0] > 0  # the flood went on beside it, answered up to the limit
     assert {e.retry_after for e in refusals} == {0.2} and "call rate at the proxy" in str(refusals[0])
+
+
+@pytest.mark.parametrize("kind", ["haproxy", "nginx"])
+def test_the_shipped_proxy_tells_the_verifier_the_devices_address_and_no_client_can_forge_it(kind, tmp_path):
+    """Behind the shipped configs, the last `x-forwarded-for` a replica gets is the address the
+    device connected from (loopback here), whatever the device wrote in its own: a verifier started
+    with --trusted-proxies counts devices by it (edgekit.verifier's Peers reads the last one)."""
+    from concurrent import futures
+
+    import grpc
+
+    _binary(kind)
+    seen: list[tuple[tuple[str, str], ...]] = []
+
+    def ping(request: bytes, context: grpc.ServicerContext) -> bytes:
+        seen.append(tuple(context.invocation_metadata()))
+        return b""
+
+    handler = grpc.method_handlers_generic_handler(
+        "edgekit.verifier.v1.Verifier", {"Ping": grpc.unary_unary_rpc_method_handler(ping)})
+    replica = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=(handler,))
+    port = replica.add_insecure_port("127.0.0.1:0")
+    replica.start()
+    try:
+        with _proxies.proxied(kind, [f"127.0.0.1:{port}"], tmp_path) as address, grpc.insecure_channel(address) as ch:
+            ch.unary_unary("/edgekit.verifier.v1.Verifier/Ping")(
+                b"", timeout=10, metadata=(("x-forwarded-for", "6.6.6.6"), ("x-edgekit-client", "d")))
+    finally:
+        replica.stop(0)
+    metadata = seen[-1]  # ours, the last call (the rig's own check that the proxy answers came before)
+    assert ("x-edgekit-client", "d") in metadata
+    forwarded = [v for k, v in metadata if k == "x-forwarded-for"]
+    assert forwarded and forwarded[-1].rsplit(",", 1)[-1].strip() == "127.0.0.1", metadata

@@ -484,8 +484,10 @@ _CHANNEL_OPTIONS = [("grpc.enable_retries", 0), ("grpc.max_receive_message_lengt
 
 def _tagged(stubs: dict[str, Callable[..., Any]], client_id: str) -> dict[str, Callable[..., Any]]:
     """`stubs` whose every call carries the device's client id (`x-edgekit-client`), as edgekit's
-    client sends it: what a proxy's routing and per-client limits key on."""
-    metadata = ((CLIENT_HEADER, client_id),)
+    client sends it, what a proxy's routing keys on, and a token of the device's own: the shipped
+    proxy's per-client limit keys on the source address and the token (every device here shares
+    loopback), and the verifier, which takes no tokens here, ignores it."""
+    metadata = ((CLIENT_HEADER, client_id), ("authorization", f"Bearer {client_id}-token"))
     return {name: functools.partial(stub, metadata=metadata) for name, stub in stubs.items()}
 
 
