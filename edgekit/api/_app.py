@@ -7,14 +7,20 @@ slots of their own when the client has them (their drafting batched), and up to 
 more wait; past that a request is answered 429. Both APIs share that path (`_answer`); each
 reads its requests and frames its answers (`_openai`: /v1, server-sent events; `_ollama`:
 /api, JSON lines). Greedy text equals `edgekit generate`'s.
+
+Any web page the user visits can send requests to it: `_guard` answers only those from this
+server's names and allowed origins, with JSON bodies of a bounded size. A client that leaves
+stops its generation, streamed (`_relay`) or not (`_whole`). Errors of ours are logged, not sent.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -29,9 +35,12 @@ from starlette.routing import Route
 from ..client import EdgeClient, GenerationStats
 from . import _ollama, _openai
 from ._answer import Gate, Job, Piece, pieces
+from ._guard import MAX_BODY_BYTES, guards, read_json
 from ._openai import ApiError
 
-__all__ = ["MAX_IN_FLIGHT", "create_app"]
+__all__ = ["MAX_BODY_BYTES", "MAX_IN_FLIGHT", "create_app"]
+
+_log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 32
 """Most requests generating and waiting at once (each holds one of anyio's 40 worker threads)."""
@@ -60,8 +69,22 @@ def create_app(
     concurrency: int = 1,
     queue: int = 16,
     max_tokens: int = 4096,
+    allowed_hosts: Iterable[str] = (),
+    origins: Iterable[str] = (),
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> Starlette:
-    """The app; `client` stays the caller's (close it after the server stops)."""
+    """The app; `client` stays the caller's (close it after the server stops).
+
+    It answers requests whose Host is a loopback name (localhost, 127.0.0.1, ::1; any port) or
+    one of `allowed_hosts` ("*": any; "*.example.com": its subdomains), others 403: a web page
+    rebound by DNS to this device sends its own name. Serving on every interface, pass the
+    server's names, or "*" to answer any. A request with an Origin (a browser's, from a web
+    page) is refused 403 unless the origin is a loopback one (http(s)://localhost, 127.0.0.1 or
+    [::1], any port) or one of `origins` ("http://localhost:*", "https://*.example.com", "*");
+    allowed origins get CORS headers and preflight answers. Bodies must be JSON (Content-Type:
+    application/json, else 415) of at most `max_body_bytes` (else 413, before more is read).
+    A non-streamed answer whose client leaves stops generating (streamed ones too).
+    """
     info = client.server_info()
     models = tuple(dict.fromkeys([info.target_model, client.pair]))  # the target's name first
     template = client.chat_template()
@@ -98,7 +121,7 @@ def create_app(
         async def handle(request: HttpRequest) -> Response:
             try:
                 check_key(request)
-                req = api.read(await _body(request))
+                req = api.read(await read_json(request, max_body_bytes))
                 if req.job is None:  # nothing to generate (Ollama's way to load a model)
                     return JSONResponse(api.whole(req, "", None))
                 gate.admit()
@@ -111,16 +134,18 @@ def create_app(
                 except ApiError as e:
                     return _error(api, e)
                 except Exception as e:
-                    return _error(api, ApiError(500, f"internal error: {e!r}", kind="server_error"))
+                    return _error(api, _internal(e))
                 return StreamingResponse(_relay(api, api.frames(req), answer, head), media_type=api.media_type,
                                          headers={"Cache-Control": "no-cache"})
             try:
-                text, stats = await run_in_threadpool(_run_whole, client, gate, req.job)
+                whole = await _whole(request, client, gate, req.job)
             except ApiError as e:
                 return _error(api, e)
             except Exception as e:  # a bug of ours: the API's shape still, and the server goes on
-                return _error(api, ApiError(500, f"internal error: {e!r}", kind="server_error"))
-            return JSONResponse(api.whole(req, text, stats))
+                return _error(api, _internal(e))
+            if whole is None:  # the client has left: nobody reads this
+                return Response(status_code=499)
+            return JSONResponse(api.whole(req, *whole))
 
         return handle
 
@@ -130,7 +155,7 @@ def create_app(
         async def handle(request: HttpRequest) -> Response:
             try:
                 check_key(request)
-                asked = await _body(request) if body else {}
+                asked = await read_json(request, max_body_bytes) if body else {}
                 if not isinstance(asked, dict):
                     raise ApiError(400, "the request body must be a JSON object")
                 return JSONResponse(answer(asked))
@@ -157,14 +182,51 @@ def create_app(
         Route("/api/show", listing(ol, show, body=True), methods=["POST"]),
         Route("/api/version", listing(ol, lambda _: _ollama.version()), methods=["GET"]),
     ]
-    return Starlette(routes=routes)
+
+    def refuse(path: str, e: ApiError) -> Response:  # a request refused before any route: the API's error
+        return _error(v1 if path.startswith("/v1") else ol, e)
+
+    return Starlette(routes=routes, middleware=guards(hosts=allowed_hosts, origins=origins, refuse=refuse))
 
 
-def _run_whole(client: EdgeClient, gate: Gate, job: Job) -> tuple[str, GenerationStats | None]:
+async def _whole(request: HttpRequest, client: EdgeClient, gate: Gate, job: Job
+                 ) -> tuple[str, GenerationStats | None] | None:
+    """The whole answer, generated on a worker thread; None, its generation stopped, if the
+    client leaves first (nothing is sent before the end, so nothing else would notice)."""
+    gone = threading.Event()
+    outcome: list[Any] = []
+
+    async def generate() -> None:
+        try:
+            outcome.append(await run_in_threadpool(_run_whole, client, gate, job, gone))
+        except Exception as e:  # raised below: out of the task group, which would wrap it in a group
+            outcome.append(e)
+        watching.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as watching:
+        watching.start_soon(generate)
+        try:  # the body is read: what comes next is the client's disconnect (the server's, at the latest)
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+        finally:  # gone, or this request cancelled: the generation stops (done already, it is no matter)
+            gone.set()
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _run_whole(client: EdgeClient, gate: Gate, job: Job, gone: threading.Event
+               ) -> tuple[str, GenerationStats | None] | None:
     parts, stats = [], None
-    for piece, done in pieces(client, gate, job):
-        parts.append(piece)
-        stats = done or stats
+    answer = pieces(client, gate, job)
+    try:
+        for piece, done in answer:
+            if gone.is_set():
+                return None
+            parts.append(piece)
+            stats = done or stats
+    finally:  # here, on this thread: gives back the session and the slot when the client has left
+        answer.close()  # type: ignore[attr-defined]
     return "".join(parts), stats
 
 
@@ -178,7 +240,7 @@ async def _relay(api: _Api, frames: Frames, answer: Iterator[Piece], head: Piece
     except ApiError as e:
         yield api.frame(api.error(e))
     except Exception as e:
-        yield api.frame(api.error(ApiError(500, f"internal error: {e!r}", kind="server_error")))
+        yield api.frame(api.error(_internal(e)))
     finally:  # a client gone mid-answer: its generation stops and gives back its session and slot,
         with anyio.CancelScope(shield=True):  # even while the response's task is being cancelled
             await run_in_threadpool(answer.close)  # type: ignore[attr-defined]
@@ -192,11 +254,11 @@ async def _chain(head: Piece, rest: Iterator[Piece]) -> AsyncIterator[Piece]:
         yield item
 
 
-async def _body(request: HttpRequest) -> Any:
-    try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ApiError(400, "the request body is not valid JSON") from None
+def _internal(e: Exception) -> ApiError:
+    """A bug of ours, or an error not mapped to the API's, as its answer: logged here with its
+    traceback, not sent (its text can show paths, addresses, another request's data)."""
+    _log.error("edgekit api: internal error answering a request", exc_info=e)
+    return ApiError(500, "internal error; see the server's log", kind="server_error")
 
 
 def _sse(data: dict) -> bytes:
