@@ -27,9 +27,12 @@ from dataclasses import dataclass
 
 from edgekit.errors import ModelNotFoundError
 
-__all__ = ["DEFAULT_QUANTS", "SplitInfo", "is_model_gguf", "pick_gguf", "quant_of", "split_info"]
+__all__ = ["DEFAULT_QUANTS", "SplitInfo", "is_model_gguf", "is_quant_name", "pick_gguf", "quant_of", "split_info"]
 
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")
+# What a quant is named, for every parser of a reference (hf:ORG/REPO:QUANT, hub_gguf's quant=):
+# words joined by single hyphens, as Unsloth's prefixed tags (UD-Q4_K_XL) are.
+_QUANT_NAME = re.compile(r"[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*")
 _SIDECARS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 _SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
 _TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
@@ -61,6 +64,11 @@ def is_model_gguf(path: str) -> bool:
     """A ``.gguf`` holding a model, not a projector, an importance matrix or a draft head."""
     name = path.rsplit("/", 1)[-1]
     return path.endswith(".gguf") and not any(s in name for s in _SIDECARS)
+
+
+def is_quant_name(text: str) -> bool:
+    """Whether `text` can name a quant (Q4_K_M, iq2_xxs, UD-Q4_K_XL), as every model reference spells one."""
+    return _QUANT_NAME.fullmatch(text) is not None
 
 
 def quant_of(path: str) -> str:

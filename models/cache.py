@@ -1,7 +1,10 @@
 """Where pulled models live, and whether a usable copy is there.
 
-Loading checks only the size: hashing a 1 GB file on every start is too slow on
-a device. ``verify`` does the full sha256 check on demand; pulling always does.
+Loading checks the size, not the sha256: hashing a 1 GB file on every start is too
+slow on a device. A packaged model was checked in full before it was renamed into
+place; a derived one's sidecar records the file's mtime when its sha256 was
+measured, and a file that changed since (or was never stamped) is hashed before
+it is used. ``verify`` does the full sha256 check on demand; pulling always does.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 from edgekit.errors import ModelIntegrityError, ModelNotFoundError
 
 from ._digest import sha256_file
-from ._sidecar import read_sidecar
+from ._sidecar import read_sidecar, write_sidecar
 from .registry import ModelSpec, _pair_containing, _resolve_model, base_of, get_pair
 
 __all__ = ["cache_dir", "is_present", "model_path", "pair_paths", "verify"]
@@ -34,6 +37,15 @@ def cache_dir() -> Path:
 def model_path(model: str | ModelSpec) -> Path:
     """Path of the cached model file; ModelNotFoundError (naming the pull command) unless present."""
     spec = _resolve_model(model)
+    path = _sized(spec)
+    meta = read_sidecar(path) if spec.sha256 is None else None
+    if meta is not None and meta.get("mtime_ns") != path.stat().st_mtime_ns:
+        _check_changed(spec, path, meta)
+    return path
+
+
+def _sized(spec: ModelSpec) -> Path:
+    """The cached file of `spec` if it has the expected size; ModelNotFoundError otherwise."""
     path = cache_dir() / spec.filename
     expected = _expected_size_sha(spec, path)
     if expected is None or not path.is_file():
@@ -45,6 +57,28 @@ def model_path(model: str | ModelSpec) -> Path:
             f"expected {expected[0]}); run: {_pull_command(spec)}"
         )
     return path
+
+
+def _check_changed(spec: ModelSpec, path: Path, meta: dict) -> None:
+    """A derived file touched since its sidecar was written: used only if its sha256 still matches."""
+    mtime = path.stat().st_mtime_ns
+    actual = sha256_file(path)
+    if actual != meta["sha256"]:
+        raise ModelNotFoundError(
+            f"model '{spec.name}' in the cache is damaged ({path} changed since it was made: sha256 {actual}, "
+            f"expected {meta['sha256']}); run: {_pull_command(spec)}"
+        )
+    _restamp(path, meta, mtime)
+
+
+def _restamp(path: Path, meta: dict, mtime: int) -> None:
+    """Record that the file as it is now was hashed, so the next load need not hash it again."""
+    if meta.get("mtime_ns") == mtime:
+        return
+    try:
+        write_sidecar(path, {**meta, "mtime_ns": mtime})
+    except OSError:  # a read-only cache: hashed again next time, no harm
+        pass
 
 
 def is_present(model: str | ModelSpec) -> bool:
@@ -68,10 +102,11 @@ def verify(model: str | ModelSpec, progress: Callable[[str, int, int], None] | N
     ``progress`` gets ("verify <model>", bytes hashed, total bytes).
     """
     spec = _resolve_model(model)
-    path = model_path(spec)
+    path = _sized(spec)  # hashed in full below, so model_path's check of a changed file would be twice the work
+    mtime = path.stat().st_mtime_ns
     _check_derived_base(spec, path)
     pinned = _expected_size_sha(spec, path)
-    if pinned is None:  # model_path found the sidecar a moment ago; it went since
+    if pinned is None:  # _sized found the sidecar a moment ago; it went since
         raise ModelNotFoundError(f"model '{spec.name}' lost its checksum sidecar; run: {_pull_command(spec)}")
     size, expected_sha = pinned
     label = f"verify {spec.name}"
@@ -82,6 +117,9 @@ def verify(model: str | ModelSpec, progress: Callable[[str, int, int], None] | N
             f"model '{spec.name}' ({path}) has sha256 {actual}, expected {expected_sha}; "
             f"run: {_pull_command(spec)}"
         )
+    meta = read_sidecar(path) if spec.sha256 is None else None
+    if meta is not None:
+        _restamp(path, meta, mtime)
     return path
 
 

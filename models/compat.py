@@ -123,8 +123,9 @@ def tokenizer_of(path: str | os.PathLike[str]) -> GGUFTokenizer:
         value = meta.get(key)
         if value is None:
             continue
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ModelLoadError(f"{path}: {key} must be an integer, not {value!r}")
+        # a token id: what a damaged header holds instead must not reach the int64 hash below
+        if not isinstance(value, int) or isinstance(value, bool) or not -(1 << 63) <= value < 1 << 63:
+            raise ModelLoadError(f"{path}: {key} must be a token id, not {value!r}")
         special[role] = value
     types = types.astype(np.int32)
     has_types = types.size > 0

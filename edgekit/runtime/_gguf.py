@@ -8,6 +8,11 @@ strings); an array's value is a `GGUFArray` (its item type and length; the items
 unless its key is one of `items`: then its items are read, strings as bytes (a tokenizer's
 vocabulary: 262,144 of them in 0.3 s, where the `gguf` package's GGUFReader, which parses every
 array and tensor header into numpy views, takes 9 s on the same file). Tensor data is never read.
+
+Headers come from anywhere (a Hub repo, an Ollama store, a path), so every count and length is
+checked against the bytes the file has before it is trusted, and array nesting is bounded:
+whatever the bytes, reading ends in the metadata or in ModelLoadError, in time and memory
+proportional to the file.
 """
 
 from __future__ import annotations
@@ -51,6 +56,16 @@ class GGUFArray:
 # value types: struct format of the scalars; 8 string, 9 array
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_VERSIONS = (2, 3)  # 1 had 32-bit counts; llama.cpp reads 2 and 3
+_HEADER = 24  # magic, version, tensor count, key count
+# The fewest bytes each takes, to check a count against what the file holds: a key-value pair
+# (key length, type, a one-byte value), a tensor's info (name length, dimensions, type, offset),
+# a string (its length) and an array (item type, length).
+_MIN_KV, _MIN_TENSOR, _MIN_STRING, _MIN_ARRAY = 13, 24, 8, 12
+_MAX_KEY = 65535  # gguf.md: a key is at most 2^16 - 1 bytes
+# llama.cpp refuses an array of arrays outright; the gguf package writes one level of them. Deeper
+# is never a model, and unbounded it would recurse until Python gives up.
+_MAX_NESTING = 2
 
 
 def read_metadata(
@@ -78,17 +93,19 @@ def _read(
 ) -> dict[str, object]:
     if data[:4] != b"GGUF":
         raise ModelLoadError(f"{name}: not a GGUF file")
-    pos = 4
+    if len(data) < _HEADER:
+        raise ModelLoadError(f"{name}: damaged GGUF metadata (the header is cut short at {len(data)} bytes)")
+    version, tensors, count = struct.unpack_from("<IQQ", data, 4)
+    if version not in _VERSIONS:
+        raise ModelLoadError(f"{name}: GGUF version {version} is not supported (only {_VERSIONS[0]} and "
+                             f"{_VERSIONS[-1]}; a big-endian file reads as a huge version)")
+    pos = _HEADER
     try:
-        (version,) = struct.unpack_from("<I", data, pos)
-        pos += 4
-        if version == 1:
-            raise ModelLoadError(f"{name}: GGUF version 1 is not supported")
-        _tensors, count = struct.unpack_from("<QQ", data, pos)
-        pos += 16
+        if count * _MIN_KV + tensors * _MIN_TENSOR > len(data) - pos:
+            raise ValueError(f"{count:,} keys and {tensors:,} tensors cannot fit in {len(data):,} bytes")
         out: dict[str, object] = {}
         for _ in range(count):
-            key, pos = _string(data, pos)
+            key, pos = _string(data, pos, _MAX_KEY)
             if until is not None and key.startswith(until):
                 break
             (kind,) = struct.unpack_from("<I", data, pos)
@@ -102,42 +119,56 @@ def _read(
                 if wanted is not None and wanted <= out.keys():
                     break
         return out
-    except (struct.error, ValueError, IndexError) as exc:  # ValueError: what _string and _value find wrong
+    # ValueError: what the readers below find wrong (UnicodeDecodeError among them)
+    except (struct.error, ValueError, IndexError, OverflowError) as exc:
         raise ModelLoadError(f"{name}: damaged GGUF metadata ({exc})") from exc
 
 
-def _string(data: mmap.mmap, pos: int) -> tuple[str, int]:
+def _string(data: mmap.mmap, pos: int, limit: int | None = None) -> tuple[str, int]:
     (n,) = struct.unpack_from("<Q", data, pos)
     pos += 8
+    if limit is not None and n > limit:
+        raise ValueError(f"a key of {n:,} bytes (at most {limit:,})")
     if pos + n > len(data):
         raise ValueError("a string runs past the end of the file")
     return data[pos : pos + n].decode("utf-8"), pos + n
 
 
-def _value(data: mmap.mmap, pos: int, kind: int) -> tuple[object, int]:
+def _value(data: mmap.mmap, pos: int, kind: int, depth: int = 0) -> tuple[object, int]:
     if kind in _SCALARS:
         fmt = _SCALARS[kind]
         return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
     if kind == _STRING:
         return _string(data, pos)
     if kind == _ARRAY:
+        if depth >= _MAX_NESTING:
+            raise ValueError(f"arrays nested more than {_MAX_NESTING} deep")
         item, n = struct.unpack_from("<IQ", data, pos)
         pos += 12
         if item in _SCALARS:
             pos += n * struct.calcsize(_SCALARS[item])
-        else:
+        elif item in (_STRING, _ARRAY):
+            _check_length(data, pos, n, _MIN_STRING if item == _STRING else _MIN_ARRAY)
             for _ in range(n):
                 if item == _STRING:
                     (size,) = struct.unpack_from("<Q", data, pos)
                     pos += 8 + size
                 else:
-                    _, pos = _value(data, pos, item)
+                    _, pos = _value(data, pos, item, depth + 1)
                 if pos > len(data):
                     break
+        else:
+            raise ValueError(f"an array of unknown GGUF value type {item}")
         if pos > len(data):
             raise ValueError("an array runs past the end of the file")
         return GGUFArray(item, n), pos
     raise ValueError(f"unknown GGUF value type {kind}")
+
+
+def _check_length(data: mmap.mmap, pos: int, n: int, least: int) -> None:
+    """Refuse an array longer than the rest of the file could hold, before looping over it."""
+    if n * least > len(data) - pos:
+        raise ValueError(f"an array of {n:,} items cannot fit in the {max(len(data) - pos, 0):,} bytes left")
 
 
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
@@ -154,6 +185,7 @@ def _items(data: mmap.mmap, pos: int) -> tuple[object, int]:
         return np.frombuffer(data, dtype, count=n, offset=pos).copy(), pos + n * dtype.itemsize
     if item != _STRING:
         raise ValueError(f"an array of GGUF type {item} where numbers or strings were expected")
+    _check_length(data, pos, n, _MIN_STRING)
     out: list[bytes] = []
     append, size_at, end = out.append, struct.Struct("<Q").unpack_from, len(data)
     for _ in range(n):

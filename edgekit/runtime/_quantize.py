@@ -3,7 +3,8 @@
 Usage: python -m edgekit.runtime._quantize SRC DST FTYPE TOKEN_EMBEDDING_TYPE
 (e.g. ``... base.gguf draft.gguf Q4_0 Q4_0``). llama.cpp's quantizer may abort
 the whole process on bad input, which is why edgekit never calls it in-process.
-The output is written to ``DST.partial`` and renamed, so DST is complete or absent.
+The output is written to ``DST.partial``, fsync'd, renamed and its directory
+fsync'd, so DST is complete or absent, even after a power cut.
 
 Exit status: 0 done, 1 the quantizer failed, 2 bad arguments, 3 llama_cpp missing.
 """
@@ -59,11 +60,27 @@ def main(argv: list[str] | None = None) -> int:
         if status != 0:
             print(f"llama_model_quantize returned {status}", file=sys.stderr)
             return 1
-        os.replace(partial, dst)
+        _durable_rename(partial, dst)
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
     return 0
+
+
+def _durable_rename(partial: str, dst: str) -> None:
+    """Without the fsyncs a power cut can leave DST named but holding fewer bytes, or none."""
+    _fsync(partial)
+    os.replace(partial, dst)
+    if os.name == "posix":  # Windows cannot open a directory
+        _fsync(os.path.dirname(os.path.abspath(dst)))
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 if __name__ == "__main__":
