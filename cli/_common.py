@@ -18,9 +18,10 @@ VERIFIER_HELP = (
     "Verifier: HOST:PORT or grpc://HOST:PORT (edgekit serve; grpcs:// for TLS), "
     "openai+http://HOST:PORT/v1 (an OpenAI-compatible completions server with prompt logprobs, such as vLLM or "
     "llama-cpp-python's server, not llama.cpp's llama-server: greedy, and sampling with a --top-k within its "
-    "logprob cap, 20 unless ?max_logprobs=N; &route=prefixes|prompt-logprobs picks how a round reads the target, "
-    "auto by default), "
-    "sglang+http://HOST:PORT (SGLang's /generate: greedy only). Several, "
+    "logprob cap, 20 unless ?max_logprobs=N; &route=generate|prefixes|prompt-logprobs picks how a round reads the "
+    "target, auto by default: generate, one request a round, where vLLM offers it), "
+    "sglang+http://HOST:PORT (SGLang's /generate), trtllm+http://HOST:PORT?max_draft_len=N (TensorRT-LLM's "
+    "tensorrt_llm model on Triton: greedy). Several, "
     "comma-separated, serving one target: a lost verifier's sessions move to the next. "
     "Without it, the pair's target is started as a verifier on a free loopback port in this process."
 )

@@ -19,7 +19,7 @@ CALIBRATION_PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is a prime nu
 
 
 def probe(
-    address: str = typer.Argument(..., help="Verifier: HOST:PORT, grpc://, grpcs://, openai+http://, sglang+http://."),
+    address: str = typer.Argument(..., help="Verifier: HOST:PORT, grpc://, grpcs://, openai+http://, sglang+http://, trtllm+http://."),
     pair: str | None = typer.Option(
         None, "--pair", help="Draft/target pair from the model registry; default: the one whose target the verifier "
         "serves (it is asked; stock servers need --pair)."
@@ -57,8 +57,8 @@ def probe(
         get_pair(pair)  # an unknown pair is said before anything is sent
     stock = needs_tokenizer(address)
     if pair is None and draft is None and stock:
-        raise ConfigError("a stock server (openai+http://, sglang+http://) cannot say which target it serves "
-                          "before a draft is loaded: name the draft with --draft, or the pair with --pair")
+        raise ConfigError("a stock server (openai+http://, sglang+http://, trtllm+http://) cannot say which target "
+                          "it serves before a draft is loaded: name the draft with --draft, or the pair with --pair")
     gen = GenerationConfig(
         max_tokens=calibration_tokens, drafting="latency", max_window=max_window, upload="auto",
         hidden_encoding=cast(HiddenEncoding, hidden_encoding), stop_at_eos=False,

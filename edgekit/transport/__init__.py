@@ -1,9 +1,10 @@
 """Transports to verifiers: one seam (`VerifierTransport`), several backends.
 
 `connect(url, ...)` picks one by the URL's scheme: `GrpcTransport` for an
-edgekit verifier, `OpenAITransport` and `SGLangTransport` for stock serving
-engines that can verify greedy decoding. `MessageTransport` is the client side
-of edgekit's protocol over any carrier (gRPC here; in process for tests).
+edgekit verifier, `OpenAITransport`, `SGLangTransport` and `TritonTransport`
+(TensorRT-LLM on Triton) for stock serving engines that can verify greedy
+decoding. `MessageTransport` is the client side of edgekit's protocol over any
+carrier (gRPC here; in process for tests).
 """
 
 from ._base import VerifierTransport
@@ -14,6 +15,7 @@ from ._message import MessageTransport
 from ._openai import PREFIXES_FROM, OpenAITransport
 from ._sglang import SGLangTransport
 from ._stateless import TOKENIZER_PROBE, StatelessTransport
+from ._triton import TritonTransport
 
 __all__ = [
     "CLIENT_HEADER",
@@ -27,6 +29,7 @@ __all__ = [
     "OpenAITransport",
     "SGLangTransport",
     "StatelessTransport",
+    "TritonTransport",
     "VerifierTransport",
     "connect",
     "map_rpc_error",

@@ -19,6 +19,8 @@ SCHEMES = {
     "openai+https": "the same over TLS",
     "sglang+http": "SGLang's native /generate",
     "sglang+https": "the same over TLS",
+    "trtllm+http": "TensorRT-LLM's tensorrt_llm model on Triton (?model=NAME&max_draft_len=N): greedy",
+    "trtllm+https": "the same over TLS",
 }
 
 
@@ -30,7 +32,8 @@ def needs_tokenizer(url: str) -> bool:
 
 def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None) -> VerifierTransport:
     """`grpc://HOST:PORT` (or bare `HOST:PORT`), `grpcs://`, `openai+http(s)://HOST:PORT[/v1]`,
-    `sglang+http(s)://HOST:PORT`. The HTTP backends need the draft's tokenizer (shared with the target).
+    `sglang+http(s)://HOST:PORT`, `trtllm+http(s)://HOST:PORT[?model=NAME&max_draft_len=N]`. The HTTP
+    backends need the draft's tokenizer (shared with the target).
     Several URLs, comma-separated, are verifiers of one target to fail over between (`FailoverTransport`)."""
     urls = [u.strip() for u in url.split(",") if u.strip()]
     if len(urls) > 1:
@@ -46,7 +49,7 @@ def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None)
 
         return GrpcTransport(rest, replace(config, tls=True) if scheme == "grpcs" else config)
     backend, _, http = scheme.partition("+")
-    if http not in ("http", "https") or backend not in ("openai", "sglang"):
+    if http not in ("http", "https") or backend not in ("openai", "sglang", "trtllm"):
         raise ConfigError(
             f"unknown verifier scheme {scheme!r} in {url!r}; use one of: "
             + "; ".join(f"{s}:// ({what})" for s, what in SCHEMES.items())
@@ -67,6 +70,10 @@ def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None)
                               f"route={'|'.join(OPENAI_ROUTES)}, nothing else")
         return OpenAITransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token,
                                max_logprobs=int(cap), route=route)
+    if backend == "trtllm":
+        from ._triton import triton_transport
+
+        return triton_transport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)
     from ._sglang import SGLangTransport
 
     return SGLangTransport(f"{http}://{rest}", tokenizer, timeout=config.timeout, token=config.token)
@@ -82,7 +89,8 @@ def _check_token_channel(scheme: str, rest: str, config: ClientConfig) -> None:
         return
     raise ConfigError(
         f"refusing to send the verifier's token in plaintext to {host}: anyone on the path could read it. "
-        f"Reach it over TLS (grpcs://{rest}, openai+https://, sglang+https://; edgekit serve --tls-cert/--tls-key), "
+        f"Reach it over TLS (grpcs://{rest}, openai+https://, sglang+https://, trtllm+https://; "
+        "edgekit serve --tls-cert/--tls-key), "
         "or pass --insecure (EDGEKIT_INSECURE=1, ClientConfig(insecure=True)) on a link you trust"
     )
 
