@@ -8,6 +8,10 @@ verifies the gemma draft's blocks through `openai+http://` by each route of the 
                      prefills the whole context again
     prefixes         one-token completions of the context and of each longer prefix, sent at
                      once: each reads the prefix cache and prefills only what is not cached
+    generate         one request to vLLM's token-in/token-out /inference/v1/generate
+                     (--enable-scale-out) that reads the prefix cache: the block, and the
+                     context's tail past the last whole KV block (serve.sh: --block-size 16,
+                     which the CPU build makes 32), are all it computes
 
 and `edgekit serve` (the GGUF target, llama.cpp, one thread), whose sessions keep their KV. For
 each context length, prompts of that many tokens (held-out text, repeated to length) are
@@ -15,7 +19,9 @@ continued greedily with a fixed window of 4; a round's time is the client's roun
 routes must give the same tokens as vLLM's own greedy completion (checked); `edgekit serve`
 decodes another target (quantized GGUF), so its tokens are not compared.
 
-    python benchmarks/vllm_rounds.py [--contexts 64,512,1024,2048] [--prompts 2] [--tokens 12]
+Each round's requests and the prompt tokens vLLM computed for them are read from its /metrics.
+
+    python benchmarks/vllm_rounds.py [--contexts 64,127,128,256,512,1024,2048] [--prompts 2] [--tokens 12]
 
 Needs engines/vllm/prepare.sh done (`make vllm`). Writes benchmarks/results/vllm_rounds.{json,png}.
 """
@@ -38,7 +44,7 @@ from edgekit import ClientConfig, EdgeClient, GenerationConfig
 from edgekit.models import get_pair, model_path
 from edgekit.runtime import LlamaDraftModel
 
-ROUTES = ("prompt-logprobs", "prefixes")
+ROUTES = ("prompt-logprobs", "prefixes", "generate")
 SERVED = "gemma-3-270m"
 
 
@@ -58,19 +64,43 @@ def contexts_of(draft: LlamaDraftModel, lengths: list[int], n: int) -> dict[int,
     return out
 
 
-def rounds_through(url: str, draft: LlamaDraftModel, prompts: dict[int, list[list[int]]], tokens: int) -> dict:
+def vllm_counter(base: str, name: str, **labels: str) -> float:
+    """One of vLLM's /metrics counters, summed over the series with `labels`."""
+    import urllib.request
+
+    with urllib.request.urlopen(base.removesuffix("/v1") + "/metrics", timeout=60) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()))
+
+
+def rounds_through(url: str, draft: LlamaDraftModel, prompts: dict[int, list[list[int]]], tokens: int,
+                   vllm_base: str | None = None) -> dict:
     gen = GenerationConfig(max_tokens=tokens, drafting="fixed", draft_k=4, stop_at_eos=False)
     result: dict[int, dict] = {}
+
+    def counters() -> tuple[float, float]:
+        if vllm_base is None:
+            return 0.0, 0.0
+        return (vllm_counter(vllm_base, "vllm:request_success_total"),
+                vllm_counter(vllm_base, "vllm:prompt_tokens_by_source_total", source="local_compute"))
+
     with EdgeClient(url, draft_model=draft, generation=gen, config=ClientConfig(timeout=600, retry_for=0)) as client:
         client.generate(prompts[min(prompts)][0], max_tokens=2).until_done()  # warm: first requests are slow
         for length, group in prompts.items():
-            ms, outputs = [], []
+            ms, outputs, requests, computed = [], [], 0.0, 0.0
             for ids in group:
+                before = counters()
                 final = client.generate(ids).until_done()
+                after = counters()
+                requests, computed = requests + after[0] - before[0], computed + after[1] - before[1]
                 ms += [r.round_trip_ms for r in final.stats.rounds_detail]
                 outputs.append(list(final.token_ids))
             result[length] = {"round_ms": ms, "median_round_ms": statistics.median(ms), "outputs": outputs,
                               "rounds": len(ms)}
+            if vllm_base is not None:  # the first round of each prompt prefills it: counted in
+                result[length] |= {"requests_per_round": requests / len(ms),
+                                   "computed_tokens_per_round": computed / len(ms)}
             median = result[length]["median_round_ms"]
             C.progress(f"{url.split('?')[-1]:28s} context {length:5d}: {median:8.1f} ms a round")
     return result
@@ -95,7 +125,7 @@ def plot(payload: dict, png: Path) -> None:
 
 def main() -> None:
     ap = C.arguments(__doc__, whole_doc=True, threads=None)  # one thread each, always (below)
-    ap.add_argument("--contexts", default="64,512,1024,2048")
+    ap.add_argument("--contexts", default="64,127,128,256,512,1024,2048")
     ap.add_argument("--prompts", type=int, default=2)  # per context length: not the shared --prompts
     ap.add_argument("--tokens", type=int, default=12)
     args = C.parse(ap, machine=False)
@@ -118,7 +148,7 @@ def main() -> None:
             for n, group in prompts.items()}
         for route in ROUTES:
             systems[f"vLLM, {route}"] = rounds_through(f"openai+{vllm.base}?route={route}", draft, prompts,
-                                                       args.tokens)
+                                                       args.tokens, vllm.base)
     identical = {name: all(r[n]["outputs"] == reference[n] for n in lengths) for name, r in systems.items()}
     with F.serve_process(["--model", str(model_path(spec.target)), "--threads", "1", "--max-sessions", "2"],
                          C.RESULTS_DIR / "vllm_rounds_edgekit.log") as served:
@@ -129,6 +159,8 @@ def main() -> None:
     for name, r in systems.items():
         first, last = r[lengths[0]]["median_round_ms"], r[lengths[-1]]["median_round_ms"]
         payload.setdefault("growth", {})[name] = last / first
+        if 256 in r:  # issue 67's measure: a round at the longest context against one at 256 tokens
+            payload.setdefault("over_256", {})[name] = last / r[256]["median_round_ms"]
     path = C.write_result("vllm_rounds", payload)
     plot(payload, path.with_suffix(".png"))
     print(C.table(["system", *[f"{n} tokens" for n in lengths], "growth", "identical to vLLM"],

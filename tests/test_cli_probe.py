@@ -128,6 +128,6 @@ def test_a_stock_server_needs_the_draft_or_the_pair_named():
     r = edgekit("probe", "openai+http://127.0.0.1:9/v1", "--link-only")
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == (
-        "edgekit: error: a stock server (openai+http://, sglang+http://) cannot say which target it serves before "
-        "a draft is loaded: name the draft with --draft, or the pair with --pair\n"
+        "edgekit: error: a stock server (openai+http://, sglang+http://, trtllm+http://) cannot say which target "
+        "it serves before a draft is loaded: name the draft with --draft, or the pair with --pair\n"
     )
