@@ -95,9 +95,11 @@ class _TokenAuth(grpc.ServerInterceptor):
     def __init__(self, tokens: Tokens) -> None:
         self._tokens = tokens
         self.refused = 0
+        self._counting = threading.Lock()  # refusals run on the pool's threads at once
 
         def deny(requests: object, context: grpc.ServicerContext) -> None:
-            self.refused += 1
+            with self._counting:
+                self.refused += 1
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token: pass the verifier's --token")
 
         self._deny: grpc.RpcMethodHandler = grpc.stream_stream_rpc_method_handler(deny)
