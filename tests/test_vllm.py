@@ -181,31 +181,31 @@ def test_the_generate_route_is_one_request_a_round_reading_the_cache_and_vllms_o
 
         for ids in _long_prompts(gemma_draft):
             requests, computed = counters()
-            before = transport.recomputed, transport.unwritable
+            before = transport.cached_block, transport.unwritable
             result = client.generate(ids).until_done()
             requests, computed = (after - was for after, was in zip(counters(), (requests, computed)))
-            again, by_prefixes = transport.recomputed - before[0], transport.unwritable - before[1]
+            cached, unwritable = transport.cached_block - before[0], transport.unwritable - before[1]
+            by_prefixes = cached + unwritable
             # vLLM's own greedy decoding, asked after (before, it would cache the very blocks the rounds
             # then read: as another session decoding the same text would, which the route detects)
             reference = _vllm_greedy(vllm_server.base, ids, MAX_TOKENS)
             assert list(result.token_ids[: len(reference)]) == reference, len(ids)
             n = result.stats.rounds
-            rounds, fallbacks = rounds + n, fallbacks + again + by_prefixes
-            # one request a round; a round asked again, one more; one read by the prefixes, K + 1 more
-            # (its generate request counted too: vLLM ran it, and only failed to write the answer)
-            assert n + again + 2 * by_prefixes <= requests <= n + again + 5 * by_prefixes, (
-                len(ids), requests, n, again, by_prefixes)
+            rounds, fallbacks = rounds + n, fallbacks + by_prefixes
+            # one request a round; one read by the prefixes, K + 1 more (its generate request counted
+            # too: vLLM ran it, and the answer was unwritable or its block came from the cache)
+            assert n + 2 * by_prefixes <= requests <= n + 5 * by_prefixes, (len(ids), requests, n, by_prefixes)
             # a round computes at most the tail past the last full block (< 32), its block (<= 4) and
             # one more (vLLM computes at least the last token); the first also the prompt. Read without
             # the cache, every round would compute the whole context again.
-            if not (again or by_prefixes):
+            if not by_prefixes:
                 assert computed <= len(ids) + n * (31 + 4 + 1), (len(ids), computed, n)
                 assert computed >= len(ids)  # the prompt itself was computed once: the counter counts
-            print(f"{len(ids)} tokens: {n} rounds, {requests:.0f} requests ({again} asked again, {by_prefixes} "
-                  f"by the prefixes), {computed:.0f} prompt tokens computed, "
+            print(f"{len(ids)} tokens: {n} rounds, {requests:.0f} requests ({cached} with their block cached, "
+                  f"{unwritable} unwritable: by the prefixes), {computed:.0f} prompt tokens computed, "
                   f"{result.stats.accepted}/{result.stats.drafted} accepted")
     # rounds vLLM could not write (the cached rows' memory read as an infinite log-probability) or
-    # that found their block cached are the exception: measured, 12 of 167 rounds (7%), all unwritable
+    # that found their block cached are the exception: measured, 12 of 167 and 15 of 186 rounds (7-8%), all unwritable
     print(f"{fallbacks} of {rounds} rounds fell back")
     assert fallbacks <= 0.25 * rounds, (fallbacks, rounds)
 

@@ -87,8 +87,9 @@ class OpenAITransport(StatelessTransport):
         self.route = route  # how a block's rows are read (ROUTES; `_reads_prefixes` decides per round)
         self.generates: bool | None = None  # whether it answers vLLM's token-in/token-out route (the handshake)
         self.engine = ""  # what the server says it is ("vLLM 0.32.0"), where it says
-        # rounds of the generate route asked again without the cache, and read by the prefixes instead
-        self.recomputed = self.unwritable = 0
+        # rounds of the generate route read by the prefixes instead: their block served from the cache,
+        # or their answer unwritable
+        self.cached_block = self.unwritable = 0
 
     # -- discovery -------------------------------------------------------------------------
 
@@ -285,24 +286,23 @@ class OpenAITransport(StatelessTransport):
 
     def _generate_rows(self, tokens: Sequence[int], start: int, k: int) -> GenerateRows | None:
         """A round through vLLM's token-in/token-out route (`_vllm_generate`): one request reading
-        the cache, asked again without it where the block's rows were not all computed by it. None
-        where vLLM cannot write the answer (`UNWRITABLE`): the round goes by the prefixes."""
-        skip = False
-        while True:
-            try:
-                answer = self.http.request("POST", self._root + GENERATE_PATH,
-                                           generate_body(self.model, tokens, k, skip_cache=skip),
-                                           during="verifying a block", from_root=True)
-            except ProtocolError as exc:
-                if exc.code == "400" and UNWRITABLE in str(exc):
-                    self.unwritable += 1
-                    return None
-                raise
-            rows = GenerateRows(answer, tokens, start, self.address)
-            if rows.fresh or skip:
-                return rows
-            skip = True  # once more, computing everything
-            self.recomputed += 1
+        the cache. None where the block's rows were not all computed by it (served from the cache)
+        or vLLM cannot write the answer (`UNWRITABLE`): that round goes by the prefixes, whose
+        one-token completions read the cache and compute each position they are asked for (asking
+        again without the cache would compute the whole context: 3.5x the round at 2,048 tokens)."""
+        try:
+            answer = self.http.request("POST", self._root + GENERATE_PATH, generate_body(self.model, tokens, k),
+                                       during="verifying a block", from_root=True)
+        except ProtocolError as exc:
+            if exc.code == "400" and UNWRITABLE in str(exc):
+                self.unwritable += 1
+                return None
+            raise
+        rows = GenerateRows(answer, tokens, start, self.address)
+        if not rows.fresh:
+            self.cached_block += 1
+            return None
+        return rows
 
     def _topk(self, tokens: Sequence[int], start: int, k: int) -> list[dict[int, float]]:
         read = self._generate_rows(tokens, start, k) if self.generates else None

@@ -16,14 +16,14 @@ the prompt log-probabilities are computed for the tokens the request computes on
 block's positions are read, and they must have been computed. vLLM says how many tokens it served
 from the cache when started with `--enable-prompt-tokens-details` (`usage.prompt_tokens_details.
 cached_tokens`); the route is taken only where it says, and a round whose block (or the token
-before it, whose logits predict the block's first) was served from the cache is asked again
-skipping the cache. That happens where an earlier request held the same tokens in a full KV block:
-a round sent again after a failure, or another session that decoded the same text.
+before it, whose logits predict the block's first) was served from the cache is read by the
+prefixes instead (one-token completions, which compute the positions they ask for). That happens
+where an earlier request held the same tokens in a full KV block: a round sent again after a
+failure, or another session that decoded the same text.
 
-vLLM 0.32 cannot write an answer holding a log-probability of minus infinity (a draft token the
-target rules out, whose prompt log-probability the answer carries): it answers 400, "Out of range
-float values are not JSON compliant" (`UNWRITABLE`). The completions API writes those; such a round
-is read there, as one-token completions of each prefix, which read the cache too.
+vLLM 0.32 cannot write an answer holding a non-finite log-probability, which the cached rows'
+memory sometimes does: it answers 400, "Out of range float values are not JSON compliant"
+(`UNWRITABLE`). Such a round is read by the prefixes too (the completions API writes its rows).
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ GENERATE_PATH = "/inference/v1/generate"
 UNWRITABLE = "not JSON compliant"  # vLLM's 400 for an answer with an infinite log-probability in it
 
 
-def generate_body(model: str, tokens: Sequence[int], k: int, *, skip_cache: bool = False) -> dict[str, Any]:
+def generate_body(model: str, tokens: Sequence[int], k: int) -> dict[str, Any]:
     """One round's request: the target's top-k at every prompt position and after it, greedily."""
     return {
         "model": model,
         "token_ids": list(tokens),
         "sampling_params": {
             "max_tokens": 1, "temperature": 0, "prompt_logprobs": k, "logprobs": k, "detokenize": False,
-            "skip_reading_prefix_cache": skip_cache,
+            "skip_reading_prefix_cache": False,
         },
         "stream": False,
     }
