@@ -117,7 +117,7 @@ class OpenAITransport(StatelessTransport):
         """What the server says it is: vLLM answers GET /version."""
         try:
             data = self.http.request("GET", self._root + "/version", during="asking its version", from_root=True)
-        except (ProtocolError, VerifierError):
+        except VerifierError:  # (ProtocolError among them) a server with no /version
             return ""
         version = data.get("version")
         return f"vLLM {version}" if isinstance(version, str) else ""
