@@ -15,8 +15,10 @@ verifies the gemma draft's blocks through `openai+http://` by each route of the 
 
 and `edgekit serve` (the GGUF target, llama.cpp, one thread), whose sessions keep their KV. For
 each context length, prompts of that many tokens (held-out text, repeated to length) are
-continued greedily with a fixed window of 4; a round's time is the client's round trip. Both vLLM
-routes must give the same tokens as vLLM's own greedy completion (checked); `edgekit serve`
+continued greedily with a fixed window of 4; a round's time is the client's round trip. Each route
+has prompts of its own (vLLM's prefix cache would serve one route what another computed), and vLLM's
+own greedy completion of them, asked once every route is done, is what each route's tokens must
+equal (checked); `edgekit serve`
 decodes another target (quantized GGUF), so its tokens are not compared.
 
 Each round's requests and the prompt tokens vLLM computed for them are read from its /metrics.
@@ -48,13 +50,14 @@ ROUTES = ("prompt-logprobs", "prefixes", "generate")
 SERVED = "gemma-3-270m"
 
 
-def contexts_of(draft: LlamaDraftModel, lengths: list[int], n: int) -> dict[int, list[list[int]]]:
-    """n token-id prompts per length: BOS and held-out text, repeated to that many tokens."""
+def contexts_of(draft: LlamaDraftModel, lengths: list[int], n: int, first: int = 0) -> dict[int, list[list[int]]]:
+    """n token-id prompts per length: BOS and held-out text from the `first`-th text on, repeated to
+    that many tokens (each route takes its own `first`, so none reads what another computed)."""
     texts = [p["prompt"] for p in C.load_prompts()]
     out: dict[int, list[list[int]]] = {}
     for length in lengths:
         out[length] = []
-        for i in range(n):
+        for i in range(first, first + n):
             ids = draft.tokenize(texts[i % len(texts)], add_special=True)
             body = draft.tokenize("\n\n".join(texts[(i + j) % len(texts)] for j in range(len(texts))),
                                   add_special=False)
@@ -85,8 +88,8 @@ def rounds_through(url: str, draft: LlamaDraftModel, prompts: dict[int, list[lis
         return (vllm_counter(vllm_base, "vllm:request_success_total"),
                 vllm_counter(vllm_base, "vllm:prompt_tokens_by_source_total", source="local_compute"))
 
-    with EdgeClient(url, draft_model=draft, generation=gen, config=ClientConfig(timeout=600, retry_for=0)) as client:
-        client.generate(prompts[min(prompts)][0], max_tokens=2).until_done()  # warm: first requests are slow
+    with EdgeClient(url, draft=draft, generation=gen, config=ClientConfig(timeout=600, retry_for=0)) as client:
+        client.generate(prompts[min(prompts)][0][:8], max_tokens=2).until_done()  # warm: first requests are slow
         for length, group in prompts.items():
             ms, outputs, requests, computed = [], [], 0.0, 0.0
             for ids in group:
@@ -135,24 +138,29 @@ def main() -> None:
     lengths = C.csv_list(args.contexts, int)
     spec = get_pair("gemma-270m")
     draft = LlamaDraftModel(model_path(spec.draft), name=spec.draft, n_threads=1)
-    prompts = contexts_of(draft, lengths, args.prompts)
+    # Each route its own prompts: vLLM's prefix cache would serve one route what another computed (a
+    # generate round whose block was decoded before goes by the prefixes, see the transport)
+    prompts = {route: contexts_of(draft, lengths, args.prompts, first=r * args.prompts)
+               for r, route in enumerate(ROUTES)}
     systems: dict[str, dict] = {}
+    identical: dict[str, bool] = {}
     log = C.RESULTS_DIR / "vllm_rounds_server.log"
     with VllmServer(C.free_port(), log) as vllm:
         t0 = time.monotonic()
         post(vllm.base, "/completions", {"model": SERVED, "prompt": [2, 9259], "max_tokens": 1})
         C.progress(f"vLLM ready; a first completion took {time.monotonic() - t0:.1f} s")
-        reference = {n: [[int(t.removeprefix("token_id:")) for t in post(vllm.base, "/completions", {
-            "model": SERVED, "prompt": ids, "max_tokens": args.tokens, "temperature": 0, "logprobs": 1,
-            "return_tokens_as_token_ids": True})["choices"][0]["logprobs"]["tokens"]] for ids in group]
-            for n, group in prompts.items()}
         for route in ROUTES:
-            systems[f"vLLM, {route}"] = rounds_through(f"openai+{vllm.base}?route={route}", draft, prompts,
+            systems[f"vLLM, {route}"] = rounds_through(f"openai+{vllm.base}?route={route}", draft, prompts[route],
                                                        args.tokens, vllm.base)
-    identical = {name: all(r[n]["outputs"] == reference[n] for n in lengths) for name, r in systems.items()}
+        for route in ROUTES:  # vLLM's own greedy decoding of each route's prompts, once the routes are done
+            reference = {n: [[int(t.removeprefix("token_id:")) for t in post(vllm.base, "/completions", {
+                "model": SERVED, "prompt": ids, "max_tokens": args.tokens, "temperature": 0, "logprobs": 1,
+                "return_tokens_as_token_ids": True})["choices"][0]["logprobs"]["tokens"]] for ids in group]
+                for n, group in prompts[route].items()}
+            identical[f"vLLM, {route}"] = all(systems[f"vLLM, {route}"][n]["outputs"] == reference[n] for n in lengths)
     with F.serve_process(["--model", str(model_path(spec.target)), "--threads", "1", "--max-sessions", "2"],
                          C.RESULTS_DIR / "vllm_rounds_edgekit.log") as served:
-        systems["edgekit serve"] = rounds_through(served.address, draft, prompts, args.tokens)
+        systems["edgekit serve"] = rounds_through(served.address, draft, prompts["generate"], args.tokens)
     payload = {"contexts": lengths, "tokens": args.tokens, "prompts_per_context": args.prompts,
                "identical_to_vllm_greedy": identical,
                "systems": {name: {str(n): v for n, v in r.items()} for name, r in systems.items()}}

@@ -201,6 +201,7 @@ class FakeOpenAIServer(_LocalJSONServer):
         self.lm, self.text_of, self.name, self.id_names, self.tokenize = lm, text_of, name, id_names, tokenize
         self.scale_out, self.details = scale_out, details
         self.blocks: set[tuple[int, ...]] = set()  # the prefix cache: every request's whole blocks
+        self.head_rows: list[int] = []  # per generate request: positions whose LM-head row it computed
 
     def get(self, path: str) -> tuple[int, object]:
         if path == "/v1/models":
@@ -273,6 +274,7 @@ class FakeOpenAIServer(_LocalJSONServer):
         cached = 0 if params.get("skip_reading_prefix_cache") else max(
             (b for b in range(self.BLOCK, len(ids), self.BLOCK) if tuple(ids[:b]) in self.blocks), default=0)
         self.blocks.update(tuple(ids[:b]) for b in range(self.BLOCK, len(ids) + 1, self.BLOCK))
+        self.head_rows.append(len(ids) - cached if k else 1)  # prompt log-probabilities: every computed row
 
         def ranked(lp: np.ndarray) -> np.ndarray:
             return np.argsort(-lp, kind="stable")

@@ -46,7 +46,7 @@ TIMEOUT = 30.0  # a deadline for calls that answer in milliseconds: generous, so
 def _client(url: str, draft=None, *, client: ClientConfig | None = None, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
     config = GenerationConfig(**({"max_tokens": 48, "stop_at_eos": False, "drafting": "fixed", "draft_k": 5} | gen))
     client = client or ClientConfig(timeout=TIMEOUT)
-    return EdgeClient(url, draft_model=draft or _draft(), generation=config, config=client)
+    return EdgeClient(url, draft=draft or _draft(), generation=config, config=client)
 
 
 def _speculates_to_the_targets_own_decoding(url: str) -> ServerInfo:
@@ -423,6 +423,47 @@ def test_a_round_whose_block_the_cache_served_is_read_by_the_prefixes(scale_out)
         with _client(f"openai+{silent.url}?route=generate") as client:
             with pytest.raises(ConfigError, match="--enable-prompt-tokens-details"):
                 client.server_info()
+
+
+def test_a_long_prompt_is_prefilled_plainly_so_a_round_computes_only_its_block_and_the_tail(scale_out):
+    """A round's prompt log-probabilities cost the LM head at every position the request computes
+    (measured on vLLM's CPU build: a fresh 1,000-token context 10.6 s as a round, 2.5 s as a plain
+    prefill, then 0.2 s a round). So a session's prompt of PREFILL_FROM tokens or more, and such an
+    extension, is sent first as a plain request without log-probabilities; every round then computes
+    rows for its block and the context's tail past the last whole KV block only."""
+    from edgekit.transport._vllm_generate import PREFILL_FROM
+
+    text = " ".join(["speculate"] * 80)
+    with _client(f"openai+{scale_out.url}") as client:
+        client.server_info()
+        prompt = client.transport.tokenizer.tokenize(text)
+        assert len(prompt) >= PREFILL_FROM + scale_out.BLOCK
+        start = len(scale_out.requests)
+        result = client.generate(text).until_done()
+        assert client.transport.prefills == 1
+    sent = scale_out.requests[start:]
+    plain = [r for r in sent if "token_ids" in r and not r["sampling_params"].get("prompt_logprobs")]
+    # before any round, all of the prompt but its last token: a prompt of whole KV blocks (800 tokens
+    # here), cached whole, would leave the first round's row predicting its block's first token uncomputed
+    assert len(prompt) % scale_out.BLOCK == 0
+    assert [r["token_ids"] for r in plain] == [prompt[:-1]] and sent[0] is plain[0]
+    assert client.transport.cached_block == 0
+    rounds = scale_out.head_rows[-result.stats.rounds:]
+    assert len(_generate_rounds(scale_out)) >= result.stats.rounds
+    assert max(rounds) <= scale_out.BLOCK + 8, rounds  # never the prompt's rows again
+    request = GenerateRequest(prompt, "greedy", seed=0, max_tokens=48)
+    assert list(result.token_ids) == [g.token for g in toy_verifier(TARGET).generate(request)]
+    transport = _handshake(scale_out.url)
+    opened = transport.open_session(OpenRequest(prompt[:8], mode="greedy", seed=0, draft=_draft().fingerprint()))
+    assert transport.prefills == 0  # a short prompt: its round's rows cost less than a request
+    transport.extend_session(opened.session_id, 8, prompt[8:])
+    assert transport.prefills == 1 and scale_out.requests[-1]["token_ids"] == prompt[:-1]
+    with _client(f"openai+{scale_out.url}?route=prefixes") as client:  # K+1 requests would each compute it
+        result = client.generate(text).until_done()
+        assert client.transport.prefills == 1
+    first = next(i for i, r in enumerate(scale_out.requests) if r.get("prompt", [])[:len(prompt) - 1] == prompt[:-1])
+    assert scale_out.requests[first]["prompt"] == prompt[:-1] and "logprobs" not in scale_out.requests[first]
+    assert list(result.token_ids) == [g.token for g in toy_verifier(TARGET).generate(request)]
 
 
 def test_a_round_vllm_cannot_write_is_read_by_the_prefixes(scale_out):

@@ -22,6 +22,7 @@ round the verifier's queue and verify time and whether its budget was met.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -31,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -231,6 +233,13 @@ class Fleet:
     ends that response where it diverged (the verifier's tokens up to there count) and counts it
     in `divergences`: for verifiers whose kernels depend on the batch (a GPU, fast numerics),
     where a near tie can go the other way in a batch than in the recording.
+    `connect`: how a device reaches the verifier, `connect(i, config)` a transport (default: a
+    `GrpcTransport` to `address`); handshakes then go one at a time (a stateless transport reads the
+    shared draft's tokenizer while it checks it). `trace_order`: "random" (each response draws one),
+    or "unique" (the devices take the traces in turn, so no two responses share a context while
+    traces last, then start over, counted in `traces_reused`): for a verifier whose prefix cache
+    would otherwise serve one device what another computed. `cut_at_end`: a response still going
+    when `duration` passes stops there (a slow verifier would otherwise hold the run for whole traces).
     """
 
     address: str
@@ -246,13 +255,19 @@ class Fleet:
     timeout: float = 120.0
     min_responses: int = 0
     on_divergence: str = "fail"
+    connect: Callable[[int, ClientConfig], Any] | None = None
+    trace_order: str = "random"
+    cut_at_end: bool = False
     divergences: int = 0
+    traces_reused: int = 0
     rounds: list[RoundLog] = field(default_factory=list)
     responses: list[ResponseLog] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     def run(self) -> Fleet:
         self._lock = threading.Lock()
+        self._handshake = threading.Lock()
+        self._next_trace = 0
         self._t0 = time.perf_counter()
         self._end = self._t0 + self.duration
         threads = [threading.Thread(target=self._device, args=(i,), daemon=True) for i in range(len(self.specs))]
@@ -269,12 +284,16 @@ class Fleet:
         # each device its own client id: a proxy in front of several verifiers hashes on it
         config = ClientConfig(timeout=self.timeout, token=self.token, client_id=f"device-{i}")
         try:
-            with GrpcTransport(self.address, config) as transport:
-                transport.handshake(self.draft_fingerprint, draft_model="fleet", draft_hidden_size=0)
+            transport = GrpcTransport(self.address, config) if self.connect is None else self.connect(i, config)
+            with contextlib.closing(transport):
+                if self.connect is None:
+                    transport.handshake(self.draft_fingerprint, draft_model="fleet", draft_hidden_size=0)
+                else:
+                    with self._handshake:
+                        transport.handshake(self.draft_fingerprint, draft_model="fleet", draft_hidden_size=0)
                 done = 0
                 while time.perf_counter() < self._end or done < self.min_responses:
-                    pool = spec.pool(time.perf_counter() - self._t0)
-                    trace = self.traces[rng.choice(pool)] if pool else rng.choice(self.traces)
+                    trace = self._trace(spec, rng)
                     if self.mode == "centralized":
                         self._centralized(i, spec, transport, trace)
                     else:
@@ -286,6 +305,15 @@ class Fleet:
         except Exception as exc:  # a device that stops for any reason is reported, never silently lost
             with self._lock:
                 self.errors.append(f"device {i}: {type(exc).__name__}: {exc}")
+
+    def _trace(self, spec: DeviceSpec, rng: random.Random) -> Trace:
+        if self.trace_order == "unique":
+            with self._lock:
+                k, self._next_trace = self._next_trace, self._next_trace + 1
+                self.traces_reused += k >= len(self.traces)
+            return self.traces[k % len(self.traces)]
+        pool = spec.pool(time.perf_counter() - self._t0)
+        return self.traces[rng.choice(pool)] if pool else rng.choice(self.traces)
 
     def _link_ms(self, spec: DeviceSpec, up_bytes: int, down_bytes: int) -> float:
         return spec.rtt_ms + up_bytes * 8 / (spec.uplink_mbps * 1e3) + down_bytes * 8 / (spec.downlink_mbps * 1e3)
@@ -304,6 +332,8 @@ class Fleet:
             sid, budget = opened.session_id, opened.next_budget
         try:
             while pos < len(trace.target):
+                if self.cut_at_end and time.perf_counter() > self._end:
+                    break
                 limit = min(self.max_window, len(trace.target) - pos)
                 if budget:
                     limit = min(limit, budget)

@@ -6,7 +6,8 @@ A round reads the target by one of three routes (`ROUTES`; `?route=` in the URL)
 vLLM offers it (started with --enable-scale-out and --enable-prompt-tokens-details), is one request
 to its token-in/token-out `/inference/v1/generate` that reads the prefix cache and returns every
 block position's top-k and the greedy token after the block (`_vllm_generate`): one request a
-round, its cost flat in the context; "auto" takes it wherever the server answers it. "prompt-logprobs"
+round, its cost flat in the context (a session's prompt, and a long extension, go first as a plain
+request, which the cache keeps: `_prefill`); "auto" takes it wherever the server answers it. "prompt-logprobs"
 sends committed tokens plus the draft block as one prompt with `echo: true, logprobs: 1,
 max_tokens: 1, temperature: 0`: every prompt position comes back with its top-1 alternative, and
 the one generated token is the target's greedy token after the block (the bonus); vLLM reads no
@@ -45,10 +46,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import ConfigError, ProtocolError, VerifierError
+from ..protocol import OpenedSession, OpenRequest
 from ..runtime import DraftModel
 from ._http import HttpJson
 from ._stateless import TOKENIZER_PROBE, StatelessTransport
-from ._vllm_generate import GENERATE_PATH, UNWRITABLE, GenerateRows, generate_body
+from ._vllm_generate import GENERATE_PATH, PREFILL_FROM, UNWRITABLE, GenerateRows, generate_body, prefill_body
 
 __all__ = ["PREFIXES_FROM", "ROUTES", "OpenAITransport"]
 
@@ -90,6 +92,39 @@ class OpenAITransport(StatelessTransport):
         # rounds of the generate route read by the prefixes instead: their block served from the cache,
         # or their answer unwritable
         self.cached_block = self.unwritable = 0
+        self.prefills = 0  # plain requests that cached a session's prompt or extension (generate route)
+
+    # -- sessions: the generate route prefills what a session adds ---------------------------
+
+    def open_session(self, request: OpenRequest) -> OpenedSession:
+        opened = super().open_session(request)
+        self._prefill(request.prompt_tokens, len(request.prompt_tokens))
+        return opened
+
+    def extend_session(self, session_id: str, base_position: int, tokens: Sequence[int]) -> int:
+        length = super().extend_session(session_id, base_position, tokens)
+        self._prefill(self._session(session_id).tokens, len(tokens))
+        return length
+
+    def _prefill(self, context: Sequence[int], added: int) -> None:
+        """`context` sent as a plain one-token request where it adds PREFILL_FROM tokens or more and
+        the rounds read the prefix cache. On the generate route, a round's prompt log-probabilities
+        cost the LM head at every position it computes, a plain prefill at one (see `_vllm_generate`);
+        on the prefixes, each of a round's K+1 requests would compute the uncached context anew."""
+        if added < PREFILL_FROM or not (self.generates or self._reads_prefixes(context)):
+            return
+        # All but the last token: the cache then never holds the context's last position, whose row
+        # (predicting the block's first token) the first round must compute (a context of whole
+        # blocks, cached whole, would send that round by the prefixes)
+        head = list(context[:-1])
+        if self.generates:
+            self.http.request("POST", self._root + GENERATE_PATH, prefill_body(self.model, head),
+                              during="prefilling the context", from_root=True)
+        else:
+            self.http.request("POST", "/completions", {"model": self.model, "prompt": head, "max_tokens": 1,
+                                                        "temperature": 0} | self._plain_sampling,
+                              during="prefilling the context")
+        self.prefills += 1
 
     # -- discovery -------------------------------------------------------------------------
 

@@ -37,15 +37,18 @@ class VllmServer:
     """serve.sh on a loopback port, in a process group of its own (vLLM starts an engine process
     and a worker: stopping the group stops them too)."""
 
-    def __init__(self, port: int, log: Path, *, start_deadline: float = 900.0, flags: tuple[str, ...] = ()) -> None:
+    def __init__(self, port: int, log: Path, *, start_deadline: float = 900.0, flags: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> None:
         self.port, self.log, self.start_deadline, self.flags = port, log, start_deadline, flags
+        self.env = {**os.environ, **(env or {})}  # e.g. VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache
         self.base = f"http://127.0.0.1:{port}/v1"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen([str(ENGINE / "serve.sh"), str(self.port), *self.flags], stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env=self.env)
 
     def wait_ready(self) -> float:
         """Seconds until /v1/models answered; RuntimeError with the log's tail if vLLM exits or
@@ -66,6 +69,21 @@ class VllmServer:
                 raise RuntimeError(f"vLLM did not answer /v1/models in {self.start_deadline:.0f} s: "
                                    f"{self.log.read_text()[-3000:]}")
             time.sleep(1.0)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) its processes have used so far: the API server (the process
+        serve.sh became) and the rest (the engine core and its workers)."""
+        import psutil
+
+        assert self.proc is not None
+        top = psutil.Process(self.proc.pid)
+        def used(p: psutil.Process) -> float:
+            try:
+                t = p.cpu_times()
+                return t.user + t.system
+            except psutil.NoSuchProcess:
+                return 0.0
+        return {"api_server": used(top), "engine": sum(used(c) for c in top.children(recursive=True))}
 
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
         if self.proc is None:
