@@ -25,6 +25,7 @@ from _exact import pair_pvalue
 
 from edgekit import ClientConfig, ConfigError, EdgeClient, FinalStats, GenerationConfig, Resumed, RoundEvent
 from edgekit.transport import PREFIXES_FROM, OpenAITransport
+from edgekit.transport._vllm_generate import PREFILL_FROM  # the threshold the test checks against
 
 ENGINE = Path(__file__).resolve().parent.parent / "engines" / "vllm"
 sys.path.insert(0, str(ENGINE))
@@ -110,7 +111,7 @@ def _vllm_top_logprobs(base: str, ids: list[int], k: int) -> list[dict[int, floa
 def _client(base: str, draft, client: ClientConfig | None = None, route: str = "auto", **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
     config = GenerationConfig(**({"max_tokens": MAX_TOKENS, "drafting": "fixed", "draft_k": 4,
                                   "stop_at_eos": False} | gen))
-    return EdgeClient(f"openai+{base}?route={route}", draft_model=draft, generation=config,
+    return EdgeClient(f"openai+{base}?route={route}", draft=draft, generation=config,
                       config=client or ClientConfig(timeout=TIMEOUT_S, retry_for=0))
 
 
@@ -167,9 +168,10 @@ def _long_prompts(draft, n: int = 20, shortest: int = 50, longest: int = 1500) -
 def test_the_generate_route_is_one_request_a_round_reading_the_cache_and_vllms_own_greedy(vllm_server, gemma_draft):
     """Issue 67: vLLM's token-in/token-out route (auto takes it where vLLM offers it). On 20 prompts
     of 50 to 1,500 tokens: the answer is vLLM's own greedy decoding, each round is one request
-    (counted on the server), and a round computes only the block, its greedy token and the context's
-    tail past the last full KV block (32 tokens with serve.sh's --block-size): the prefix is read
-    from the cache, never computed again."""
+    (counted on the server; a prompt of 64 tokens or more is prefilled by one plain request first),
+    and a round computes only the block, its greedy token and the context's tail past the last full
+    KV block (32 tokens with serve.sh's --block-size): the prefix is read from the cache, never
+    computed again."""
     with _client(vllm_server.base, gemma_draft) as client:
         client.server_info()
         assert client.transport.generates and client.transport.engine.startswith("vLLM ")
@@ -181,10 +183,13 @@ def test_the_generate_route_is_one_request_a_round_reading_the_cache_and_vllms_o
 
         for ids in _long_prompts(gemma_draft):
             requests, computed = counters()
-            before = transport.cached_block, transport.unwritable
+            before = transport.cached_block, transport.unwritable, transport.prefills
             result = client.generate(ids).until_done()
             requests, computed = (after - was for after, was in zip(counters(), (requests, computed)))
             cached, unwritable = transport.cached_block - before[0], transport.unwritable - before[1]
+            # a prompt of PREFILL_FROM tokens or more goes first as a plain request, which the cache keeps
+            prefilled = transport.prefills - before[2]
+            assert prefilled == (len(ids) >= PREFILL_FROM), (len(ids), prefilled)
             by_prefixes = cached + unwritable
             # vLLM's own greedy decoding, asked after (before, it would cache the very blocks the rounds
             # then read: as another session decoding the same text would, which the route detects)
@@ -194,7 +199,8 @@ def test_the_generate_route_is_one_request_a_round_reading_the_cache_and_vllms_o
             rounds, fallbacks = rounds + n, fallbacks + by_prefixes
             # one request a round; one read by the prefixes, K + 1 more (its generate request counted
             # too: vLLM ran it, and the answer was unwritable or its block came from the cache)
-            assert n + 2 * by_prefixes <= requests <= n + 5 * by_prefixes, (len(ids), requests, n, by_prefixes)
+            assert n + prefilled + 2 * by_prefixes <= requests <= n + prefilled + 5 * by_prefixes, (
+                len(ids), requests, n, by_prefixes)
             # a round computes at most the tail past the last full block (< 32), its block (<= 4) and
             # one more (vLLM computes at least the last token); the first also the prompt. Read without
             # the cache, every round would compute the whole context again.
