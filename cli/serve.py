@@ -11,7 +11,7 @@ from typing import Any, Literal, cast
 
 import typer
 
-from edgekit.registry import BUDGET_POLICIES, SCHEDULERS
+from edgekit.registry import BUDGET_POLICIES, ENGINES, SCHEDULERS
 
 from ._common import note, registered
 
@@ -39,6 +39,10 @@ def serve(
         None, "--model",
         help="Serve this model instead of a pair's target: hf:ORG/REPO:QUANT or hf:ORG/REPO/FILE.gguf (the Hugging "
         "Face Hub), ollama:NAME[:TAG] (Ollama's store, read in place), a path to a GGUF file, or a registry model.",
+    ),
+    engine: str = typer.Option(
+        "llama", "--engine", help=ENGINES.help("What runs the target (another than llama takes --model as it is)"),
+        metavar=ENGINES.metavar(), callback=registered(ENGINES),
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for all interfaces)."),
     port: int = typer.Option(50551, "--port", min=0, max=65535, help="Port to listen on; 0 picks a free one."),
@@ -258,12 +262,18 @@ def serve(
         trusted_proxies=trusted_proxies,
         stream_idle_timeout=stream_idle_timeout,
         semantic_head=semantic_head,
+        engine=engine,
     )
     from edgekit.models import get_pair
     from edgekit.models.refs import resolve_for_use
 
-    resolved = resolve_for_use(model if model is not None else get_pair(pair).target, role="target")
-    path, name = resolved.path, resolved.name
+    if engine == "llama":  # a GGUF file, found or fetched as every command finds one
+        resolved = resolve_for_use(model if model is not None else get_pair(pair).target, role="target")
+        path, name = resolved.path, resolved.name
+    elif model is None:
+        raise typer.BadParameter(f"the {engine} engine serves the model --model names", param_hint="--model")
+    else:  # an engine a package adds takes the model as given
+        path, name = model, model
     if frontends > 1:
         _serve_front_ends(path, config, name, drain_timeout, drain_quiet)
         return

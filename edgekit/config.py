@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 
 from .errors import ConfigError
 from .protocol import Sampler
-from .registry import BUDGET_POLICIES, DRAFTING, SCHEDULERS
+from .registry import BUDGET_POLICIES, DRAFTING, ENGINES, SCHEDULERS
 
 __all__ = ["DEFAULT_SLO_CLASSES", "ClientConfig", "GenerationConfig", "ServerConfig"]
 
@@ -347,6 +347,9 @@ class ServerConfig:
     connection_idle_timeout: float = 600.0
     # The most bytes a Ping may ask to be answered with (the link probe's downlink payload).
     max_ping_reply_bytes: int = 4 * 1024 * 1024
+    # What runs the target a VerifierServer is given by name (a GGUF file's path, say): a kind in
+    # edgekit.registry.ENGINES ("llama": llama.cpp), or one a package adds by entry point.
+    engine: str = "llama"
     # Verifier processes serving `port` (`edgekit.verifier.FrontEnds`): each its own gRPC server,
     # sessions (max_sessions each, its limits its own), scheduler and acceptance, all over one engine in the main
     # process (`EngineHost`), which runs what they send while it is busy in one batch. The kernel
@@ -439,6 +442,7 @@ class ServerConfig:
         if self.reduce_rows not in ("host", "llama"):
             raise ConfigError(f"reduce_rows must be host or llama, got {self.reduce_rows!r}")
         SCHEDULERS.check(self.policy)
+        ENGINES.check(self.engine)
         if self.slo_budget not in ("round", "response"):
             raise ConfigError(f"slo_budget must be 'round' or 'response', got {self.slo_budget!r}")
         if self.calibrate not in ("auto", "force", "off"):

@@ -7,11 +7,17 @@ command line offers its choices and the docs draw their tables.
   each builds a `BudgetPolicy` ("none": no budgets).
 - `DRAFTING`: how long each block is (`GenerationConfig.drafting`, `--drafting`); each builds a
   `Controller` from a `ControllerFactory`, the config and the session's link policy.
+- `TRANSPORTS`: how a device reaches a verifier, by its URL's scheme (`connect`, every `--verifier`);
+  each builds a `VerifierTransport` from the URL, a `ClientConfig` and the draft's tokenizer
+  (`edgekit.transport._schemes` says the contract).
+- `ENGINES`: what runs the target behind `edgekit serve`, by kind (`ServerConfig.engine`,
+  `--engine`); each builds an `Engine` from the `--model` text, the `ServerConfig` and a name.
 
 A policy is a module of its own and one line here: its name, where its builder is ("module:name",
 loaded on first use, so that naming one imports nothing), and a line saying what it does. A
 package installed beside edgekit adds one with an entry point in the registry's group
-(`edgekit.schedulers`, `edgekit.budget_policies`, `edgekit.drafting`), and a program with
+(`edgekit.schedulers`, `edgekit.budget_policies`, `edgekit.drafting`, `edgekit.transports`,
+`edgekit.engines`), and a program with
 `register`:
 
 >>> from edgekit.registry import SCHEDULERS
@@ -29,7 +35,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["BUDGET_POLICIES", "DRAFTING", "SCHEDULERS", "Entry", "Registry"]
+__all__ = ["BUDGET_POLICIES", "DRAFTING", "ENGINES", "SCHEDULERS", "TRANSPORTS", "Entry", "Registry"]
 
 
 @dataclass(frozen=True)
@@ -141,4 +147,23 @@ DRAFTING = Registry("drafting policy", "drafting", "edgekit.drafting", [
           "stop where the draft's top probability falls below p_min"),
     Entry("latency", "edgekit.drafting._factory:build_latency",
           "the window the latency model expects fastest on the measured link"),
+])
+
+TRANSPORTS = Registry("transport", "the verifier URL's scheme", "edgekit.transports", [
+    Entry("grpc", "edgekit.transport._schemes:grpc", "an edgekit verifier (edgekit serve), plain gRPC; also a bare "
+          "HOST:PORT"),
+    Entry("grpcs", "edgekit.transport._schemes:grpcs", "an edgekit verifier over TLS"),
+    Entry("openai+http", "edgekit.transport._schemes:openai",
+          "an OpenAI-compatible completions server with prompt logprobs (llama-cpp-python, vLLM)"),
+    Entry("openai+https", "edgekit.transport._schemes:openai", "the same over TLS"),
+    Entry("sglang+http", "edgekit.transport._schemes:sglang", "SGLang's native /generate"),
+    Entry("sglang+https", "edgekit.transport._schemes:sglang", "the same over TLS"),
+    Entry("trtllm+http", "edgekit.transport._schemes:trtllm",
+          "TensorRT-LLM's tensorrt_llm model on Triton (?model=NAME&max_draft_len=N): greedy"),
+    Entry("trtllm+https", "edgekit.transport._schemes:trtllm", "the same over TLS"),
+])
+
+ENGINES = Registry("engine", "engine", "edgekit.engines", [
+    Entry("llama", "edgekit.verifier._server:llama_engine",
+          "a GGUF target on llama.cpp (CPU, or layers on a GPU with --gpu-layers)"),
 ])

@@ -5,15 +5,11 @@ package installed beside edgekit adds one by entry point, and `edgekit serve` se
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from _serve_process import serving
 
 from edgekit import ConfigError, EdgeClient, GenerationConfig, ServerConfig
 from edgekit.registry import BUDGET_POLICIES, DRAFTING, SCHEDULERS, Entry, Registry
@@ -83,28 +79,11 @@ def test_a_package_adds_a_policy_by_entry_point(tmp_path, monkeypatch):
 
 @pytest.mark.models
 def test_serve_takes_a_scheduler_an_installed_package_adds_and_serves_with_it(tmp_path, gemma_draft):
-    plugin = _installed(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "edgekit.cli.app", "serve", "--pair", "gemma-270m", "--port", "0", "--max-sessions", "2",
-         "--max-context", "512", "--policy", "one-at-a-time"],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONPATH": str(plugin)},
-    )
-    try:
-        lines: list[str] = []
-        while not any(line.startswith("scheduling: ") for line in lines) and len(lines) < 20:
-            lines.append(proc.stderr.readline())  # type: ignore[union-attr]
-            assert lines[-1], "".join(lines)  # not the end of the output
+    with serving(["--pair", "gemma-270m", "--max-sessions", "2", "--max-context", "512", "--policy",
+                  "one-at-a-time"], _installed(tmp_path)) as (address, lines):
         assert lines[-1].startswith("scheduling: one-at-a-time;"), lines[-1]
-        address = re.search(r" on (127\.0\.0\.1:\d+) \(", "".join(lines)).group(1)  # type: ignore[union-attr]
         with EdgeClient(address, pair="gemma-270m", draft=gemma_draft) as client:
             assert client.server_info().scheduling_policy == "one-at-a-time"
             spec = client.generate("def add(a, b):", max_tokens=12, drafting="fixed", draft_k=4).until_done()
             plain = client.generate_target_only("def add(a, b):", max_tokens=12).until_done()
         assert spec.token_ids == plain.token_ids and spec.stats.rounds < 12
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

@@ -4,7 +4,8 @@
   usage, help and options, read from the click command tree that `edgekit.cli.app` builds. A
   renamed option shows up renamed.
 - `docs/reference/config.md` holds `REGISTRY_MARKER`; it is replaced by a table of each registry of
-  `edgekit.registry` (schedulers, budget policies, drafting policies): a name registered shows up.
+  `edgekit.registry` (schedulers, budget policies, drafting policies, engines, transports): a name
+  registered shows up.
 - `docs/reference/errors.md` holds `ERRORS_MARKER`; it is replaced by `edgekit/errors.py`'s
   docstring (its tree drawn as text) and a mkdocstrings entry for every class of the tree, in the
   tree's order, so a new error class appears without editing the page.
@@ -114,12 +115,13 @@ def errors_reference() -> str:
 def registry_reference() -> str:
     """A table per registry of `edgekit.registry`: the setting that names a policy, and each name
     with what it does, as the registry holds them."""
-    from edgekit.registry import BUDGET_POLICIES, DRAFTING, SCHEDULERS
+    from edgekit.registry import BUDGET_POLICIES, DRAFTING, ENGINES, SCHEDULERS, TRANSPORTS
 
     out = []
-    for registry, where in ((SCHEDULERS, "ServerConfig"), (BUDGET_POLICIES, "ServerConfig"),
-                            (DRAFTING, "GenerationConfig")):
-        out += [f"### `{where}.{registry.setting}`: {registry.kind}", "",
+    for registry, where in ((SCHEDULERS, "ServerConfig."), (BUDGET_POLICIES, "ServerConfig."),
+                            (DRAFTING, "GenerationConfig."), (ENGINES, "ServerConfig."), (TRANSPORTS, "")):
+        setting = f"`{where}{registry.setting}`" if where else registry.setting
+        out += [f"### {setting}: {registry.kind}", "",
                 f"Entry-point group `{registry.group}`.", "", "| name | what it does |", "|---|---|"]
         out += [f"| `{e.name}` | {_cell(e.doc)} |" for e in registry.entries()]
         out.append("")

@@ -29,7 +29,7 @@ from typing import Any
 
 from ..config import ServerConfig
 from ..errors import ConfigError, VerifierUnavailableError
-from ._server import llama_engine
+from ._server import build_engine
 from .engine import Engine, EngineHost, RemoteEngine
 
 __all__ = ["FrontEnds"]
@@ -50,7 +50,7 @@ class FrontEnds:
 
     def __init__(self, target: str | Path | Engine, config: ServerConfig, *, name: str | None = None) -> None:
         self.config = config
-        self.engine: Engine = target if not isinstance(target, (str, Path)) else llama_engine(target, config, name=name)
+        self.engine: Engine = target if not isinstance(target, (str, Path)) else build_engine(target, config, name=name)
         self.host = EngineHost(self.engine, clients=config.frontends, seqs=config.max_sessions)
         self._procs: list[Any] = []
         self._pipes: list[Connection] = []

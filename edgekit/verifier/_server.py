@@ -19,13 +19,14 @@ from ..config import ServerConfig
 from ..errors import ConfigError
 from ..link import is_local
 from ..protocol import SERVICE_NAME
+from ..registry import ENGINES
 from ._calibration import DECODE_STEP_CONTEXT, calibrated_estimator, default_calibration_dir, time_decode_step
 from ._estimator import VerifyTimeEstimator
 from ._metrics import MetricsEndpoint, check_installed
 from ._service import VerifierService
 from .engine import Engine, LlamaEngine, RemoteEngine
 
-__all__ = ["Tokens", "VerifierServer", "llama_engine"]
+__all__ = ["Tokens", "VerifierServer", "build_engine", "llama_engine"]
 
 log = logging.getLogger("edgekit.verifier")
 
@@ -117,6 +118,13 @@ class _TokenAuth(grpc.ServerInterceptor):
         return self._deny
 
 
+def build_engine(model: str | Path, config: ServerConfig, *, name: str | None = None) -> Engine:
+    """The engine `config.engine` names (`edgekit.registry.ENGINES`) for `model` (for "llama", a GGUF
+    file's path; for an engine a package adds, whatever it takes)."""
+    engine: Engine = ENGINES.load(config.engine)(model, config, name=name)
+    return engine
+
+
 def llama_engine(path: str | Path, config: ServerConfig, *, name: str | None = None) -> LlamaEngine:
     """The engine of a GGUF target as `config` sets it (its sessions, numerics, layers on a GPU...)."""
     c = config
@@ -145,8 +153,9 @@ class VerifierServer:
     >>> server.address   # '127.0.0.1:43211'
     >>> server.stop()
 
-    `target` is a GGUF file (run on llama.cpp as the config says) or an `Engine`
-    (a `ToyEngine` for tests, say), which must hold `config.max_sessions` sequences.
+    `target` is a model for the engine `config.engine` names (a GGUF file for llama.cpp, the
+    default; `edgekit.registry.ENGINES`) or an `Engine` (a `ToyEngine` for tests, say), which must
+    hold `config.max_sessions` sequences.
     With `config.metrics_port` set, `start` also serves Prometheus metrics over HTTP
     at `metrics_address` (``http://<metrics_address>/metrics``), until `stop`.
     """
@@ -168,7 +177,7 @@ class VerifierServer:
                               "by edgekit.verifier.FrontEnds (edgekit serve --frontends), not by one VerifierServer")
         if c.metrics_port is not None:
             check_installed()  # before a model is loaded for nothing
-        self.engine = target if not isinstance(target, (str, Path)) else llama_engine(target, c, name=name)
+        self.engine = target if not isinstance(target, (str, Path)) else build_engine(target, c, name=name)
         estimator = self._estimator()
         step_ms = self._timed_step(estimator)
         self.service = VerifierService(self.engine, c, estimator=estimator, clock=clock, timed_step_ms=step_ms)
