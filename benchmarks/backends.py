@@ -65,9 +65,9 @@ def main() -> None:
     # the verifiers guide's flag: llama.cpp's AMX kernel for several rows crashes on CPUs with AMX
     proc, url = start_llama_server(str(model_path(spec.target)), args.threads,
                                    str(C.RESULTS_DIR / "backends-llama-server.log"), ["--n_ubatch", "1"])
-    ours = EdgeClient(None, pair=args.pair, draft_model=draft, generation=gen,
+    ours = EdgeClient(None, pair=args.pair, draft=draft, generation=gen,
                       local_server=ServerConfig(port=0, max_sessions=2, threads=args.threads))
-    stock = EdgeClient(url, draft_model=draft, generation=gen)
+    stock = EdgeClient(url, draft=draft, generation=gen)
     runs: dict[str, list[dict]] = {"edgekit": [], "openai": []}
     try:
         run(ours, "warm up"), run(stock, "warm up")

@@ -64,7 +64,7 @@ def client(args: argparse.Namespace) -> None:
 
     draft.eval = eval_and_note  # type: ignore[method-assign]
     gen = GenerationConfig(max_tokens=args.max_tokens, stop_at_eos=False, drafting="auto")
-    with EdgeClient(GrpcTransport(args.address), draft_model=draft, generation=gen) as c:
+    with EdgeClient(GrpcTransport(args.address), draft=draft, generation=gen) as c:
         final = c.generate(args.prompt).until_done()
     out["first_draft_s"] = first[0] if first else None
     out["tokens"] = len(final.token_ids)

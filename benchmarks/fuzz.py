@@ -55,7 +55,7 @@ def good_client(address: str, draft_file: str, draft_name: str, stop: threading.
     draft = LlamaDraftModel(draft_file, name=draft_name, n_ctx=1024)
     config = ClientConfig(token=TOKENS["good"], timeout=60, retry_for=120)
     gen = GenerationConfig(max_tokens=32, draft_k=4)
-    with EdgeClient(address, draft_model=draft, config=config, generation=gen) as client:
+    with EdgeClient(address, draft=draft, config=config, generation=gen) as client:
         refs = {p: client.generate_target_only(p).until_done().token_ids for p in PROMPTS}
         n = 0
         while not stop.is_set():

@@ -66,7 +66,7 @@ def conditions(quick: bool, only: str | None = None) -> list[LinkProfile]:
 
 
 def run_one(bed: Testbed, draft, prompt: str, gen: GenerationConfig, link_state, seed: int = 0) -> dict:  # type: ignore[no-untyped-def]
-    client = EdgeClient(GrpcTransport(bed.address), draft_model=draft, generation=gen)
+    client = EdgeClient(GrpcTransport(bed.address), draft=draft, generation=gen)
     # each run starts from the condition's probed estimate (then updates it passively)
     client.link.__dict__.update(link_state)
     with client:
@@ -154,7 +154,7 @@ def main() -> None:
         run_one(bed, draft, prompts[0]["prompt"], GenerationConfig(max_tokens=8, drafting="fixed"), {})
         for ci, cond in enumerate(conditions(args.quick, args.only)):
             bed.shape(cond)
-            with EdgeClient(GrpcTransport(bed.address), draft_model=draft) as prober:
+            with EdgeClient(GrpcTransport(bed.address), draft=draft) as prober:
                 probed = prober.probe_link(pings=10, tries=3, payload_bytes=64 * 1024).link
                 state = dict(prober.link.__dict__)
             runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
@@ -188,7 +188,7 @@ def main() -> None:
         if not args.no_windows:
             for cond in (LinkProfile(5, 100), LinkProfile(50, 100)):
                 bed.shape(cond)
-                with EdgeClient(GrpcTransport(bed.address), draft_model=draft) as prober:
+                with EdgeClient(GrpcTransport(bed.address), draft=draft) as prober:
                     prober.probe_link(pings=10, tries=3, payload_bytes=64 * 1024)
                     state = dict(prober.link.__dict__)
                 policies = [("fixed", k) for k in (1, 2, 3, 4, 6, 8)] + [("latency", 8)]

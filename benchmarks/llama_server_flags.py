@@ -94,7 +94,7 @@ def main() -> None:
             proc, url = start_llama_server(str(model_path(spec.target)), args.threads, str(log), shlex.split(flags))
             servers.append(proc)
             # a stateless server reads every round's whole context: minutes, not seconds, on a busy core
-            clients[flags] = EdgeClient(url, draft_model=draft, generation=gen, config=ClientConfig(timeout=600))
+            clients[flags] = EdgeClient(url, draft=draft, generation=gen, config=ClientConfig(timeout=600))
             run(clients[flags], "warm up")
         for i, p in enumerate(prompts):
             order = sets[i % len(sets):] + sets[: i % len(sets)]  # each set first in turn

@@ -43,7 +43,7 @@ def run_one(
     outage_at: float | None = None
     resumed: list[dict] = []
     shown_max = 0
-    with EdgeClient(GrpcTransport(bed.address, config), draft_model=draft, generation=gen, config=config) as client:
+    with EdgeClient(GrpcTransport(bed.address, config), draft=draft, generation=gen, config=config) as client:
         client.server_info()
         start = time.perf_counter()
         stream = client.generate(prompt)
@@ -104,12 +104,12 @@ def main() -> None:
         bed.shape(LinkProfile(args.rtt_ms, args.mbps))
         for pi, p in enumerate(prompts):
             gen = GenerationConfig(max_tokens=args.max_tokens, stop_at_eos=False)
-            with EdgeClient(GrpcTransport(bed.address), draft_model=draft, generation=gen) as client:
+            with EdgeClient(GrpcTransport(bed.address), draft=draft, generation=gen) as client:
                 reference = list(client.generate_target_only(p["prompt"]).until_done().token_ids)
             clean: dict[str, float] = {}
             for mode in MODES if pi % 2 == 0 else MODES[::-1]:  # the price of the verify call's own thread
                 config = ClientConfig(on_disconnect=mode)  # type: ignore[arg-type]
-                with EdgeClient(GrpcTransport(bed.address, config), draft_model=draft, generation=gen,
+                with EdgeClient(GrpcTransport(bed.address, config), draft=draft, generation=gen,
                                 config=config) as client:
                     t0 = time.perf_counter()
                     client.generate(p["prompt"]).until_done()

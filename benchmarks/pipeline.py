@@ -39,7 +39,7 @@ WAYS = ("one after another", "pipelined", "pipelined, batched drafting", "planne
 
 
 def one_task(address: str, draft: LlamaDraftModel, prompt: str, gen: GenerationConfig) -> dict:
-    with EdgeClient(GrpcTransport(address), draft_model=draft, generation=gen) as client:
+    with EdgeClient(GrpcTransport(address), draft=draft, generation=gen) as client:
         t0 = time.perf_counter()
         final = client.generate(prompt).until_done()
         elapsed = time.perf_counter() - t0
@@ -55,14 +55,14 @@ def many(address: str, path: str, name: str, prompts: list[str], gen: Generation
     ends: list[float] = []
     if way == "one after another":
         outs = []
-        with EdgeClient(GrpcTransport(address), draft_model=draft, generation=gen) as client:
+        with EdgeClient(GrpcTransport(address), draft=draft, generation=gen) as client:
             for p in prompts:
                 outs.append(list(client.generate(p).until_done().token_ids))
                 ends.append(time.perf_counter() - t0)
         return {"total_s": ends[-1], "mean_latency_s": float(np.mean(ends)), "tokens": outs}
     pool = DraftPool(LlamaPoolBackend(path, slots=n + 1, n_ctx_seq=1024, name=name, n_threads=1),
                      coalesce=way != "pipelined")
-    with EdgeClient(GrpcTransport(address), draft_model=pool, generation=gen) as client:
+    with EdgeClient(GrpcTransport(address), draft=pool, generation=gen) as client:
         client.server_info()
         if way == "planned":
             assert the_plan is not None
@@ -152,7 +152,7 @@ def main() -> None:
     with Testbed(serve, log=str(C.RESULTS_DIR / f"{args.out}-verifier.log")) as bed:
         refs: dict[str, list[int]] = {}
         base = GenerationConfig(max_tokens=args.max_tokens, stop_at_eos=False)
-        with EdgeClient(GrpcTransport(bed.address), draft_model=draft, generation=base) as client:
+        with EdgeClient(GrpcTransport(bed.address), draft=draft, generation=base) as client:
             for p in all_prompts[: max(args.prompts, max(tasks))]:
                 refs[p] = list(client.generate_target_only(p).until_done().token_ids)
             acceptance = measured_acceptance(client, all_prompts[: max(tasks)], args.max_tokens)

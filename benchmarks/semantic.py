@@ -313,7 +313,7 @@ def _run_config(spec: str, payload: dict, tasks: list, draft: LlamaDraftModel, v
     todo = [t for t in tasks if t.id not in done]
     if not todo:
         return
-    with EdgeClient(verifiers.transport(head, link, bed), draft_model=draft, generation=gen) as client:
+    with EdgeClient(verifiers.transport(head, link, bed), draft=draft, generation=gen) as client:
         for task in todo:
             rec = run_problem(client, task, kind)
             if bed:  # what the device measured of its link, and so the CSI the head saw

@@ -259,7 +259,7 @@ def pair_for_target(target_model: str, *, drafts_sharing_tokenizer: Sequence[str
     raise ConfigError(
         f"the verifier serves {target_model!r}, which is not the target of any registered pair, and no cached "
         f"draft shares its tokenizer; registered pairs: {known}. Run a verifier for one of these targets, or, "
-        "from Python, give a draft model of its family (EdgeClient(url, draft_model=PATH))"
+        "from Python, give a draft model of its family (EdgeClient(url, draft=PATH))"
     )
 
 

@@ -156,7 +156,7 @@ def api_verifier_gone():
 
     lm = ToyLanguageModel(seed=2)
     server = VerifierServer(ToyEngine(lm, n_seq=4, max_context=256), ServerConfig(port=0, max_sessions=4)).start()
-    client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=2, noise=0.5)),
+    client = EdgeClient(server.address, draft=FakeDraftModel(ToyLanguageModel(seed=2, noise=0.5)),
                         config=ClientConfig(timeout=2, connect_timeout=2, retry_for=0))
     served = Served(create_app(client))
     server.stop()

@@ -139,7 +139,7 @@ def test_requests_beyond_the_queue_are_answered_429():
     slow = ToyEngine(lm, n_seq=4, max_context=512, cost=cost)
     # calibrate off: no step timed at start, whose passes would block here before any request
     server = VerifierServer(slow, ServerConfig(port=0, max_sessions=4, calibrate="off")).start()
-    client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=4, noise=0.5)))
+    client = EdgeClient(server.address, draft=FakeDraftModel(ToyLanguageModel(seed=4, noise=0.5)))
     served = Served(create_app(client, concurrency=1, queue=0))
     try:
         api = _openai(served.url, key="none")

@@ -40,7 +40,7 @@ def toy():
     lm = ToyLanguageModel(seed=3, eos_bias=-9.0)
     server = VerifierServer(ToyEngine(lm, n_seq=4, max_context=512),
                             ServerConfig(port=0, max_sessions=4, calibrate="off")).start()
-    client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=3, noise=0.5)))
+    client = EdgeClient(server.address, draft=FakeDraftModel(ToyLanguageModel(seed=3, noise=0.5)))
     yield client, lm.name
     client.close()
     server.stop()
@@ -182,7 +182,7 @@ def test_a_client_that_leaves_before_its_whole_answer_stops_the_generation():
 
     server = VerifierServer(ToyEngine(lm, n_seq=2, max_context=4096, cost=cost),
                             ServerConfig(port=0, max_sessions=2, calibrate="off")).start()
-    client = EdgeClient(server.address, draft_model=FakeDraftModel(ToyLanguageModel(seed=6, noise=0.9)))
+    client = EdgeClient(server.address, draft=FakeDraftModel(ToyLanguageModel(seed=6, noise=0.9)))
     try:
         with serving(client, concurrency=1, queue=0) as served:
             with socket.create_connection(("127.0.0.1", served.port), timeout=60) as conn:

@@ -177,7 +177,7 @@ def test_async_client_has_the_same_shape():
     async def main():
         target = ToyLanguageModel(seed=2)
         kwargs = dict(
-            draft_model=FakeDraftModel(ToyLanguageModel(seed=2, noise=1.0)),
+            draft=FakeDraftModel(ToyLanguageModel(seed=2, noise=1.0)),
             generation=GenerationConfig(max_tokens=20, draft_k=3, stop_at_eos=False),
         )
         async with AsyncEdgeClient(toy_verifier(target), **kwargs) as client:
@@ -200,7 +200,7 @@ def test_async_client_has_the_same_shape():
 def test_second_turn_reuses_both_kv_caches(gemma_server, gemma_draft):
     """Turn 2 runs only its own tokens through either model, never turn 1's again."""
     with EdgeClient(
-        gemma_server.address, draft_model=gemma_draft, generation=GenerationConfig(max_tokens=24)
+        gemma_server.address, draft=gemma_draft, generation=GenerationConfig(max_tokens=24)
     ) as client:
         system = "You are a helpful assistant. " * 20  # a long first turn, so re-reading it would show
         conv = client.conversation(system=system)

@@ -25,7 +25,7 @@ def fake_client(monkeypatch):
     def build_client(*, pair, verifier, timeout, token, generation, announce=True, local_server=None, **_):
         target = ToyLanguageModel(seed=3, eos_bias=-6.0)
         draft = FakeDraftModel(ToyLanguageModel(seed=3, noise=1.5, eos_bias=-6.0))
-        return EdgeClient(toy_verifier(target), draft_model=draft, generation=generation or GenerationConfig())
+        return EdgeClient(toy_verifier(target), draft=draft, generation=generation or GenerationConfig())
 
     monkeypatch.setattr(cli_client, "build_client", build_client)
 

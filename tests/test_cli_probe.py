@@ -120,7 +120,7 @@ def test_probe_of_a_verifier_no_pair_fits_names_the_pairs_that_would(toy_target_
         "cached draft shares its tokenizer; registered pairs: gemma-270m (target gemma-3-270m: edgekit models pull "
         "gemma-270m); qwen-coder (target qwen2.5-coder-1.5b-instruct: edgekit models pull qwen-coder). Run a "
         "verifier for one of these targets, or, from Python, give a draft model of its family "
-        "(EdgeClient(url, draft_model=PATH))\n"
+        "(EdgeClient(url, draft=PATH))\n"
     )
 
 

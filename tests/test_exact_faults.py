@@ -70,7 +70,7 @@ def test_a_session_evicted_for_idleness_and_reopened_answers_as_if_it_never_was(
     server = _server(gemma_paths[1], idle_timeout=60.0)
     try:
         config = ClientConfig(timeout=60, retry_for=60, retry_initial=0.05, retry_max=0.5)
-        with EdgeClient(server.address, draft_model=gemma_draft, config=config, generation=GEN) as client:
+        with EdgeClient(server.address, draft=gemma_draft, config=config, generation=GEN) as client:
             prompt = _prompt(gemma_draft, context)
             reference = client.generate_target_only(prompt).until_done().token_ids
 
@@ -106,7 +106,7 @@ def test_a_session_moved_between_replicas_behind_haproxy_answers_as_if_it_never_
     try:
         with _proxies.proxied("haproxy", [r.address for r in replicas], tmp_path) as address:
             config = ClientConfig(timeout=60, retry_for=60, retry_initial=0.05, retry_max=0.5, client_id="device-7")
-            with EdgeClient(address, draft_model=gemma_draft, config=config, generation=GEN) as client:
+            with EdgeClient(address, draft=gemma_draft, config=config, generation=GEN) as client:
                 prompt = _prompt(gemma_draft, context)
                 reference = client.generate_target_only(prompt).until_done().token_ids
                 gone: list[int] = []

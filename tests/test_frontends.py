@@ -30,7 +30,7 @@ def test_front_ends_answer_greedy_as_one_verifier_does_and_count_their_rounds():
 
         def answer(prompt):
             # a channel of its own per device, as devices have: the kernel spreads them over the front ends
-            with EdgeClient(servers.address, draft_model=FakeDraftModel(ToyLanguageModel(300, seed=7, noise=1.0)),
+            with EdgeClient(servers.address, draft=FakeDraftModel(ToyLanguageModel(300, seed=7, noise=1.0)),
                             config=ClientConfig(timeout=30)) as client:
                 return list(client.generate(prompt, mode="greedy", max_tokens=30, draft_k=4,
                                             stop_at_eos=False).until_done().token_ids)
@@ -94,7 +94,7 @@ def test_edgekit_serve_with_front_ends_answers_as_the_target_and_drains_on_sigte
     try:
         _wait_serving(port, proc)
         gen = GenerationConfig(max_tokens=24, draft_k=4, stream_when_faster=False)
-        with EdgeClient(f"127.0.0.1:{port}", draft_model=gemma_draft, config=ClientConfig(timeout=60),
+        with EdgeClient(f"127.0.0.1:{port}", draft=gemma_draft, config=ClientConfig(timeout=60),
                         generation=gen) as client:
             prompt = "def fibonacci(n):"
             assert client.generate(prompt).until_done().token_ids == client.generate_target_only(
@@ -105,7 +105,7 @@ def test_edgekit_serve_with_front_ends_answers_as_the_target_and_drains_on_sigte
             spec = client.generate(prompt, logprobs=5).until_done()
             alone = client.generate_target_only(prompt, logprobs=5).until_done()
             assert spec.token_ids == alone.token_ids and spec.logprobs == alone.logprobs and len(spec.logprobs) == 24
-        with EdgeClient(gemma_server.address, draft_model=gemma_draft, config=ClientConfig(timeout=60),
+        with EdgeClient(gemma_server.address, draft=gemma_draft, config=ClientConfig(timeout=60),
                         generation=gen) as client:
             assert client.generate(prompt, logprobs=5).until_done().logprobs == spec.logprobs
         os.killpg(proc.pid, signal.SIGTERM)  # the whole group, as a service manager signals it

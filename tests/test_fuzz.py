@@ -49,7 +49,7 @@ def _well_behaved(address: str, stop: threading.Event, outcomes: list) -> None:
     draft = FakeDraftModel(ToyLanguageModel(seed=5, noise=1.5, eos_bias=-6.0))
     config = ClientConfig(token=TOKENS["good"], timeout=20, retry_for=30)
     gen = GenerationConfig(max_tokens=24, draft_k=4, stop_at_eos=False)
-    with EdgeClient(address, draft_model=draft, config=config, generation=gen) as client:
+    with EdgeClient(address, draft=draft, config=config, generation=gen) as client:
         n = 0
         while not stop.is_set():
             prompt = [1 + (n * 7 + i) % 60 for i in range(3 + n % 5)]

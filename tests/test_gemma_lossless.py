@@ -93,7 +93,7 @@ LONG_PROMPTS = [
 
 @pytest.fixture(scope="module")
 def client(gemma_server, gemma_draft):
-    c = EdgeClient(gemma_server.address, draft_model=gemma_draft,
+    c = EdgeClient(gemma_server.address, draft=gemma_draft,
                    generation=GenerationConfig(max_tokens=MAX_TOKENS, drafting="fixed"))
     yield c
     c.close()
@@ -168,7 +168,7 @@ def test_concurrent_sessions_do_not_disturb_each_other(gemma_server, gemma_paths
         try:
             draft = LlamaDraftModel(gemma_paths[0], n_ctx=512)
             with EdgeClient(
-                gemma_server.address, draft_model=draft, generation=GenerationConfig(max_tokens=MAX_TOKENS, draft_k=4)
+                gemma_server.address, draft=draft, generation=GenerationConfig(max_tokens=MAX_TOKENS, draft_k=4)
             ) as c:
                 for p in prompts:
                     results[p] = c.generate(p).until_done().token_ids
@@ -209,7 +209,7 @@ def test_sessions_parked_out_of_the_context_come_back_exact(gemma_paths, target_
         try:
             draft = LlamaDraftModel(gemma_paths[0], n_ctx=256)
             gen = GenerationConfig(max_tokens=MAX_TOKENS, draft_k=4, drafting="fixed")
-            with EdgeClient(server.address, draft_model=draft, generation=gen,
+            with EdgeClient(server.address, draft=draft, generation=gen,
                             config=ClientConfig(first_route="speculative")) as c:
                 all_open.wait()  # every session drafts at once: more than the context holds
                 results[prompt] = c.generate(prompt).until_done().token_ids
@@ -243,7 +243,7 @@ def test_greedy_rows_reduced_by_llama_cpp_stay_token_identical(gemma_paths, gemm
     try:
         assert server.engine.reduces_in_llama
         gen = GenerationConfig(max_tokens=MAX_TOKENS, draft_k=4, drafting="fixed")
-        with EdgeClient(server.address, draft_model=gemma_draft, generation=gen,
+        with EdgeClient(server.address, draft=gemma_draft, generation=gen,
                         config=ClientConfig(first_route="speculative")) as c:
             for prompt in PROMPTS[:6]:
                 final = c.generate(prompt).until_done()

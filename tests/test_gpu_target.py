@@ -51,7 +51,7 @@ def test_a_toy_target_loads_serves_and_the_pairs_draft_drafts_for_it(gpu_toy_tar
         server.start()
         draft = LlamaDraftModel(gemma_paths[0], name="gemma-3-270m-q4_0", n_ctx=512)
         try:
-            with EdgeClient(server.address, draft_model=draft, generation=GenerationConfig(max_tokens=24)) as client:
+            with EdgeClient(server.address, draft=draft, generation=GenerationConfig(max_tokens=24)) as client:
                 assert client.server_info().exact_numerics
                 speculative = client.generate("def add(a, b):", drafting="fixed", draft_k=4).until_done()
                 alone = client.generate_target_only("def add(a, b):").until_done()

@@ -97,7 +97,7 @@ def test_the_async_client_probes_the_same_way():
     async def main():
         link = SimulatedLink(rtt_ms=12.0, uplink_mbps=50.0, downlink_mbps=50.0, seed=2)
         client = AsyncEdgeClient(toy_verifier(ToyLanguageModel(), link=link),
-                                 draft_model=FakeDraftModel(ToyLanguageModel()))
+                                 draft=FakeDraftModel(ToyLanguageModel()))
         try:
             return await client.probe_link(pings=5, tries=2, payload_bytes=128 * 1024)
         finally:

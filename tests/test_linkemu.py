@@ -23,7 +23,7 @@ def bed(tmp_path_factory):
 
 def _client(bed, draft, upload: str) -> EdgeClient:
     config = GenerationConfig(max_tokens=24, drafting="fixed", draft_k=6, upload=upload, stop_at_eos=False)
-    return EdgeClient(GrpcTransport(bed.address), draft_model=draft, generation=config)
+    return EdgeClient(GrpcTransport(bed.address), draft=draft, generation=config)
 
 
 def test_the_probe_sees_the_emulated_link(bed, gemma_draft):
@@ -85,7 +85,7 @@ def test_an_answer_drafts_through_a_lost_link_and_stays_lossless(bed, gemma_draf
     bed.shape(LinkProfile(rtt_ms=20, uplink_mbps=50))
     gen = GenerationConfig(max_tokens=48, drafting="fixed", draft_k=4, stop_at_eos=False)
     config = ClientConfig(on_disconnect="draft", draft_ahead_after=0.3, retry_for=30, retry_initial=0.1)
-    with EdgeClient(GrpcTransport(bed.address, config), draft_model=gemma_draft, generation=gen,
+    with EdgeClient(GrpcTransport(bed.address, config), draft=gemma_draft, generation=gen,
                     config=config) as client:
         reference = client.generate_target_only(PROMPT).until_done().token_ids
         out: list[int] = []

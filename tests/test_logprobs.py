@@ -74,7 +74,7 @@ def test_the_wire_carries_them():
 
 @pytest.mark.models
 def test_greedy_logprobs_equal_target_only_decodings_on_the_real_pair(gemma_server, gemma_draft):
-    with EdgeClient(gemma_server.address, draft_model=gemma_draft,
+    with EdgeClient(gemma_server.address, draft=gemma_draft,
                     generation=GenerationConfig(max_tokens=24, logprobs=5, drafting="fixed", draft_k=4)) as client:
         spec = client.generate("The capital of France is").until_done()
         alone = client.generate_target_only("The capital of France is").until_done()

@@ -118,7 +118,7 @@ def test_the_async_client_runs_a_pipelined_batch_without_blocking_its_event_loop
                 await asyncio.sleep(0.001)
                 ticks += 1
 
-        async with AsyncEdgeClient(toy_verifier(TARGET, max_sessions=16), draft_model=pool,
+        async with AsyncEdgeClient(toy_verifier(TARGET, max_sessions=16), draft=pool,
                                    generation=GenerationConfig(max_tokens=24, draft_k=4,
                                                                stream_when_faster=False)) as client:
             ticker = asyncio.create_task(tick())  # counts only while the batch runs
@@ -134,13 +134,13 @@ def test_the_async_client_runs_a_pipelined_batch_without_blocking_its_event_loop
 
 def test_draft_slots_need_a_model_file_or_a_pool():
     with pytest.raises(ValueError, match="draft_slots"):
-        EdgeClient(toy_verifier(TARGET), draft_model=FakeDraftModel(DRAFT_LM), draft_slots=2)
+        EdgeClient(toy_verifier(TARGET), draft=FakeDraftModel(DRAFT_LM), draft_slots=2)
 
 
 def test_the_gemma_pair_pipelined_writes_each_prompts_target_only_output(gemma_server, gemma_paths):
     prompts = ["def add(a, b):", "The three primary colours are", "Once upon a time", "import numpy as np\n"]
     gen = GenerationConfig(max_tokens=20, drafting="fixed", draft_k=4)
-    with EdgeClient(gemma_server.address, draft_model=gemma_paths[0], draft_slots=4, generation=gen,
+    with EdgeClient(gemma_server.address, draft=gemma_paths[0], draft_slots=4, generation=gen,
                     draft_context=512) as client:
         baseline = [client.generate_target_only(p).until_done().token_ids for p in prompts]
         results = client.generate_many(prompts)
@@ -168,7 +168,7 @@ def test_the_gemma_pair_with_proactive_drafting_and_a_plan_writes_target_only_ou
 
     prompts = ["def add(a, b):", "The three primary colours are", "Once upon a time"]
     gen = GenerationConfig(max_tokens=16, drafting="fixed", draft_k=3, proactive=True)
-    with EdgeClient(gemma_server.address, draft_model=gemma_paths[0], draft_slots=4, generation=gen,
+    with EdgeClient(gemma_server.address, draft=gemma_paths[0], draft_slots=4, generation=gen,
                     draft_context=512) as client:
         baseline = [client.generate_target_only(p).until_done().token_ids for p in prompts]
         alone = [client.generate(p).until_done() for p in prompts]

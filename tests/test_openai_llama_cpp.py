@@ -113,7 +113,7 @@ def llama_server(gemma_paths, tmp_path_factory):
 
 def _client(url: str, draft, **gen) -> EdgeClient:  # type: ignore[no-untyped-def]
     config = GenerationConfig(**({"max_tokens": 24, "drafting": "fixed", "draft_k": 3, "stop_at_eos": False} | gen))
-    return EdgeClient(url, draft_model=draft, generation=config, config=ClientConfig(timeout=SERVER_DEADLINE_S))
+    return EdgeClient(url, draft=draft, generation=config, config=ClientConfig(timeout=SERVER_DEADLINE_S))
 
 
 @pytest.mark.numerics

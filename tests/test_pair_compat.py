@@ -229,7 +229,7 @@ def _client_of(target: ToyLanguageModel, draft: ToyLanguageModel, **generation) 
     engine = FeedRecordingEngine(target, n_seq=config.max_sessions, max_context=config.max_context)
     return EdgeClient(
         InProcessTransport(VerifierService(engine, config)),
-        draft_model=FakeDraftModel(draft),
+        draft=FakeDraftModel(draft),
         generation=GenerationConfig(**({"drafting": "fixed", "draft_k": 4, "stop_at_eos": False} | generation)),
     )
 
@@ -333,7 +333,7 @@ def test_a_stock_server_choosing_a_token_the_draft_lacks_is_a_clear_error():
     fake = FakeDraftModel(draft)
     with FakeSGLangServer(target, lambda t: fake.token_bytes(t).decode()) as server:
         config = GenerationConfig(max_tokens=8, stop_at_eos=False, drafting="fixed", draft_k=2)
-        with EdgeClient(f"sglang+{server.url}", draft_model=fake, generation=config,
+        with EdgeClient(f"sglang+{server.url}", draft=fake, generation=config,
                         config=ClientConfig(timeout=30)) as client:
             with pytest.raises(ProtocolError, match=f"chose token {V}, outside the draft's {V}-token vocabulary"):
                 client.generate("hi").until_done()
@@ -441,7 +441,7 @@ def test_greedy_speculation_on_the_padded_target_is_its_own_decoding(padded_serv
     greedy decoding over all its logits (where the zero padding columns never win)."""
     assert padded_server.service.engine.n_vocab == 262_144 + EXTRA
     generation = GenerationConfig(max_tokens=24, drafting="fixed", draft_k=4)
-    with EdgeClient(padded_server.address, draft_model=gemma_draft, generation=generation) as client:
+    with EdgeClient(padded_server.address, draft=gemma_draft, generation=generation) as client:
         assert client.server_info().target_fingerprint.vocab_size == 262_144 + EXTRA
         accepted = 0
         for prompt in PROMPTS:

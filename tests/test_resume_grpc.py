@@ -75,7 +75,7 @@ def test_killing_the_verifier_mid_answer_and_restarting_it_loses_nothing(context
         prompt = gemma_draft.detokenize(gemma_draft.tokenize(text, add_special=False)[: context - 30])
         prompt += " The three primary colors are"
         gen = GenerationConfig(max_tokens=48, draft_k=4, stream_when_faster=False)  # a session to lose
-        with EdgeClient(address, draft_model=gemma_draft, config=config, generation=gen) as client:
+        with EdgeClient(address, draft=gemma_draft, config=config, generation=gen) as client:
             reference = client.generate_target_only(prompt).until_done().token_ids
             prompt_tokens = len(client.tokenize(prompt))
             events = []
@@ -111,7 +111,7 @@ def test_sigterm_drains_the_verifier_finishing_the_answer_under_way(gemma_paths,
         gen = GenerationConfig(max_tokens=40, draft_k=4, stream_when_faster=False)  # a session to drain
         config = ClientConfig(timeout=20, retry_for=0)  # nothing may need a retry: the drain serves the answer
         prompt = "Write a short poem about the sea:"
-        with EdgeClient(f"127.0.0.1:{port}", draft_model=gemma_draft, config=config, generation=gen) as client:
+        with EdgeClient(f"127.0.0.1:{port}", draft=gemma_draft, config=config, generation=gen) as client:
             reference = client.generate_target_only(prompt).until_done().token_ids
             signalled = None
             events = []
@@ -145,7 +145,7 @@ def test_killing_one_of_two_verifiers_fails_over_to_the_other_and_loses_nothing(
         prompt = "The three primary colors are"
         gen = GenerationConfig(max_tokens=48, draft_k=4, stream_when_faster=False)  # a session to lose
         verifiers = [f"127.0.0.1:{port}" for port in ports]
-        with EdgeClient(verifiers, draft_model=gemma_draft, config=config, generation=gen) as client:
+        with EdgeClient(verifiers, draft=gemma_draft, config=config, generation=gen) as client:
             reference = client.generate_target_only(prompt).until_done().token_ids
             assert client.transport.address == verifiers[0]
             events, rounds = [], 0

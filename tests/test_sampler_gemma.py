@@ -49,7 +49,7 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def client(gemma_server, gemma_draft):
-    c = EdgeClient(gemma_server.address, draft_model=gemma_draft,
+    c = EdgeClient(gemma_server.address, draft=gemma_draft,
                    generation=GenerationConfig(mode="sample", drafting="fixed", draft_k=2, max_tokens=3,
                                                draft_temperature=1.6, stop_at_eos=False))
     yield c

@@ -63,7 +63,7 @@ def semantic_server(gemma_paths, tmp_path_factory):
 
 def _run(server, draft, **gen):
     config = GenerationConfig(**({"max_tokens": 48, "drafting": "fixed", "draft_k": 6, "stop_at_eos": False} | gen))
-    with EdgeClient(GrpcTransport(server.address, ClientConfig(timeout=60)), draft_model=draft,
+    with EdgeClient(GrpcTransport(server.address, ClientConfig(timeout=60)), draft=draft,
                     generation=config) as client:
         return client.generate(PROMPT).until_done()
 
@@ -181,10 +181,10 @@ def test_a_local_verifier_loads_the_pairs_shipped_head_unless_told_not_to(gemma_
     model = LlamaModel(str(gemma_paths[1]))
     head = link_only_head(tmp_path / "gemma-270m.onnx", draft_hidden=gemma_draft.n_embd, target_hidden=model.n_embd)
     small = ServerConfig(port=0, max_sessions=1, max_context=256, max_block=8)
-    with EdgeClient(pair="gemma-270m", draft_model=gemma_draft, local_server=small) as client:
+    with EdgeClient(pair="gemma-270m", draft=gemma_draft, local_server=small) as client:
         assert client.server_info().semantic_head == head.identity
     off = ServerConfig(port=0, max_sessions=1, max_context=256, max_block=8, semantic_head="")
-    with EdgeClient(pair="gemma-270m", draft_model=gemma_draft, local_server=off) as client:
+    with EdgeClient(pair="gemma-270m", draft=gemma_draft, local_server=off) as client:
         info = client.server_info()
         assert not info.semantic_head and "semantic" not in info.modes
 

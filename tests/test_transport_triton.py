@@ -31,7 +31,7 @@ def _draft(noise: float = 1.5, target: ToyLanguageModel = TARGET) -> FakeDraftMo
 def _client(url: str, draft: FakeDraftModel | None = None, *, client: ClientConfig | None = None,
             **gen: object) -> EdgeClient:
     config = GenerationConfig(**({"max_tokens": 48, "stop_at_eos": False, "drafting": "fixed", "draft_k": 5} | gen))
-    return EdgeClient(url, draft_model=draft or _draft(), generation=config,
+    return EdgeClient(url, draft=draft or _draft(), generation=config,
                       config=client or ClientConfig(timeout=TIMEOUT))
 
 

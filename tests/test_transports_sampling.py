@@ -39,7 +39,7 @@ def vllm():
 def _client(url: str, **gen) -> EdgeClient:
     config = GenerationConfig(**({"mode": "sample", "max_tokens": 2, "stop_at_eos": False, "drafting": "fixed",
                                   "draft_k": 2, "draft_temperature": 1.5} | gen))
-    return EdgeClient(url, draft_model=_draft(), generation=config, config=ClientConfig(timeout=30))
+    return EdgeClient(url, draft=_draft(), generation=config, config=ClientConfig(timeout=30))
 
 
 @pytest.mark.parametrize(("settings", "route"), [

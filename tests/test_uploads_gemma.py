@@ -33,7 +33,7 @@ def _generate(server, draft, upload: str, encoding: str = "fp16"):
     config = GenerationConfig(
         max_tokens=40, drafting="fixed", draft_k=6, upload=upload, hidden_encoding=encoding, stop_at_eos=False
     )
-    client = EdgeClient(transport, draft_model=draft, generation=config)
+    client = EdgeClient(transport, draft=draft, generation=config)
     session = client.session()  # kept open, so the verifier's side of it can be read
     session.open(client.tokenize(PROMPT))
     *_, final = session.stream()

@@ -531,7 +531,7 @@ def test_over_grpc_refusals_keep_their_status_auth_is_required_and_health_answer
 
 def test_a_client_speculates_through_the_grpc_verifier_to_the_targets_own_decoding(grpc_server):
     config = GenerationConfig(max_tokens=30, drafting="fixed", draft_k=4, stop_at_eos=False)
-    with EdgeClient(grpc_server.address, draft_model=DRAFT, generation=config,
+    with EdgeClient(grpc_server.address, draft=DRAFT, generation=config,
                     config=ClientConfig(token=TOKEN, timeout=5)) as client:
         final = client.generate("hello there, general").until_done()
     assert list(final.token_ids) == TARGET.greedy(PROMPT, 30)

@@ -67,7 +67,7 @@ def test_a_draft_with_another_tokenizer_is_refused_naming_both_models(gemma_serv
 
     smol = LlamaDraftModel(model_path("smollm2-135m-instruct"), name="smollm2-135m-instruct", n_ctx=256)
     try:
-        with EdgeClient(gemma_server.address, draft_model=smol) as client:
+        with EdgeClient(gemma_server.address, draft=smol) as client:
             with pytest.raises(IncompatibleModelsError) as info:
                 client.generate("hi").text()
         msg = str(info.value)
@@ -159,7 +159,7 @@ def test_a_dead_verifier_fails_fast_naming_its_address(gemma_draft):
     s.close()  # nothing listens here now
     address = f"127.0.0.1:{port}"
     t0 = time.monotonic()
-    with EdgeClient(address, draft_model=gemma_draft, config=ClientConfig(timeout=5, connect_timeout=5)) as client:
+    with EdgeClient(address, draft=gemma_draft, config=ClientConfig(timeout=5, connect_timeout=5)) as client:
         with pytest.raises(VerifierUnavailableError) as info:
             client.generate("hi").text()
     assert time.monotonic() - t0 < 5

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from ..protocol import ServerFigures, TokenLogprobs
 from ..runtime import device_load, process_cpu_seconds
 from ._events import FinalStats, Resumed, RoundEvent, TextDelta
-from ._metrics import GenerationStats
+from ._stats import GenerationStats
 from ._text import TextDecoder, safe_end, stop_at
 
 __all__ = ["StatsAccumulator"]

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from ..errors import ConfigError, EdgekitError, SessionNotFoundError
 from ..runtime import DraftModel
 from ._events import Event, FinalStats, TextDelta
-from ._metrics import GenerationStats
+from ._stats import GenerationStats
 from ._session import SpeculativeSession
 from ._stream import GenerationStream
 

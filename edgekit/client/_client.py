@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config import ClientConfig, GenerationConfig, ServerConfig
 from ..drafting import Controller, ControllerFactory
-from ..errors import ConfigError, IncompatibleModelsError
+from ..errors import IncompatibleModelsError
 from ..link import CostTracker, LinkEstimator, LinkPolicy, ProbeResult, probe
 from ..plan import Plan
 from ..protocol import ServerInfo
@@ -48,7 +48,7 @@ class EdgeClient:
 
     draft: the draft model, by reference (`edgekit.models.refs`: a registry name,
     "hf:ORG/REPO:QUANT", "ollama:NAME", a path to a GGUF), or a loaded `DraftModel` or
-    `DraftPool` (`draft_model` is its older name); default: the pair's. target: the model
+    `DraftPool`; default: the pair's. target: the model
     the local verifier serves (no verifier given), by reference; default: the pair's. A
     draft and a target named here are checked to share a tokenizer from their GGUF headers
     before any weights load (`IncompatibleModelsError` names both).
@@ -56,7 +56,7 @@ class EdgeClient:
     draft_slots: how many generations may draft at once, each on a KV sequence of its
     own in one draft model, their steps batched (`edgekit.runtime.DraftPool`); with one
     (the default) concurrent generations take turns on the draft, and each switch
-    re-prefills it. `draft_model` may also be a `DraftPool`. draft_context: tokens per
+    re-prefills it. draft_context: tokens per
     sequence; draft_threads: CPU threads of the draft (default: EDGEKIT_THREADS, or all).
     """
 
@@ -67,7 +67,6 @@ class EdgeClient:
         pair: str | None = None,
         draft: str | Path | DraftModel | DraftPool | None = None,
         target: str | Path | None = None,
-        draft_model: str | Path | DraftModel | DraftPool | None = None,
         config: ClientConfig | None = None,
         generation: GenerationConfig | None = None,
         local_server: ServerConfig | None = None,
@@ -77,13 +76,11 @@ class EdgeClient:
     ) -> None:
         if draft_slots < 1:
             raise ValueError("draft_slots must be at least 1")
-        if draft is not None and draft_model is not None:
-            raise ConfigError("name the draft once: draft= (draft_model= is its older name)")
         self.config = config or ClientConfig()
         if not self.config.client_id:  # one id for this client's sessions (the verifier's budgets follow it)
             self.config = replace(self.config, client_id=uuid.uuid4().hex)
         self.generation = generation or GenerationConfig()
-        self._parts = assemble(verifier, pair or None, draft if draft is not None else draft_model, target,
+        self._parts = assemble(verifier, pair or None, draft, target,
                                self.config, local_server, draft_slots, draft_context, draft_threads)
         self.pair = self._parts.pair
         assert self._parts.transport is not None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..protocol import TokenLogprobs
-from ._metrics import GenerationStats, RoundStats
+from ._stats import GenerationStats, RoundStats
 
 __all__ = ["Event", "FinalStats", "Provisional", "Resumed", "RoundEvent", "TextDelta"]
 

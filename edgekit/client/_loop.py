@@ -16,8 +16,8 @@ from ..protocol import ServerInfo
 from ._accumulator import StatsAccumulator
 from ._drafter import Drafter
 from ._events import Event, Provisional, Resumed, RoundEvent
-from ._metrics import RoundStats
-from ._round import Rounds
+from ._stats import RoundStats
+from ._round import RoundDriver
 
 __all__ = ["RoundFn", "run"]
 
@@ -29,7 +29,7 @@ RoundFn = Callable[[int, int, int], Generator[Provisional, None, tuple[list[int]
 
 def run(
     drafter: Drafter,
-    rounds: Rounds,
+    rounds: RoundDriver,
     server: ServerInfo,
     retry: ClientConfig,
     *,

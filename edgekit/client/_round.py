@@ -1,6 +1,6 @@
 """One round on the wire: the request a drafted block makes, and what its verdict changes.
 
-`Rounds` builds a round's `BlockRequest` from the chain's front block (the same one
+`RoundDriver` builds a round's `BlockRequest` from the chain's front block (the same one
 again while a round is in flight: a verifier that applied it before a failure answers
 it again, and nothing is applied twice), makes the verify call, and applies the
 verdict: the accepted prefix and the verifier's token join the committed tokens, the
@@ -25,10 +25,10 @@ from ..protocol import BlockRequest, Exchange, ServerInfo, TokenLogprobs, Verify
 from ..transport import VerifierTransport
 from ._drafter import Drafter
 from ._events import Provisional
-from ._metrics import RoundStats
+from ._stats import RoundStats
 from ._resilience import Background
 
-__all__ = ["InFlight", "Rounds", "check_supported"]
+__all__ = ["InFlight", "RoundDriver", "check_supported"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class InFlight:
     steps: int
 
 
-class Rounds:
+class RoundDriver:
     """A session's rounds: their count, the verifier's last budget, the link time the next
     is expected to take, and the round in flight."""
 

@@ -6,7 +6,7 @@ says when to stop), send it with the base position, apply the verdict (accepted
 prefix plus the verifier's next token), roll the draft KV back to what is still
 valid. `SpeculativeSession` opens, extends and closes the verifier's side and
 runs the rounds, with its parts each doing one job: the `Drafter` (the draft's
-KV and what was drafted past the committed tokens), `Rounds` (a round's request
+KV and what was drafted past the committed tokens), `RoundDriver` (a round's request
 and its verdict), `through_outages` (retries, back-off, reopening) and a
 `StatsAccumulator` (the stream's figures).
 
@@ -39,9 +39,9 @@ from ._accumulator import StatsAccumulator
 from ._drafter import Drafter, SharedDraft
 from ._events import Event, Provisional, Resumed
 from ._loop import run
-from ._metrics import GenerationStats, RoundStats
+from ._stats import GenerationStats, RoundStats
 from ._resilience import drain, through_outages
-from ._round import Rounds, check_supported
+from ._round import RoundDriver, check_supported
 from ._text import TextDecoder
 
 __all__ = ["SharedDraft", "SpeculativeSession"]
@@ -98,7 +98,7 @@ class SpeculativeSession:
             np.random.default_rng(draft_seq),
             on_void=lambda: self.rounds.forget(),
         )
-        self.rounds = Rounds(transport, self.drafter, self.link, self.policy)
+        self.rounds = RoundDriver(transport, self.drafter, self.link, self.policy)
         self.session_id: str | None = None
         self.max_context = min(server.max_context, draft.n_ctx)
         self.target_speed: float | None = None  # tokens/s the verifier holds the session to (None: best effort)
@@ -268,11 +268,6 @@ class SpeculativeSession:
         if self.session_id is None:
             raise EdgekitError("the session is not open")
         return drain(self.rounds.run(limit, self.session_id))
-
-    def resilient_round(self, limit: int) -> tuple[list[int], RoundStats, bool, Resumed | None]:
-        """`round`, tried again through an outage (see the module's docstring): the round's
-        tokens, figures and whether the context is full, and the outage it came through, if any."""
-        return drain(self._round_through_outages(limit, ahead=0))
 
     def _round_through_outages(
         self, limit: int, *, ahead: int, room: int = 0

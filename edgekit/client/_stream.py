@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from ._events import Event, FinalStats
-from ._metrics import GenerationStats
+from ._stats import GenerationStats
 
 __all__ = ["AsyncGenerationStream", "GenerationStream"]
 

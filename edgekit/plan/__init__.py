@@ -20,7 +20,7 @@ use it.
 from ._calibrate import calibrate_draft, calibrate_verify, verifier_shape
 from ._cost import ModelShape, Runtime
 from ._dp import Plan, batches_for_window, exhaustive, plan
-from ._latency import ServingModel
+from ._serving import ServingModel
 from ._pace import Paced, Phaser
 
 __all__ = [

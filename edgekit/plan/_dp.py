@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._latency import ServingModel
+from ._serving import ServingModel
 
 __all__ = ["Plan", "batches_for_window", "exhaustive", "plan"]
 

@@ -109,10 +109,6 @@ class Sampler:
         """Whether steps 1-2 change any logit."""
         return self.penalized or bool(self.logit_bias)
 
-    @property
-    def truncates(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
-
     def support_cut(self) -> tuple[int, float]:
         """The cut by value that a row's support (its tokens of p > 0) lies within, where steps 1-2
         change nothing (plain logits, in their own units, before the temperature): the `top_k`

@@ -80,7 +80,7 @@ def toy_client(
         draft = FakeDraftModel(draft)
     return EdgeClient(
         verifier if verifier is not None else toy_verifier(target),
-        draft_model=draft,
+        draft=draft,
         generation=replace(generation or GenerationConfig(), **fields),
         config=config,
     )

@@ -9,7 +9,7 @@ Its parts, each in its own module:
 - `RequestChecks` (`_validation`): what a request must satisfy.
 - `SessionTable` (`_sessions`): sessions, their KV sequences, limits and eviction.
 - `Rounds` (`_rounds`): open, extend, verify (FH, SH, replays), close.
-- `TargetOnly` (`_baseline`): target-only decoding, the centralized baseline.
+- `Baseline` (`_baseline`): target-only decoding, the centralized baseline.
 - `Budgets` (`_budgets`): the draft budgets it assigns (GOODSPEED eqs. 3-5; Fixed-S, Random-S).
 - `SpeedClasses` (`_slo`): token-speed SLOs, each round's budget and deadline (WISP eqs. 5, 6, 12).
 - `EngineCore` (`_core`): runs the scheduler's batches on the engine.

@@ -21,10 +21,10 @@ from ._stats import ServingStats
 from ._validation import RequestChecks
 from .engine import Feed
 
-__all__ = ["TargetOnly"]
+__all__ = ["Baseline"]
 
 
-class TargetOnly:
+class Baseline:
     """Each step is one token; with a token-speed SLO of s tokens/s, a step is due
     1/s after it was asked for (its budget), and is worth one token."""
 

@@ -23,7 +23,7 @@ entries (`Fingerprint.padding`). Every rule judges over the target's tokens alon
 (its logits before the padding columns), so no mode ever commits a padding id,
 which the device's draft may not have: greedy's argmax and speculative sampling's
 p are the target's over its tokens (renormalised: the same p target-only decoding
-uses, see `TargetOnly`), and an id of the draft's that is no token of the target's
+uses, see `Baseline`), and an id of the draft's that is no token of the target's
 has p = 0. The target runs the block up to that id only; the id itself is judged,
 and rejected whatever the mode (sampling then draws from the residual there, as
 the lossless rule says).
@@ -67,10 +67,10 @@ from ._validation import RequestChecks
 from .engine import Feed
 from .scheduler import Objective, WorkResult
 
-__all__ = ["Rounds", "rebuild_feeds"]
+__all__ = ["VerifyRounds", "rebuild_feeds"]
 
 
-class Rounds:
+class VerifyRounds:
     def __init__(
         self,
         core: EngineCore,

@@ -3,8 +3,8 @@
 Requests arrive as raw bytes and are parsed here, so a message that is not
 valid protobuf, or larger than the configured limit, is refused with
 INVALID_ARGUMENT (gRPC's own deserializer would answer INTERNAL). Each RPC
-converts its message into the values the verifier's parts take (`Rounds`,
-`TargetOnly`, `RequestChecks`) and their answer back into a message, with the
+converts its message into the values the verifier's parts take (`VerifyRounds`,
+`Baseline`, `RequestChecks`) and their answer back into a message, with the
 conversions `edgekit.protocol` holds for both ends: no field is mapped here. A refusal
 is an edgekit error, turned into its gRPC status by `edgekit.protocol.status_of`;
 no refusal touches another session.
@@ -54,13 +54,13 @@ from ..protocol import (
     verify_response_to_pb,
 )
 from ..registry import BUDGET_POLICIES, SCHEDULERS
-from ._baseline import TargetOnly
+from ._baseline import Baseline
 from ._budgets import Budgets, BudgetState, capacity_within
 from ._calibration import DECODE_STEP_CONTEXT
 from ._core import EngineCore
 from ._estimator import VerifyTimeEstimator
 from ._peers import Peers
-from ._rounds import Rounds
+from ._rounds import VerifyRounds
 from ._semantic import DecisionHead, SemanticMode
 from ._sessions import Caller, SessionTable
 from ._slo import BEST_EFFORT, SpeedClasses
@@ -130,10 +130,10 @@ class VerifierService:
 
             semantic_head = SemanticHead(config.semantic_head)
         self.semantic = SemanticMode(semantic_head, engine.n_embd)
-        self.rounds = Rounds(
+        self.rounds = VerifyRounds(
             self.core, self.sessions, self.checks, config, self.slo, self.stats, self.budgets, self.semantic
         )
-        self.baseline = TargetOnly(self.core, self.sessions, self.checks, config, self.slo, self.stats)
+        self.baseline = Baseline(self.core, self.sessions, self.checks, config, self.slo, self.stats)
         self.peers = Peers(config.trusted_proxies)
         self.streams = StreamLimits(
             config.max_streams or config.max_sessions, config.max_sessions_per_client,
