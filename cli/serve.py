@@ -267,6 +267,7 @@ def serve(
     from edgekit.models import get_pair
     from edgekit.models.refs import resolve_for_use
 
+    path: str | Path
     if engine == "llama":  # a GGUF file, found or fetched as every command finds one
         resolved = resolve_for_use(model if model is not None else get_pair(pair).target, role="target")
         path, name = resolved.path, resolved.name
@@ -278,8 +279,8 @@ def serve(
         _serve_front_ends(path, config, name, drain_timeout, drain_quiet)
         return
     server = VerifierServer(path, config, name=name).start()
-    engine = server.engine
-    note(f"edgekit verifier: {name} on {server.address} ({_engine_detail(engine)}; up to {max_sessions} sessions)")
+    note(f"edgekit verifier: {name} on {server.address} ({_engine_detail(server.engine)}; "
+         f"up to {max_sessions} sessions)")
     classes = ", ".join(f"{n} {s:g}" for n, s in server.service.slo.classes.items())
     estimator = server.service.estimator
     fitted = "calibrated" if estimator.calibrated else "learning from live batches"

@@ -6,9 +6,9 @@ from ._chat import ChatTemplate, Conversation
 from ._client import DEFAULT_PAIR, EdgeClient
 from ._discover import discover_pair
 from ._events import Event, FinalStats, Provisional, Resumed, RoundEvent, TextDelta
-from ._stats import GenerationStats, RoundStats
 from ._route import RouteChooser
 from ._session import SharedDraft, SpeculativeSession
+from ._stats import GenerationStats, RoundStats
 from ._stream import AsyncGenerationStream, GenerationStream
 from ._text import TextDecoder
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 from ..errors import ConfigError, EdgekitError, SessionNotFoundError
 from ..runtime import DraftModel
 from ._events import Event, FinalStats, TextDelta
-from ._stats import GenerationStats
 from ._session import SpeculativeSession
+from ._stats import GenerationStats
 from ._stream import GenerationStream
 
 __all__ = ["ChatClient", "ChatTemplate", "Conversation"]

@@ -16,8 +16,8 @@ from ..protocol import ServerInfo
 from ._accumulator import StatsAccumulator
 from ._drafter import Drafter
 from ._events import Event, Provisional, Resumed, RoundEvent
-from ._stats import RoundStats
 from ._round import RoundDriver
+from ._stats import RoundStats
 
 __all__ = ["RoundFn", "run"]
 

@@ -25,8 +25,8 @@ from ..protocol import BlockRequest, Exchange, ServerInfo, TokenLogprobs, Verify
 from ..transport import VerifierTransport
 from ._drafter import Drafter
 from ._events import Provisional
-from ._stats import RoundStats
 from ._resilience import Background
+from ._stats import RoundStats
 
 __all__ = ["InFlight", "RoundDriver", "check_supported"]
 

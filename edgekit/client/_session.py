@@ -39,9 +39,9 @@ from ._accumulator import StatsAccumulator
 from ._drafter import Drafter, SharedDraft
 from ._events import Event, Provisional, Resumed
 from ._loop import run
-from ._stats import GenerationStats, RoundStats
 from ._resilience import drain, through_outages
 from ._round import RoundDriver, check_supported
+from ._stats import GenerationStats, RoundStats
 from ._text import TextDecoder
 
 __all__ = ["SharedDraft", "SpeculativeSession"]

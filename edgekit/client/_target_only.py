@@ -17,9 +17,9 @@ from ..runtime import DraftModel
 from ..transport import VerifierTransport
 from ._accumulator import StatsAccumulator
 from ._events import Event, FinalStats, Provisional, Resumed, RoundEvent, TextDelta
-from ._stats import GenerationStats
 from ._resilience import through_outages
 from ._session import SpeculativeSession
+from ._stats import GenerationStats
 from ._text import TextDecoder
 
 __all__ = ["TargetOnly"]

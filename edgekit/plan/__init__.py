@@ -20,8 +20,8 @@ use it.
 from ._calibrate import calibrate_draft, calibrate_verify, verifier_shape
 from ._cost import ModelShape, Runtime
 from ._dp import Plan, batches_for_window, exhaustive, plan
-from ._serving import ServingModel
 from ._pace import Paced, Phaser
+from ._serving import ServingModel
 
 __all__ = [
     "ModelShape",

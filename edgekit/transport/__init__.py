@@ -3,8 +3,8 @@
 `connect(url, ...)` picks one by the URL's scheme, a lookup in `edgekit.registry.TRANSPORTS`
 (`_schemes` holds the shipped builders; a package adds a scheme by entry point): `GrpcTransport`
 for an edgekit verifier, `OpenAITransport`, `SGLangTransport` and `TritonTransport` (TensorRT-LLM
-on Triton) for stock serving engines that can verify greedy decoding. `MessageTransport` is the client side of edgekit's protocol over any
-carrier (gRPC here; in process for tests).
+on Triton) for stock serving engines that can verify greedy decoding. `MessageTransport` is the
+client side of edgekit's protocol over any carrier (gRPC here; in process for tests).
 """
 
 from ._base import VerifierTransport
