@@ -93,7 +93,7 @@ typecheck: install
 
 # The figures benchmarks/figures.py knows (every one README.md shows), redrawn from benchmarks/results/*.json (no model runs).
 figures: install
-	$(BIN)/python benchmarks/figures.py
+	$(BIN)/python -m benchmarks figures
 
 # The documentation site (mkdocs.yml, docs/) into build/site. --strict: a broken link or anchor, a page
 # left out of the navigation or a reference mkdocstrings cannot resolve fails the build.

@@ -13,27 +13,12 @@ outputs agree. Writes benchmarks/results/backends.json.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from collections.abc import Sequence
 
-import harness as C
-
+from benchmarks import harness as C
+from benchmarks.rigs.llama_cpp_server import start_llama_server
 from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel, ServerConfig
 from edgekit.models import get_pair, model_path
-
-
-def start_llama_server(target: str, threads: int, log: str, flags: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
-    """llama-cpp-python's server on `target` with `flags` after the ones set here; its edgekit URL."""
-    port = C.free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", target, "--host", "127.0.0.1", "--port", str(port),
-           "--n_ctx", "2048", "--n_threads", str(threads), "--n_threads_batch", str(threads), "--logits_all", "true",
-           *flags]
-    with open(log, "w") as out:  # the child keeps its own descriptor
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    C.wait_listening(port, proc, timeout=120.0, what=f"llama-cpp-python's server (log: {log})")
-    return proc, f"openai+http://127.0.0.1:{port}/v1"
 
 
 def run(client: EdgeClient, prompt: str) -> dict:

@@ -11,22 +11,18 @@ alternating order so that the noise of the shared CPU falls on both: one
 numerics the batched logits must equal the one-at-a-time ones bit for bit: the
 benchmark counts the rows where they do.
 
-    python benchmarks/batched_engine.py                       # both pairs, both numerics
-    python benchmarks/batched_engine.py --pairs gemma-270m --repeats 5
+    python -m benchmarks batched_engine                       # both pairs, both numerics
+    python -m benchmarks batched_engine --pairs gemma-270m --repeats 5
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit.models import get_pair, model_path
 from edgekit.verifier import Feed, LlamaEngine
 

@@ -15,21 +15,18 @@ For each eta: the estimate's error against the kind's true acceptance rate (the 
 share over all positions of that kind's traces), in steady state and over the 50 rounds
 after the switch, averaged over many shuffled runs.
 
-    python benchmarks/budget_smoothing.py
+    python -m benchmarks budget_smoothing
 """
 
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
 import numpy as np
-from fleet import traces_path
-from rigs.fleet_sim import load_traces
+
+from benchmarks import harness as C
+from benchmarks.rigs.fleet_runs import traces_path
+from benchmarks.rigs.fleet_sim import load_traces
 
 KINDS = {"code": range(0, 5), "other": range(5, 12)}  # the first 12 evaluation prompts: 5 code, 5 prose, 2 math
 

@@ -35,22 +35,18 @@ greedy turn 1's answer), decoded by `generate` (speculative, greedy) and `genera
 (the target alone, greedy): token ids must be equal (--identity-chats N adds the last turn of the
 first N other chats).
 
-    python benchmarks/chat_loops.py                          # ~30-40 min on the shared 2-core machine
-    python benchmarks/chat_loops.py --chats palindrome,email --max-tokens 128    # smoke run
-    python benchmarks/chat_loops.py --plot-only              # redraw the PNG from the JSON
+    python -m benchmarks chat_loops                          # ~30-40 min on the shared 2-core machine
+    python -m benchmarks chat_loops --chats palindrome,email --max-tokens 128    # smoke run
+    python -m benchmarks chat_loops --plot-only              # redraw the PNG from the JSON
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import EdgeClient, GenerationConfig, ServerConfig
 from edgekit.cli.chat import CHAT_SAMPLING  # the chat command's defaults, as it applies them
 from edgekit.models import get_pair

@@ -18,23 +18,19 @@ built with OpenMP, and decodes from several OS threads in one process slowed eac
 down (about 2x on this 2-core machine), so mixing a plain draft model on the main thread
 with the pool's thread would measure that instead.
 
-    python benchmarks/draft_pool.py                    # both pairs
-    python benchmarks/draft_pool.py --pairs gemma-270m --steps 32 --repeats 3
+    python -m benchmarks draft_pool                    # both pairs
+    python -m benchmarks draft_pool --pairs gemma-270m --steps 32 --repeats 3
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit.models import get_pair, model_path
 from edgekit.runtime import DraftPool, LlamaPoolBackend, Step
 

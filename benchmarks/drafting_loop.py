@@ -9,22 +9,17 @@ the same prompt (the test of that: both produce the same tokens), in alternating
 times in one process; the ratio of each repeat's step times (raw / drafter, 1.0 = the loop adds
 nothing) is the figure, since absolute times move with the load on a shared machine.
 
-    python benchmarks/drafting_loop.py [--pair gemma-270m] [--steps 128] [--k 8] [--repeats 15] [--threads 1]
+    python -m benchmarks drafting_loop [--pair gemma-270m] [--steps 128] [--k 8] [--repeats 15] [--threads 1]
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import FixedWindow, GenerationConfig
 from edgekit.client._drafter import Drafter, SharedDraft
 from edgekit.models import get_pair, model_path

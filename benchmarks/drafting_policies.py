@@ -17,20 +17,17 @@ speed on this machine, and goodput under the predictor card's cost model
 at the draft step time measured in this run for this policy, so feature and
 predictor time is charged). Greedy output must equal the fixed-8 output.
 
-    python benchmarks/drafting_policies.py [--pairs gemma-270m,qwen-coder] [--humaneval 24] [--max-tokens 64]
+    python -m benchmarks drafting_policies [--pairs gemma-270m,qwen-coder] [--humaneval 24] [--max-tokens 64]
 """
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
 import numpy as np
 
+from benchmarks import harness as C
 from edgekit import ConfidenceThreshold, EdgeClient, FixedWindow, GenerationConfig, ServerConfig
 from edgekit.drafting import OnnxPredictor, PredictorController, shipped_cards
 from edgekit.models import get_pair

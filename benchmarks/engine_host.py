@@ -8,25 +8,21 @@ engine answers every call from rows it made once (no model runs), so the differe
 socket's, the pickling's and the host's threads'; every way's outputs are checked equal, and the
 calls are interleaved so the machine's noise hits them alike.
 
-    python benchmarks/engine_host.py                                    # vocabulary 32,000
-    python benchmarks/engine_host.py --vocab 152064 --batches 1,16,64,128 --out engine_host_qwen
+    python -m benchmarks engine_host                                    # vocabulary 32,000
+    python -m benchmarks engine_host --vocab 152064 --batches 1,16,64,128 --out engine_host_qwen
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit.runtime import ToyLanguageModel
 from edgekit.verifier import Feed, ToyEngine
 from edgekit.verifier.engine import EngineHost, KeptRows, RemoteEngine

@@ -32,27 +32,23 @@ measured time, train and test, both fits; (d) the cumulative distribution of
 the absolute relative error (the share of batches within 10% where it crosses
 the dashed line).
 
-    python benchmarks/estimator_fit.py                                  # gemma-270m, exact: results/estimator_fit
-    python benchmarks/estimator_fit.py --pair qwen-coder                # results/estimator_fit_qwen-coder_exact
-    python benchmarks/estimator_fit.py --numerics fast                  # results/estimator_fit_gemma-270m_fast
-    python benchmarks/estimator_fit.py --replot benchmarks/results/estimator_fit.json   # redraw, reprint
+    python -m benchmarks estimator_fit                                  # gemma-270m, exact: results/estimator_fit
+    python -m benchmarks estimator_fit --pair qwen-coder                # results/estimator_fit_qwen-coder_exact
+    python -m benchmarks estimator_fit --numerics fast                  # results/estimator_fit_gemma-270m_fast
+    python -m benchmarks estimator_fit --replot benchmarks/results/estimator_fit.json   # redraw, reprint
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import ServerConfig
 from edgekit.models import get_pair, model_path
 from edgekit.verifier import Coefficients, LlamaEngine, fit_coefficients, fit_report, profile_batches

@@ -22,8 +22,8 @@ Throughout, every `--sample-every` seconds: a grpc.health.v1 check of the verifi
 its latency (its own connection, no token), and the verifier's threads and resident memory
 (/proc/PID/status).
 
-    python benchmarks/exposure.py                       # gemma-270m, 4 x (20 s + 20 s), ~4 minutes on 2 cores
-    python benchmarks/exposure.py --replot benchmarks/results/exposure.json
+    python -m benchmarks exposure                       # gemma-270m, 4 x (20 s + 20 s), ~4 minutes on 2 cores
+    python -m benchmarks exposure --replot benchmarks/results/exposure.json
 
 Writes benchmarks/results/exposure.json and exposure.png (the honest devices' rounds a second per
 phase; health check latency, the verifier's threads and memory over time, the attack shaded).
@@ -35,7 +35,6 @@ import heapq
 import multiprocessing as mp
 import os
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -45,12 +44,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import grpc
-import harness as C
-from fleet import serve_process
 
+from benchmarks import harness as C
+from benchmarks.rigs.verifier_process import serve_process
 from edgekit import ClientConfig, ServerConfig
 from edgekit.errors import EdgekitError
 from edgekit.models import get_pair, model_path

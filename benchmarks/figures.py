@@ -1,7 +1,7 @@
 """Figures the README and the documentation show, redrawn from the stored results (no model is run).
 
-    python benchmarks/figures.py              # needs the bench extra (matplotlib)
-    python benchmarks/figures.py --out DIR    # the PNGs into DIR instead, beside nothing
+    python -m benchmarks figures              # needs the bench extra (matplotlib)
+    python -m benchmarks figures --out DIR    # the PNGs into DIR instead, beside nothing
 
 Each benchmark draws its own figure when it runs; this redraws the ones listed
 below from `benchmarks/results/*.json` with the benchmarks' own plot functions,
@@ -12,13 +12,10 @@ tests/test_figures.py checks that it redraws every figure README.md shows.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
+from benchmarks import harness as C
 
 
 def _load(name: str) -> dict:
@@ -26,19 +23,22 @@ def _load(name: str) -> dict:
 
 
 def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
-    import chat_loops
-    import drafting_policies
-    import footprint
-    import install_size
-    import link_sweep
-    import pipeline
-    import profile_drafting
-    import sampling_acceptance
-    import side_by_side
-    import verifier_context
-    import vllm_rounds
-
-    import semantic  # benchmarks/semantic.py (this folder comes first on the path)
+    # each benchmark's `plot` (its figure from its stored result): imported here, when figures are drawn
+    from benchmarks import (
+        chat_loops,
+        drafting_policies,
+        footprint,
+        install_size,
+        link_sweep,
+        pipeline,
+        profile_drafting,
+        sampling_acceptance,
+        semantic,
+        side_by_side,
+        verifier_context,
+        vllm_rounds,
+    )
+    from benchmarks.gpu import suite
 
     def png(name: str) -> Path:
         (out / name).parent.mkdir(parents=True, exist_ok=True)  # gpu/...
@@ -47,15 +47,6 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
     def pipeline_figure(name: str) -> None:
         d = _load(name)
         pipeline.plot(d["single"], d["multi"], d["summary"], sorted({r["tasks"] for r in d["multi"]}), png(name))
-
-    def gpu_suite(name: str) -> None:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("gpu_suite", C.BENCH_DIR / "gpu" / "suite.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        module.plot(_load(name), png(name))
 
     def footprint_figure() -> None:
         d = _load("footprint_gemma-270m")
@@ -78,7 +69,8 @@ def _figures(out: Path) -> list[tuple[str, Callable[[], None]]]:
         *[(n, lambda n=n, m=m: m.plot(_load(n), png(n)))
           for n, m in (("sampling_acceptance", sampling_acceptance), ("chat_loops", chat_loops))],
         ("vllm_rounds", lambda: vllm_rounds.plot(_load("vllm_rounds"), png("vllm_rounds"))),
-        *[(n, lambda n=n: gpu_suite(n)) for n in ("gpu/gpu_suite_h200_run1", "gpu/gpu_suite_h200_run2")],
+        *[(n, lambda n=n: suite.plot(_load(n), png(n)))
+          for n in ("gpu/gpu_suite_h200_run1", "gpu/gpu_suite_h200_run2")],
         *[(n, lambda n=n: side_by_side.plot(_load(n), png(n)))
           for n in ("side_by_side_gemma-270m", "side_by_side_qwen-coder")],
     ]

@@ -11,21 +11,16 @@ therefore a ratio measured side by side.
 Greedy speculative decoding is lossless: its token ids must equal the
 target-only ids. The benchmark counts the prompts where they do, per K.
 
-    python benchmarks/fixed_k.py                                  # both pairs, K=2,4,8, all prompts
-    python benchmarks/fixed_k.py --pairs gemma-270m --k 4 --limit 4 --max-tokens 64
+    python -m benchmarks fixed_k                                  # both pairs, K=2,4,8, all prompts
+    python -m benchmarks fixed_k --pairs gemma-270m --k 4 --limit 4 --max-tokens 64
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import EdgeClient, GenerationConfig, ServerConfig
 from edgekit.models import get_pair
 

@@ -8,7 +8,7 @@ against the real target) run for --duration seconds per N. Per R: goodput agains
 devices served within each SLO class (WISP eq. 20, Cap(tau) at --epsilon); ideal scaling is
 R times R=1's capacity.
 
-    python benchmarks/fleet_replicas.py [--replicas 1,2,3] [--devices 4,8,16,32] [--systems fcfs]
+    python -m benchmarks fleet_replicas [--replicas 1,2,3] [--devices 4,8,16,32] [--systems fcfs]
         [--proxy haproxy] [--gpu-layers -1] [--out benchmarks/results]
 
 What limits it: the replicas share this machine. On a 2-core CPU box three replicas share two
@@ -26,10 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-from rigs import peers as P
+from benchmarks import harness as C
+from benchmarks.rigs import peers as P
 
 PAIR = "gemma-270m"
 NAMES = ("gemma-3-270m-q4_0", "gemma-3-270m")

@@ -7,21 +7,18 @@ answered or refused. Points: the shipped limit (200 calls a second per client) a
 N = 0, 64, 512; the honest devices' rounds a second, how evenly they are served, and what the
 flooder got. serve_load.py without --proxy gives the same flood straight to the verifier.
 
-    python benchmarks/flood_limit.py                      # six serve_load.py runs, ~3 min
-    python benchmarks/flood_limit.py --from-results       # table and figure from their stored JSON
+    python -m benchmarks flood_limit                      # six serve_load.py runs, ~3 min
+    python -m benchmarks flood_limit --from-results       # table and figure from their stored JSON
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-import serve_load
+import benchmarks
+from benchmarks import harness as C
 
 FLOODS = (0, 64, 512)
 RATES = {200: "shipped limit, 200 calls/s per client", 0: "no limit"}
@@ -34,9 +31,9 @@ def _name(rate: int, flood: int) -> str:
 def run(duration: float) -> None:
     for rate in RATES:
         for flood in FLOODS:
-            serve_load.main(["--devices", "64", "--kinds", "zero", "--duration", str(duration), "--profile", "",
-                             "--proxy", "haproxy", "--client-rate", str(rate), "--flood", str(flood),
-                             "--out", _name(rate, flood)])
+            benchmarks.run("serve_load", ["--devices", "64", "--kinds", "zero", "--duration", str(duration),
+                                          "--profile", "", "--proxy", "haproxy", "--client-rate", str(rate),
+                                          "--flood", str(flood), "--out", _name(rate, flood)])
 
 
 def collect() -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ verifier in another process (`edgekit serve`, loopback), so nothing of the verif
 - a memory limit: the same client in a cgroup (v1 memory controller) of `--limit-mb`
   (default 1024), generating to the end; whether it finished and its peak. Needs root.
 
-    sudo python benchmarks/footprint.py --pair gemma-270m --runs 5
+    sudo python -m benchmarks footprint --pair gemma-270m --runs 5
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-import harness as C
+from benchmarks import harness as C
 
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
@@ -76,9 +76,9 @@ def client(args: argparse.Namespace) -> None:
 
 
 def run_client(address: str, args: argparse.Namespace, *, one_core: bool, cgroup: Path | None = None) -> dict:
-    cmd = [sys.executable, __file__, "client", "--address", address, "--pair", args.pair, "--prompt", args.prompt,
-           "--max-tokens", str(args.max_tokens), "--context", str(args.context)]
-    env = dict(os.environ)
+    cmd = C.module_command("benchmarks.footprint", "client", "--address", address, "--pair", args.pair, "--prompt",
+                           args.prompt, "--max-tokens", str(args.max_tokens), "--context", str(args.context))
+    env = C.module_env()
     if one_core:
         cmd = ["taskset", "-c", "0", *cmd]
         env["EDGEKIT_THREADS"] = "1"

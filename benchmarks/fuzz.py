@@ -5,8 +5,8 @@ status and a message (never UNKNOWN or INTERNAL), keep serving the client
 losslessly, and after the fuzzer's sessions close come back to within 10% of the
 memory it started with.
 
-    python benchmarks/fuzz.py --messages 10000          # gemma-270m, about ten minutes on 2 cores
-    python benchmarks/fuzz.py --replot
+    python -m benchmarks fuzz --messages 10000          # gemma-270m, about ten minutes on 2 cores
+    python -m benchmarks fuzz --replot
 
 Writes benchmarks/results/fuzz.json and fuzz.png (statuses per RPC; the
 verifier's resident memory over the run).
@@ -25,16 +25,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
 import grpc
-import harness as C
-from _fuzz import ALLOWED, METHODS, Aim, call, mutated, requests
-from fleet import _wait_ready
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from benchmarks import harness as C
+from benchmarks.rigs.fuzz_messages import ALLOWED, METHODS, Aim, call, mutated, requests
+from benchmarks.rigs.verifier_process import wait_ready
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, LlamaDraftModel
 from edgekit.models import get_pair, model_path
 from edgekit.protocol import fingerprint_to_pb, pb
@@ -81,7 +78,7 @@ def run(args: argparse.Namespace) -> dict:
            "--tokens-file", str(tokens)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        _wait_ready(address, proc, timeout=600)
+        wait_ready(address, proc, timeout=600)
         channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20)])
         auth = (("authorization", f"Bearer {TOKENS['fuzz']}"),)
         # Warm: a session opened and closed, so the baseline holds what serving needs anyway.

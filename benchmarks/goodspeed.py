@@ -22,9 +22,9 @@ verifier's own `Budgets` and scheduler code, the 128-token recordings), where --
 is virtual seconds and --repeats seeds are cheap. `summary` draws every configuration's
 utility curves side by side and checks GOODSPEED against the baselines in each.
 
-    python benchmarks/goodspeed.py --devices 4 --duration 300 --switch
-    python benchmarks/goodspeed.py --sim --devices 8 --duration 600 --repeats 5
-    python benchmarks/goodspeed.py summary benchmarks/results/goodspeed_*.json
+    python -m benchmarks goodspeed --devices 4 --duration 300 --switch
+    python -m benchmarks goodspeed --sim --devices 8 --duration 600 --repeats 5
+    python -m benchmarks goodspeed summary benchmarks/results/goodspeed_*.json
 """
 
 from __future__ import annotations
@@ -35,15 +35,18 @@ import math
 import random
 import sys
 from pathlib import Path
-from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
 import numpy as np
-from fleet import _draft_fingerprint, controller_factory, machine_traces, verifier
-from rigs.fleet_sim import DeviceSpec, Fleet, weakened
 
+from benchmarks import harness as C
+from benchmarks.rigs.fleet_runs import (
+    controller_factory,
+    draft_fingerprint,
+    goodspeed_figures,
+    machine_traces,
+    verifier,
+)
+from benchmarks.rigs.fleet_sim import DeviceSpec, Fleet, weakened
 from edgekit.config import ServerConfig
 
 SYSTEMS = {"goodspeed": "fcfs+goodspeed", "fixed-s": "fcfs+fixed", "random-s": "fcfs+random"}
@@ -77,48 +80,6 @@ def specs(n: int, seed: int, switch_s: float | None, weak: bool = False) -> list
                        switch_s=switch_s, traces_after=then) for first, then in pools(n, switch_s is not None, weak)]
 
 
-def analyse(fleet: Fleet | Any, n: int, rounds: int, beta: float) -> dict:
-    """The figures of one run; `fleet` has `rounds` (RoundLog) and `errors`, as a Fleet or a simulation."""
-    per = {i: [r for r in sorted(fleet.rounds, key=lambda r: r.t) if r.device == i] for i in range(n)}
-    horizon = min([rounds, *(len(v) for v in per.values())])
-    utility = []
-    for t in range(1, horizon + 1):
-        utility.append(sum(math.log(max(np.mean([r.committed for r in per[i][:t]]), 1e-9)) for i in range(n)))
-    final = utility[-1] if utility else float("nan")
-    converged = next((t + 1 for t in range(len(utility)) if all(abs(u - final) <= 0.01 * abs(final)
-                                                                 for u in utility[t:])), None)
-    span = max(r.t for r in fleet.rounds) - min(r.t for r in fleet.rounds) if fleet.rounds else 1.0
-    speeds = [sum(r.committed for r in per[i]) / span for i in range(n)]
-    jain = sum(speeds) ** 2 / (n * sum(s * s for s in speeds)) if any(speeds) else float("nan")
-    estimate, measured = [], []
-    for i in range(n):
-        x, est = 1.0, []
-        for r in per[i]:
-            x = (1 - beta) * x + beta * r.committed
-            est.append(x)
-        estimate.append(est)
-        measured.append([r.committed for r in per[i]])
-    return {
-        "rounds_per_device": {i: len(v) for i, v in per.items()},
-        "horizon": horizon,
-        "utility": utility,
-        "utility_final": final,
-        "converged_round": converged,
-        "goodput_tokens_per_s": sum(speeds),
-        "device_tokens_per_s": speeds,
-        "jain": jain,
-        "drafted_mean": float(np.mean([r.drafted for r in fleet.rounds])) if fleet.rounds else 0.0,
-        "time_split_ms": {  # GOODSPEED Fig. 3: until the block is at the verifier, there, and the way back
-            "receiving": float(np.mean([r.draft_ms + r.link_ms / 2 for r in fleet.rounds])),
-            "verification": float(np.mean([r.round_trip_ms for r in fleet.rounds])),
-            "sending": float(np.mean([r.link_ms / 2 for r in fleet.rounds])),
-        },
-        "estimate": estimate[0][:horizon],
-        "measured": measured[0][:horizon],
-        "errors": fleet.errors,
-    }
-
-
 def run_fleet(name: str, args: argparse.Namespace, seed: int) -> Fleet:
     """One system on the real verifier (`edgekit serve`) with simulated devices."""
     traces, meta = machine_traces(args.pair, threads=args.threads)
@@ -128,27 +89,27 @@ def run_fleet(name: str, args: argparse.Namespace, seed: int) -> Fleet:
     extra = ["--budget-eta", str(args.eta), "--budget-beta", str(args.beta)]
     with verifier(args.pair, SYSTEMS[name], max(args.devices, 2), args.threads, "exact", log, capacity,
                   extra) as addr:
-        return Fleet(addr, _draft_fingerprint(meta), traces,
+        return Fleet(addr, draft_fingerprint(meta), traces,
                      specs(args.devices, seed, args.duration / 2 if args.switch else None, args.weak > 0),
                      controller=controller_factory("budget", args.pair, meta["window"], 4),
                      duration=args.duration, max_window=meta["window"], seed=seed).run()
 
 
 class Simulated:
-    """One system in gpu_sim's discrete-event simulation, its rounds as a Fleet's."""
+    """One system in the discrete-event simulation (rigs/event_sim.py), its rounds as a Fleet's."""
 
     def __init__(self, name: str, args: argparse.Namespace, seed: int) -> None:
-        import gpu_sim
-        from fleet import traces_path
-        from rigs.fleet_sim import load_traces
+        from benchmarks.rigs import event_sim
+        from benchmarks.rigs.fleet_runs import traces_path
+        from benchmarks.rigs.fleet_sim import load_traces
 
-        sim_args = gpu_sim.parser().parse_args([])
+        sim_args = event_sim.settings()
         traces, meta = load_traces(traces_path(args.pair, 128))
         traces = with_weak(traces, args.weak)
         sim_args.window, sim_args.seed, sim_args.horizon, sim_args.warmup = meta["window"], seed, args.duration, 0.0
         sim_args.token_budget = args.token_budget or 4 * args.devices
         sim_args.budget_eta, sim_args.budget_beta = args.eta, args.beta
-        sim = gpu_sim.Simulation(name, args.devices, traces, sim_args,
+        sim = event_sim.Simulation(name, args.devices, traces, sim_args,
                                  controller_factory("budget", args.pair, meta["window"], 4),
                                  pools=pools(args.devices, args.switch, args.weak > 0),
                                  switch_s=args.duration / 2 if args.switch else None, log_rounds=True).run()
@@ -189,7 +150,7 @@ def main() -> None:
     for name in C.csv_list(args.systems):
         for seed in range(args.seed, args.seed + args.repeats):
             run = Simulated(name, args, seed) if args.sim else run_fleet(name, args, seed)
-            r = analyse(run, args.devices, args.rounds, beta)
+            r = goodspeed_figures(run, args.devices, args.rounds, beta)
             results.setdefault(name, r)  # the figures of the first seed; the others' headlines below
             repeats.setdefault(name, []).append({"seed": seed, **{k: r[k] for k in HEADLINE}})
             C.progress(f"{name} seed {seed}: utility {r['utility_final']:.3f} after {r['horizon']} rounds "
@@ -218,7 +179,7 @@ def sweep(argv: list[str]) -> None:
     def mean_utility(system: str, n: int, weak: float, eta: float, beta: float) -> float:
         run_args = argparse.Namespace(pair=a.pair, devices=n, duration=a.duration, switch=True, weak=weak,
                                       token_budget=0, eta=eta, beta=beta)
-        return float(np.mean([analyse(Simulated(system, run_args, seed), n, a.rounds, beta)["utility_final"]
+        return float(np.mean([goodspeed_figures(Simulated(system, run_args, seed), n, a.rounds, beta)["utility_final"]
                               for seed in range(a.repeats)]))
 
     configs = [(n, w) for n in C.csv_list(a.devices, int) for w in C.csv_list(a.weak, float)]

@@ -8,8 +8,8 @@ for each server (the synchronous one with a thread per call in flight, as the ve
 grpc.aio's) and each way of calling (a unary call per round; one bidirectional stream per device
 carrying every round), the messages per second and the server's CPU per message.
 
-    python benchmarks/grpc_call_cost.py                            # 64 and 256 devices, 8 s each
-    python benchmarks/grpc_call_cost.py --devices 128 --duration 5 --server-cores 0-3 --client-cores 4-15
+    python -m benchmarks grpc_call_cost                            # 64 and 256 devices, 8 s each
+    python -m benchmarks grpc_call_cost --devices 128 --duration 5 --server-cores 0-3 --client-cores 4-15
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-from rigs.loadgen import LineProcess, _read_line, _write_line, cpu_seconds, parse_cores, prepare_process
+from benchmarks import harness as C
+from benchmarks.rigs.loadgen import LineProcess, _read_line, _write_line, cpu_seconds, parse_cores, prepare_process
 
 SERVICE = "edgekit.bench.Echo"
 REQUEST = bytes(48)  # about a greedy round's VerifyRequest: a session id, a base, 4 tokens, timings
@@ -152,12 +150,12 @@ async def _drive(spec: dict[str, Any], start: float, end: float) -> tuple[int, i
 
 
 def run_point(server_kind: str, way: str, devices: int, args: argparse.Namespace) -> dict[str, Any]:
-    me = str(Path(__file__).resolve())
-    server = LineProcess([sys.executable, me, "server"], cores=args.server_cores)
+    me = "benchmarks.grpc_call_cost"
+    server = LineProcess(C.module_command(me, "server"), cores=args.server_cores)
     server.send({"server": server_kind, "devices": devices, "cores": args.server_cores})
     ready = server.recv()
     n = len(args.client_cores)
-    clients = [LineProcess([sys.executable, me, "client"], cores=[core]) for core in args.client_cores]
+    clients = [LineProcess(C.module_command(me, "client"), cores=[core]) for core in args.client_cores]
     for i, c in enumerate(clients):
         c.send({"address": ready["address"], "devices": len(range(i, devices, n)), "way": way,
                 "cores": [args.client_cores[i]]})

@@ -4,7 +4,7 @@ Each install goes into a fresh virtual environment from this source tree (not ed
 the size is that of its site-packages less an empty environment's. llama-cpp-python comes
 from pip's cache where it was built before (its compile is not what is measured here).
 
-    python benchmarks/install_size.py
+    python -m benchmarks install_size
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import harness as C
+from benchmarks import harness as C
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRAS = ("", "server", "train", "bench", "test")

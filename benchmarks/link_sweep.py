@@ -39,8 +39,7 @@ import statistics
 import time
 from pathlib import Path
 
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel
 from edgekit.models import get_pair, model_path
 from edgekit.testing.linkemu import LinkProfile, Testbed

@@ -14,23 +14,19 @@ gave:
 Each batch puts several sequences' rows together in another order and mix; the JSON counts the
 rows each way got wrong.
 
-    python benchmarks/llama_backend_sampling.py            # gemma-270m
+    python -m benchmarks llama_backend_sampling            # gemma-270m
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit.models import pair_paths
 from edgekit.runtime import LlamaContext, LlamaModel
 

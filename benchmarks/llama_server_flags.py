@@ -14,7 +14,7 @@ Most of a round is the server's Python: with `echo` and `logprobs` it sorts the 
 every position of the context (262,144 entries for gemma), every round; llama.cpp's share is what
 the flags can change.
 
-    python benchmarks/llama_server_flags.py --prompts 2 --max-tokens 12
+    python -m benchmarks llama_server_flags --prompts 2 --max-tokens 12
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import shlex
 import time
 from pathlib import Path
 
-import harness as C
-from backends import start_llama_server
-
+from benchmarks import harness as C
+from benchmarks.rigs.llama_cpp_server import start_llama_server
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, LlamaDraftModel
 from edgekit.models import get_pair, model_path
 from edgekit.runtime import llama_build

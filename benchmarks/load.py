@@ -12,24 +12,21 @@ none), the round latency a device sees (the verify call: queue, verification and
 loopback; p50, p90, p99, max) and the verifier's resident memory sampled every few
 seconds (start, peak, end; after the devices stop and their sessions close).
 
-    python benchmarks/load.py --devices 64 --duration 600
+    python -m benchmarks load --devices 64 --duration 600
 """
 
 from __future__ import annotations
 
 import os
 import random
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-from fleet import _draft_fingerprint, machine_traces, serve_process
-from rigs.fleet_sim import DeviceSpec, Fleet
-
+from benchmarks import harness as C
+from benchmarks.rigs.fleet_runs import draft_fingerprint, machine_traces
+from benchmarks.rigs.fleet_sim import DeviceSpec, Fleet
+from benchmarks.rigs.verifier_process import serve_process
 from edgekit.drafting import FixedWindow
 
 
@@ -54,7 +51,7 @@ def main() -> None:
                     help="the verifier's threads (edgekit serve --threads) and EDGEKIT_THREADS; default: edgekit's")
     args = C.parse(ap)
     traces, meta = machine_traces(args.pair, threads=args.threads)
-    fingerprint = _draft_fingerprint(meta)
+    fingerprint = draft_fingerprint(meta)
     serve = ["--pair", args.pair, "--max-sessions", str(args.devices), "--max-context", str(args.max_context),
              "--policy", args.policy] + (["--threads", str(args.threads)] if args.threads else [])
     memory: list[tuple[float, float, str]] = []  # (seconds since the devices began, MB, phase)

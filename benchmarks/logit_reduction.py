@@ -14,12 +14,12 @@ did (`accept_sampling` over whole rows), the reducing one asks for kept rows (`F
 judges the block in their columns; both with the same generator seeds, checked to give the same
 verdicts. The times include the rules' work, which is where whole rows cost most.
 
-    python benchmarks/logit_reduction.py                        # gemma-270m, B = 1, 4, 8, exact and fast
-    python benchmarks/logit_reduction.py --mode sample --numerics exact --out logit_reduction_sample
-    python benchmarks/logit_reduction.py --pairs qwen-coder --batches 1,8 --repeats 20
-    python benchmarks/logit_reduction.py --llama --numerics fast --out logit_reduction_llama
-    python benchmarks/logit_reduction.py --mode host-cost --out logit_reduction_host_cost
-    python benchmarks/logit_reduction.py --k 0 --mode sample --numerics fast --out target_only_sample
+    python -m benchmarks logit_reduction                        # gemma-270m, B = 1, 4, 8, exact and fast
+    python -m benchmarks logit_reduction --mode sample --numerics exact --out logit_reduction_sample
+    python -m benchmarks logit_reduction --pairs qwen-coder --batches 1,8 --repeats 20
+    python -m benchmarks logit_reduction --llama --numerics fast --out logit_reduction_llama
+    python -m benchmarks logit_reduction --mode host-cost --out logit_reduction_host_cost
+    python -m benchmarks logit_reduction --k 0 --mode sample --numerics fast --out target_only_sample
 
 With `--k 0` a session's feed is one row, as a target-only stream's step (`Generate`): greedy takes
 its best id, sampling draws the token from the target's distribution (the rule's bonus draw: the
@@ -41,17 +41,13 @@ copying them; no model is loaded.
 from __future__ import annotations
 
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import Sampler
 from edgekit.models import pair_paths
 from edgekit.protocol import SparseDistribution, accept_sampling, in_columns

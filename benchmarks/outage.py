@@ -13,7 +13,7 @@ what the outage cost beyond its own length), provisional tokens shown and kept,
 outages reported (`Resumed` events), and whether the output equals target-only
 decoding (it must, token for token).
 
-    python benchmarks/outage.py --prompts 3 --max-tokens 160
+    python -m benchmarks outage --prompts 3 --max-tokens 160
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from __future__ import annotations
 import threading
 import time
 
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, Provisional, Resumed, TextDelta
 from edgekit.models import get_pair, model_path
 from edgekit.runtime import LlamaDraftModel

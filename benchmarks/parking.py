@@ -14,15 +14,14 @@ decoded it; exact), prefilled whole (as before; not exact), or, where its KV was
 loaded from a file: the session here is a prompt and an answer committed by rounds (`--generated`
 of its tokens), and each way's next logits are compared with the session's own.
 
-    python benchmarks/parking.py                                   # gemma-270m, 100/500/1500 tokens
-    python benchmarks/parking.py --tokens 256,1000,4000 --repeats 3 --out reopen
-    python benchmarks/parking.py --pair qwen-coder --tokens 256,1000,4000 --repeats 3
+    python -m benchmarks parking                                   # gemma-270m, 100/500/1500 tokens
+    python -m benchmarks parking --tokens 256,1000,4000 --repeats 3 --out reopen
+    python -m benchmarks parking --pair qwen-coder --tokens 256,1000,4000 --repeats 3
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,10 +29,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit.models import pair_paths
 from edgekit.protocol import ContextSpan
 from edgekit.verifier import Feed, LlamaEngine

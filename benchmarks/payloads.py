@@ -16,9 +16,9 @@ Writes benchmarks/results/payloads.json.
 
 from __future__ import annotations
 
-import harness as C
 import numpy as np
 
+from benchmarks import harness as C
 from edgekit import LlamaDraftModel
 from edgekit.link import Overheads, PayloadModel, varint_bits
 from edgekit.models import get_model, get_pair, model_path

@@ -17,7 +17,7 @@ contend. Every output is checked against target-only decoding of its prompt.
   predicted total beside the measured one, and the DP's prediction against exhaustive
   search over every ordered partition (N <= 4) on the same fitted model.
 
-    sudo python benchmarks/pipeline.py --max-tokens 64
+    sudo python -m benchmarks pipeline --max-tokens 64
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import harness as C
 import numpy as np
 
+from benchmarks import harness as C
 from edgekit import EdgeClient, GenerationConfig
 from edgekit.models import get_pair, model_path
 from edgekit.plan import Plan, ServingModel, calibrate_draft, calibrate_verify, exhaustive, plan, verifier_shape

@@ -8,20 +8,16 @@ arrives during the prefill waits for all of it. For each chunk size the
 benchmark logs every round's latency while the prefill runs, and reports the
 longest and the median beside the prefill's own time.
 
-    python benchmarks/prefill_interference.py --pair gemma-270m --chunks 64,128,512,4096
+    python -m benchmarks prefill_interference --pair gemma-270m --chunks 64,128,512,4096
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import ServerConfig
 from edgekit.models import get_pair, model_path
 from edgekit.protocol import BlockRequest, OpenRequest

@@ -4,7 +4,7 @@ The same measurement as `edgekit profile --json` (edgekit.predictors.profile),
 for every pair, into benchmarks/results/profile_drafting.json. WISP's budget
 for features plus predictor is 2% of a draft step (issue 4).
 
-    python benchmarks/profile_drafting.py [--pairs gemma-270m,qwen-coder] [--steps 400] [--threads 1,0] [--repeats 3]
+    python -m benchmarks profile_drafting [--pairs gemma-270m,qwen-coder] [--steps 400] [--threads 1,0] [--repeats 3]
         [--kernels avx2,avx512f]
 
 `--kernels` profiles each named logit kernel this CPU runs (`edgekit.runtime._logitstats.KERNELS`),
@@ -18,14 +18,11 @@ moves by tens of percent with the load on a shared machine.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
+from benchmarks import harness as C
 
 
 def main() -> None:

@@ -13,23 +13,19 @@ draft proposed an end-of-generation token after its first mismatch in a block
 It also reports the match rate itself: the draft/target agreement per token,
 independent of K (the acceptance a K=1 window would see).
 
-    python benchmarks/fixed_k.py ...          # writes results/fixed_k.json
-    python benchmarks/replay_check.py         # reads it, writes results/replay_check.json
+    python -m benchmarks fixed_k ...          # writes results/fixed_k.json
+    python -m benchmarks replay_check         # reads it, writes results/replay_check.json
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import LlamaDraftModel
 from edgekit.models import get_pair, model_path
 

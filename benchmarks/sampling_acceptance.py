@@ -20,24 +20,21 @@ each with a 95% percentile-bootstrap CI over prompts (prompts resampled, the
 pooled ratio recomputed), and the paired difference to greedy at the same K
 (same prompts resampled together). Also per prompt kind.
 
-    python benchmarks/sampling_acceptance.py                          # gemma-270m (20 prompts), qwen-coder (12)
-    python benchmarks/sampling_acceptance.py --pairs gemma-270m --prompts 4 --max-tokens 32   # smoke run
-    python benchmarks/sampling_acceptance.py --plot-only              # redraw the PNG from the JSON
+    python -m benchmarks sampling_acceptance                          # gemma-270m (20 prompts), qwen-coder (12)
+    python -m benchmarks sampling_acceptance --pairs gemma-270m --prompts 4 --max-tokens 32   # smoke run
+    python -m benchmarks sampling_acceptance --plot-only              # redraw the PNG from the JSON
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
 import numpy as np
 
+from benchmarks import harness as C
 from edgekit import EdgeClient, GenerationConfig, ServerConfig
 from edgekit.cli.chat import CHAT_SAMPLING  # the chat command's defaults, as it applies them
 from edgekit.models import get_pair

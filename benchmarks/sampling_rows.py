@@ -18,23 +18,19 @@ The rows are the target's own: its logits along a text, decoded one token at a t
 effects). Token x is drawn from each row's distribution (what a drafted token that may be accepted
 looks like) and u q(x) is a uniform draw times 1.25 p(x), so about four in five are accepted.
 
-    python benchmarks/sampling_rows.py                           # gemma-270m (262,144 logits a row)
-    python benchmarks/sampling_rows.py --pair qwen-coder --out sampling_rows_qwen
+    python -m benchmarks sampling_rows                           # gemma-270m (262,144 logits a row)
+    python -m benchmarks sampling_rows --pair qwen-coder --out sampling_rows_qwen
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import Sampler
 from edgekit.models import pair_paths
 from edgekit.protocol import draft_distribution

@@ -25,27 +25,23 @@ are dropped, by its identity, whether they run again or not); the figure is redr
 Each semantic configuration records the threshold it ran at, and the figure's second row plots
 pass@1, AAL and rounds against it.
 
-    python benchmarks/semantic.py --configs target-only,greedy,semantic:good,semantic:poor,nocsi:poor
-    python benchmarks/semantic.py --configs semantic:poor@0.2,semantic:poor@0.6 --limit 40
-    python benchmarks/semantic.py --configs greedy+bed,semantic:good+bed,semantic:poor+bed --limit 20
-    python benchmarks/semantic.py --configs greedy,semantic:good --rerun greedy,semantic:good  # timings again
-    python benchmarks/semantic.py --plot-only
+    python -m benchmarks semantic --configs target-only,greedy,semantic:good,semantic:poor,nocsi:poor
+    python -m benchmarks semantic --configs semantic:poor@0.2,semantic:poor@0.6 --limit 40
+    python -m benchmarks semantic --configs greedy+bed,semantic:good+bed,semantic:poor+bed --limit 20
+    python -m benchmarks semantic --configs greedy,semantic:good --rerun greedy,semantic:good  # timings again
+    python -m benchmarks semantic --plot-only
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel, ServerConfig
 from edgekit.client import FinalStats, RoundEvent, TextDelta
 from edgekit.models import pair_paths

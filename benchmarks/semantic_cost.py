@@ -7,23 +7,19 @@ interleaved round by round (cells shuffled) so that the shared CPU's noise hits
 both alike, for blocks of K = 1, 2, 4, 8 tokens on a fixed context, and checks
 that the logits are bit-identical either way (exact numerics).
 
-    python benchmarks/semantic_cost.py                    # gemma-270m and qwen-coder
-    python benchmarks/semantic_cost.py --pairs gemma-270m --rounds 10
+    python -m benchmarks semantic_cost                    # gemma-270m and qwen-coder
+    python -m benchmarks semantic_cost --pairs gemma-270m --rounds 10
 """
 
 from __future__ import annotations
 
 import random
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit.models import pair_paths
 from edgekit.verifier import Feed, LlamaEngine
 

@@ -44,13 +44,13 @@ more run of that point with the verifier under py-spy (`pip install py-spy`, or
 on some machines), and a summary of the flame graph (top frames by own and total samples, and
 by thread) in the JSON.
 
-    python benchmarks/serve_load.py                                   # 64,128,256,1024 devices
-    python benchmarks/serve_load.py --devices 8 --kinds zero --duration 2 --profile ""
-    python benchmarks/serve_load.py --server-cores 0-3 --loadgen-cores 4-15   # a 16-core machine
-    python benchmarks/serve_load.py --draft-ms 40 --out serve_load_paced     # Pi-class drafting
-    python benchmarks/serve_load.py --traces results/fleet_traces_qwen-coder.json --target 7B.gguf --gpu-layers -1 \
+    python -m benchmarks serve_load                                   # 64,128,256,1024 devices
+    python -m benchmarks serve_load --devices 8 --kinds zero --duration 2 --profile ""
+    python -m benchmarks serve_load --server-cores 0-3 --loadgen-cores 4-15   # a 16-core machine
+    python -m benchmarks serve_load --draft-ms 40 --out serve_load_paced     # Pi-class drafting
+    python -m benchmarks serve_load --traces results/fleet_traces_qwen-coder.json --target 7B.gguf --gpu-layers -1 \
         --numerics fast --devices 8,32,64,128 --server-cores 0-3 --loadgen-cores 4-15   # issue 51
-    python benchmarks/serve_load.py --replot benchmarks/results/serve_load.json
+    python -m benchmarks serve_load --replot benchmarks/results/serve_load.json
 
 Writes `results/<out>.json` and `results/<out>.png` (rounds/s against devices, the engine's busy
 share, the round's time by stage as stacked bars).
@@ -73,11 +73,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-from rigs import proxies as _proxies
-from rigs.loadgen import (
+from benchmarks import harness as C
+from benchmarks.rigs import proxies as _proxies
+from benchmarks.rigs.loadgen import (
     LineProcess,
     Tally,
     Workload,
@@ -87,18 +85,8 @@ from rigs.loadgen import (
     spawn,
     toy_target,
 )
+from benchmarks.rigs.roofline import ROOFLINE_7B, rows_ms, step_ms
 
-# A step of B sequences x T new tokens of the qwen2.5-7b shape at 1,024 cached tokens on an H200,
-# in ms: /work/shared/gpu/roofline_h200.md (flash_1k_h200.json, `verify_roofline.py`, bf16, CUDA
-# graphs). Plain decoding is T = 1 (B rows), verifying 4 drafts T = 5 (5B rows).
-ROOFLINE_7B: dict[int, tuple[float, float]] = {  # B: (plain ms, verify T=5 ms)
-    1: (5.8, 6.2),
-    8: (6.1, 6.5),
-    32: (6.6, 7.9),
-    64: (7.2, 11.9),
-    128: (8.6, 20.2),
-    256: (13.0, 39.3),
-}
 # py-spy: only the thread holding the GIL is sampled (the verifier's Python runs one thread at a
 # time, so these samples are where its Python time goes; gRPC's C core outside the GIL is not in
 # them), without pausing the process. Here, pausing it cut the rounds 4x at 100 Hz (2x at 50 Hz, 1.3x
@@ -108,31 +96,6 @@ ROOFLINE_7B: dict[int, tuple[float, float]] = {  # B: (plain ms, verify T=5 ms)
 PY_SPY_FLAGS = ("--gil", "--nonblocking", "--rate", "100")
 STAGES = ("grpc", "decode", "checks", "submit", "queue", "engine", "handoff", "accept", "answer")
 ENGINE_STEP_STAGES = ("idle", "schedule", "plan", "run", "record", "update")
-
-
-def _interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Linear through the points; flat below the first (a step's fixed cost), the last slope above."""
-    if x <= xs[0]:
-        return ys[0]
-    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ys[-1] + (ys[-1] - ys[-2]) * (x - xs[-1]) / (xs[-1] - xs[-2])
-
-
-def rows_ms(rows: float, works: float) -> float:
-    """A 7B step's ms for `works` sequences putting `rows` tokens through: the plain (T = 1) and
-    verify (T = 5) curves of the roofline, each by rows, blended by the tokens per sequence."""
-    b = sorted(ROOFLINE_7B)
-    plain = _interp(rows, b, [ROOFLINE_7B[x][0] for x in b])
-    verify = _interp(rows, [5 * x for x in b], [ROOFLINE_7B[x][1] for x in b])
-    w = min(max((rows / max(works, 1) - 1) / 4, 0.0), 1.0)
-    return (1 - w) * plain + w * verify
-
-
-def step_ms(feeds: Sequence[Any]) -> float:
-    """The `ToyEngine` cost of a batch of feeds (`--kinds 7b`)."""
-    return rows_ms(sum(len(f.tokens) for f in feeds), len(feeds))
 
 
 def engine_bound(devices: int, k: int, max_rows: int) -> dict[str, float]:
@@ -206,8 +169,8 @@ def _device_step_engine(toy: type) -> type:
 def _replayed_engine(spec: dict[str, Any], w: Workload, n: int) -> tuple[Any, int]:
     """`--kinds replayed`: llama.cpp's engine on the target GGUF (its layers on a GPU where there is
     one), each greedy row answered as the traces' real target answered it (rigs/replayed.py)."""
-    from rigs.fleet_sim import load_traces
-    from rigs.replayed import Replay, ReplayedLlamaEngine
+    from benchmarks.rigs.fleet_sim import load_traces
+    from benchmarks.rigs.replayed import Replay, ReplayedLlamaEngine
 
     traces, _ = load_traces(Path(w.traces))
     ReplayedLlamaEngine.replay = Replay(traces)
@@ -335,7 +298,7 @@ def run_points(kind: str, counts: Sequence[int], args: argparse.Namespace, workl
     if kind == "instant":
         server = spawn("instant", spec, cores=args.server_cores, log=logs / "verifier.log")
     else:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "serve"]
+        cmd = C.module_command("benchmarks.serve_load", "serve")
         if profile is not None:  # py-spy starts the verifier, which pins itself; py-spy stays on the generator's cores
             cmd = [_py_spy(), "record", "--format", "raw", *PY_SPY_FLAGS, "-o", str(profile), "--", *cmd]
         server = LineProcess(cmd, cores=args.loadgen_cores if profile is not None else args.server_cores,

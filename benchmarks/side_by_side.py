@@ -35,7 +35,7 @@ at a rate for real, every system alike), whether every lossless system's
 text equals centralized decoding's on every prompt, and the capacity of a verifier core with
 1, 2, 4, 8 devices (the fleet simulator, `benchmarks/fleet.py`: centralized, fcfs, wisp).
 
-    python benchmarks/side_by_side.py [--pairs gemma-270m] [--prompts 44] [--tokens 32]
+    python -m benchmarks side_by_side [--pairs gemma-270m] [--prompts 44] [--tokens 32]
         [--rate-mbps 20] [--llama-server PATH] [--out benchmarks/results]
 
 Writes OUT/side_by_side_<pair>[_TAG].json and .png.
@@ -52,10 +52,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-from rigs import peers as P
+from benchmarks import harness as C
+from benchmarks.rigs import peers as P
 
 FIXED = (1, 2, 3, 4, 6, 8)
 OPENAI = ("llama-cpp-python", "vllm")  # stock centralized servers reached by OpenAI's API

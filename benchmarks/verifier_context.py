@@ -16,9 +16,9 @@ keeps out of the KV; a prefill with n_out=0 is how the verifier prefills a
 prompt.) Both give the block's K+1 logit rows; the benchmark checks that they
 are bit-identical.
 
-    python benchmarks/verifier_context.py                      # gemma-270m
-    python benchmarks/verifier_context.py --pairs all          # gemma-270m and qwen-coder
-    python benchmarks/verifier_context.py --pair qwen-coder --contexts 64,512,1024 --rounds 10
+    python -m benchmarks verifier_context                      # gemma-270m
+    python -m benchmarks verifier_context --pairs all          # gemma-270m and qwen-coder
+    python -m benchmarks verifier_context --pair qwen-coder --contexts 64,512,1024 --rounds 10
 """
 
 from __future__ import annotations
@@ -31,10 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as C
-
+from benchmarks import harness as C
 from edgekit.models import get_pair, pair_paths
 from edgekit.verifier import Feed, LlamaEngine
 

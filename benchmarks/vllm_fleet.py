@@ -23,7 +23,7 @@ Per route and N, over the measuring window: rounds a second, committed tokens a 
 vLLM finished a round (its /metrics), the CPU seconds its API server and its engine used per round
 and per committed token, and the round trip's median and p90.
 
-    python benchmarks/vllm_fleet.py [--devices 1,4,16,64] [--duration 30] [--warmup 8] [--prompts 160]
+    python -m benchmarks vllm_fleet [--devices 1,4,16,64] [--duration 30] [--warmup 8] [--prompts 160]
 
 Needs engines/vllm/prepare.sh done (`make vllm`). Writes benchmarks/results/vllm_fleet.{json,png}
 (and vllm_fleet_traces.json, the recording, reused while its vLLM, draft and prompts are the same).
@@ -35,21 +35,15 @@ import hashlib
 import json
 import random
 import statistics
-import sys
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines" / "vllm"))
-
-import harness as C
-from rigs.fleet_sim import DeviceSpec, Fleet, load_traces, record_trace, save_traces
-from vllm_rounds import vllm_counter
-from vllm_server import VllmServer, post, prepared
-
+from benchmarks import harness as C
+from benchmarks.rigs.fleet_sim import DeviceSpec, Fleet, load_traces, record_trace, save_traces
+from benchmarks.rigs.vllm_server import VllmServer, post, prepared, vllm_counter
 from edgekit.drafting import FixedWindow
 from edgekit.models import get_pair, model_path
 from edgekit.runtime import LlamaDraftModel

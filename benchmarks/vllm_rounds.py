@@ -23,7 +23,7 @@ decodes another target (quantized GGUF), so its tokens are not compared.
 
 Each round's requests and the prompt tokens vLLM computed for them are read from its /metrics.
 
-    python benchmarks/vllm_rounds.py [--contexts 64,127,128,256,512,1024,2048] [--prompts 2] [--tokens 12]
+    python -m benchmarks vllm_rounds [--contexts 64,127,128,256,512,1024,2048] [--prompts 2] [--tokens 12]
 
 Needs engines/vllm/prepare.sh done (`make vllm`). Writes benchmarks/results/vllm_rounds.{json,png}.
 """
@@ -31,17 +31,12 @@ Needs engines/vllm/prepare.sh done (`make vllm`). Writes benchmarks/results/vllm
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines" / "vllm"))
-
-import fleet as F
-import harness as C
-from vllm_server import VllmServer, post, prepared
-
+from benchmarks import harness as C
+from benchmarks.rigs.verifier_process import serve_process
+from benchmarks.rigs.vllm_server import VllmServer, post, prepared, vllm_counter
 from edgekit import ClientConfig, EdgeClient, GenerationConfig
 from edgekit.models import get_pair, model_path
 from edgekit.runtime import LlamaDraftModel
@@ -65,16 +60,6 @@ def contexts_of(draft: LlamaDraftModel, lengths: list[int], n: int, first: int =
                 ids += body
             out[length].append(ids[:length])
     return out
-
-
-def vllm_counter(base: str, name: str, **labels: str) -> float:
-    """One of vLLM's /metrics counters, summed over the series with `labels`."""
-    import urllib.request
-
-    with urllib.request.urlopen(base.removesuffix("/v1") + "/metrics", timeout=60) as r:
-        lines = r.read().decode().splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
-               if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()))
 
 
 def rounds_through(url: str, draft: LlamaDraftModel, prompts: dict[int, list[list[int]]], tokens: int,
@@ -158,8 +143,8 @@ def main() -> None:
                 "return_tokens_as_token_ids": True})["choices"][0]["logprobs"]["tokens"]] for ids in group]
                 for n, group in prompts[route].items()}
             identical[f"vLLM, {route}"] = all(systems[f"vLLM, {route}"][n]["outputs"] == reference[n] for n in lengths)
-    with F.serve_process(["--model", str(model_path(spec.target)), "--threads", "1", "--max-sessions", "2"],
-                         C.RESULTS_DIR / "vllm_rounds_edgekit.log") as served:
+    with serve_process(["--model", str(model_path(spec.target)), "--threads", "1", "--max-sessions", "2"],
+                       C.RESULTS_DIR / "vllm_rounds_edgekit.log") as served:
         systems["edgekit serve"] = rounds_through(served.address, draft, prompts["generate"], args.tokens)
     payload = {"contexts": lengths, "tokens": args.tokens, "prompts_per_context": args.prompts,
                "identical_to_vllm_greedy": identical,

@@ -97,13 +97,14 @@ def gemma_paths():
 
 @pytest.fixture(scope="session")
 def gpu_toy_target(tmp_path_factory, gemma_paths) -> list[dict]:
-    """A toy-shaped random target with gemma's tokenizer (benchmarks/gpu/make_target.py), F16 then
-    Q4_K_M, as the script prints them; the tokenizer taken from a tokenizer-only GGUF the script
+    """A toy-shaped random target with gemma's tokenizer (`python -m benchmarks gpu.make_target`), F16
+    then Q4_K_M, as the script prints them; the tokenizer taken from a tokenizer-only GGUF the script
     wrote first (what a GPU machine without models gets)."""
-    make = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "make_target.py"
+    root = Path(__file__).resolve().parents[1]
 
     def run(*options: str) -> list[dict]:
-        done = subprocess.run([sys.executable, str(make), *options], capture_output=True, text=True, timeout=600)
+        done = subprocess.run([sys.executable, "-m", "benchmarks", "gpu.make_target", *options], cwd=root,
+                              capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 

@@ -17,17 +17,15 @@ requires it). The 500 and 1,500 token cases are slow (prefills of that length on
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.rigs import proxies as _proxies
 from edgekit import ClientConfig, EdgeClient, FinalStats, GenerationConfig, Resumed, RoundEvent, ServerConfig
 from edgekit.verifier import VerifierServer
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from rigs import proxies as _proxies  # noqa: E402
 
 pytestmark = [pytest.mark.numerics, pytest.mark.timeout(600)]
 

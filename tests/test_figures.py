@@ -53,7 +53,7 @@ def test_every_figure_shown_was_drawn_beside_its_stored_result():
 
 
 def test_figures_py_redraws_every_figure_the_readme_shows(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "figures.py"), "--out", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "figures", "--out", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     drawn = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.png")}

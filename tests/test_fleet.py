@@ -1,4 +1,4 @@
-"""The fleet simulator (benchmarks/rigs/fleet_sim.py, benchmarks/fleet.py): recorded traces
+"""The fleet simulator (benchmarks/rigs/fleet_sim.py, fleet_runs.py): recorded traces
 replayed by simulated devices against a real gRPC verifier. Over the toy target it
 runs in seconds and its faithfulness check is shown to bite; `fleet.py smoke` runs
 the short real configuration on the gemma pair, as CI does."""
@@ -12,15 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.rigs.fleet_sim import DeviceSpec, Fleet, Trace, load_traces, record_trace, save_traces
 from edgekit import ServerConfig
 from edgekit.drafting import FixedWindow
 from edgekit.testing import FakeDraftModel, ToyLanguageModel
 from edgekit.verifier import ToyEngine, VerifierServer
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-from rigs.fleet_sim import DeviceSpec, Fleet, Trace, load_traces, record_trace, save_traces  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGET = ToyLanguageModel(seed=11)
 DRAFT = FakeDraftModel(ToyLanguageModel(seed=11, noise=1.5), n_embd=8)
@@ -104,13 +102,13 @@ def test_a_divergence_ends_the_response_when_asked_and_the_device_goes_on(traces
 
 @pytest.mark.timeout(600)
 def test_the_smoke_configuration_runs_on_the_gemma_pair(tmp_path):
-    done = subprocess.run([sys.executable, str(BENCH / "fleet.py"), "smoke", "--out-dir", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "fleet", "smoke", "--out-dir", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     for system in ("fcfs", "wisp", "sled", "centralized"):
         assert f"{system}: " in done.stdout
     # the sessions' verdicts are the recording's, token for token (a divergence fails those systems);
-    # SLED's re-prefill may part at a near tie (benchmarks/fleet.py, run_fleet), and says how often
+    # SLED's re-prefill may part at a near tie (benchmarks/rigs/fleet_runs.py, run_fleet), and says how often
     assert re.search(r"^sled: \d+ responses, .*, \d+ diverged$", done.stdout, re.M), done.stdout
 
 
@@ -149,31 +147,31 @@ def test_devices_draft_within_the_budgets_the_verifier_assigns(traces):
         assert together, "the three devices never ran at once"
         assert sum(r.drafted for r in together) / len(together) <= 4.5
         assert server.service.budgets.last_capacity == 7
-    from goodspeed import analyse  # benchmarks/goodspeed.py's figures, on this run
+    from benchmarks.rigs.fleet_runs import goodspeed_figures  # the goodspeed benchmark's figures, on this run
 
-    figures = analyse(fleet, 3, rounds=600, beta=0.5)
+    figures = goodspeed_figures(fleet, 3, rounds=600, beta=0.5)
     assert 0 < figures["jain"] <= 1 and figures["goodput_tokens_per_s"] > 0
     assert len(figures["utility"]) == figures["horizon"] == min(figures["rounds_per_device"].values())
     assert figures["time_split_ms"]["receiving"] > figures["time_split_ms"]["sending"] > 0
 
 
 def test_the_gpu_simulation_holds_devices_to_the_budgets_its_verifier_assigns():
-    import gpu_sim
-    from fleet import controller_factory, traces_path
+    from benchmarks.rigs import event_sim
+    from benchmarks.rigs.fleet_runs import controller_factory, traces_path
 
     traces, meta = load_traces(traces_path("gemma-270m", 128))
-    args = gpu_sim.parser().parse_args(["--horizon", "20", "--warmup", "0", "--token-budget", "10"])
+    args = event_sim.settings(["--horizon", "20", "--warmup", "0", "--token-budget", "10"])
     args.window = meta["window"]
     code, other = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9, 10, 11)
     factory = controller_factory("budget", "gemma-270m", args.window, 4)
-    sim = gpu_sim.Simulation("goodspeed", 4, traces, args, factory, pools=[(code, other), (other, code)],
+    sim = event_sim.Simulation("goodspeed", 4, traces, args, factory, pools=[(code, other), (other, code)],
                              switch_s=10.0, log_rounds=True).run()
     assert sim.budgets is not None and sim.budgets.last_capacity == 10
     assert sum(st.budget for st in sim.budgets.states().values()) <= 10
     assert sim.log and all(1 <= r.drafted <= args.window for r in sim.log)
     assert sum(r.drafted for r in sim.log) / len(sim.log) <= 10 / 4 + 0.5  # four share C = 10
     assert {d.trace is not None and traces.index(d.trace) in other for d in sim.devices[::2]} == {True}  # switched
-    free = gpu_sim.Simulation("fcfs", 4, traces, args, lambda: FixedWindow(args.window), log_rounds=True).run()
+    free = event_sim.Simulation("fcfs", 4, traces, args, lambda: FixedWindow(args.window), log_rounds=True).run()
     assert free.budgets is None and max(r.drafted for r in free.log or []) == args.window
 
 
@@ -181,7 +179,7 @@ def test_a_replayed_target_runs_its_own_passes_and_accepts_what_the_recorded_tar
     """rigs/replayed.py (issue 51): a target of other weights (here another toy, on the GPU a random
     one) answers each greedy row with the traces' target token: the fleet's faithfulness check,
     which fails on the other target alone, passes, and every row it ran was answered from a trace."""
-    from rigs.replayed import Replay
+    from benchmarks.rigs.replayed import Replay
 
     other = ToyLanguageModel(seed=12)
 

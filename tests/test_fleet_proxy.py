@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 import uuid
@@ -34,13 +33,12 @@ from pathlib import Path
 import pytest
 from _wait import until
 
+from benchmarks.rigs import proxies as _proxies
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, Resumed, RoundEvent, ServerConfig
 from edgekit.testing import FakeDraftModel, ToyEngine, ToyLanguageModel
 from edgekit.verifier import VerifierServer
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from rigs import proxies as _proxies  # noqa: E402
 
 TARGET = ToyLanguageModel(seed=31, eos_bias=-8.0)
 DEVICES = 16

@@ -11,10 +11,10 @@ import threading
 
 import grpc
 import pytest
-from _fuzz import ALLOWED, METHODS, Aim, call, mutated, requests
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.rigs.fuzz_messages import ALLOWED, METHODS, Aim, call, mutated, requests
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
 from edgekit.protocol import OpenRequest, fingerprint_to_pb
 from edgekit.testing import FakeDraftModel, ToyLanguageModel

@@ -13,50 +13,36 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-GOODPUT = BENCH / "gpu" / "goodput.py"
-GEMMA_TRACES = BENCH / "results" / "fleet_traces_gemma-270m.json"
+from benchmarks.rigs import loadgen, roofline, streams
 
-
-@pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH / "gpu"))
-    monkeypatch.syspath_prepend(str(BENCH))
-    import goodput
-    from rigs import loadgen, streams
-
-    yield goodput, loadgen, streams
-    for name in [n for n in sys.modules if n in ("goodput", "serve_load") or n.split(".")[0] in ("rigs", "harness")]:
-        sys.modules.pop(name, None)
+ROOT = Path(__file__).resolve().parents[1]
+GEMMA_TRACES = ROOT / "benchmarks" / "results" / "fleet_traces_gemma-270m.json"
 
 
 # The 7B shape's rows of /work/shared/gpu/roofline_h200.md (ms, rounded there to 0.1)
 ROOFLINE = {32: (6.6, 6.9, 7.2, 7.9, 10.5), 64: (7.2, 7.8, 11.0, 11.9, 18.8), 128: (8.6, 11.2, 14.2, 20.2, 33.2)}
 
 
-def test_the_gain_is_the_issues_roofline_table(bench):
+def test_the_gain_is_the_issues_roofline_table():
     """At a = 0.8 the table says 2.79x (K=4), 2.03x (K=4) and 1.47x (K=2) at 32, 64 and 128
     sequences; from the rounded step times the formula must give them within 2%."""
-    goodput, _, _ = bench
     rows = [{"batch": b, "tokens": t, "ms": ms}
             for b, times in ROOFLINE.items() for t, ms in zip((1, 2, 3, 5, 9), times)]
-    step = goodput.curve_lookup(rows)
+    step = roofline.curve_lookup(rows)
     for batch, gain, k in ((32, 2.79, 4), (64, 2.03, 4), (128, 1.47, 2)):
-        best = goodput.best_gain(step, batch, 0.8, goodput.ROOFLINE_KS)
+        best = roofline.best_gain(step, batch, 0.8, roofline.ROOFLINE_KS)
         assert best["k"] == k and best["gain"] == pytest.approx(gain, rel=0.02), (batch, best)
     assert step(48, 1) == pytest.approx((6.6 + 7.2) / 2)  # between measured batches: linear
 
 
-def test_the_acceptance_is_found_from_the_tokens_a_round_commits(bench):
-    goodput, _, _ = bench
+def test_the_acceptance_is_found_from_the_tokens_a_round_commits():
     for a in (0.3, 0.6, 0.8, 0.95):
         for k in (1, 4, 8):
-            assert goodput.acceptance_for(goodput.expected(a, k), k) == pytest.approx(a, abs=1e-6)
-    assert goodput.expected(1.0, 4) == 5 and goodput.expected(0.0, 4) == 1
+            assert roofline.acceptance_for(roofline.expected(a, k), k) == pytest.approx(a, abs=1e-6)
+    assert roofline.expected(1.0, 4) == 5 and roofline.expected(0.0, 4) == 1
 
 
-def test_each_completion_counts_in_the_share_of_its_time_inside_the_window(bench):
-    _, _, streams = bench
+def test_each_completion_counts_in_the_share_of_its_time_inside_the_window():
     done = [streams.Completion(0, 0.0, 10.0, 100),   # half inside [5, 15]: 50 tokens
             streams.Completion(1, 6.0, 8.0, 20),     # all inside: 20
             streams.Completion(1, 14.0, 18.0, 40),   # a quarter inside: 10
@@ -67,11 +53,10 @@ def test_each_completion_counts_in_the_share_of_its_time_inside_the_window(bench
 
 
 @pytest.mark.models
-def test_the_devices_tables_from_traces_are_what_the_traces_say(bench, gemma_paths):
+def test_the_devices_tables_from_traces_are_what_the_traces_say(gemma_paths):
     """Each position's block is the recorded draft's first K tokens, its accepted count the trace's,
     and no position is so near the end that the token after its block is unknown."""
-    _, loadgen, _ = bench
-    from rigs.fleet_sim import load_traces
+    from benchmarks.rigs.fleet_sim import load_traces
 
     traces, meta = load_traces(GEMMA_TRACES)
     tables = loadgen.Tables(loadgen.Workload(traces=str(GEMMA_TRACES), tokenizer=str(gemma_paths[1]), k=3))
@@ -92,9 +77,10 @@ def test_the_devices_tables_from_traces_are_what_the_traces_say(bench, gemma_pat
 def test_the_dry_run_measures_every_part_and_every_answer_is_the_recorded_targets(gpu_toy_target, tmp_path):
     target = next(m["path"] for m in gpu_toy_target if m["type"] == "f16")
     # the verifier's greedy rows reduced by llama.cpp (as a GPU run may ask), the curve both ways
-    done = subprocess.run([sys.executable, str(GOODPUT), "--dry-run", "--target", target, "--out", str(tmp_path),
-                           "--llama-server", "", "--reduce-rows", "llama", "--curve-also", "host"],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "gpu.goodput", "--dry-run", "--target", target,
+                           "--out", str(tmp_path), "--llama-server", "", "--reduce-rows", "llama",
+                           "--curve-also", "host"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
     result = json.loads((tmp_path / "goodput.json").read_text())
     assert result["dry_run"] and result["numerics"] == "exact" and result["devices"] == [2, 4]
@@ -179,13 +165,13 @@ def test_fast_numerics_decode_prompts_in_the_same_call_as_the_rounds(gemma_paths
             engine.close()
 
 
-def test_the_gpus_busy_share_is_nvidia_smis_utilization_over_the_window(bench, tmp_path, monkeypatch):
+def test_the_gpus_busy_share_is_nvidia_smis_utilization_over_the_window(tmp_path, monkeypatch):
     """`harness.GpuUtilization` averages what nvidia-smi prints while the block runs (a stand-in
     prints four samples, each line as nvidia-smi's csv,noheader,nounits does, then waits to be
     stopped); without one on the PATH it says None."""
     import time
 
-    import harness as C
+    from benchmarks import harness as C
 
     fake = tmp_path / "nvidia-smi"
     ready = tmp_path / "printed"

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "suite.py"
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.models
 
 
 @pytest.mark.timeout(900)
 def test_the_dry_run_measures_every_system_and_their_texts_agree(tmp_path, gemma_paths):
-    done = subprocess.run([sys.executable, str(SUITE), "--dry-run", "--out", str(tmp_path), "--llama-server", ""],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "gpu.suite", "--dry-run", "--out", str(tmp_path),
+                           "--llama-server", ""], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads((tmp_path / "gpu_suite.json").read_text())
     assert result["dry_run"] and result["numerics"] == "exact"

@@ -5,29 +5,18 @@ and the gemma draft drafts for it (speculative output equals the target's own: e
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-MAKE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "make_target.py"
-
-
-def _make_target():
-    sys.path.insert(0, str(MAKE.parent))
-    try:
-        import make_target
-    finally:
-        sys.path.pop(0)
-    return make_target
+from benchmarks.rigs.target_shapes import SHAPES, tensors
 
 
 @pytest.mark.parametrize("shape, billions", [("qwen2.5-7b", 7.61), ("qwen2.5-14b", 14.7), ("qwen2.5-32b", 32.5)])
 def test_each_shape_has_its_models_parameters(shape, billions):
     # the model cards' counts, with Qwen2.5's 152,064-row embedding and untied output
-    mt = _make_target()
-    params = sum(int(np.prod(dims)) for _, dims, _ in mt.tensors(mt.SHAPES[shape], 152_064))
+    params = sum(int(np.prod(dims)) for _, dims, _ in tensors(SHAPES[shape], 152_064))
     assert params / 1e9 == pytest.approx(billions, rel=0.01)
 
 
@@ -70,22 +59,19 @@ def test_the_random_target_served_by_the_replay_launcher_accepts_what_gemma_acce
     drafting replayed against the random target, every pass run by llama.cpp; with the replay every
     verdict is the one the real gemma target gave (the fleet's check passes), without it the random
     target's own verdicts fail that check."""
-    sys.path.insert(0, str(MAKE.parents[1]))
-    try:
-        import fleet as F
-        from rigs.fleet_sim import DeviceSpec, Fleet, load_traces
-    finally:
-        sys.path.pop(0)
+    from benchmarks.rigs.fleet_runs import draft_fingerprint, record
+    from benchmarks.rigs.fleet_sim import DeviceSpec, Fleet, load_traces
+    from benchmarks.rigs.verifier_process import serve_process
     from edgekit.drafting import FixedWindow
 
-    traces, meta = load_traces(F.record("gemma-270m", 2, 12, 4, None, tmp_path / "traces.json"))
+    traces, meta = load_traces(record("gemma-270m", 2, 12, 4, None, tmp_path / "traces.json"))
     f16 = gpu_toy_target[0]["path"]
     serve = ["--model", f16, "--max-sessions", "4", "--max-context", "512"]
 
     def fleet_on(replay: Path | None) -> Fleet:
-        with F.serve_process(serve, tmp_path / "serve.log", replay) as served:
+        with serve_process(serve, tmp_path / "serve.log", replay) as served:
             specs = [DeviceSpec(None, None, speed_factor=1.0, rtt_ms=2.0) for _ in range(2)]
-            return Fleet(served.address, F._draft_fingerprint(meta), traces, specs,
+            return Fleet(served.address, draft_fingerprint(meta), traces, specs,
                          controller=lambda: FixedWindow(3), duration=2.0, max_window=4, min_responses=1).run()
 
     alone = fleet_on(None)

@@ -376,27 +376,3 @@ def test_every_public_class_and_function_of_edgekit_has_a_docstring_of_its_own()
             missing.append(name)
     assert not missing, f"no docstring: {missing}"
 
-
-# -- benchmarks ---------------------------------------------------------------------------------
-
-
-def test_every_benchmark_script_uses_the_harness_and_has_its_row_in_the_readme():
-    """benchmarks/: each script reads its command line through the harness (`C.parse`, which applies
-    --threads and prints the machine; no ArgumentParser of its own), the shared parts live in
-    harness/ and rigs/ (no loose `_*.py` modules), and the README's table names every script."""
-    bench = ROOT / "benchmarks"
-    scripts = sorted([*bench.glob("*.py"), *(bench / "gpu").glob("*.py")])
-    assert not [p.name for p in scripts if p.name.startswith("_")], "shared parts belong in harness/ or rigs/"
-    readme = (bench / "README.md").read_text()
-    problems = []
-    for path in scripts:
-        name = str(path.relative_to(bench))
-        calls = {ast.unparse(node.func) for node in ast.walk(ast.parse(path.read_text()))
-                 if isinstance(node, ast.Call)}
-        if "C.parse" not in calls:
-            problems.append(f"{name}: its command line is not read by C.parse")
-        if {"argparse.ArgumentParser", "ArgumentParser"} & calls:
-            problems.append(f"{name}: builds an ArgumentParser of its own (C.arguments)")
-        if f"| `{name}` |" not in readme:
-            problems.append(f"{name}: no row in benchmarks/README.md")
-    assert not problems, "\n".join(problems)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -23,13 +22,10 @@ import numpy as np
 import pytest
 from _exact import pair_pvalue
 
+from benchmarks.rigs.vllm_server import VllmServer, post, prepared
 from edgekit import ClientConfig, ConfigError, EdgeClient, FinalStats, GenerationConfig, Resumed, RoundEvent
 from edgekit.transport import PREFIXES_FROM, OpenAITransport
 from edgekit.transport._vllm_generate import PREFILL_FROM  # the threshold the test checks against
-
-ENGINE = Path(__file__).resolve().parent.parent / "engines" / "vllm"
-sys.path.insert(0, str(ENGINE))
-from vllm_server import VllmServer, post, prepared  # noqa: E402  (engines/vllm/vllm_server.py)
 
 SERVED_NAME = "gemma-3-270m"
 MAX_TOKENS = 24

@@ -51,6 +51,7 @@ environment() {
     rm -rf "$tree" && mkdir -p "$tree/edgekit"
     for f in "$ROOT"/edgekit/*; do ln -s "$f" "$tree/edgekit/"; done
     for d in models predictors semantic cli; do ln -s "$ROOT/$d" "$tree/edgekit/$d"; done
+    ln -s "$ROOT/benchmarks" "$tree/benchmarks"  # run as `python3 -m benchmarks NAME`, found here
     (cd "$ROOT" && python3 setup.py -q build_ext --inplace >/dev/null 2>&1) || echo "no C kernel: numpy statistics"
     local cublas
     # cuBLAS from the machine's PyTorch (nvidia-cublas), else its CUDA toolkit
@@ -88,7 +89,7 @@ print('gpu offload', gpu_offload()); print(llama_build()['llama_build'])"
         model
         out=${OUT:-$STAGE/out}
         status=0
-        python3 "$ROOT/benchmarks/gpu/suite.py" --out "$out" --logs "$STAGE/logs" \
+        python3 -m benchmarks gpu.suite --out "$out" --logs "$STAGE/logs" \
             --llama-server "$(command -v llama-server)" "$@" || status=$?
         tar czf "$out/logs.tgz" -C "$STAGE" logs  # one file: a call brings back at most 8
         exit $status
@@ -101,7 +102,7 @@ print('gpu offload', gpu_offload()); print(llama_build()['llama_build'])"
         bash "$ROOT/deploy/fetch-proxies.sh"  # unpacks the carried debs (no network there)
         out=${OUT:-$STAGE/out}
         status=0
-        python3 "$ROOT/benchmarks/fleet_replicas.py" --gpu-layers -1 --out "$out" --logs "$STAGE/logs" "$@" || status=$?
+        python3 -m benchmarks fleet_replicas --gpu-layers -1 --out "$out" --logs "$STAGE/logs" "$@" || status=$?
         tar czf "$out/logs.tgz" -C "$STAGE" logs
         exit $status
         ;;
@@ -112,14 +113,14 @@ print('gpu offload', gpu_offload()); print(llama_build()['llama_build'])"
         shape=${EDGEKIT_GPU_SHAPE:-qwen2.5-7b}
         target="$STAGE/target/$shape-random-f16.gguf"
         if [ ! -f "$target" ]; then  # written here: no weights can be fetched (make_target.py)
-            python3 "$ROOT/benchmarks/gpu/make_target.py" --shape "$shape" --tokenizer "$STAGE/tokenizer.gguf" \
+            python3 -m benchmarks gpu.make_target --shape "$shape" --tokenizer "$STAGE/tokenizer.gguf" \
                 --types f16 --out "$STAGE/target"
         fi
         roofline=()
         if [ -f "$STAGE/roofline.json" ]; then roofline=(--roofline "$STAGE/roofline.json"); fi
         out=${OUT:-$STAGE/out}
         status=0
-        python3 "$ROOT/benchmarks/gpu/goodput.py" --target "$target" --traces "$STAGE/traces.json" "${roofline[@]}" \
+        python3 -m benchmarks gpu.goodput --target "$target" --traces "$STAGE/traces.json" "${roofline[@]}" \
             --llama-server "$(command -v llama-server)" --out "$out" --logs "$STAGE/logs" \
             --server-cores 0-1 --loadgen-cores "2-$(($(nproc) - 1))" "$@" || status=$?
         tar czf "$out/logs.tgz" -C "$STAGE" logs

@@ -40,10 +40,10 @@ What is replayed: a random target (`make_target.py`) costs the GPU what the real
 accepts nothing; the acceptance is the real pair's, recorded on a CPU (the traces). Greedy only:
 a sampling round's acceptance would be the random target's.
 
-    python benchmarks/gpu/goodput.py --target /tmp/t/qwen2.5-7b-random-f16.gguf \\
+    python -m benchmarks gpu.goodput --target /tmp/t/qwen2.5-7b-random-f16.gguf \\
         --traces benchmarks/results/fleet_traces_qwen-coder.json --llama-server "$(command -v llama-server)" \\
         --devices 8,32,64,128 --systems centralized,k2,k4,goodspeed --server-cores 0-1 --loadgen-cores 2-15 --out DIR
-    python benchmarks/gpu/goodput.py --dry-run --out DIR     # CI: the same code on the CPU, a toy target
+    python -m benchmarks gpu.goodput --dry-run --out DIR     # CI: the same code on the CPU, a toy target
 
 The dry run makes a toy target with gemma's tokenizer, replays gemma's traces, and stands
 llama-cpp-python's OpenAI server (one slot) in for llama-server where no binary is given: the
@@ -58,42 +58,27 @@ import json
 import shutil
 import statistics
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import benchmarks
+from benchmarks import harness as C
+from benchmarks.rigs import peers as P
+from benchmarks.rigs import streams
+from benchmarks.rigs.loadgen import Tables, Workload
+from benchmarks.rigs.roofline import ROOFLINE_KS, acceptance_for, best_gain, curve_lookup
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 
-import harness as C  # noqa: E402
-from rigs import peers as P  # noqa: E402
-from rigs import streams  # noqa: E402
-from rigs.loadgen import Tables, Workload  # noqa: E402
-
-ROOFLINE_KS = (1, 2, 4, 8)  # the blocks the rooflines choose the best of, as roofline_h200.md does
 BUDGET_WINDOW = 8  # the most a device drafts under budgets (the traces' window)
 LABELS = {"centralized": "target-only streams", "goodspeed": "GOODSPEED budgets", "predictor": "rejection predictor",
           "wisp": "WISP, SLO classes"}
 
 
 # -- acceptance and rooflines -------------------------------------------------------------------
-
-
-def expected(a: float, k: int) -> float:
-    """E(a, K): tokens a block of K commits at per-token acceptance a (the bonus token included)."""
-    return float(k + 1) if a >= 1.0 else (1 - a ** (k + 1)) / (1 - a)
-
-
-def acceptance_for(committed_per_round: float, k: int) -> float:
-    """The per-token acceptance a whose E(a, K) is the measured tokens per round (bisection)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if expected(mid, k) < committed_per_round else (lo, mid)
-    return (lo + hi) / 2
 
 
 def traces_acceptance(tables: Tables) -> dict[str, float]:
@@ -104,34 +89,6 @@ def traces_acceptance(tables: Tables) -> dict[str, float]:
     per_round = 1 + statistics.mean(accepted)
     return {"k": k, "accepted_per_drafted": sum(accepted) / (k * len(accepted)), "committed_per_round": per_round,
             "a": acceptance_for(per_round, k)}
-
-
-def best_gain(step: Callable[[int, int], float], batch: int, a: float, ks: Sequence[int]) -> dict[str, float]:
-    """The roofline gain at `batch` sequences: max over K of E(a, K) t(B, 1) / t(B, K + 1)."""
-    plain = step(batch, 1)
-    gains = {k: expected(a, k) * plain / step(batch, k + 1) for k in ks}
-    k = max(gains, key=gains.__getitem__)
-    return {"gain": gains[k], "k": k}
-
-
-def curve_lookup(rows: Sequence[dict]) -> Callable[[int, int], float]:
-    """t(B, T) in ms from measured rows ({batch, tokens, ms}), linear in B between measured batches."""
-    table: dict[int, dict[int, float]] = {}
-    for r in rows:
-        table.setdefault(int(r["tokens"]), {})[int(r["batch"])] = float(r["ms"])
-
-    def step(batch: int, tokens: int) -> float:
-        by_batch = table[tokens]
-        xs = sorted(by_batch)
-        if batch in by_batch:
-            return by_batch[batch]
-        lo = max((x for x in xs if x < batch), default=xs[0])
-        hi = min((x for x in xs if x > batch), default=xs[-1])
-        if lo == hi:
-            return by_batch[lo]
-        return by_batch[lo] + (by_batch[hi] - by_batch[lo]) * (batch - lo) / (hi - lo)
-
-    return step
 
 
 def torch_roofline(path: Path, model: str) -> list[dict]:
@@ -221,8 +178,6 @@ def baseline(args: argparse.Namespace, target: Path, prompts: list[tuple[str, in
 def edgekit_points(args: argparse.Namespace, target: Path, system: str, devices: Sequence[int], *,
                    kinds: str = "replayed", token_budget: int = 0) -> list[dict[str, Any]]:
     """serve_load.py's points for edgekit serve on `target`, `system`'s devices (module docstring)."""
-    import serve_load as S
-
     argv = ["--traces", str(args.traces), "--target", str(target), "--kinds", kinds,
             "--devices", ",".join(map(str, devices)), "--duration", str(args.duration), "--warmup", str(args.warmup),
             "--numerics", args.numerics, "--server-cores", args.server_cores, "--results-dir", str(args.logs),
@@ -246,7 +201,7 @@ def edgekit_points(args: argparse.Namespace, target: Path, system: str, devices:
     if args.threads:
         argv += ["--threads", str(args.threads)]
     argv += ["--reduce-rows", args.reduce_rows, "--frontends", str(args.frontends)]
-    return list(S.main(argv)["points"])
+    return list(benchmarks.run("serve_load", argv)["points"])
 
 
 def run_system(args: argparse.Namespace, target: Path, system: str, payload: dict[str, Any], first: bool) -> dict:
@@ -372,9 +327,9 @@ def plot(payload: dict[str, Any], png: Path) -> None:
 def _make_toy_target(out: Path) -> Path:
     from edgekit.models import pair_paths
 
-    done = subprocess.run([sys.executable, str(HERE / "make_target.py"), "--shape", "toy", "--types", "f16",
-                           "--tokenizer", str(pair_paths("gemma-270m")[1]), "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(C.module_command("benchmarks.gpu.make_target", "--shape", "toy", "--types", "f16",
+                                           "--tokenizer", str(pair_paths("gemma-270m")[1]), "--out", str(out)),
+                          capture_output=True, text=True, timeout=900, env=C.module_env())
     if done.returncode:
         raise SystemExit(f"make_target.py failed: {done.stderr[-2000:]}")
     made = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -2,10 +2,10 @@
 model's architecture and random weights, written with the `gguf` package, its tokenizer copied
 from a model the machine has.
 
-    python benchmarks/gpu/make_target.py --shape qwen2.5-7b --out DIR                  # F16, then Q4_K_M
-    python benchmarks/gpu/make_target.py --shape qwen2.5-32b --types f16 --out DIR
-    python benchmarks/gpu/make_target.py --shape toy --tokenizer gemma-3-270m --out DIR  # what CI runs
-    python benchmarks/gpu/make_target.py --save-tokenizer --out DIR   # DIR/tokenizer.gguf, to carry
+    python -m benchmarks gpu.make_target --shape qwen2.5-7b --out DIR                  # F16, then Q4_K_M
+    python -m benchmarks gpu.make_target --shape qwen2.5-32b --types f16 --out DIR
+    python -m benchmarks gpu.make_target --shape toy --tokenizer gemma-3-270m --out DIR  # what CI runs
+    python -m benchmarks gpu.make_target --save-tokenizer --out DIR   # DIR/tokenizer.gguf, to carry
 
 Shapes are the published configurations (hidden size, layers, feed-forward size, attention and
 key/value heads, rope base, norm epsilon) of the Qwen2.5 models, in llama.cpp's `qwen2`
@@ -35,56 +35,15 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import harness as C
-
-
-@dataclass(frozen=True)
-class Shape:
-    n_embd: int
-    n_layer: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    context: int = 32768
-    rope_base: float = 1_000_000.0
-    rms_eps: float = 1e-6
-
-
-SHAPES = {  # the Qwen2.5 models' config.json, in llama.cpp's terms
-    "qwen2.5-7b": Shape(n_embd=3584, n_layer=28, n_ff=18944, n_head=28, n_head_kv=4),
-    "qwen2.5-14b": Shape(n_embd=5120, n_layer=48, n_ff=13824, n_head=40, n_head_kv=8),
-    "qwen2.5-32b": Shape(n_embd=5120, n_layer=64, n_ff=27648, n_head=40, n_head_kv=8),
-    "toy": Shape(n_embd=64, n_layer=2, n_ff=128, n_head=4, n_head_kv=2, context=4096),  # the dry run's
-}
+from benchmarks import harness as C
+from benchmarks.rigs.target_shapes import SHAPES, tensors
 
 _POOL = 1 << 24  # random values tiled into every weight
-
-
-def tensors(shape: Shape, n_vocab: int) -> list[tuple[str, tuple[int, ...], bool]]:
-    """(name, numpy shape, is a matrix) of every tensor, in the order written; norms and biases
-    are float32, matrices float16 (numpy shapes are llama.cpp's reversed)."""
-    e, kv = shape.n_embd, shape.n_embd // shape.n_head * shape.n_head_kv
-    out = [("token_embd.weight", (n_vocab, e), True)]
-    for i in range(shape.n_layer):
-        b = f"blk.{i}."
-        out += [
-            (b + "attn_norm.weight", (e,), False),
-            (b + "attn_q.weight", (e, e), True), (b + "attn_q.bias", (e,), False),
-            (b + "attn_k.weight", (kv, e), True), (b + "attn_k.bias", (kv,), False),
-            (b + "attn_v.weight", (kv, e), True), (b + "attn_v.bias", (kv,), False),
-            (b + "attn_output.weight", (e, e), True),
-            (b + "ffn_norm.weight", (e,), False),
-            (b + "ffn_gate.weight", (shape.n_ff, e), True),
-            (b + "ffn_up.weight", (shape.n_ff, e), True),
-            (b + "ffn_down.weight", (e, shape.n_ff), True),
-        ]  # fmt: skip
-    return out + [("output_norm.weight", (e,), False), ("output.weight", (n_vocab, e), True)]
 
 
 def _tokenizer_fields(source: Path) -> list[tuple[str, object, object, object]]:
@@ -181,8 +140,8 @@ def quantize(src: Path, dst: Path, ftype: str = "Q4_K_M") -> dict:
     """`src` requantized by llama.cpp into `dst` in a child process (the quantizer may abort its
     process) on every core this process may use."""
     t0 = time.perf_counter()
-    child = [sys.executable, __file__, "--quantize-child", str(src), str(dst), ftype]
-    proc = subprocess.run(child, capture_output=True, text=True, timeout=3600, check=False)
+    child = C.module_command("benchmarks.gpu.make_target", "--quantize-child", str(src), str(dst), ftype)
+    proc = subprocess.run(child, capture_output=True, text=True, timeout=3600, check=False, env=C.module_env())
     if proc.returncode != 0 or not dst.exists():
         raise SystemExit(f"llama.cpp could not quantize {src} to {ftype} (exit {proc.returncode}): "
                          f"{proc.stderr[-2000:]}")

@@ -87,7 +87,8 @@ fi
 # 5. goodput's pieces (issue 51): the 7B-shaped target is made there, from the tokenizer alone
 if [ ! -f "$OUT/tokenizer.gguf" ]; then
     qwen=$("$PY" -c "from edgekit.models import pair_paths; print(pair_paths('qwen-coder')[1])")
-    "$PY" "$ROOT/benchmarks/gpu/make_target.py" --save-tokenizer --tokenizer "$qwen" --out "$OUT"
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m benchmarks gpu.make_target --save-tokenizer --tokenizer "$qwen" \
+        --out "$OUT"
 fi
 cp "$ROOT/benchmarks/results/fleet_traces_qwen-coder.json" "$OUT/traces.json"
 if [ ! -f "$OUT/onnx.tgz" ]; then  # onnxruntime (28 MB): a call of its own, for the predictor's systems

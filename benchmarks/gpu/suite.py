@@ -26,8 +26,8 @@ Then the fleet: N simulated devices (benchmarks/fleet.py, traces recorded here a
 GPU verifier) against centralized serving, fcfs and wisp on the GPU verifier; capacity per SLO
 class (WISP eq. 20) and goodput against N.
 
-    python benchmarks/gpu/suite.py --out DIR [--llama-server PATH]   # on a GPU machine
-    python benchmarks/gpu/suite.py --dry-run --out DIR                # CI: the same code on the CPU, tiny
+    python -m benchmarks gpu.suite --out DIR [--llama-server PATH]   # on a GPU machine
+    python -m benchmarks gpu.suite --dry-run --out DIR                # CI: the same code on the CPU, tiny
 
 Needs the gemma-270m pair in the model cache (`edgekit models pull gemma-270m`); a llama.cpp
 built with CUDA in the Python environment (else it says so, and runs on the CPU only with
@@ -48,13 +48,12 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 
 # The device's draft stays on the CPU whatever the build; the verifier is told otherwise explicitly.
 os.environ.setdefault("EDGEKIT_GPU_LAYERS", "0")
 
-import harness as C  # noqa: E402
-from rigs import peers as P  # noqa: E402
+from benchmarks import harness as C  # noqa: E402
+from benchmarks.rigs import peers as P  # noqa: E402
 
 PAIR = "gemma-270m"
 LOSSLESS = ("local", "centralized", "llama-server", "co-located", "co-located-8", "co-located-tuned", "edgekit-fixed-4",

@@ -8,10 +8,11 @@
 - `stats`: `median`, `percentile`, `ratio`.
 - `output`: the result's JSON (`write_result`), tables (`table`, `fmt`), `progress` lines.
 - `plots`: figures beside the JSON (`subplots`, `save_figure`).
-- `processes`: `free_port`, `wait_listening`, `stop_process`, `pinned`.
+- `processes`: `free_port`, `wait_listening`, `stop_process`, `pinned`; `module_command` and
+  `module_env` (a module of the package in a child process).
 
-Scripts import it as one namespace (`import harness as C`); the rigs that several scripts
-drive (the fleet simulator, the load generator, the peers, the proxies) are in `rigs/`.
+Benchmarks import it as one namespace (`from benchmarks import harness as C`); the rigs that several
+benchmarks drive (the fleet simulator, the load generator, the peers, the proxies) are in `rigs/`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .gpu import GpuUtilization
 from .machine import gpu_name, machine, print_machine
 from .output import RESULTS_DIR, fmt, json_default, progress, table, write_result
 from .plots import save_figure, subplots
-from .processes import free_port, pinned, stop_process, wait_listening
+from .processes import free_port, module_command, module_env, pinned, stop_process, wait_listening
 from .prompts import PROMPT_KINDS, PROMPTS_DIR, load_prompts
 from .stats import median, percentile, ratio
 
@@ -48,6 +49,8 @@ __all__ = [
     "load_prompts",
     "machine",
     "median",
+    "module_command",
+    "module_env",
     "parse",
     "percentile",
     "pinned",

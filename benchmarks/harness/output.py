@@ -26,7 +26,8 @@ def write_result(name: str, payload: dict[str, Any], folder: Path | None = None)
     m["loadavg_at_end"] = m.pop("loadavg")
     out = {
         "benchmark": name,
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        # as typed: `python -m benchmarks NAME ARGS` (or the script of a run before the package)
+        "command": " ".join([Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]]),
         "machine": m,
     }
     out.update(payload)

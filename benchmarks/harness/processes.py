@@ -1,14 +1,37 @@
-"""Process control: free ports, waiting for a server to listen, stopping a child, pinning to cores."""
+"""Process control: free ports, waiting for a server to listen, stopping a child, pinning to cores,
+the package's own modules run in a child (`module_command`)."""
 
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+# The folder `benchmarks` was imported from, links left as they are: on the GPU machine a tree of
+# links (benchmarks/gpu/device.sh) that must not be swapped for the checkout, whose edgekit/ lacks cli/.
+CHECKOUT = Path(os.path.abspath(__file__)).parents[2]
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """`python -m MODULE ARGS` with this interpreter: a module of the package (`benchmarks.rigs.loadgen`)
+    run in a process of its own; start it with `module_env()`."""
+    return [sys.executable, "-m", module, *args]
+
+
+def module_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with the checkout first on PYTHONPATH: a child run by
+    `module_command` finds the `benchmarks` package from any working directory."""
+    out = dict(os.environ if env is None else env)
+    paths = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(CHECKOUT) not in paths:
+        out["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), *paths])
+    return out
 
 
 def stop_process(proc: Any, grace: float = 30.0) -> None:

@@ -32,7 +32,7 @@ A worker counts the rounds that finish inside the measuring window `[start, end]
 (`time.monotonic`, one clock for every process on Linux), their round trips and
 the server's timings they carry, and every error and mismatch whenever it happens.
 
-The instant verifier (`python rigs/loadgen.py instant`) answers every round at once,
+The instant verifier (`python -m benchmarks.rigs.loadgen instant`) answers every round at once,
 correctly, from the same tables, on a gRPC server built as the verifier's is: the
 generator against it drives what gRPC alone allows, without the verifier's own cost.
 
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import json
 import os
 import random
@@ -68,18 +67,12 @@ from typing import Any
 import grpc
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "benchmarks") not in sys.path:  # rigs.* in a worker process too
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-if importlib.util.find_spec("edgekit") is None:  # not installed: the checkout's (an installed one maps models/ & co.)
-    sys.path.append(str(ROOT))
-
-from rigs.fleet_sim import draft_block, load_traces  # noqa: E402
-
-from edgekit.config import DEFAULT_SLO_CLASSES as SLO_CLASSES  # noqa: E402
-from edgekit.protocol import GREEDY, PROTOCOL_VERSION, SERVICE_NAME, fingerprint_to_pb, pb, sampling_to_pb  # noqa: E402
-from edgekit.runtime import ToyLanguageModel  # noqa: E402
-from edgekit.transport import CLIENT_HEADER  # noqa: E402
+from benchmarks import harness as C
+from benchmarks.rigs.fleet_sim import draft_block, load_traces
+from edgekit.config import DEFAULT_SLO_CLASSES as SLO_CLASSES
+from edgekit.protocol import GREEDY, PROTOCOL_VERSION, SERVICE_NAME, fingerprint_to_pb, pb, sampling_to_pb
+from edgekit.runtime import ToyLanguageModel
+from edgekit.transport import CLIENT_HEADER
 
 __all__ = ["LineProcess", "MemoToyLM", "Tables", "Workload", "cpu_seconds", "parse_cores", "prepare_process", "spawn",
            "toy_target"]
@@ -771,7 +764,7 @@ class LineProcess:
         self.proc = subprocess.Popen(
             list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1,
             preexec_fn=(lambda: os.sched_setaffinity(0, set(cores))) if cores else None,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**C.module_env(), "PYTHONUNBUFFERED": "1"},  # a module of the package: it finds it
         )
 
     def send(self, obj: dict[str, Any]) -> None:
@@ -804,7 +797,7 @@ class LineProcess:
 def spawn(role: str, spec: dict[str, Any], *, cores: Sequence[int] | None = None,
           log: Path | None = None) -> LineProcess:
     """A worker or an instant verifier (`role`) in a process of its own, pinned to `cores`, told `spec`."""
-    proc = LineProcess([sys.executable, str(Path(__file__).resolve()), role], cores=cores, log=log)
+    proc = LineProcess(C.module_command("benchmarks.rigs.loadgen", role), cores=cores, log=log)
     proc.send({**spec, "cores": list(cores) if cores else None})
     return proc
 

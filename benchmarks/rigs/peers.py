@@ -40,8 +40,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import fleet as F
-import harness as C
+from benchmarks import harness as C
+from benchmarks.rigs import fleet_runs as F
+from benchmarks.rigs.verifier_process import serve_process
 
 CORES = frozenset(os.sched_getaffinity(0))  # before the device pins itself to one of them
 
@@ -68,7 +69,7 @@ def serve(target: Path, *, numerics: str, policy: str = "fcfs", cores: set[int] 
         serve_args += ["--threads", str(threads)]
     with ExitStack() as stack:
         with C.pinned(cores):  # the server's process inherits them; this one is back on its own after
-            served = stack.enter_context(F.serve_process(serve_args, log))
+            served = stack.enter_context(serve_process(serve_args, log))
         yield served
 
 
@@ -260,11 +261,8 @@ def llama_cpp_python_server(target: Path, log: Path, *, threads: int = 1, cores:
 def vllm_server(log: Path, *, cores: set[int] | None = None):
     """vLLM's CPU build serving the converted gemma target (engines/vllm: prepare.sh first),
     pinned to `cores`, one OpenMP thread; its OpenAI base URL, model name and engine process ids."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engines" / "vllm"))
-    try:
-        from vllm_server import VllmServer, prepared
-    finally:
-        sys.path.pop(0)
+    from benchmarks.rigs.vllm_server import VllmServer, prepared
+
     missing = prepared()
     if missing:
         raise RuntimeError(f"vLLM is not prepared ({', '.join(map(str, missing))}): run make vllm")
@@ -318,9 +316,8 @@ def fleet(args: argparse.Namespace, draft: Path, target: Path, *, pair: str, nam
     `args.fleet_systems`; capacity per SLO class (WISP eq. 20) and goodput. `names`: the draft's
     and the target's, for the traces. With `replicas` > 1, that many verifiers (each on `cores`,
     each with room for every device) behind `proxy` with deploy/'s config (`_proxies`)."""
-    from rigs import proxies as _proxies
-    from rigs.fleet_sim import load_traces, record_trace, save_traces
-
+    from benchmarks.rigs import proxies as _proxies
+    from benchmarks.rigs.fleet_sim import load_traces, record_trace, save_traces
     from edgekit import ClientConfig
     from edgekit.protocol import GenerateRequest
     from edgekit.runtime import LlamaDraftModel

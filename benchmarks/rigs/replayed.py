@@ -12,7 +12,7 @@ the trace's end, and sessions of other prompts, keep the random target's answer.
 only (the argmax ids, or whole rows whose recorded token is raised above the rest); a sampling
 round's kept rows are left as they are, so its acceptance is the random target's.
 
-    python benchmarks/rigs/replayed.py TRACES.json [edgekit serve's options ...]
+    python -m benchmarks.rigs.replayed TRACES.json [edgekit serve's options ...]
 
 serves as `edgekit serve` does, with the engine replaced. The product's verifier code is not
 touched: the swap happens here, in the launcher. Figures measured this way say so.
@@ -26,10 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rigs.fleet_sim import Trace, load_traces
-
+from benchmarks.rigs.fleet_sim import Trace, load_traces
 from edgekit.verifier import LlamaEngine
 from edgekit.verifier.engine import Feed, FeedOutput, KeptRows
 

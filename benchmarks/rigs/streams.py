@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import harness as C
+from benchmarks import harness as C
 
 
 @dataclass(frozen=True)

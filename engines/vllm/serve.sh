@@ -3,6 +3,7 @@
 #   engines/vllm/serve.sh PORT [more vLLM flags]
 # edgekit then verifies against it as openai+http://127.0.0.1:PORT/v1. Ready in ~2 min on 2 cores
 # (poll /v1/models), ~8 GB RSS across its processes; the first request after a start is slow (~30 s).
+# From Python: benchmarks/rigs/vllm_server.py (VllmServer) starts it, waits for it and stops it.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 port="${1:?usage: serve.sh PORT [vLLM flags]}"

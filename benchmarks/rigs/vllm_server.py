@@ -1,7 +1,7 @@
 """vLLM's OpenAI server (engines/vllm/serve.sh) started and stopped from Python: the vLLM test
-tier (tests/test_vllm.py) and the round-cost benchmark (benchmarks/vllm_rounds.py) share it.
+tier (tests/test_vllm.py), the vLLM benchmarks (`vllm_rounds`, `vllm_fleet`) and the peers share it.
 
-    from vllm_server import VllmServer   # with engines/vllm on sys.path
+    from benchmarks.rigs.vllm_server import VllmServer
     with VllmServer(port, log) as vllm:   # returns once /v1/models answers
         ... vllm.base ...               # http://127.0.0.1:PORT/v1
 """
@@ -16,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ENGINE = Path(__file__).resolve().parent
+ENGINE = Path(__file__).resolve().parents[2] / "engines" / "vllm"  # its shell scripts
 
 
 def prepared() -> list[Path]:
@@ -109,3 +109,11 @@ class VllmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def vllm_counter(base: str, name: str, **labels: str) -> float:
+    """One of vLLM's /metrics counters, summed over the series with `labels`."""
+    with urllib.request.urlopen(base.removesuffix("/v1") + "/metrics", timeout=60) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()))
