@@ -6,7 +6,7 @@ with a `main()` that reads `sys.argv` through the harness (`C.parse`); `BENCHMAR
 list of them, which benchmarks/README.md's table and docs/results/ follow (tests/test_benchmarks_package.py
 checks both). What several benchmarks share is a library beside them: `harness` (the command line,
 the machine, results, plots, processes) and `rigs` (the fleet simulator, the load generator, the
-peers, the proxies, vLLM). A benchmark imports those, never another benchmark's
+peers, the proxies, link emulation, vLLM). A benchmark imports those, never another benchmark's
 internals: one that runs another runs it by name (`run`), and `figures` redraws the others' figures
 with their `plot`. Nothing here imports a benchmark until it is run.
 """

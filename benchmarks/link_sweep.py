@@ -1,7 +1,7 @@
 """FH, SH, the latency model's choice and WISV's 10 ms rule over emulated links.
 
 The real client (gemma-270m draft, here) and the real verifier (gemma-270m
-target, in a network namespace) run through `edgekit.testing.linkemu`: tc tbf for the
+target, in a network namespace) run through `rigs/linkemu`: tc tbf for the
 rates, a user-space proxy for delay, jitter and loss. For each link condition:
 a fresh link estimate (probe), then every prompt under each upload policy, in
 rotating order, with the same fixed drafting window, so every policy drafts
@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 
 from benchmarks import harness as C
+from benchmarks.rigs.linkemu import LinkProfile, Testbed
 from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel
 from edgekit.models import get_pair, model_path
-from edgekit.testing.linkemu import LinkProfile, Testbed
 from edgekit.transport import GrpcTransport
 
 POLICIES = ("fh", "sh", "auto", "rtt")

@@ -22,10 +22,10 @@ import threading
 import time
 
 from benchmarks import harness as C
+from benchmarks.rigs.linkemu import LinkProfile, Testbed
 from edgekit import ClientConfig, EdgeClient, GenerationConfig, Provisional, Resumed, TextDelta
 from edgekit.models import get_pair, model_path
 from edgekit.runtime import LlamaDraftModel
-from edgekit.testing.linkemu import LinkProfile, Testbed
 from edgekit.transport import GrpcTransport
 
 MODES = ("wait", "draft")

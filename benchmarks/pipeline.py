@@ -28,11 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from benchmarks import harness as C
+from benchmarks.rigs.linkemu import LinkProfile, Testbed
 from edgekit import EdgeClient, GenerationConfig
 from edgekit.models import get_pair, model_path
 from edgekit.plan import Plan, ServingModel, calibrate_draft, calibrate_verify, exhaustive, plan, verifier_shape
 from edgekit.runtime import DraftPool, LlamaDraftModel, LlamaPoolBackend
-from edgekit.testing.linkemu import LinkProfile, Testbed
 from edgekit.transport import GrpcTransport
 
 WAYS = ("one after another", "pipelined", "pipelined, batched drafting", "planned")

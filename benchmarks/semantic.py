@@ -12,7 +12,7 @@ Everything runs through edgekit's real client, verifier and engines. By default 
 process, the link between them a `SimulatedLink` (the paper's link-layer abstraction: RTT, rate
 and loss give each exchange its time, and the device's link estimate is what it reports).
 With a `+bed` suffix (`semantic:poor+bed`) the verifier runs as `edgekit serve` in the link
-testbed (`edgekit.testing.linkemu`: a network namespace, tc rate limits, a delay proxy; needs root)
+testbed (`rigs/linkemu`: a network namespace, tc rate limits, a delay proxy; needs root)
 and the client talks gRPC over the emulated link: the head then sees the CSI the device
 measured, and `seconds` per problem are wall-clock over the link.
 Links: good (500 Mbit/s, 5 ms), good50 (500, 50 ms), poor5 (20, 5 ms), poor (20, 50 ms).
@@ -42,13 +42,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import harness as C
+from benchmarks.rigs.linkemu import LinkProfile, Testbed
 from edgekit import EdgeClient, GenerationConfig, LlamaDraftModel, ServerConfig
 from edgekit.client import FinalStats, RoundEvent, TextDelta
 from edgekit.models import pair_paths
 from edgekit.semantic.collect import _cut
 from edgekit.semantic.tasks import humaneval_tasks
 from edgekit.testing import InProcessTransport, SimulatedLink
-from edgekit.testing.linkemu import LinkProfile, Testbed
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import LlamaEngine, SemanticHead, VerifierService, channel_quality
 

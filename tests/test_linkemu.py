@@ -1,12 +1,12 @@
 """The real client and verifier through an emulated link: a verifier in a network
-namespace behind tc tbf rates and a delay/loss proxy (edgekit.testing.linkemu)."""
+namespace behind tc tbf rates and a delay/loss proxy (benchmarks/rigs/linkemu)."""
 
 from __future__ import annotations
 
 import pytest
 
+from benchmarks.rigs.linkemu import LinkProfile, Testbed, available
 from edgekit import EdgeClient, GenerationConfig
-from edgekit.testing.linkemu import LinkProfile, Testbed, available
 from edgekit.transport import GrpcTransport
 
 pytestmark = [pytest.mark.models, pytest.mark.skipif(available() is not None, reason=f"link testbed: {available()}")]

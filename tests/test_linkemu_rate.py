@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from benchmarks.rigs.linkemu import DelayProxy
+from benchmarks.rigs.linkemu._proxy import HEADERS, MSS
 from edgekit import ClientConfig, ServerConfig
 from edgekit.link import probe
 from edgekit.testing import ToyLanguageModel
-from edgekit.testing.linkemu import DelayProxy
-from edgekit.testing.linkemu._proxy import HEADERS, MSS
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import ToyEngine, VerifierServer
 

@@ -342,7 +342,7 @@ def echo():
 def test_the_link_emulator_cuts_or_holds_the_link_during_an_outage(echo):
     import socket
 
-    from edgekit.testing.linkemu import DelayProxy
+    from benchmarks.rigs.linkemu import DelayProxy
 
     with DelayProxy(echo) as proxy:
         host, port = proxy.address.split(":")

@@ -3,7 +3,7 @@
 One box plays both machines. The device is this process, pinned to one CPU core: the draft runs
 there on llama.cpp's CPU kernels with one thread (EDGEKIT_GPU_LAYERS=0). The verifier is
 `edgekit serve` with every target layer on the GPU (`--gpu-layers -1`, fast numerics: a GPU has
-no batch-invariant kernels), reached through `edgekit.testing.linkemu.DelayProxy` at each RTT (a
+no batch-invariant kernels), reached through `rigs/linkemu`'s `DelayProxy` at each RTT (a
 user-space relay that delays each direction by half of it; no rate limit). Systems, each on the
 same prompts, greedy, the same GGUF files:
 

@@ -3,5 +3,5 @@
 of its own (`verifier_process`) or answering from recorded traces (`replayed`), the load generator
 (`loadgen`), the peers on one box (`peers`), HAProxy and nginx in front (`proxies`), plain-decoding
 streams (`streams`), the stock llama-cpp-python server (`llama_cpp_server`), vLLM's server
-(`vllm_server`), and hostile messages for the fuzzer (`fuzz_messages`).
-Benchmarks and tests import them; they import no benchmark."""
+(`vllm_server`), hostile messages for the fuzzer (`fuzz_messages`), and emulated links (`linkemu`:
+root, network namespaces, tc). Benchmarks and tests import them; they import no benchmark."""

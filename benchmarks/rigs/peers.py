@@ -2,7 +2,7 @@
 
 The device is the benchmark's own process, pinned to one core (`pin_to_device_core`); the
 verifier is a server process pinned to the cores left (`verifier_cores`), reached through
-`edgekit.testing.linkemu.DelayProxy` (a user-space relay delaying each direction by half the RTT).
+`rigs/linkemu`'s `DelayProxy` (a user-space relay delaying each direction by half the RTT).
 Each system's generation is timed as its user sees it, and the verifier process's CPU time
 around it is what the operator pays. Shared by `side_by_side.py` (CPU) and `gpu/suite.py`.
 
@@ -75,7 +75,7 @@ def serve(target: Path, *, numerics: str, policy: str = "fcfs", cores: set[int] 
 
 @contextmanager
 def proxy_to(address: str):
-    from edgekit.testing.linkemu import DelayProxy
+    from benchmarks.rigs.linkemu import DelayProxy
 
     host, port = address.rsplit(":", 1)
     with DelayProxy((host, int(port))) as p:

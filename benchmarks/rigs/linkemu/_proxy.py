@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...link import MIN_RTO_MS
+from edgekit.link import MIN_RTO_MS
 
 __all__ = ["DelayProxy", "Impairment"]
 

@@ -9,7 +9,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ...errors import EdgekitError
+from edgekit.errors import EdgekitError
+
 from ._proxy import DelayProxy, Impairment
 
 __all__ = ["LinkProfile", "Testbed", "available"]

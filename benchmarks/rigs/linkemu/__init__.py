@@ -11,6 +11,8 @@ kernel has no netem:
 Loss is modelled as TCP shows it to an application: a lost segment delays its
 bytes (and, in order, everything behind them) by a retransmission timeout.
 Needs root and iproute2 (`ip`, `tc`); `available()` says whether they are here.
+It lives beside the benchmarks (`benchmarks.rigs.linkemu`), not in edgekit's wheel: what a test or
+a benchmark of links needs, never what a device or a verifier runs.
 """
 
 from ._bed import LinkProfile, Testbed, available
