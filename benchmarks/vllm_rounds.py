@@ -24,8 +24,10 @@ decodes another target (quantized GGUF), so its tokens are not compared.
 Each round's requests and the prompt tokens vLLM computed for them are read from its /metrics.
 
     python -m benchmarks vllm_rounds [--contexts 64,127,128,256,512,1024,2048] [--prompts 2] [--tokens 12]
+                                     [--routes prompt-logprobs,prefixes,generate]
 
-Needs engines/vllm/prepare.sh done (`make vllm`). Writes benchmarks/results/vllm_rounds.{json,png}.
+Needs engines/vllm/prepare.sh done (`make vllm`). Writes benchmarks/results/vllm_rounds.{json,png}
+(vllm_rounds_ROUTES.{json,png} with some of the routes).
 """
 
 from __future__ import annotations
@@ -76,16 +78,19 @@ def rounds_through(url: str, draft: LlamaDraftModel, prompts: dict[int, list[lis
     with EdgeClient(url, draft=draft, generation=gen, config=ClientConfig(timeout=600, retry_for=0)) as client:
         client.generate(prompts[min(prompts)][0][:8], max_tokens=2).until_done()  # warm: first requests are slow
         for length, group in prompts.items():
-            ms, outputs, requests, computed = [], [], 0.0, 0.0
+            ms, later, outputs, requests, computed = [], [], [], 0.0, 0.0
             for ids in group:
                 before = counters()
                 final = client.generate(ids).until_done()
                 after = counters()
                 requests, computed = requests + after[0] - before[0], computed + after[1] - before[1]
                 ms += [r.round_trip_ms for r in final.stats.rounds_detail]
+                later += [r.round_trip_ms for r in final.stats.rounds_detail[1:]]
                 outputs.append(list(final.token_ids))
+            # a prompt's first round also computes the prompt's tail past its last whole KV block; how
+            # many rounds a prompt takes (its acceptance) decides their share: the later rounds alone too
             result[length] = {"round_ms": ms, "median_round_ms": statistics.median(ms), "outputs": outputs,
-                              "rounds": len(ms)}
+                              "rounds": len(ms), "median_later_round_ms": statistics.median(later or ms)}
             if vllm_base is not None:  # the first round of each prompt prefills it: counted in
                 result[length] |= {"requests_per_round": requests / len(ms),
                                    "computed_tokens_per_round": computed / len(ms)}
@@ -116,7 +121,11 @@ def main() -> None:
     ap.add_argument("--contexts", default="64,127,128,256,512,1024,2048")
     ap.add_argument("--prompts", type=int, default=2)  # per context length: not the shared --prompts
     ap.add_argument("--tokens", type=int, default=12)
+    ap.add_argument("--routes", default=",".join(ROUTES))  # some of them: the result is named after them
     args = C.parse(ap, machine=False)
+    routes = C.csv_list(args.routes)
+    if not routes or set(routes) - set(ROUTES):
+        raise SystemExit(f"--routes takes some of {', '.join(ROUTES)}")
     missing = prepared()
     if missing:
         raise SystemExit(f"vLLM is not prepared ({', '.join(map(str, missing))}); run make vllm")
@@ -126,7 +135,7 @@ def main() -> None:
     # Each route its own prompts: vLLM's prefix cache would serve one route what another computed (a
     # generate round whose block was decoded before goes by the prefixes, see the transport)
     prompts = {route: contexts_of(draft, lengths, args.prompts, first=r * args.prompts)
-               for r, route in enumerate(ROUTES)}
+               for r, route in enumerate(routes)}
     systems: dict[str, dict] = {}
     identical: dict[str, bool] = {}
     log = C.RESULTS_DIR / "vllm_rounds_server.log"
@@ -134,10 +143,10 @@ def main() -> None:
         t0 = time.monotonic()
         post(vllm.base, "/completions", {"model": SERVED, "prompt": [2, 9259], "max_tokens": 1})
         C.progress(f"vLLM ready; a first completion took {time.monotonic() - t0:.1f} s")
-        for route in ROUTES:
+        for route in routes:
             systems[f"vLLM, {route}"] = rounds_through(f"openai+{vllm.base}?route={route}", draft, prompts[route],
                                                        args.tokens, vllm.base)
-        for route in ROUTES:  # vLLM's own greedy decoding of each route's prompts, once the routes are done
+        for route in routes:  # vLLM's own greedy decoding of each route's prompts, once the routes are done
             reference = {n: [[int(t.removeprefix("token_id:")) for t in post(vllm.base, "/completions", {
                 "model": SERVED, "prompt": ids, "max_tokens": args.tokens, "temperature": 0, "logprobs": 1,
                 "return_tokens_as_token_ids": True})["choices"][0]["logprobs"]["tokens"]] for ids in group]
@@ -145,7 +154,7 @@ def main() -> None:
             identical[f"vLLM, {route}"] = all(systems[f"vLLM, {route}"][n]["outputs"] == reference[n] for n in lengths)
     with serve_process(["--model", str(model_path(spec.target)), "--threads", "1", "--max-sessions", "2"],
                        C.RESULTS_DIR / "vllm_rounds_edgekit.log") as served:
-        systems["edgekit serve"] = rounds_through(served.address, draft, prompts["generate"], args.tokens)
+        systems["edgekit serve"] = rounds_through(served.address, draft, prompts[routes[-1]], args.tokens)
     payload = {"contexts": lengths, "tokens": args.tokens, "prompts_per_context": args.prompts,
                "identical_to_vllm_greedy": identical,
                "systems": {name: {str(n): v for n, v in r.items()} for name, r in systems.items()}}
@@ -154,7 +163,10 @@ def main() -> None:
         payload.setdefault("growth", {})[name] = last / first
         if 256 in r:  # issue 67's measure: a round at the longest context against one at 256 tokens
             payload.setdefault("over_256", {})[name] = last / r[256]["median_round_ms"]
-    path = C.write_result("vllm_rounds", payload)
+            payload.setdefault("later_over_256", {})[name] = (r[lengths[-1]]["median_later_round_ms"]
+                                                              / r[256]["median_later_round_ms"])
+    name = "vllm_rounds" if routes == list(ROUTES) else "vllm_rounds_" + "-".join(routes)
+    path = C.write_result(name, payload)
     plot(payload, path.with_suffix(".png"))
     print(C.table(["system", *[f"{n} tokens" for n in lengths], "growth", "identical to vLLM"],
                   [[name, *[C.fmt(r[n]["median_round_ms"], 0) for n in lengths], C.fmt(payload["growth"][name]),
