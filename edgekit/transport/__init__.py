@@ -8,7 +8,7 @@ client side of edgekit's protocol over any carrier (gRPC here; in process for te
 """
 
 from ._base import VerifierTransport
-from ._connect import SCHEMES, connect, needs_tokenizer
+from ._connect import connect, needs_tokenizer
 from ._failover import FailoverTransport
 from ._grpc import CLIENT_HEADER, SESSION_HEADER, GrpcTransport, map_rpc_error
 from ._message import MessageTransport
@@ -20,7 +20,6 @@ from ._triton import TritonTransport
 __all__ = [
     "CLIENT_HEADER",
     "PREFIXES_FROM",
-    "SCHEMES",
     "SESSION_HEADER",
     "TOKENIZER_PROBE",
     "FailoverTransport",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import cast
 
 from ..config import ClientConfig
@@ -12,24 +12,7 @@ from ..registry import TRANSPORTS
 from ..runtime import DraftModel
 from ._base import VerifierTransport
 
-__all__ = ["SCHEMES", "connect", "needs_tokenizer"]
-
-
-class _Schemes(Mapping[str, str]):
-    """Each URL scheme a transport is registered for, and what it reaches (`TRANSPORTS`, read when asked:
-    a package may add one)."""
-
-    def __getitem__(self, scheme: str) -> str:
-        return next(e.doc for e in TRANSPORTS.entries() if e.name == scheme)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(TRANSPORTS.names())
-
-    def __len__(self) -> int:
-        return len(TRANSPORTS.names())
-
-
-SCHEMES: Mapping[str, str] = _Schemes()
+__all__ = ["connect", "needs_tokenizer"]
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -51,7 +34,7 @@ def needs_tokenizer(url: str) -> bool:
     """Whether a verifier URL (or any of a comma-separated set) is reached through the draft's
     tokenizer (a stock server's transport): it cannot be reached before a draft is loaded."""
     urls = [u.strip() for u in url.split(",") if u.strip()]
-    return any(getattr(_builder(scheme, u), "needs_tokenizer", False) for u in urls for scheme in [_split(u)[0]])
+    return any(getattr(_builder(_split(u)[0], u), "needs_tokenizer", False) for u in urls)
 
 
 def connect(url: str, config: ClientConfig, tokenizer: DraftModel | None = None) -> VerifierTransport:
