@@ -243,7 +243,10 @@ def test_plan_prints_batches_a_window_and_a_predicted_total_for_a_prompt_file(ge
     out = json.loads(result.stdout)
     assert sorted(k for b in out["batches"] for k in b) == [0, 1, 2]
     assert 1 <= out["window"] <= 8 and 0 < out["predicted_s"] <= out["one_after_another_s"] * 1.0001
-    assert out["draft_runtime"]["c1"] > 0
+    # eq. 17's fit keeps both coefficients >= 0 and explains times > 0, but which of them carries the time is
+    # this machine's: on a loaded 2-core runner a decode of 8 sequences can time no slower than one (c1 = 0)
+    for fit in (out["draft_runtime"], out["verify_runtime"]):
+        assert fit["c1"] >= 0 and fit["c2"] >= 0 and fit["c1"] + fit["c2"] > 0, fit
     bad = tmp_path / "bad.txt"
     bad.write_text('{"text": "no prompt field"}\n')
     result = runner.invoke(app, ["plan", str(bad), "--verifier", gemma_server.address], env={"COLUMNS": "2000"})
