@@ -263,7 +263,8 @@ class ClientConfig:
     # "speculative" drafts it; "target-only" streams it and takes drafting as dominated, tried
     # only after `max_explore_every` answers. Later answers go by what each way was measured to
     # cost. Where the two steps are close, the machine's timing decides "auto" run by run: tests
-    # and benchmarks that need one route pin it here (EDGEKIT_FIRST_ROUTE in `from_env`).
+    # and benchmarks that need one route pin it here. EDGEKIT_FIRST_ROUTE, where set, is the first
+    # route of every EdgeClient whose config leaves it "auto" (`from_env` reads it too).
     first_route: FirstRoute = "auto"
     # Over gRPC, True sends a session's rounds on one stream (the Rounds RPC) where the verifier
     # offers it; False (the default), a Verify call each. Measured on one verifier core, a stream

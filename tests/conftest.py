@@ -8,7 +8,6 @@ would look green while testing nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -41,27 +40,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"edgekit: first 'auto' answers routed {config.getoption('--first-route')}"
 
 
-_UNPINNED_INIT = EdgeClient.__init__
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    """`--first-route`, for every client made in this process with the "auto" first route (the
-    default), module and session fixtures' included, and every `edgekit` command a test starts
-    (EDGEKIT_FIRST_ROUTE, which the CLI reads). Run the suite both ways, and a test that asserts
-    drafting's figures without fixing its route fails on any machine, not only where the timing
-    falls the other way (a draft as fast as its target's step)."""
+    """`--first-route`, as EDGEKIT_FIRST_ROUTE: the first route of every client this process makes
+    whose config leaves it "auto" (the default), module and session fixtures' included, and of every
+    `edgekit` command a test starts. Run the suite both ways, and a test that asserts drafting's
+    figures without fixing its route fails on any machine, not only where the timing falls the
+    other way (a draft as fast as its target's step)."""
     route = config.getoption("--first-route")
     if route == "auto":
         os.environ.pop("EDGEKIT_FIRST_ROUTE", None)
-        return
-    os.environ["EDGEKIT_FIRST_ROUTE"] = route
-
-    def pinned(self: EdgeClient, *args: object, **kwargs: object) -> None:
-        _UNPINNED_INIT(self, *args, **kwargs)  # type: ignore[arg-type]
-        if self.config.first_route == "auto":  # a client that pins its route keeps it
-            self.config = dataclasses.replace(self.config, first_route=route)
-
-    EdgeClient.__init__ = pinned  # type: ignore[method-assign]
+    else:
+        os.environ["EDGEKIT_FIRST_ROUTE"] = route
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +58,6 @@ def _routes_unpinned(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     """Tests of the "auto" choice itself (marked `routes`) set the step times they decide on: the
     clients they make are left as they are."""
     if request.node.get_closest_marker("routes") is not None:
-        monkeypatch.setattr(EdgeClient, "__init__", _UNPINNED_INIT)
         monkeypatch.delenv("EDGEKIT_FIRST_ROUTE", raising=False)
 
 

@@ -7,6 +7,7 @@ sessions it opens (`_session`), the verifier's target-only stream and its resume
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -77,6 +78,8 @@ class EdgeClient:
         if draft_slots < 1:
             raise ValueError("draft_slots must be at least 1")
         self.config = config or ClientConfig()
+        if self.config.first_route == "auto" and (pinned := os.environ.get("EDGEKIT_FIRST_ROUTE")):
+            self.config = replace(self.config, first_route=pinned)  # a process-wide pin (tests, benchmarks)
         if not self.config.client_id:  # one id for this client's sessions (the verifier's budgets follow it)
             self.config = replace(self.config, client_id=uuid.uuid4().hex)
         self.generation = generation or GenerationConfig()
