@@ -1,5 +1,6 @@
 # On a fresh machine:
 #   make chat   installs everything (builds llama.cpp, pulls the qwen-coder weights) and starts `edgekit chat`
+#   make test-fast  the unit tier alone (toys, no downloads; < 3 min)
 #   make test   installs the test extras, lints and type-checks, pulls the small gemma pair, runs the test suite
 #   make docs   builds the documentation site into build/site
 # Everything lives in .venv; model weights in ~/.cache/edgekit/models (EDGEKIT_CACHE_DIR overrides).
@@ -15,7 +16,7 @@ PYTEST_ARGS ?=
 # the suite in ~0.65 of one's time on a 2-core machine. 0: one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: chat test test-vllm vllm proxies test-all test-numerics-avx2 lint typecheck install models-test models-chat predictors traces figures docs clean
+.PHONY: chat test test-fast test-vllm vllm proxies test-all test-numerics-avx2 lint typecheck install models-test models-chat predictors traces figures docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,15 +38,20 @@ models-chat: install
 chat: models-chat
 	$(BIN)/edgekit chat
 
-# HAProxy and nginx for the fleet tests (tests/test_fleet_proxy.py): Debian's packages unpacked
+# HAProxy and nginx for the fleet tests (tests/system/test_fleet_proxy.py): Debian's packages unpacked
 # under build/proxies without root; where that cannot be done the tests skip (CI requires them).
 proxies:
 	@bash deploy/fetch-proxies.sh >/dev/null || echo "no haproxy/nginx for the fleet tests (deploy/fetch-proxies.sh); they skip"
 
+# The unit tier alone (tests/unit: toys only, no model files, no network, no server processes): under
+# 3 minutes on 2 cores, for the edit-test loop. `make test` runs it too, with everything else CI runs.
+test-fast: install
+	$(BIN)/python -m pytest tests/unit -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
 test: lint typecheck models-test proxies
 	$(BIN)/python -m pytest -m "not slow and not vllm" -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# vLLM's CPU build as a verifier (tests/test_vllm.py): its own venv and the gemma target converted
+# vLLM's CPU build as a verifier (tests/system/test_vllm.py): its own venv and the gemma target converted
 # for it, both cached (~4 min the first time, seconds after); the tier runs ~7 min, ~8 GB RSS.
 vllm: models-test
 	EDGEKIT_PYTHON=$(BIN)/python engines/vllm/prepare.sh
@@ -97,7 +103,7 @@ figures: install
 
 # The documentation site (mkdocs.yml, docs/) into build/site. --strict: a broken link or anchor, a page
 # left out of the navigation or a reference mkdocstrings cannot resolve fails the build.
-# tests/test_docs.py builds it the same way and checks the commands the guides show.
+# tests/unit/project/test_docs.py builds it the same way and checks the commands the guides show.
 # (NO_MKDOCS_2_WARNING: Material for MkDocs' banner about its own end of life, not about this site.)
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site

@@ -1,14 +1,15 @@
 """edgekit's benchmarks, one tool: `python -m benchmarks NAME [ARGS...]` runs one with its own command
 line, `python -m benchmarks --list` names them all with what each measures and its results page.
 
-A benchmark is a module of this package (`benchmarks/NAME.py`, `benchmarks/gpu/NAME.py` as `gpu.NAME`)
-with a `main()` that reads `sys.argv` through the harness (`C.parse`); `BENCHMARKS` below is the one
-list of them, which benchmarks/README.md's table and docs/results/ follow (tests/test_benchmarks_package.py
-checks both). What several benchmarks share is a library beside them: `harness` (the command line,
-the machine, results, plots, processes) and `rigs` (the fleet simulator, the load generator, the
-peers, the proxies, link emulation, vLLM). A benchmark imports those, never another benchmark's
-internals: one that runs another runs it by name (`run`), and `figures` redraws the others' figures
-with their `plot`. Nothing here imports a benchmark until it is run.
+A benchmark is a module of this package (`benchmarks/NAME.py`, `benchmarks/gpu/NAME.py` as
+`gpu.NAME`) with a `main()` that reads `sys.argv` through the harness (`C.parse`); `BENCHMARKS`
+below is the one list of them, which benchmarks/README.md's table and docs/results/ follow
+(tests/unit/benchmarks/test_benchmarks_package.py checks both). What several benchmarks share is a
+library beside them: `harness` (the command line, the machine, results, plots, processes) and `rigs`
+(the fleet simulator, the load generator, the peers, the proxies, link emulation, vLLM). A benchmark
+imports those, never another benchmark's internals: one that runs another runs it by name (`run`),
+and `figures` redraws the others' figures with their `plot`. Nothing here imports a benchmark until
+it is run.
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("gpu.make_target", ("gpu.md",),
               "a target where no weights can be downloaded: a GGUF with Qwen2.5-7B's (14B's, 32B's) "
               "architecture, the Qwen2.5 tokenizer copied from the qwen-coder target, random weights in F16, "
-              "and Q4_K_M requantized from it (issue 51); a toy shape is a test (`tests/test_gpu_target.py`)"),
+              "and Q4_K_M requantized from it (issue 51); a toy shape is a test "
+              "(`tests/integration/test_gpu_target_gemma.py`)"),
     Benchmark("gpu.suite", ("gpu.md",),
               "the side-by-side comparison with the verifier on a GPU, at several RTTs, and the fleet; "
               "`--dry-run` on the CPU (a test); see `gpu/README.md`"),

@@ -6,7 +6,7 @@
 Each benchmark draws its own figure when it runs; this redraws the ones listed
 below from `benchmarks/results/*.json` with the benchmarks' own plot functions,
 after a change to a plot or to make sure the PNGs match the JSON beside them.
-tests/test_figures.py checks that it redraws every figure README.md shows.
+tests/unit/benchmarks/test_figures.py checks that it redraws every figure README.md shows.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# HAProxy and nginx for the fleet tests (tests/test_fleet_proxy.py), without root: Debian's own
+# HAProxy and nginx for the fleet tests (tests/system/test_fleet_proxy.py), without root: Debian's own
 # packages, fetched with `apt-get download` and unpacked under build/proxies/, with wrappers in
 # build/proxies/bin that find their libraries. A machine with haproxy and nginx installed
 # (apt-get install haproxy nginx) needs none of this: the tests take those from PATH.

@@ -3,7 +3,7 @@
     python proto/generate.py            # writes edgekit/protocol/_pb/
     python proto/generate.py --out DIR  # writes DIR/ (the test compares the two)
 
-The generated modules are committed; tests/test_proto.py checks that
+The generated modules are committed; tests/unit/protocol/test_proto.py checks that
 regenerating them changes nothing. Needs grpcio-tools (the `test` extra).
 """
 

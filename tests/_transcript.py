@@ -41,7 +41,10 @@ in a profile's. Long transcripts live in tests/transcripts/ (`transcript(name)`)
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from os import PathLike
 from pathlib import Path
@@ -174,3 +177,12 @@ def _replace(value: Any, path: tuple[str, ...], rules: Mapping[tuple[str, ...], 
 def transcript(name: str) -> str:
     """The expected transcript tests/transcripts/NAME."""
     return (Path(__file__).parent / "transcripts" / name).read_text(encoding="utf-8")
+
+
+def edgekit(*args: str, env: Mapping[str, str] | None = None, stdin: str | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+    """The real entry point, in a fresh process, with `stdin` or no standard input at all."""
+    return subprocess.run(
+        [sys.executable, "-m", "edgekit.cli.app", *args], capture_output=True, text=True, timeout=timeout,
+        input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL, env={**os.environ, **(env or {})},
+    )

@@ -22,6 +22,8 @@ from edgekit import ClientConfig, EdgeClient, LlamaDraftModel, ModelNotFoundErro
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
 
+pytest_plugins = ("hub_fake",)  # its fixtures, `tiny` and `hub`, for the tests of the Hub
+
 _MODEL_FIXTURES = frozenset({"gemma_paths", "gemma_server", "gemma_draft", "gpu_toy_target"})  # and whatever uses them
 
 
@@ -61,12 +63,26 @@ def _routes_unpinned(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
         monkeypatch.delenv("EDGEKIT_FIRST_ROUTE", raising=False)
 
 
+TIERS = ("unit", "integration", "system")
+_NOT_UNIT = ("models", "slow", "vllm")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that loads the gemma pair through a fixture is a `models` test, marked or not:
-    `-m models` then selects all of them (as `make test-numerics-avx2` does)."""
+    `-m models` then selects all of them (as `make test-numerics-avx2` does). Every test is marked
+    with its tier, the folder it lies in (tests/unit, tests/integration, tests/system), and a unit
+    test that needs model files is an error here, not a slow surprise in `make test-fast`."""
+    tests = Path(__file__).resolve().parent
     for item in items:
         if _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("models") is None:
             item.add_marker(pytest.mark.models)
+        tier = item.path.resolve().relative_to(tests).parts[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lies in tests/unit, tests/integration or tests/system")
+        item.add_marker(tier)
+        if tier == "unit" and (marked := [m for m in _NOT_UNIT if item.get_closest_marker(m)]):
+            raise pytest.UsageError(f"{item.nodeid} is marked {', '.join(marked)}: it belongs in tests/integration "
+                                    "or tests/system, as the unit tier runs on toys alone")
 
 
 def _paths(pair: str):
@@ -122,7 +138,6 @@ def gemma_api(gemma_server):
     """`edgekit api` over the gemma pair (API key "sekret", two requests at a time), and its client."""
     from _served import Served
 
-    from edgekit import EdgeClient
     from edgekit.api import create_app
 
     client = EdgeClient(gemma_server.address, draft_slots=3)
@@ -138,7 +153,6 @@ def api_verifier_gone():
     name of the model it serves."""
     from _served import Served
 
-    from edgekit import EdgeClient
     from edgekit.api import create_app
     from edgekit.testing import FakeDraftModel, ToyLanguageModel
     from edgekit.verifier import ToyEngine

@@ -1,6 +1,6 @@
 """Local HTTP servers that speak stock serving engines' documented APIs over a
 toy target: SGLang's native /generate and vLLM-style OpenAI completions. The
-stock-server transports are tested against them (tests/test_transports.py)."""
+stock-server transports are tested against them (tests/unit/transport/test_transports.py)."""
 
 from __future__ import annotations
 

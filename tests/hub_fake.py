@@ -1,4 +1,5 @@
-"""A Hugging Face Hub on loopback, for the real `huggingface_hub` client (tests/test_hub.py).
+"""A Hugging Face Hub on loopback, for the real `huggingface_hub` client (tests/unit/models/test_hub.py),
+and its fixtures (a plugin of tests/conftest.py): `tiny`, small GGUFs, and `hub`, a hub serving them.
 
 It serves what the client calls to find and fetch a file (seen in huggingface_hub 2.4.0's
 hf_api.py and file_download.py, and in the requests logged here):
@@ -38,6 +39,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import gguf
+import numpy as np
 import pytest
 
 _CHUNK = 1 << 20
@@ -414,3 +417,42 @@ def use_hub(monkeypatch: pytest.MonkeyPatch, endpoint: str, home: Path) -> Path:
     for key, setting in values.items():
         monkeypatch.setattr(constants, key, setting)
     return cache
+
+
+# -- fixtures: a hub serving small GGUFs -----------------------------------------------------------
+
+ORG = "edgekit-test"
+
+
+def _gguf(folder: Path, name: str, *, tensors: int = 1, split: bool = False) -> dict[str, bytes]:
+    """A small GGUF written with the gguf package (split one tensor a part): {file name: bytes}."""
+    writer = gguf.GGUFWriter(folder / name, "llama", split_max_tensors=1 if split else 0)
+    writer.add_name(name)
+    for i in range(tensors):
+        writer.add_tensor(f"t{i}", np.arange(4096, dtype=np.float32) + i)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    stem = name.removesuffix(".gguf")
+    return {p.name: p.read_bytes() for p in sorted(folder.glob(f"{stem}*.gguf"))}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, bytes]:
+    """Small GGUFs by file name: three quants, a projector and a model split in three parts."""
+    folder = tmp_path_factory.mktemp("tiny")
+    files: dict[str, bytes] = {}
+    for name in ("tiny-Q8_0.gguf", "tiny-Q4_K_M.gguf", "tiny-F16.gguf", "mmproj-tiny-F16.gguf"):
+        files |= _gguf(folder, name)
+    return files | _gguf(folder, "tiny-IQ4_XS.gguf", tensors=3, split=True)
+
+
+@pytest.fixture()
+def hub(tmp_path, monkeypatch, tiny) -> Iterator[FakeHub]:
+    """The hub, huggingface_hub pointed at it with a cache of its own, and the repo tiny-GGUF."""
+    with FakeHub() as fake:
+        use_hub(monkeypatch, fake.url, tmp_path / "hf")
+        fake.add_repo(f"{ORG}/tiny-GGUF", {"README.md": b"# tiny\n", **{
+            (f"IQ4_XS/{name}" if "IQ4_XS" in name else name): data for name, data in tiny.items()}})
+        yield fake

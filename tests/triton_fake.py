@@ -1,6 +1,6 @@
 """A local Triton Inference Server serving TensorRT-LLM's `tensorrt_llm` model over a toy target,
 as the KServe v2 HTTP/REST protocol and tensorrtllm_backend document them: the transport for
-TensorRT-LLM on Triton is tested against it (tests/test_transport_triton.py)."""
+TensorRT-LLM on Triton is tested against it (tests/unit/transport/test_triton.py)."""
 
 from __future__ import annotations
 

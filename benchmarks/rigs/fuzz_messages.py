@@ -1,6 +1,6 @@
 """Messages to fuzz the verifier with, and what it may answer (issue 16, item 5).
 
-Shared by tests/test_fuzz.py (a short run in CI) and the fuzz benchmark (the long
+Shared by tests/unit/verifier/test_fuzz.py (a short run in CI) and the fuzz benchmark (the long
 run). Three kinds of input per RPC: arbitrary bytes; messages built field by
 field from the RPC's protobuf descriptor with hostile values (ids out of range,
 negative and huge numbers, NaN and infinities, unknown enum values, long strings

@@ -1,6 +1,6 @@
 """HAProxy or nginx in front of several verifiers, with the configs deploy/ ships (only their
 replicas' addresses and the listening port changed): the fleet-behind-a-proxy test
-(tests/test_fleet_proxy.py) and the capacity-against-replicas benchmark (fleet_replicas.py).
+(tests/system/test_fleet_proxy.py) and the capacity-against-replicas benchmark (fleet_replicas.py).
 
 Binaries: from PATH, else build/proxies/bin (deploy/fetch-proxies.sh unpacks Debian's packages
 there without root)."""

@@ -1,5 +1,5 @@
 """vLLM's OpenAI server (engines/vllm/serve.sh) started and stopped from Python: the vLLM test
-tier (tests/test_vllm.py), the vLLM benchmarks (`vllm_rounds`, `vllm_fleet`) and the peers share it.
+tier (tests/system/test_vllm.py), the vLLM benchmarks (`vllm_rounds`, `vllm_fleet`) and the peers share it.
 
     from benchmarks.rigs.vllm_server import VllmServer
     with VllmServer(port, log) as vllm:   # returns once /v1/models answers

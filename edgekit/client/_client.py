@@ -12,9 +12,9 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from ..config import ClientConfig, GenerationConfig, ServerConfig
+from ..config import ClientConfig, FirstRoute, GenerationConfig, ServerConfig
 from ..drafting import Controller, ControllerFactory
 from ..errors import IncompatibleModelsError
 from ..link import CostTracker, LinkEstimator, LinkPolicy, ProbeResult, probe
@@ -79,7 +79,8 @@ class EdgeClient:
             raise ValueError("draft_slots must be at least 1")
         self.config = config or ClientConfig()
         if self.config.first_route == "auto" and (pinned := os.environ.get("EDGEKIT_FIRST_ROUTE")):
-            self.config = replace(self.config, first_route=pinned)  # a process-wide pin (tests, benchmarks)
+            # a process-wide pin (tests, benchmarks); replace() checks the value as the config does
+            self.config = replace(self.config, first_route=cast(FirstRoute, pinned))
         if not self.config.client_id:  # one id for this client's sessions (the verifier's budgets follow it)
             self.config = replace(self.config, client_id=uuid.uuid4().hex)
         self.generation = generation or GenerationConfig()

@@ -18,7 +18,7 @@ with log utility, U_i'(X) = w_i / X (proportional fairness; w_i a client's weigh
 1 by default). The objective is separable and each term is concave in S_i: its
 increment from S to S + 1 is U_i' * alpha_i^(S+1), which falls as S grows. So
 handing the C tokens out one at a time, each to the largest increment, is exact
-(`allocate`; tests/test_budgets.py checks it against brute force).
+(`allocate`; tests/unit/verifier/test_budgets.py checks it against brute force).
 
 Every verdict and OpenSession answer carries the session's budget (`next_budget`);
 the device drafts at most that many tokens (its own controller may stop earlier). A

@@ -1,5 +1,5 @@
 # Where prepare.sh puts vLLM's CPU build and the converted target, and how it is keyed; sourced
-# by prepare.sh and serve.sh, and by benchmarks/rigs/vllm_server.py (what tests/test_vllm.py and the
+# by prepare.sh and serve.sh, and by benchmarks/rigs/vllm_server.py (what tests/system/test_vllm.py and the
 # vLLM benchmarks start vLLM with) to find what prepare.sh made.
 ENGINE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_DIR="$(cd "$ENGINE_DIR/../.." && pwd)"

