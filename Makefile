@@ -48,8 +48,11 @@ proxies:
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-test: lint typecheck models-test proxies
-	$(BIN)/python -m pytest -m "not slow and not vllm" -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+# The unit tier first (a broken unit fails in minutes, before any model is pulled), then the integration
+# and system tiers on the gemma pair.
+test: lint typecheck test-fast models-test proxies
+	$(BIN)/python -m pytest tests/integration tests/system -m "not slow and not vllm" -q -n $(PYTEST_WORKERS) \
+		--dist loadfile $(PYTEST_ARGS)
 
 # vLLM's CPU build as a verifier (tests/system/test_vllm.py): its own venv and the gemma target converted
 # for it, both cached (~4 min the first time, seconds after); the tier runs ~7 min, ~8 GB RSS.

@@ -34,7 +34,7 @@ def run(client: EdgeClient, prompt: str) -> dict:
         "committed": s.completion_tokens,
         "rounds": s.rounds,
         "accepted": s.accepted,
-        "verify_ms": s.server_verify_ms + s.server_queue_ms,
+        "verify_ms": s.server.verify_ms + s.server.queue_ms,
         "wall_s": wall,
         "context_tokens_sent": sent,
     }

@@ -59,9 +59,9 @@ def spec_row(prompt: dict, k: int, final, baseline) -> dict:  # type: ignore[no-
         "time_to_first_token_ms": d["time_to_first_token_ms"],
         "draft_ms": d["draft_ms"],
         "draft_ms_per_token": d["draft_ms_per_token"],
-        "server_verify_ms": d["server_verify_ms"],
+        "server_verify_ms": d["server"]["verify_ms"],
         "round_trip_ms": d["round_trip_ms"],
-        "verify_ms_per_round": C.ratio(d["server_verify_ms"], d["rounds"]),
+        "verify_ms_per_round": C.ratio(d["server"]["verify_ms"], d["rounds"]),
         "round_trip_ms_per_round": C.ratio(d["round_trip_ms"], d["rounds"]),
         "speedup_vs_target_only": C.ratio(
             d["tokens_per_second"], baseline.stats.tokens_per_second
@@ -179,7 +179,7 @@ def run_pair(
                     "elapsed_s": bd["elapsed_s"],
                     "time_to_first_token_ms": bd["time_to_first_token_ms"],
                     "server_decode_ms_per_token": C.ratio(
-                        bd["server_verify_ms"], bd["completion_tokens"]
+                        bd["server"]["verify_ms"], bd["completion_tokens"]
                     ),
                     "text": base.text,
                     "token_ids": list(base.token_ids),

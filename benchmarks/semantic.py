@@ -89,8 +89,8 @@ def run_problem(client: EdgeClient, task, kind: str) -> dict:
             if isinstance(ev, RoundEvent):
                 s = ev.stats
                 rounds.append({"drafted": s.drafted, "accepted": s.accepted, "committed": s.committed,
-                               "semantic": s.semantic_accepted, "draft_ms": s.draft_ms,
-                               "server_ms": s.server_verify_ms + s.server_queue_ms, "exchanges": s.exchanges,
+                               "semantic": s.server.semantic_accepted, "draft_ms": s.draft_ms,
+                               "server_ms": s.server.verify_ms + s.server.queue_ms, "exchanges": s.exchanges,
                                "up": s.uplink_bytes, "down": s.downlink_bytes})
                 if _cut(text, task.stops)[1]:
                     break  # this round's figures came after its text: done

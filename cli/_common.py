@@ -125,7 +125,7 @@ def semantic_summary(stats, sep: str = ", ") -> str:  # GenerationStats
     if stats.mode != "semantic":
         return ""
     return (
-        f"{sep}{stats.semantic_accepted} mismatches accepted (semantic, head {stats.semantic_head}, "
+        f"{sep}{stats.server.semantic_accepted} mismatches accepted (semantic, head {stats.semantic_head}, "
         f"threshold {stats.semantic_threshold:.3f})"
     )
 # The sampler past the temperature (edgekit.Sampler: penalties, then temperature, then the truncations);

@@ -492,7 +492,7 @@ class _ChatSession:
                 table.add_row(
                     f"mismatches accepted (semantic: head {last.semantic_head}, "
                     f"threshold {last.semantic_threshold:.3f})",
-                    str(last.semantic_accepted), str(sum(t.semantic_accepted for t in turns)),
+                    str(last.server.semantic_accepted), str(sum(t.server.semantic_accepted for t in turns)),
                 )
             table.add_row(
                 "wasted draft tokens", str(last.wasted_draft_tokens), str(sum(t.wasted_draft_tokens for t in turns))

@@ -104,7 +104,7 @@ def normalise(
 
 # What varies in a generation's metrics (GenerationStats.to_dict): times, and the device's load.
 GENERATION: Mapping[str, str] = {
-    **dict.fromkeys(("draft_ms", "round_trip_ms", "server_verify_ms", "server_queue_ms", "prefill_ms",
+    **dict.fromkeys(("draft_ms", "round_trip_ms", "prefill_ms",
                      "time_to_first_token_ms", "draft_ms_per_token"), "<ms>"),
     **dict.fromkeys(("server.queue_ms", "server.verify_ms", "server.estimated_ms"), "<ms>"),
     "server.batch_size": "<n>",

@@ -14,11 +14,13 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from edgekit import ClientConfig, EdgeClient, LlamaDraftModel, ModelNotFoundError, ServerConfig
+from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_server, toy_verifier
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import VerifierServer
 
@@ -147,6 +149,39 @@ def gemma_api(gemma_server):
     client.close()
 
 
+# -- the toy pair: a target, its noisy draft, and the verifier over the target -----------------------
+# (edgekit.testing's helpers, as fixtures: a test that needs its own seed or limits calls them itself)
+
+
+@pytest.fixture()
+def toy_target() -> ToyLanguageModel:
+    """A toy target whose answers run long (end of text unlikely): `toy_target.greedy(prompt, n)` is
+    what any verifier of it must answer greedily."""
+    return ToyLanguageModel(seed=11, eos_bias=-8.0)
+
+
+@pytest.fixture()
+def toy_draft(toy_target: ToyLanguageModel) -> FakeDraftModel:
+    """The target's draft: the same toy with noise, so that it disagrees now and then."""
+    return FakeDraftModel(ToyLanguageModel(seed=toy_target.seed, noise=1.0, eos_bias=toy_target.eos_bias))
+
+
+@pytest.fixture()
+def toy_in_process(toy_target: ToyLanguageModel) -> Iterator[InProcessTransport]:
+    """The reference verifier over the toy target, in this process (`toy_verifier`)."""
+    transport = toy_verifier(toy_target, max_sessions=4, max_context=512)
+    yield transport
+    transport.close()
+
+
+@pytest.fixture()
+def toy_grpc(toy_target: ToyLanguageModel) -> Iterator[VerifierServer]:
+    """The reference verifier over the toy target, served over gRPC on a loopback port (`toy_server`):
+    clients reach `toy_grpc.address`."""
+    with toy_server(toy_target, max_sessions=4, max_context=512) as server:
+        yield server
+
+
 @pytest.fixture()
 def api_verifier_gone():
     """`edgekit api` over a toy verifier that has stopped since it started: the server, and the
@@ -154,11 +189,8 @@ def api_verifier_gone():
     from _served import Served
 
     from edgekit.api import create_app
-    from edgekit.testing import FakeDraftModel, ToyLanguageModel
-    from edgekit.verifier import ToyEngine
-
     lm = ToyLanguageModel(seed=2)
-    server = VerifierServer(ToyEngine(lm, n_seq=4, max_context=256), ServerConfig(port=0, max_sessions=4)).start()
+    server = toy_server(lm, max_sessions=4, max_context=256).start()
     client = EdgeClient(server.address, draft=FakeDraftModel(ToyLanguageModel(seed=2, noise=0.5)),
                         config=ClientConfig(timeout=2, connect_timeout=2, retry_for=0))
     served = Served(create_app(client))

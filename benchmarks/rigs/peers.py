@@ -137,7 +137,7 @@ def run_edgekit(client: Any, prompt: str, system: str) -> dict:
     n = max(s.completion_tokens, 1)
     return {"text": final.text, "tokens": s.completion_tokens, "elapsed_s": s.elapsed_s,
             "ttft_ms": s.time_to_first_token_ms, "ms_per_token": 1e3 * s.elapsed_s / n,
-            "verify_ms_per_token": s.server_verify_ms / n if s.server_verify_ms else None,
+            "verify_ms_per_token": s.server.verify_ms / n if s.server.verify_ms else None,
             "rounds": s.rounds, "accepted": s.accepted, "drafted": s.drafted, "route": s.drafting,
             "plain_rounds": s.plain_rounds}
 

@@ -17,8 +17,8 @@
   (the verdict took the whole block and the guessed token), and those dropped
 - server: what the verifier reported of the round (`edgekit.protocol.ServerFigures`: its queue
   and verify time, hidden rows taken, semantic acceptances, the SLO budget and whether it was
-  kept), one value from the wire to here, added up over a generation by its own rules;
-  server_verify_ms, server_queue_ms, hidden_rows, semantic_accepted and deadlines_missed read it
+  kept), one value from the wire to here, added up over a generation by its own rules
+  (`stats.server.verify_ms`); deadlines_missed counts the rounds whose deadline it says was missed
 """
 
 from __future__ import annotations
@@ -31,35 +31,8 @@ from ..protocol import ServerFigures
 __all__ = ["GenerationStats", "RoundStats"]
 
 
-class _ServerByName:
-    """The verifier's figures (`server`) read by the names the stats gave them before they
-    travelled as one value: `stats.server_verify_ms` is `stats.server.verify_ms`."""
-
-    server: ServerFigures
-
-    @property
-    def server_verify_ms(self) -> float:
-        return self.server.verify_ms
-
-    @property
-    def server_queue_ms(self) -> float:
-        return self.server.queue_ms
-
-    @property
-    def hidden_rows(self) -> int:
-        return self.server.hidden_rows
-
-    @property
-    def semantic_accepted(self) -> int:
-        return self.server.semantic_accepted
-
-    def _by_older_names(self) -> dict[str, Any]:
-        return {"server_verify_ms": self.server_verify_ms, "server_queue_ms": self.server_queue_ms,
-                "hidden_rows": self.hidden_rows, "semantic_accepted": self.semantic_accepted}
-
-
 @dataclass(frozen=True)
-class RoundStats(_ServerByName):
+class RoundStats:
     """One round's figures (this module names each): where its block started, what was drafted
     and accepted, how the time went (drafting, upload, the link), and what the verifier reported
     of it (`server`)."""
@@ -82,21 +55,12 @@ class RoundStats(_ServerByName):
     proactive_drafted: int = 0  # tokens drafted past the block while it was being verified
     proactive_used: int = 0  # of those, tokens that start the next round
 
-    @property
-    def server_budget_ms(self) -> float | None:
-        return self.server.budget_ms
-
-    @property
-    def deadline_met(self) -> bool | None:
-        return self.server.deadline_met
-
     def to_dict(self) -> dict:
-        return {**asdict(self), **self._by_older_names(), "server_budget_ms": self.server_budget_ms,
-                "deadline_met": self.deadline_met}
+        return asdict(self)
 
 
 @dataclass
-class GenerationStats(_ServerByName):
+class GenerationStats:
     """One generation's figures (this module names each): its settings, tokens, rounds and time,
     the verifier's share, outages, and each round's `RoundStats` in `rounds_detail`."""
 
@@ -195,7 +159,6 @@ class GenerationStats(_ServerByName):
     def to_dict(self, *, rounds: bool = False) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "rounds_detail"}
         d.update(
-            self._by_older_names(),
             acceptance_rate=self.acceptance_rate,
             accepted_length=self.accepted_length,
             committed_per_round=self.committed_per_round,

@@ -13,6 +13,8 @@ exchange the time a modelled link would take, without waiting.
 
 `toy_client(target, ...)` is an `EdgeClient` over all of these in one call: the toy verifier
 of `target` and a fake draft of it with some noise, GenerationConfig's fields as keywords.
+`toy_server(target, ...)` serves the toy target over real gRPC on a loopback port, as `edgekit
+serve` serves a model, for tests of what goes over the wire (tokens, deadlines, proxies).
 
 `ScriptedTransport` is a verifier transport whose every call a test decides, as httpx's
 `MockTransport` takes a handler: the `handler` answers each `Call` (or forwards it to an `inner`
@@ -24,15 +26,32 @@ with the training tooling.)
 """
 
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from ..runtime import ToyLanguageModel
-from ..verifier import ToyEngine
 from ._clock import ManualClock
 from ._faults import Fault, faults
 from ._inprocess import InProcessTransport
 from ._link import SimulatedLink
 from ._models import FakeDraftModel, ToyPoolBackend
 from ._scripted import Call, ScriptedTransport
-from ._toys import toy_client, toy_verifier
+
+if TYPE_CHECKING:
+    from ..verifier import ToyEngine
+    from ._toys import toy_client, toy_server, toy_verifier
+
+# What needs the verifier (and, for toy_client, the client) loads on first use: a test of code
+# built on edgekit that only scripts a transport or fakes a draft does not import the verifier.
+_LAZY = {"ToyEngine": "..verifier", "toy_client": "._toys", "toy_server": "._toys", "toy_verifier": "._toys"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "Call",
@@ -47,5 +66,6 @@ __all__ = [
     "ToyPoolBackend",
     "faults",
     "toy_client",
+    "toy_server",
     "toy_verifier",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import Message
@@ -20,8 +20,10 @@ from ..protocol import (
     status_of,
 )
 from ..transport import MessageTransport
-from ..verifier import VerifierService
 from ._link import SimulatedLink
+
+if TYPE_CHECKING:  # the verifier loads only with a toy verifier (edgekit.testing stays light to import)
+    from ..verifier import VerifierService
 
 
 class InProcessTransport(MessageTransport):

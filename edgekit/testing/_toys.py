@@ -1,7 +1,9 @@
-"""A toy verifier and a client over it, each in one call."""
+"""A toy verifier (in this process, or served over gRPC) and a client over it, each in one call."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -9,7 +11,7 @@ from ..client import EdgeClient
 from ..config import ClientConfig, GenerationConfig, ServerConfig
 from ..runtime import DraftModel, DraftPool, ToyLanguageModel
 from ..transport import VerifierTransport
-from ..verifier import Coefficients, ToyEngine, VerifierService, VerifyTimeEstimator
+from ..verifier import Coefficients, Feed, ToyEngine, VerifierServer, VerifierService, VerifyTimeEstimator
 from ._inprocess import InProcessTransport
 from ._link import SimulatedLink
 from ._models import FakeDraftModel
@@ -47,6 +49,30 @@ def toy_verifier(
         engine, c, estimator=VerifyTimeEstimator(cost) if cost is not None else None, semantic_head=semantic_head
     )
     return InProcessTransport(service, link=link or SimulatedLink(), address=address)
+
+
+def toy_server(
+    target: ToyLanguageModel | None = None,
+    *,
+    hidden_size: int = 8,
+    cost: Callable[[Sequence[Feed]], float] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    **config: Any,
+) -> VerifierServer:
+    """The reference verifier over a toy target (default `ToyLanguageModel()`) served over real gRPC,
+    as `edgekit serve` serves a model: `config` takes `ServerConfig` fields (port 0, a free loopback
+    port, unless given), the engine holds `max_sessions` sequences of `max_context` tokens. Not
+    started: use it as a context manager (or `.start()` and `.stop()`); clients reach its `address`.
+
+    >>> with toy_server(ToyLanguageModel(seed=3), max_sessions=4, token="s3cret") as server:
+    ...     client = EdgeClient(server.address, draft=FakeDraftModel(ToyLanguageModel(seed=3)))
+
+    `cost`: milliseconds each batch takes (the toy sleeps them, as `ToyEngine` does); `clock`: the
+    server's clock (a `ManualClock`), for tests of what it times out."""
+    c = ServerConfig(**({"port": 0} | config))
+    engine = ToyEngine(target if target is not None else ToyLanguageModel(), n_seq=c.max_sessions,
+                       max_context=c.max_context, hidden_size=hidden_size, cost=cost)
+    return VerifierServer(engine, c, clock=clock)
 
 
 def toy_client(

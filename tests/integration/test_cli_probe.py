@@ -78,12 +78,10 @@ def test_probing_a_silent_verifier_fails_at_its_deadline(silent_address):
 @pytest.fixture
 def toy_target_server(request):
     """A real gRPC verifier over a toy engine that names itself as `request.param`."""
-    from edgekit import ServerConfig
-    from edgekit.testing import ToyLanguageModel
-    from edgekit.verifier import ToyEngine, VerifierServer
+    from edgekit.testing import ToyLanguageModel, toy_server
 
     lm = ToyLanguageModel(seed=3, name=request.param)
-    with VerifierServer(ToyEngine(lm, n_seq=4, max_context=256), ServerConfig(port=0, max_sessions=4)) as server:
+    with toy_server(lm, max_sessions=4, max_context=256) as server:
         yield server
 
 

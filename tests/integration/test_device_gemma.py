@@ -12,7 +12,7 @@ import pytest
 from _transcript import normalise_json
 from typer.testing import CliRunner
 
-import edgekit.runtime._device as device_mod
+import edgekit.runtime._device as device_mod  # private: psutil's readings replaced where the sizing reads them
 from edgekit.cli.app import app
 from edgekit.errors import InsufficientMemoryError
 from edgekit.runtime import (
@@ -59,6 +59,7 @@ def test_a_draft_that_does_not_fit_is_refused_before_loading(gemma_paths, monkey
         loads.append(args)
         raise Loaded
 
+    # private: loads counted where each module calls llama.cpp
     monkeypatch.setattr("edgekit.runtime._draft.LlamaModel", load)
     monkeypatch.setattr("edgekit.runtime._pool.LlamaModel", load)
     _fake_memory(monkeypatch, 100)

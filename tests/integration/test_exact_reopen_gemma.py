@@ -12,7 +12,7 @@ import pytest
 
 from edgekit.protocol import ContextSpan
 from edgekit.verifier import Feed
-from edgekit.verifier._rounds import rebuild_feeds
+from edgekit.verifier._rounds import rebuild_feeds  # private: the feeds a reopen replays, which no public call returns
 
 
 @pytest.mark.numerics

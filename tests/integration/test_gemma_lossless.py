@@ -327,6 +327,8 @@ def test_speculative_sampling_matches_the_target_distribution(client, gemma_path
 
 
 def test_calibration_covers_every_depth_a_session_reaches():
+    # private: exact numerics' calibration, checked against llama.cpp itself
+    # private: exact numerics' calibration, checked against llama.cpp itself
     from edgekit.verifier.engine._llama import calibration_depths
 
     depths = calibration_depths(4096, 17)
@@ -336,6 +338,7 @@ def test_calibration_covers_every_depth_a_session_reaches():
 
 
 def test_rows_per_call_are_the_fewest_any_touched_band_allows():
+    # private: exact numerics' calibration, checked against llama.cpp itself
     from edgekit.verifier.engine._llama import bands_between, rows_exact_between
 
     table = ((4, 7), (64, 7), (128, 6), (256, 1), (512, 3))
@@ -348,7 +351,7 @@ def test_rows_per_call_are_the_fewest_any_touched_band_allows():
 
 
 def test_the_engine_measured_its_exact_batch_at_every_depth(gemma_server):
-    from edgekit.verifier.engine._llama import calibration_depths
+    from edgekit.verifier.engine._llama import calibration_depths  # private: the depths it calibrates at
 
     engine = gemma_server.engine  # max_context 2048, max_block 16
     table = engine.invariant_batches
@@ -363,6 +366,7 @@ def test_the_exact_calibration_is_kept_and_reused_and_walks_every_depth_on_one_t
                                                                                       monkeypatch):
     """One thread splits no attention: every depth stays batchable, so the calibration walks them all
     (a text long enough for the deepest); a second start reads the table back; a spoiled file is measured again."""
+    # private: exact numerics' calibration, checked against llama.cpp itself
     from edgekit.verifier.engine import _llama
     from edgekit.verifier.engine._llama import LlamaEngine, calibration_depths
 

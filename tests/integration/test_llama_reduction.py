@@ -111,6 +111,7 @@ def test_a_large_calls_reductions_are_split_over_threads_and_name_the_same_ids(g
     """The host's reductions of a call whose rows are many (a GPU step's) run on a few threads: each
     feed's ids are still the argmax of its whole rows, and its kept logits those of the same calls
     on an engine that reduces them all on its own thread (same model, same batches: the same rows)."""
+    # private: the reduction's thresholds set so that this machine takes each path
     from edgekit.verifier.engine import _llama
 
     plain = LlamaEngine(str(gemma_paths[1]), max_context=256, n_seq=5, max_block=8, exact=False)

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from _model_files import add_ollama_model
 
-from edgekit.models._sidecar import read_sidecar
+from edgekit.models._sidecar import read_sidecar  # private: the sidecar's contents, which only the cache reads
 from edgekit.models.refs import ModelRef, resolve
 
 

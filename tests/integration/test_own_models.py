@@ -95,7 +95,7 @@ def test_a_target_by_reference_is_served_locally_and_stays_lossless(ollama, gemm
 
 
 def test_a_wrong_pair_is_refused_before_any_weights_load(gemma_paths, monkeypatch):
-    from edgekit.runtime import _llama
+    from edgekit.runtime import _llama  # private: llama.cpp's loads counted where they happen
 
     loaded = []
     monkeypatch.setattr(_llama.LlamaModel, "__init__", lambda self, *a, **k: loaded.append(a))
@@ -109,7 +109,7 @@ def test_a_wrong_pair_is_refused_before_any_weights_load(gemma_paths, monkeypatc
 
 
 def test_a_wrong_draft_for_a_remote_verifier_is_refused_before_its_weights_load(gemma_server, monkeypatch):
-    from edgekit.runtime import _llama
+    from edgekit.runtime import _llama  # private: llama.cpp's loads counted where they happen
 
     smollm = cache_dir() / get_model("smollm2-135m-instruct").filename
     if not smollm.is_file():

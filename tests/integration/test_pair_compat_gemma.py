@@ -143,7 +143,7 @@ def test_a_mismatched_pair_is_refused_before_any_weights_load(gemma_paths, monke
     """gemma's draft for SmolLM2: refused from the headers, naming both, with llama.cpp never asked
     to load a model."""
     from edgekit.models import model_path
-    from edgekit.runtime import _llama
+    from edgekit.runtime import _llama  # private: llama.cpp's loads counted where they happen
 
     loads: list[bytes] = []
     monkeypatch.setattr(_llama._lc, "llama_model_load_from_file", lambda path, params: loads.append(path))

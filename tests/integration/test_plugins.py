@@ -67,7 +67,8 @@ def test_a_transport_registered_in_a_program_is_connected_by_its_scheme(monkeypa
     target = ToyLanguageModel(seed=7)
     registry = Registry("transport", "the verifier URL's scheme", "edgekit.test-nothing-installed", [])
     registry.register("toy", lambda url, config, tokenizer=None: toy_verifier(target, address=url), "the toy")
-    import edgekit.transport._connect as connecting
+    # private: the registry connect() reads, swapped for the test's (entry points reread)
+    import edgekit.transport._connect as connecting  # private: the registry connect() reads, swapped for the test's
 
     monkeypatch.setattr(connecting, "TRANSPORTS", registry)  # TRANSPORTS itself, without the test's scheme after
     draft = FakeDraftModel(ToyLanguageModel(seed=7, noise=1.0))
@@ -92,7 +93,7 @@ def test_an_engine_and_a_transport_a_package_adds_are_served_and_used_end_to_end
     args = ["--engine", "toy-seeded", "--model", "seed=5", "--max-sessions", "2", "--max-context", "512"]
     with serving(args, plugin) as (address, lines):
         assert any(line.startswith("edgekit verifier: seed=5 on ") for line in lines), lines
-        import edgekit.transport._connect as connecting
+        import edgekit.transport._connect as connecting  # private: the registry connect() reads, swapped
 
         monkeypatch.setattr(connecting, "TRANSPORTS", transports)
         import toy_plugin  # type: ignore[import-not-found]

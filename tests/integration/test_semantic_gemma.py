@@ -74,13 +74,13 @@ def test_semantic_mode_end_to_end_on_gemma(semantic_server, gemma_draft):
     # rows on, in calls of their own (exact numerics: the same logits either way, as tested above).
     greedy = _run(semantic_server, gemma_draft)
     strict = _run(semantic_server, gemma_draft, mode="semantic", upload="fh", semantic_threshold=0.0)
-    assert strict.token_ids == greedy.token_ids and strict.stats.semantic_accepted == 0
+    assert strict.token_ids == greedy.token_ids and strict.stats.server.semantic_accepted == 0
     lenient = _run(semantic_server, gemma_draft, mode="semantic", upload="sh", semantic_threshold=1.0)
-    assert lenient.stats.semantic_accepted > 0 and lenient.stats.accepted == lenient.stats.drafted
+    assert lenient.stats.server.semantic_accepted > 0 and lenient.stats.accepted == lenient.stats.drafted
     assert lenient.stats.rounds < greedy.stats.rounds
     assert lenient.stats.semantic_head.startswith("gemma-link:")
     snap = semantic_server.service.stats.snapshot()
-    assert snap.semantic_accepted >= lenient.stats.semantic_accepted
+    assert snap.semantic_accepted >= lenient.stats.server.semantic_accepted
 
 
 @pytest.mark.numerics

@@ -31,7 +31,7 @@ def test_probing_a_stock_server_loads_the_draft_once_and_calibrates(vllm, monkey
     from typer.testing import CliRunner
 
     import edgekit
-    import edgekit.client._setup
+    import edgekit.client._setup  # private: where a client loads its draft, swapped for the toy
     import edgekit.models
     from cli.app import app
 
@@ -42,7 +42,7 @@ def test_probing_a_stock_server_loads_the_draft_once_and_calibrates(vllm, monkey
         return _toy_draft()
 
     monkeypatch.setattr(edgekit, "LlamaDraftModel", draft)  # where the probe loads it
-    monkeypatch.setattr(edgekit.client._setup, "LlamaDraftModel", draft)  # where a client would
+    monkeypatch.setattr(edgekit.client._setup, "LlamaDraftModel", draft)  # private: where a client would
     monkeypatch.setattr(edgekit.models, "model_path", lambda name: name)
     r = CliRunner().invoke(app, ["probe", f"openai+{vllm.url}", "--pair", "gemma-270m", "--json",
                                  "--calibration-tokens", "16", "--pings", "3", "--tries", "1"])

@@ -56,11 +56,11 @@ def test_hidden_uploads_change_nothing_in_the_output_and_arrive_intact(
     stats = result.stats
     assert stats.uploads == {upload: stats.rounds}
     if upload == "fh":
-        assert stats.hidden_rows == stats.drafted and stats.exchanges == stats.rounds
+        assert stats.server.hidden_rows == stats.drafted and stats.exchanges == stats.rounds
     else:
         mismatched = sum(r.accepted < r.drafted for r in stats.rounds_detail)
         assert mismatched and stats.exchanges == stats.rounds + mismatched
-        assert mismatched <= stats.hidden_rows < stats.drafted
+        assert mismatched <= stats.server.hidden_rows < stats.drafted
     session.close()
     # What the verifier decoded in each round is the draft's hidden states, within the encoding's error.
     checked = 0
@@ -73,7 +73,7 @@ def test_hidden_uploads_change_nothing_in_the_output_and_arrive_intact(
         step = np.abs(sent).max(axis=1, keepdims=True) / 254 if encoding == "int8" else np.abs(sent) * 2.0**-11
         assert np.all(np.abs(rows - sent) <= step + 1e-6)
         checked += len(positions)
-    assert checked == stats.hidden_rows
+    assert checked == stats.server.hidden_rows
     # Distinct steps, distinct states: the rows are real hidden states, not a constant.
     block = max((b for b, _ in rounds), key=lambda b: len(b.draft_tokens))
     assert not np.allclose(block.hidden[0], block.hidden[-1])

@@ -33,8 +33,8 @@ import pytest
 from _wait import until
 
 from benchmarks.rigs import proxies as _proxies
-from edgekit import ClientConfig, EdgeClient, GenerationConfig, Resumed, RoundEvent, ServerConfig
-from edgekit.testing import FakeDraftModel, ToyEngine, ToyLanguageModel
+from edgekit import ClientConfig, EdgeClient, GenerationConfig, Resumed, RoundEvent
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_server
 from edgekit.verifier import VerifierServer
 
 TARGET = ToyLanguageModel(seed=31, eos_bias=-8.0)
@@ -110,8 +110,7 @@ def _held(server: VerifierServer) -> int:
 @pytest.mark.parametrize("kind", ["haproxy", "nginx"])
 def test_a_killed_and_a_drained_replica_lose_no_answer_behind_the_shipped_proxy(kind, tmp_path):
     _binary(kind)  # skip (or fail) before starting anything
-    c = ServerConfig(port=0, max_sessions=DEVICES, max_context=1024, max_block=8)
-    replicas = [VerifierServer(ToyEngine(TARGET, n_seq=DEVICES, max_context=1024), c).start() for _ in range(3)]
+    replicas = [toy_server(TARGET, max_sessions=DEVICES, max_context=1024, max_block=8).start() for _ in range(3)]
     devices = [Device(i, [1 + (i * 5 + j) % 50 for j in range(4 + i % 6)]) for i in range(DEVICES)]
     gate = Gate()
     report: dict = {"proxy": kind}
@@ -177,8 +176,7 @@ def test_a_flooding_client_is_refused_at_the_proxy_and_another_is_not(tmp_path):
 
     shipped = _proxies.RATE_RULE.findall(_proxies.CONFIGS["haproxy"].read_text())
     assert [int(n) for _, n in shipped] == [200]
-    server = VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=1024),
-                            ServerConfig(port=0, max_sessions=4, max_context=1024, max_block=8)).start()
+    server = toy_server(TARGET, max_sessions=4, max_context=1024, max_block=8).start()
     stop = threading.Event()
     refusals: list[LimitExceededError] = []
     answered = [0]

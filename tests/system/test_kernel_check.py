@@ -39,7 +39,7 @@ def test_every_native_kernel_matches_the_scalar_reference(tmp_path):
     if shutil.which(cc.split()[0]) is None:
         pytest.skip("no C compiler")
     out = _run([str(_build(cc.split()[0], tmp_path / "check"))])
-    from edgekit.runtime import _logitstats
+    from edgekit.runtime import _logitstats  # private: the compiled kernel itself, against the C reference
 
     assert out.strip().endswith("; 0 failures")
     assert f"kernels: {' '.join(_logitstats.KERNELS)};" in out  # the same kernels Python runs

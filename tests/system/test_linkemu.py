@@ -61,7 +61,7 @@ def test_fh_and_sh_through_the_link_cost_what_they_should(bed, gemma_draft):
         final, wire = runs[upload]
         calls = 3 + sum(r.exchanges for r in final.stats.rounds_detail)
         assert final.stats.uplink_bytes <= wire <= final.stats.uplink_bytes + 1000 + 250 * calls, upload
-    assert fh.uplink_bytes >= fh.hidden_rows * 640 * 2  # fp16 rows of gemma's 640 wide hidden states
+    assert fh.uplink_bytes >= fh.server.hidden_rows * 640 * 2  # fp16 rows of gemma's 640 wide hidden states
 
 
 def test_loss_shows_as_retransmission_delay_and_is_estimated(bed, gemma_draft):

@@ -25,7 +25,7 @@ from _paths import ROOT
 from benchmarks.rigs.vllm_server import VllmServer, post, prepared
 from edgekit import ClientConfig, ConfigError, EdgeClient, FinalStats, GenerationConfig, Resumed, RoundEvent
 from edgekit.transport import PREFIXES_FROM, OpenAITransport
-from edgekit.transport._vllm_generate import PREFILL_FROM  # the threshold the test checks against
+from edgekit.transport._vllm_generate import PREFILL_FROM  # private: the threshold the test checks against
 
 SERVED_NAME = "gemma-3-270m"
 MAX_TOKENS = 24
@@ -307,7 +307,7 @@ def test_the_same_test_fails_when_the_acceptance_rule_is_broken(vllm_server, gem
     """The test above can fail: with the rule broken (every drafted token accepted, so the output is
     the draft's at its temperature, not the target's) the same test, on fewer runs, gives a p-value
     below 0.001 (measured: 0 with 40 runs and with 300)."""
-    from edgekit.transport import _stateless
+    from edgekit.transport import _stateless  # private: the sampling check wrapped to count what vLLM is asked
 
     real = _stateless.accept_sampling
 

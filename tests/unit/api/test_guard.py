@@ -17,11 +17,10 @@ import pytest
 from _served import Served
 from _wait import until
 
-from edgekit import EdgeClient, ServerConfig
+from edgekit import EdgeClient
 from edgekit.api import create_app
 from edgekit.client import GenerationStream, TextDelta
-from edgekit.testing import FakeDraftModel, ToyLanguageModel
-from edgekit.verifier import ToyEngine, VerifierServer
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_server
 
 GIB, MIB = 1 << 30, 1 << 20
 # What a server that stops reading at its limit (4 MiB) may still take in: the limit and the
@@ -34,8 +33,7 @@ JSON = {"Content-Type": "application/json"}
 def toy():
     """A client of a toy verifier, and the name of the model it serves."""
     lm = ToyLanguageModel(seed=3, eos_bias=-9.0)
-    server = VerifierServer(ToyEngine(lm, n_seq=4, max_context=512),
-                            ServerConfig(port=0, max_sessions=4, calibrate="off")).start()
+    server = toy_server(lm, max_sessions=4, max_context=512, calibrate="off").start()
     client = EdgeClient(server.address, draft=FakeDraftModel(ToyLanguageModel(seed=3, noise=0.5)))
     yield client, lm.name
     client.close()
@@ -78,7 +76,7 @@ def test_a_host_other_than_the_servers_names_is_refused(toy):
 
 
 def test_the_cli_answers_its_bound_address_and_on_every_interface_any_name_unless_given():
-    from edgekit.cli.api import _answered_hosts
+    from edgekit.cli.api import _answered_hosts  # private: the hosts `edgekit api` answers by default, from its flags
 
     assert _answered_hosts("127.0.0.1", "") == ["127.0.0.1"]
     assert _answered_hosts("192.168.1.5", "box.local, api.example") == ["box.local", "api.example", "192.168.1.5"]
@@ -176,8 +174,7 @@ def test_a_client_that_leaves_before_its_whole_answer_stops_the_generation():
         started.set()
         return 30.0  # ms a target pass: the answer asked for takes a minute or more
 
-    server = VerifierServer(ToyEngine(lm, n_seq=2, max_context=4096, cost=cost),
-                            ServerConfig(port=0, max_sessions=2, calibrate="off")).start()
+    server = toy_server(lm, max_sessions=2, max_context=4096, cost=cost, calibrate="off").start()
     client = EdgeClient(server.address, draft=FakeDraftModel(ToyLanguageModel(seed=6, noise=0.9)))
     try:
         with serving(client, concurrency=1, queue=0) as served:

@@ -10,7 +10,7 @@ import pytest
 from benchmarks.rigs.fleet_sim import DeviceSpec, Fleet, Trace, load_traces, record_trace, save_traces
 from edgekit import ServerConfig
 from edgekit.drafting import FixedWindow
-from edgekit.testing import FakeDraftModel, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_server
 from edgekit.verifier import ToyEngine, VerifierServer
 
 TARGET = ToyLanguageModel(seed=11)
@@ -29,8 +29,7 @@ def traces() -> list[Trace]:
 
 @pytest.fixture()
 def server():
-    config = ServerConfig(port=0, max_sessions=8, max_context=256, max_block=8, calibrate="off")
-    with VerifierServer(ToyEngine(TARGET, n_seq=8, max_context=256), config) as s:
+    with toy_server(TARGET, max_sessions=8, max_context=256, max_block=8, calibrate="off") as s:
         yield s
 
 
@@ -97,8 +96,7 @@ def test_sixty_four_sessions_at_once_are_all_served_faithfully_and_all_closed(tr
     """The load run's short form (benchmarks/load.py runs 64 devices against the gemma verifier for
     10 minutes): 64 devices, each a session at a time, against one verifier over gRPC."""
     n = 64
-    config = ServerConfig(port=0, max_sessions=n, max_context=256, max_block=8, calibrate="off")
-    with VerifierServer(ToyEngine(TARGET, n_seq=n, max_context=256), config) as server:
+    with toy_server(TARGET, max_sessions=n, max_context=256, max_block=8, calibrate="off") as server:
         specs = [DeviceSpec(None, None, speed_factor=1.0, rtt_ms=1.0) for _ in range(n)]
         fleet = Fleet(server.address, DRAFT.fingerprint(), traces, specs, controller=lambda: FixedWindow(3),
                       duration=4.0, max_window=6, timeout=60.0, min_responses=1).run()
@@ -111,9 +109,8 @@ def test_sixty_four_sessions_at_once_are_all_served_faithfully_and_all_closed(tr
 
 
 def test_devices_draft_within_the_budgets_the_verifier_assigns(traces):
-    config = ServerConfig(port=0, max_sessions=8, max_context=256, max_block=6, calibrate="off",
-                          budgets="goodspeed", token_budget=7)
-    with VerifierServer(ToyEngine(TARGET, n_seq=8, max_context=256), config) as server:
+    with toy_server(TARGET, max_sessions=8, max_context=256, max_block=6, calibrate="off", budgets="goodspeed",
+                    token_budget=7) as server:
         fleet = Fleet(server.address, DRAFT.fingerprint(), traces, _specs(3), controller=lambda: FixedWindow(6),
                       duration=2.0, max_window=6, min_responses=1).run()
         assert fleet.errors == [] and fleet.responses

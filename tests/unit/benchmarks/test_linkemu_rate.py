@@ -11,11 +11,10 @@ import pytest
 
 from benchmarks.rigs.linkemu import DelayProxy
 from benchmarks.rigs.linkemu._proxy import HEADERS, MSS
-from edgekit import ClientConfig, ServerConfig
+from edgekit import ClientConfig
 from edgekit.link import probe
-from edgekit.testing import ToyLanguageModel
+from edgekit.testing import ToyLanguageModel, toy_server
 from edgekit.transport import GrpcTransport
-from edgekit.verifier import ToyEngine, VerifierServer
 
 # The proxy's pacing is a floor: it books at least these headers (it counts them per chunk read, never
 # fewer), and the clocks start before the bytes go and stop after they came. What may come early is
@@ -128,8 +127,7 @@ def test_connections_share_one_bottleneck_and_directions_are_apart():
 
 
 def test_the_probe_measures_the_paced_rates():
-    engine = ToyEngine(ToyLanguageModel(seed=1), n_seq=2, max_context=256, hidden_size=8)
-    server = VerifierServer(engine, ServerConfig(port=0, max_sessions=2, calibrate="off")).start()
+    server = toy_server(ToyLanguageModel(seed=1), max_sessions=2, max_context=256, calibrate="off").start()
     host, port = server.address.rsplit(":", 1)
     try:
         with DelayProxy((host, int(port))) as proxy:

@@ -16,7 +16,7 @@ from edgekit.errors import ProtocolError, VerifierUnavailableError
 from edgekit.protocol import ContextSpan, OpenRequest, VerifyResult
 from edgekit.testing import Call, FakeDraftModel, ScriptedTransport, ToyLanguageModel, faults, toy_client, toy_verifier
 from edgekit.verifier import Feed
-from edgekit.verifier._rounds import rebuild_feeds
+from edgekit.verifier._rounds import rebuild_feeds  # private: the feeds a reopen replays, which no public call returns
 
 TARGET = ToyLanguageModel(seed=3, eos_bias=-4.0)
 

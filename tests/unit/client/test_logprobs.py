@@ -57,7 +57,7 @@ def test_target_only_decoding_returns_them_too_and_asks_are_checked():
 
 def test_a_verifier_without_logprobs_is_refused_before_a_session_opens(monkeypatch):
     assert toy_client(ToyLanguageModel(seed=4)).server_info().max_top_logprobs == 20
-    monkeypatch.setattr("edgekit.verifier._service.MAX_TOP_LOGPROBS", 0)  # a verifier from before logprobs
+    monkeypatch.setattr("edgekit.verifier._service.MAX_TOP_LOGPROBS", 0)  # private: a verifier from before logprobs
     client = toy_client(ToyLanguageModel(seed=4), max_tokens=4)
     with pytest.raises(ConfigError, match="does not return the target's log-probabilities"):
         client.generate("x", logprobs=0).until_done()

@@ -194,7 +194,7 @@ def test_generate_json_keeps_what_came_before_the_verifier_died(monkeypatch):
 
     from typer.testing import CliRunner
 
-    from edgekit.cli import _connect
+    from edgekit.cli import _connect  # private: where the CLI builds its client, swapped for a toy one
     from edgekit.cli.app import app
 
     def build_client(*, generation, retry_for=None, **_):

@@ -17,7 +17,7 @@ from edgekit.errors import VerifierUnavailableError
 from edgekit.testing import ScriptedTransport, ToyLanguageModel, faults, toy_client, toy_verifier
 from edgekit.transport import connect
 from edgekit.verifier import Coefficients, ToyEngine, VerifierServer, VerifyTimeEstimator
-from edgekit.verifier._calibration import DECODE_STEP_CONTEXT
+from edgekit.verifier._calibration import DECODE_STEP_CONTEXT  # private: the context the verifier times its step at
 
 TARGET = ToyLanguageModel(seed=23, eos_bias=-8.0)
 PROMPT = [1, 2, 3]
@@ -244,7 +244,7 @@ def test_a_first_answer_streamed_from_the_start_is_refused_a_foreign_tokenizer_f
 
 
 def test_what_a_session_would_refuse_a_streamed_answer_refuses_too(monkeypatch):
-    monkeypatch.setattr("edgekit.verifier._service.MAX_TOP_LOGPROBS", 0)  # a verifier from before logprobs
+    monkeypatch.setattr("edgekit.verifier._service.MAX_TOP_LOGPROBS", 0)  # private: a verifier from before logprobs
     for route in ("speculative", "target-only"):
         with toy_client(TARGET, config=ClientConfig(first_route=route), max_tokens=8) as client:
             with pytest.raises(ConfigError, match="does not return the target's log-probabilities"):

@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 
 from edgekit import ConfigError, GenerationConfig, GenerationStats, TextDelta
-from edgekit.client import FinalStats
+from edgekit.client import FinalStats, TextDecoder
 from edgekit.client._accumulator import StatsAccumulator
-from edgekit.client._text import TextDecoder
 from edgekit.errors import EdgekitError
 from edgekit.protocol import GenerateRequest
 from edgekit.runtime import ToyLanguageModel
@@ -147,7 +146,7 @@ def test_edgekit_generate_stops_at_each_stop_option_and_says_so(monkeypatch):
 
     from typer.testing import CliRunner
 
-    from edgekit.cli import _connect
+    from edgekit.cli import _connect  # private: where the CLI builds its client, swapped for a toy one
     from edgekit.cli.app import app
 
     def build_client(*, generation, **_):

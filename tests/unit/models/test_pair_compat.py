@@ -26,6 +26,8 @@ from edgekit.models.compat import check_pair, require_pair, tokenizer_of
 from edgekit.protocol import BlockRequest, Sampler, fingerprint_from_pb, fingerprint_to_pb
 from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel
 from edgekit.verifier import ToyEngine, VerifierService
+
+# private: the verifier's semantic mode built from the pair's headers
 from edgekit.verifier._semantic import SemanticMode
 
 UNUSED, USER_DEFINED, NORMAL, CONTROL = (

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from edgekit.cli import _connect as cli_client
-from edgekit.cli import _history
+from edgekit.cli import _connect as cli_client  # private: where the CLI builds its client, swapped for a toy one
+from edgekit.cli import _history  # private: the chat history file, written as the CLI writes it
 from edgekit.cli.app import app
 from edgekit.errors import ConfigError, ModelIntegrityError, ModelLoadError, ModelNotFoundError
 from edgekit.models import DeriveSpec, ModelSpec, PackageSource, is_present, model_path, pull_model, registry, verify
@@ -354,7 +354,7 @@ def test_an_assembled_model_is_renamed_into_place_durably(cache, disk_log):
 def test_the_quantizer_process_syncs_before_and_after_its_rename(tmp_path, monkeypatch, disk_log):
     import ctypes
 
-    from edgekit.runtime import _quantize
+    from edgekit.runtime import _quantize  # private: the quantizer's own output file
 
     class Params(ctypes.Structure):
         _fields_ = [(name, ctypes.c_int) for name in ("nthread", "ftype", "allow_requantize", "token_embedding_type")]

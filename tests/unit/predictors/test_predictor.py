@@ -205,7 +205,7 @@ def test_generation_config_picks_the_policy():
 def test_auto_without_a_loadable_onnxruntime_says_it_falls_back_to_the_fixed_window(monkeypatch, tmp_path):
     import sys
 
-    from edgekit.drafting import _factory
+    from edgekit.drafting import _factory  # private: the shipped predictor's path, swapped for the test's
 
     client, _, _ = fake_client(max_tokens=20)
     monkeypatch.setattr(_factory, "shipped_predictor", lambda *a, **k: tmp_path / "shipped.onnx")

@@ -19,11 +19,10 @@ import typer
 import yaml
 from _paths import ROOT
 
-from edgekit import EdgeClient, GenerationConfig, ServerConfig
+from edgekit import EdgeClient, GenerationConfig
 from edgekit.cli.app import app
 from edgekit.protocol import SERVICE_NAME
-from edgekit.testing import FakeDraftModel, ToyEngine, ToyLanguageModel
-from edgekit.verifier import VerifierServer
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_server
 
 DEPLOY = ROOT / "deploy"
 KUBERNETES = ("1.30.0", kubernetes_validate.latest_version())  # the oldest kept in support, the newest
@@ -93,7 +92,7 @@ def test_the_verifier_container_is_consistent_with_edgekit_serve(tmp_path):
 
 
 def test_the_ingress_hashes_on_the_header_every_call_carries_as_the_nginx_recipe_does():
-    from edgekit.transport._grpc import CLIENT_HEADER
+    from edgekit.transport import CLIENT_HEADER
 
     ingress = next(d for _, d in _documents() if d["kind"] == "Ingress")
     variable = "$http_" + CLIENT_HEADER.replace("-", "_")
@@ -118,8 +117,7 @@ def test_haproxys_health_request_is_the_generators_for_the_verifier_service():
 def _exported_names() -> set[str]:
     """The sample names a verifier's /metrics gives, with draft budgets on, after some rounds."""
     target = ToyLanguageModel(seed=2, eos_bias=-8.0)
-    c = ServerConfig(port=0, max_sessions=2, max_context=256, metrics_port=0, budgets="goodspeed")
-    with VerifierServer(ToyEngine(target, n_seq=2, max_context=256), c) as verifier:
+    with toy_server(target, max_sessions=2, max_context=256, metrics_port=0, budgets="goodspeed") as verifier:
         gen = GenerationConfig(max_tokens=16, drafting="fixed", draft_k=3, stop_at_eos=False)
         with EdgeClient(verifier.address, draft=FakeDraftModel(target), generation=gen) as client:
             client.generate([1, 2, 3]).until_done()

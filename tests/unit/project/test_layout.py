@@ -6,6 +6,7 @@ are instead, and why. Real models, real clients and servers in processes of thei
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from _paths import ROOT, TESTS
@@ -78,3 +79,34 @@ def test_tests_lie_only_in_the_three_tiers_and_no_two_files_share_a_name():
     assert sorted({p.relative_to(TESTS).parts[0] for p in files}) == ["integration", "system", "unit"]
     twice = [name for name, n in Counter(p.name for p in files).items() if n > 1]
     assert twice == []
+
+
+# A private piece of edgekit: a module or name with a leading underscore, imported or patched by path.
+_PRIVATE = re.compile(r"edgekit((?:\.[a-z]+)*)\._[a-z]\w*|from edgekit((?:\.[a-z]+)*) import \(?\s*_[a-z]")
+
+
+def _private_uses_without_a_reason() -> list[str]:
+    """Each line of a test that imports or patches a private piece of edgekit, unless the test is the
+    unit test of that package (tests/unit/<package>/ reaching into edgekit/<package>/) or the line,
+    or a run of such lines, says why with a `# private:` comment."""
+    out = []
+    for path in sorted(TESTS.rglob("*.py")):
+        parts = path.relative_to(TESTS).parts
+        mirror = parts[1] if parts[0] == "unit" and len(parts) > 2 else None
+        said = False
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            found = _PRIVATE.search(line)
+            if line.lstrip().startswith("#") or not found or not ("import" in line or "setattr" in line):
+                said = "# private:" in line
+                continue
+            owner = (found.group(1) or found.group(2) or "").lstrip(".").split(".")[0]
+            said = said or "# private:" in line
+            if not said and owner != mirror:
+                out.append(f"{path.relative_to(TESTS)}:{number}: {line.strip()}")
+    return out
+
+
+def test_a_test_that_needs_a_private_piece_says_why():
+    """The public API and edgekit.testing are what tests use; where one needs more (a kernel against
+    its reference, a loader swapped where a module calls it), a `# private:` comment says why."""
+    assert _private_uses_without_a_reason() == []

@@ -179,15 +179,15 @@ def test_fh_uploads_every_row_and_sh_only_the_mismatches_with_the_same_output():
     runs = {u: _run(_client(u)[0]) for u in ("tokens", "fh", "sh")}
     assert runs["fh"].token_ids == runs["tokens"].token_ids == runs["sh"].token_ids
     fh, sh = runs["fh"].stats, runs["sh"].stats
-    assert fh.hidden_rows == fh.drafted and fh.exchanges == fh.rounds
-    assert runs["tokens"].stats.hidden_rows == 0
+    assert fh.server.hidden_rows == fh.drafted and fh.exchanges == fh.rounds
+    assert runs["tokens"].stats.server.hidden_rows == 0
     rejected = sum(r.accepted < r.drafted for r in sh.rounds_detail)
     assert 0 < rejected < sh.rounds
     assert sh.exchanges == sh.rounds + rejected  # a second exchange exactly when there was a mismatch
-    assert 0 < sh.hidden_rows < sh.drafted
+    assert 0 < sh.server.hidden_rows < sh.drafted
     assert sh.uplink_bytes < fh.uplink_bytes
     for r in sh.rounds_detail:
-        assert (r.exchanges == 2) == (r.accepted < r.drafted) and r.hidden_rows >= (r.accepted < r.drafted)
+        assert (r.exchanges == 2) == (r.accepted < r.drafted) and r.server.hidden_rows >= (r.accepted < r.drafted)
 
 
 def test_sh_asks_for_the_mismatch_positions():

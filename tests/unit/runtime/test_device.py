@@ -11,10 +11,11 @@ import pytest
 import edgekit.runtime._device as device_mod
 from edgekit.errors import ModelLoadError
 from edgekit.runtime import (
+    GGUFArray,
     default_threads,
     device_state,
+    read_metadata,
 )
-from edgekit.runtime._gguf import GGUFArray, read_metadata
 from edgekit.testing import ToyLanguageModel, toy_client
 
 

@@ -26,9 +26,8 @@ from typer.testing import CliRunner
 from edgekit.cli.app import app
 from edgekit.errors import ModelLoadError
 from edgekit.models.compat import check_pair, tokenizer_of
-from edgekit.models.refs import _checked_gguf
-from edgekit.runtime import read_metadata
-from edgekit.runtime._device import MemoryNeed, model_memory_need
+from edgekit.models.refs import _checked_gguf  # private: every GGUF header reader, fuzzed
+from edgekit.runtime import MemoryNeed, model_memory_need, read_metadata
 
 SEED = 66
 CASES = 1500  # of each kind: built, and mutated from each valid file

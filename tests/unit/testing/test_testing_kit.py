@@ -3,6 +3,8 @@ recorded calls and attributes, and `toy_client`'s set-up."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -217,3 +219,12 @@ def test_toy_client_takes_a_draft_a_draft_model_or_a_pool():
         assert [list(r.token_ids) for r in client.generate_many([[1, 2], [3]])] == [
             TARGET.greedy([1, 2], 6), TARGET.greedy([3], 6),
         ]
+
+
+def test_the_kit_loads_the_verifier_only_when_a_toy_verifier_is_asked_for():
+    """A test of code built on edgekit that scripts a transport or fakes a draft does not pay for
+    importing the verifier (grpc's server side, the engines, the schedulers)."""
+    probe = ("import sys, edgekit.testing as kit; before = 'edgekit.verifier' in sys.modules; kit.toy_verifier; "
+             "print(before, 'edgekit.verifier' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.split()) == (0, ["False", "True"]), done.stderr

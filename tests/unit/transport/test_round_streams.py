@@ -16,12 +16,11 @@ import grpc
 import pytest
 from _wait import until
 
-from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
+from edgekit import ClientConfig, EdgeClient, GenerationConfig
 from edgekit.errors import VerifierUnavailableError
 from edgekit.protocol import SERVICE_NAME, BlockRequest, OpenRequest, pb
-from edgekit.testing import FakeDraftModel, ToyEngine, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_server
 from edgekit.transport import GrpcTransport
-from edgekit.verifier import VerifierServer
 
 TARGET = ToyLanguageModel(seed=5)
 
@@ -62,8 +61,7 @@ def _blocks(prompt: list[int], n: int) -> list[tuple[int, list[int]]]:
 
 def test_a_streams_verdicts_are_verify_calls_verdicts_and_a_refusal_ends_it_with_verifys_status():
     prompt = [1, 2, 3]
-    c = ServerConfig(port=0, max_sessions=4, max_context=512)
-    with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=512), c) as verifier:
+    with toy_server(TARGET, max_sessions=4, max_context=512) as verifier:
         with grpc.insecure_channel(verifier.address) as channel:
             assert GrpcTransport(verifier.address).handshake(
                 FakeDraftModel(TARGET).fingerprint(), draft_model="toy", draft_hidden_size=0).round_streams
@@ -89,8 +87,7 @@ def test_a_streams_verdicts_are_verify_calls_verdicts_and_a_refusal_ends_it_with
 
 
 def test_a_stream_without_the_token_is_refused_and_with_it_served():
-    c = ServerConfig(port=0, max_sessions=2, max_context=256, token="s3cret-token-of-16")
-    with VerifierServer(ToyEngine(TARGET, n_seq=2, max_context=256), c) as verifier:
+    with toy_server(TARGET, max_sessions=2, max_context=256, token="s3cret-token-of-16") as verifier:
         with grpc.insecure_channel(verifier.address) as channel:
             auth = (("authorization", "Bearer s3cret-token-of-16"),)
             sid = _open(channel, [1, 2, 3], auth).session_id
@@ -146,8 +143,7 @@ def _ending(proxy: _Proxy, n: int, context) -> None:
 @contextmanager
 def _behind_a_proxy(first=_silent) -> Iterator[tuple[str, _Proxy]]:
     """A toy verifier behind a `_Proxy`: the proxy's address and the proxy."""
-    c = ServerConfig(port=0, max_sessions=4, max_context=512)
-    with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=512), c) as verifier:
+    with toy_server(TARGET, max_sessions=4, max_context=512) as verifier:
         silent = _Proxy(verifier.address, first)
         proxy = grpc.server(futures.ThreadPoolExecutor(8), handlers=(silent,))
         port = proxy.add_insecure_port("127.0.0.1:0")

@@ -14,12 +14,10 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
+from edgekit import ClientConfig, EdgeClient, GenerationConfig
 from edgekit.protocol import SERVICE_NAME
-from edgekit.testing import FakeDraftModel, ToyEngine, ToyLanguageModel
-from edgekit.transport import GrpcTransport
-from edgekit.transport._grpc import CLIENT_HEADER, SESSION_HEADER
-from edgekit.verifier import VerifierServer
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_server
+from edgekit.transport import CLIENT_HEADER, SESSION_HEADER, GrpcTransport
 
 TARGET = ToyLanguageModel(seed=11, eos_bias=-8.0)
 
@@ -51,24 +49,22 @@ class Recorder(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(lambda req, ctx: unary(req, metadata=tuple(meta.items())))
 
 
-def test_every_call_names_the_client_and_a_sessions_calls_name_the_session():
-    c = ServerConfig(port=0, max_sessions=4, max_context=512)
-    with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=512), c) as verifier:
-        recorder = Recorder(verifier.address)
-        proxy = grpc.server(futures.ThreadPoolExecutor(4), handlers=(recorder,))
-        port = proxy.add_insecure_port("127.0.0.1:0")
-        proxy.start()
-        try:
-            gen = GenerationConfig(max_tokens=12, draft_k=3, drafting="fixed", stop_at_eos=False)
-            config = ClientConfig(client_id="device-7", timeout=10, round_streams=True, first_route="speculative")
-            with EdgeClient(f"127.0.0.1:{port}", draft=FakeDraftModel(TARGET), config=config,
-                            generation=gen) as client:
-                out = client.generate([1, 2, 3]).until_done()
-            assert list(out.token_ids) == TARGET.greedy([1, 2, 3], 12)
-            with GrpcTransport(f"127.0.0.1:{port}") as bare:  # built on its own: an id of its own
-                bare.ping()
-        finally:
-            proxy.stop(0)
+def test_every_call_names_the_client_and_a_sessions_calls_name_the_session(toy_target, toy_grpc):
+    recorder = Recorder(toy_grpc.address)
+    proxy = grpc.server(futures.ThreadPoolExecutor(4), handlers=(recorder,))
+    port = proxy.add_insecure_port("127.0.0.1:0")
+    proxy.start()
+    try:
+        gen = GenerationConfig(max_tokens=12, draft_k=3, drafting="fixed", stop_at_eos=False)
+        config = ClientConfig(client_id="device-7", timeout=10, round_streams=True, first_route="speculative")
+        with EdgeClient(f"127.0.0.1:{port}", draft=FakeDraftModel(toy_target), config=config,
+                        generation=gen) as client:
+            out = client.generate([1, 2, 3]).until_done()
+        assert list(out.token_ids) == toy_target.greedy([1, 2, 3], 12)
+        with GrpcTransport(f"127.0.0.1:{port}") as bare:  # built on its own: an id of its own
+            bare.ping()
+    finally:
+        proxy.stop(0)
     methods = [m for m, _ in recorder.calls]
     # the session's rounds on one stream: the verifier offers it
     assert {"Handshake", "OpenSession", "CloseSession"} <= set(methods) and methods.count("Rounds") == 1, methods
@@ -84,26 +80,24 @@ def test_every_call_names_the_client_and_a_sessions_calls_name_the_session():
 
 
 @pytest.mark.parametrize("rounds", ["unary", "none"])
-def test_a_proxy_that_carries_no_round_stream_gets_verify_calls(rounds):
+def test_a_proxy_that_carries_no_round_stream_gets_verify_calls(toy_target, toy_grpc, rounds):
     """The verifier offers Rounds, but the way there does not carry it: the client goes back to
     Verify calls at the first sign (its round answered again by key), and the answer is the same."""
-    c = ServerConfig(port=0, max_sessions=4, max_context=512)
-    with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=512), c) as verifier:
-        recorder = Recorder(verifier.address, rounds=rounds)
-        proxy = grpc.server(futures.ThreadPoolExecutor(4), handlers=(recorder,))
-        port = proxy.add_insecure_port("127.0.0.1:0")
-        proxy.start()
-        try:
-            gen = GenerationConfig(max_tokens=12, draft_k=3, drafting="fixed", stop_at_eos=False)
-            # a failure would end the answer; the route pinned: the rounds are what is counted
-            config = ClientConfig(timeout=10, retry_for=0, round_streams=True, first_route="speculative")
-            with EdgeClient(f"127.0.0.1:{port}", draft=FakeDraftModel(TARGET), config=config,
-                            generation=gen) as client:
-                out = client.generate([1, 2, 3]).until_done()
-                again = client.generate([1, 2, 3]).until_done()  # a new session: no stream tried again
-        finally:
-            proxy.stop(0)
-    assert list(out.token_ids) == list(again.token_ids) == TARGET.greedy([1, 2, 3], 12)
+    recorder = Recorder(toy_grpc.address, rounds=rounds)
+    proxy = grpc.server(futures.ThreadPoolExecutor(4), handlers=(recorder,))
+    port = proxy.add_insecure_port("127.0.0.1:0")
+    proxy.start()
+    try:
+        gen = GenerationConfig(max_tokens=12, draft_k=3, drafting="fixed", stop_at_eos=False)
+        # a failure would end the answer; the route pinned: the rounds are what is counted
+        config = ClientConfig(timeout=10, retry_for=0, round_streams=True, first_route="speculative")
+        with EdgeClient(f"127.0.0.1:{port}", draft=FakeDraftModel(toy_target), config=config,
+                        generation=gen) as client:
+            out = client.generate([1, 2, 3]).until_done()
+            again = client.generate([1, 2, 3]).until_done()  # a new session: no stream tried again
+    finally:
+        proxy.stop(0)
+    assert list(out.token_ids) == list(again.token_ids) == toy_target.greedy([1, 2, 3], 12)
     methods = [m for m, _ in recorder.calls]
     assert methods.count("Rounds") == 1 and methods.count("Verify") >= 4, methods
     assert methods.index("Rounds") < methods.index("Verify")
@@ -120,8 +114,7 @@ class _Token(grpc.StreamStreamClientInterceptor):
 def test_reflection_lists_the_verifier_and_health_services_and_describes_verify_with_the_token():
     """grpcurl's `list` and `describe`, through grpc's own reflection client (issue 38, item 4);
     where tokens are required, reflection needs one as every call but health checks (issue 66)."""
-    c = ServerConfig(port=0, max_sessions=2, max_context=256, token="secret")
-    with VerifierServer(ToyEngine(TARGET, n_seq=2, max_context=256), c) as verifier:
+    with toy_server(TARGET, max_sessions=2, max_context=256, token="secret") as verifier:
         with grpc.insecure_channel(verifier.address) as channel:
             with pytest.raises(grpc.RpcError) as refused:
                 ProtoReflectionDescriptorDatabase(channel).get_services()

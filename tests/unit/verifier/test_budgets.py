@@ -185,7 +185,7 @@ def test_a_device_that_honours_its_budgets_writes_the_targets_own_output(policy)
 
 
 def test_evicted_and_idle_sessions_take_no_share():
-    from edgekit.verifier._budgets import Budgets
+    from edgekit.verifier import Budgets
 
     live = {"a", "b", "c"}
     budgets = Budgets(FixedShare(), capacity=lambda states: 12, lo=1, hi=8, is_live=live.__contains__)
@@ -201,7 +201,7 @@ def test_evicted_and_idle_sessions_take_no_share():
 
 
 def test_a_clients_next_session_starts_from_the_estimates_its_last_one_ended_with():
-    from edgekit.verifier._budgets import Budgets
+    from edgekit.verifier import Budgets
 
     now = [0.0]
     budgets = Budgets(GoodSpeed(), capacity=lambda states: 8, lo=1, hi=8, eta=0.5, beta=0.5, clock=lambda: now[0])

@@ -66,7 +66,7 @@ def test_fcfs_batches_in_arrival_order_within_its_row_budget_and_the_oldest_alwa
 
 @pytest.mark.parametrize("policy", ["fcfs", "wisp"])
 def test_every_policy_cuts_batches_at_the_configs_row_cap(policy):
-    from edgekit.verifier._estimator import VerifyTimeEstimator
+    from edgekit.verifier import VerifyTimeEstimator
     from edgekit.verifier.scheduler import SCHEDULERS
 
     config = ServerConfig(max_batch_rows=12, policy=policy)

@@ -15,11 +15,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.rigs.fuzz_messages import ALLOWED, METHODS, Aim, call, mutated, requests
-from edgekit import ClientConfig, EdgeClient, GenerationConfig, ServerConfig
+from edgekit import ClientConfig, EdgeClient, GenerationConfig
 from edgekit.protocol import OpenRequest, fingerprint_to_pb
-from edgekit.testing import FakeDraftModel, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_server
 from edgekit.transport import GrpcTransport
-from edgekit.verifier import ToyEngine, VerifierServer
 
 TOKENS = {"fuzz": "fuzz-token-0123456789", "good": "good-token-0123456789"}
 TARGET = ToyLanguageModel(seed=5, eos_bias=-6.0)
@@ -29,8 +28,8 @@ TARGET = ToyLanguageModel(seed=5, eos_bias=-6.0)
 def fuzzed(tmp_path_factory):
     file = tmp_path_factory.mktemp("fuzz") / "tokens"
     file.write_text("".join(f"{n} {t}\n" for n, t in TOKENS.items()))
-    c = ServerConfig(port=0, max_sessions=8, max_context=512, max_block=16, tokens_file=str(file), max_queue=64)
-    server = VerifierServer(ToyEngine(TARGET, n_seq=c.max_sessions, max_context=c.max_context), c).start()
+    server = toy_server(TARGET, max_sessions=8, max_context=512, max_block=16, tokens_file=str(file),
+                        max_queue=64).start()
     channel = grpc.insecure_channel(server.address)
     auth = (("authorization", f"Bearer {TOKENS['fuzz']}"),)
     # Two sessions of the fuzzer's own, for its messages to aim at.

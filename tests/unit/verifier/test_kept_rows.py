@@ -145,7 +145,7 @@ def test_kept_rows_of_a_vocabulary_sized_batch_and_a_row_with_a_nan(each_kernel)
 
 @pytest.mark.skipif(KERNEL == "numpy", reason="the kernel is not built here")
 def test_the_kernels_kept_answers_rows_one_after_another_and_refuses_what_it_cannot_read():
-    from edgekit.runtime import _logitstats
+    from edgekit.runtime import _logitstats  # private: the compiled kernel itself, against numpy
 
     rows = np.array([[0.5, 3.0, 2.0, 2.0, -1.0, 2.0, 9.0], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], dtype=np.float32)
     ids, vals, counts = _logitstats.kept(rows, 2, 6, math.inf)  # the 9.0 is past `within`

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edgekit import ClientConfig, ConfigError, DependencyMissingError, ServerConfig
 from edgekit.protocol import BlockRequest, GenerateRequest, OpenRequest, SpeedObjective
-from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_verifier
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_server, toy_verifier
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import Coefficients, ServingStats, ToyEngine, VerifierServer
 
@@ -44,8 +44,8 @@ PLAN = [  # each round: the block drafted on a context, and the device's draftin
 
 
 def _server(**config) -> VerifierServer:
-    c = ServerConfig(port=0, metrics_port=0, max_sessions=4, max_context=256, max_block=8, calibrate="off", **config)
-    return VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=256, hidden_size=8), c).start()
+    return toy_server(TARGET, metrics_port=0, max_sessions=4, max_context=256, max_block=8, calibrate="off",
+                      **config).start()
 
 
 def _scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -196,17 +196,17 @@ def test_semantic_mode_is_strict_on_a_good_link_and_lenient_on_a_poor_one(head):
     for upload in ("fh", "sh", "auto"):
         good, poor = runs["good", upload], runs["poor", upload]
         # good link: P(reject) = sigmoid(10 q - 5) > 0.5 everywhere: greedy's output, nothing accepted
-        assert good.token_ids == greedy.token_ids and good.stats.semantic_accepted == 0
+        assert good.token_ids == greedy.token_ids and good.stats.server.semantic_accepted == 0
         # poor link: every mismatch accepted, so blocks are accepted whole
-        assert poor.stats.semantic_accepted > 0 and poor.token_ids != greedy.token_ids
+        assert poor.stats.server.semantic_accepted > 0 and poor.token_ids != greedy.token_ids
         assert poor.stats.accepted == poor.stats.drafted
         assert poor.stats.rounds < greedy.stats.rounds
         assert poor.stats.accepted_length > greedy.stats.accepted_length
         for r in (good, poor):
             assert r.stats.semantic_head == head.identity and r.stats.semantic_threshold == 0.5
             assert r.stats.mode == "semantic"
-        assert sum(d.semantic_accepted for d in poor.stats.rounds_detail) == poor.stats.semantic_accepted
-    assert greedy.stats.semantic_accepted == 0 and greedy.stats.semantic_head == ""
+        assert sum(d.server.semantic_accepted for d in poor.stats.rounds_detail) == poor.stats.server.semantic_accepted
+    assert greedy.stats.server.semantic_accepted == 0 and greedy.stats.semantic_head == ""
 
 
 def test_threshold_zero_is_greedy_and_one_accepts_every_mismatch(head):
@@ -215,7 +215,7 @@ def test_threshold_zero_is_greedy_and_one_accepts_every_mismatch(head):
     strict = _client(head, poor, mode="semantic", upload="fh", semantic_threshold=0.0)[0].generate("t").until_done()
     assert strict.token_ids == greedy.token_ids and strict.stats.semantic_threshold == 0.0
     lenient = _client(head, mode="semantic", upload="fh", semantic_threshold=1.0)[0].generate("t").until_done()
-    assert lenient.stats.accepted == lenient.stats.drafted and lenient.stats.semantic_accepted > 0
+    assert lenient.stats.accepted == lenient.stats.drafted and lenient.stats.server.semantic_accepted > 0
 
 
 def test_the_verifier_counts_semantic_rounds_and_accepted_mismatches(head):
@@ -223,7 +223,7 @@ def test_the_verifier_counts_semantic_rounds_and_accepted_mismatches(head):
     result = client.generate("count").until_done()
     snap = verifier.service.stats.snapshot()
     assert snap.semantic_rounds == result.stats.rounds
-    assert snap.semantic_accepted == result.stats.semantic_accepted > 0
+    assert snap.semantic_accepted == result.stats.server.semantic_accepted > 0
     info = client.transport.handshake(client.draft.fingerprint(), draft_model="x", draft_hidden_size=D_DRAFT)
     assert "semantic" in info.modes and info.semantic_head == head.identity and info.semantic_threshold == 0.5
 
@@ -319,7 +319,7 @@ def test_a_head_without_csi_ignores_the_link(tmp_path):
 @pytest.fixture()
 def cli_clients(monkeypatch, tmp_path):
     """`edgekit chat` and `generate` over a toy verifier whose head accepts what the threshold lets it."""
-    from edgekit.cli import _connect as cli_client
+    from edgekit.cli import _connect as cli_client  # private: where the CLI builds its client, swapped for a toy one
 
     monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path))
     head = _quality_head(tmp_path / "cli.onnx")

@@ -28,7 +28,7 @@ from edgekit.protocol import (
     sampling_to_pb,
     status_of,
 )
-from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_client, toy_verifier
+from edgekit.testing import FakeDraftModel, InProcessTransport, ToyLanguageModel, toy_client, toy_server, toy_verifier
 from edgekit.verifier import EngineCore, FcfsScheduler, Feed, ToyEngine
 
 TARGET = ToyLanguageModel(seed=5)
@@ -183,8 +183,8 @@ def test_the_client_reports_its_drafting_and_link_time_and_counts_missed_deadlin
     stats = result.stats
     assert stats.target_speed == 6.0
     rounds = stats.rounds_detail
-    assert all(r.server_budget_ms is not None and r.deadline_met is not None for r in rounds)
-    assert stats.deadlines_missed == sum(not r.deadline_met for r in rounds)
+    assert all(r.server.budget_ms is not None and r.server.deadline_met is not None for r in rounds)
+    assert stats.deadlines_missed == sum(not r.server.deadline_met for r in rounds)
 
 
 def test_generate_with_a_speed_runs_and_a_best_effort_one_too():
@@ -285,7 +285,7 @@ def test_under_the_wisp_policy_concurrent_sessions_get_the_targets_own_tokens():
     for i, final in results.items():
         assert list(final.token_ids) == TARGET.greedy(prompts[i], 20)
         has_slo = classes[i] is not None
-        assert all((r.server_budget_ms is not None) == has_slo for r in final.stats.rounds_detail)
+        assert all((r.server.budget_ms is not None) == has_slo for r in final.stats.rounds_detail)
     assert v.service.policy == "wisp" and max(v.service.core.batch_sizes) >= 2  # rounds were batched
 
 
@@ -322,13 +322,12 @@ def test_a_response_budget_is_what_keeps_the_whole_response_at_its_speed():
 
 
 def test_a_slow_or_vanished_client_never_stalls_the_engine():
-    from edgekit import ClientConfig, ServerConfig
+    from edgekit import ClientConfig
     from edgekit.transport import GrpcTransport
-    from edgekit.verifier import Coefficients, VerifierServer, VerifyTimeEstimator
+    from edgekit.verifier import Coefficients, VerifyTimeEstimator
 
     cost = VerifyTimeEstimator(Coefficients(a=0.1, c=2.0)).predict  # each batch 2 ms and a bit
-    config = ServerConfig(port=0, max_sessions=4, max_context=1024, max_block=8, calibrate="off")
-    with VerifierServer(ToyEngine(TARGET, n_seq=4, max_context=1024, cost=cost), config) as server:
+    with toy_server(TARGET, max_sessions=4, max_context=1024, max_block=8, calibrate="off", cost=cost) as server:
         slow = GrpcTransport(server.address, ClientConfig(timeout=30))
         slow.handshake(DRAFT.fingerprint(), draft_model="d", draft_hidden_size=8)
         stream = slow.generate(GenerateRequest(PROMPT, "greedy", seed=0, max_tokens=900))

@@ -45,10 +45,11 @@ from edgekit.testing import (
     ManualClock,
     SimulatedLink,
     ToyLanguageModel,
+    toy_server,
     toy_verifier,
 )
 from edgekit.transport import GrpcTransport
-from edgekit.verifier import FcfsScheduler, ToyEngine, VerifierServer, VerifierService
+from edgekit.verifier import FcfsScheduler, ToyEngine, VerifierService
 
 TARGET = ToyLanguageModel(seed=21)
 DRAFT = FakeDraftModel(ToyLanguageModel(seed=21, noise=2.0), n_embd=16)
@@ -496,8 +497,8 @@ TOKEN = "s3cret-token"
 
 @pytest.fixture(scope="module")
 def grpc_server():
-    config = ServerConfig(port=0, max_sessions=2, max_context=64, max_block=8, max_message_bytes=64 * 1024, token=TOKEN)
-    server = VerifierServer(ToyEngine(TARGET, n_seq=2, max_context=64, hidden_size=16), config).start()
+    server = toy_server(TARGET, hidden_size=16, max_sessions=2, max_context=64, max_block=8,
+                        max_message_bytes=64 * 1024, token=TOKEN).start()
     yield server
     server.stop()
 

@@ -20,7 +20,7 @@ from edgekit.errors import (
     SessionNotFoundError,
 )
 from edgekit.protocol import GREEDY, BlockRequest, OpenRequest, fingerprint_to_pb, pb
-from edgekit.testing import FakeDraftModel, ManualClock, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ManualClock, ToyLanguageModel, toy_server
 from edgekit.transport import GrpcTransport
 from edgekit.verifier import ToyEngine, VerifierServer, VerifierService
 from edgekit.verifier._sessions import SessionTable
@@ -33,9 +33,8 @@ FP = fingerprint_to_pb(DRAFT.fingerprint())
 def _server(tmp_path, *, clock=time.monotonic, **config) -> VerifierServer:
     file = tmp_path / "tokens"
     file.write_text("".join(f"{name} {token}  # {name}'s devices\n" for name, token in TOKENS.items()))
-    c = ServerConfig(**({"port": 0, "max_sessions": 4, "max_context": 256, "tokens_file": str(file)} | config))
-    engine = ToyEngine(ToyLanguageModel(seed=1), n_seq=c.max_sessions, max_context=c.max_context)
-    return VerifierServer(engine, c, clock=clock)
+    return toy_server(ToyLanguageModel(seed=1), clock=clock,
+                      **({"max_sessions": 4, "max_context": 256, "tokens_file": str(file)} | config))
 
 
 
@@ -299,10 +298,8 @@ def test_mutual_tls_takes_a_client_certificate_from_the_ca_and_refuses_others(tm
     rogue_key, rogue_cert = tmp_path / "rogue.key", tmp_path / "rogue.pem"  # self-signed: not from the CA
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(rogue_key), "-out", str(rogue_cert),
              "-days", "1", "-subj", "/CN=rogue")
-    c = ServerConfig(port=0, max_sessions=2, max_context=128, tls_cert=str(server_cert), tls_key=str(server_key),
-                     tls_client_ca=str(ca_cert))
-    engine = ToyEngine(ToyLanguageModel(seed=1), n_seq=2, max_context=128)
-    with VerifierServer(engine, c) as server:
+    with toy_server(ToyLanguageModel(seed=1), max_sessions=2, max_context=128, tls_cert=str(server_cert),
+                    tls_key=str(server_key), tls_client_ca=str(ca_cert)) as server:
         good = ClientConfig(tls=True, root_certificates=str(ca_cert), tls_cert=str(client_cert),
                             tls_key=str(client_key), timeout=5, connect_timeout=5)
         with GrpcTransport(server.address, good) as t:

@@ -16,9 +16,9 @@ from edgekit import ClientConfig, ServerConfig
 from edgekit.errors import ConfigError, LimitExceededError, ProtocolError
 from edgekit.link import host_of, is_local, probe
 from edgekit.protocol import SERVICE_NAME, BlockRequest, OpenRequest
-from edgekit.testing import FakeDraftModel, ToyLanguageModel
+from edgekit.testing import FakeDraftModel, ToyLanguageModel, toy_server
 from edgekit.transport import GrpcTransport, connect
-from edgekit.verifier import ToyEngine, VerifierServer
+from edgekit.verifier import VerifierServer
 from edgekit.verifier._peers import Peers
 from edgekit.verifier._streams import StreamLimits
 
@@ -29,9 +29,8 @@ ROUNDS = f"/{SERVICE_NAME}/Rounds"
 
 
 def _server(**config) -> VerifierServer:
-    c = ServerConfig(**({"port": 0, "max_sessions": 4, "max_context": 256, "token": TOKEN, "workers": 4} | config))
-    engine = ToyEngine(ToyLanguageModel(seed=1), n_seq=c.max_sessions, max_context=c.max_context)
-    return VerifierServer(engine, c)
+    return toy_server(ToyLanguageModel(seed=1),
+                      **({"max_sessions": 4, "max_context": 256, "token": TOKEN, "workers": 4} | config))
 
 
 def _serving(address: str) -> bool:
@@ -266,7 +265,7 @@ def test_devices_behind_a_trusted_proxy_are_counted_per_device(tmp_path):
 def test_the_verifier_permits_the_devices_keepalive_pings():
     """gRPC's default policy takes a ping a client sends without data once per 5 minutes and hangs up
     on the third too early; the devices ping every KEEPALIVE_MS during a call."""
-    from edgekit.transport._grpc import KEEPALIVE_MS
+    from edgekit.transport._grpc import KEEPALIVE_MS  # private: the client's keepalive, against what the server permits
     from edgekit.verifier._server import PINGS_PERMITTED_EVERY_MS
 
     assert PINGS_PERMITTED_EVERY_MS <= KEEPALIVE_MS
