@@ -39,6 +39,16 @@ def test_the_runtime_fit_recovers_eq_17s_coefficients():
     assert Runtime.fit([(1, 1e6, 0.01)]).seconds(1, 1e6) == pytest.approx(0.01)
 
 
+def test_a_fit_whose_line_would_go_negative_keeps_both_coefficients_at_zero_or_above():
+    """What a loaded machine measures (a batch of 8 no slower than one) tilts the line: the fit is
+    then the mean time (c1 = 0); a line through negative time at no work goes through the origin."""
+    flat = Runtime.fit([(1, 1e7, 0.012), (2, 1e7, 0.011), (4, 1e7, 0.011), (8, 1e7, 0.010)])  # falling
+    assert (flat.c1, flat.c2) == (0.0, pytest.approx(0.011))
+    steep = Runtime.fit([(1, 1e7, 0.001), (2, 1e7, 0.004), (4, 1e7, 0.010)])  # intercept below 0
+    assert steep.c2 == 0.0 and steep.c1 > 0
+    assert steep.seconds(4, 1e7) == pytest.approx(0.010, rel=0.2)
+
+
 def test_tokens_per_step_and_steps_are_eqs_7_and_8():
     m = _model(acceptance=0.5, max_output=100)
     assert m.tokens_per_step(3) == pytest.approx((1 - 0.5**4) / 0.5)

@@ -121,6 +121,15 @@ def test_controller_stops_before_the_first_predicted_rejection():
     assert final.stats.drafting == "predictor-stub"
 
 
+@pytest.mark.parametrize(("p", "longest"), [(0.5, 8), (0.499, 2)])
+def test_a_token_predicted_at_the_threshold_is_drafted_and_one_just_under_it_is_not(p, longest):
+    """The stop rule drafts where p >= threshold: the boundary itself belongs to drafting."""
+    ctl = PredictorController(StubPredictor({3: p}, threshold=0.5), max_window=8)
+    client, _draft, verifier = fake_client(max_tokens=60, stop_at_eos=False)
+    client.generate("the boundary", controller=ctl).until_done()
+    assert max(len(b.draft_tokens) for b in verifier.verify_calls) == longest
+
+
 def test_stop_after_sends_the_predicted_rejection_and_ends_the_block():
     ctl = PredictorController(StubPredictor({3: 0.2}), max_window=8, stop="after")
     client, _, verifier = fake_client(max_tokens=60, stop_at_eos=False)
