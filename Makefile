@@ -1,6 +1,6 @@
 # On a fresh machine:
 #   make chat   installs everything (builds llama.cpp, pulls the qwen-coder weights) and starts `edgekit chat`
-#   make test-fast  the unit tier alone (toys, no downloads; < 3 min)
+#   make test-fast  the unit tier alone (toys, no downloads; ~3 min on 2 cores)
 #   make test   installs the test extras, lints and type-checks, pulls the small gemma pair, runs the test suite
 #   make docs   builds the documentation site into build/site
 # Everything lives in .venv; model weights in ~/.cache/edgekit/models (EDGEKIT_CACHE_DIR overrides).
@@ -43,7 +43,7 @@ chat: models-chat
 proxies:
 	@bash deploy/fetch-proxies.sh >/dev/null || echo "no haproxy/nginx for the fleet tests (deploy/fetch-proxies.sh); they skip"
 
-# The unit tier alone (tests/unit: toys only, no model files, no network, no server processes): under
+# The unit tier alone (tests/unit: toys only, no model files, no network, no server processes): about
 # 3 minutes on 2 cores, for the edit-test loop. `make test` runs it too, with everything else CI runs.
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
