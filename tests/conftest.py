@@ -55,6 +55,21 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop("EDGEKIT_FIRST_ROUTE", None)
     else:
         os.environ["EDGEKIT_FIRST_ROUTE"] = route
+    _share_the_cores()
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist, each worker's llama.cpp contexts take its share of the cores
+    (EDGEKIT_THREADS, which the `edgekit` commands a test starts inherit), unless the run sets it.
+    Left to the default, every context of every worker takes all the cores, and ggml's threads,
+    which meet at a barrier after every op, wait there for a peer the scheduler has set aside for
+    another worker's: two workers on 2 cores ran the same greedy test in 30 s each at one thread
+    against 37-39 s at two (docs/concepts/architecture.md#where-cis-time-goes)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "EDGEKIT_THREADS" not in os.environ:
+        from edgekit.runtime import physical_cores
+
+        os.environ["EDGEKIT_THREADS"] = str(max(1, physical_cores() // workers))
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ from _wait import until
 
 from edgekit import ClientConfig, ConfigError, EdgeClient, GenerationConfig, ProtocolError
 from edgekit.protocol import OpenRequest
+from edgekit.runtime import default_threads
 from edgekit.transport import OpenAITransport
 
 pytestmark = pytest.mark.models
@@ -99,9 +100,11 @@ def llama_server(gemma_paths, tmp_path_factory):
     # generated ones: measured on gemma, up to 0.8 nats apart in the top-5 logprobs (AVX-512 and
     # AVX2-only builds), where these prompts have near-ties of 0.01 nats, and either answer is the
     # server's own greedy decoding along one of its two paths.
+    # Its threads are edgekit's (EDGEKIT_THREADS: a test worker's share of the cores).
     launcher = TESTS / "servers" / "llama_cpp_openai.py"
+    threads = str(default_threads())
     cmd = [sys.executable, str(launcher), "--model", str(gemma_paths[1]), "--host", "127.0.0.1", "--port", str(port),
-           "--n_ctx", "1024", "--n_threads", "2", "--n_threads_batch", "2", "--logits_all", "true",
+           "--n_ctx", "1024", "--n_threads", threads, "--n_threads_batch", threads, "--logits_all", "true",
            "--flash_attn", "true", "--n_batch", "1", "--n_ubatch", "1"]
     proc = _started(cmd, port, log)
     yield f"openai+http://127.0.0.1:{port}/v1"

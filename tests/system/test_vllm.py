@@ -50,6 +50,20 @@ TIMEOUT_S = 180.0  # a verifier call: the first request after a start took 32 s,
 pytestmark = [pytest.mark.vllm, pytest.mark.models, pytest.mark.timeout(START_DEADLINE_S + 600)]
 
 
+@pytest.fixture(scope="module")
+def gemma_draft(gemma_paths):
+    """The gemma draft on the cores vLLM leaves it: serve.sh gives vLLM one compute thread, and its
+    engine and worker processes spin beside it while a batch runs. A draft on every core (the default)
+    waits at each op's barrier for a thread the scheduler has set aside: the greedy test took 99 s
+    so against 55 s with the draft on one thread of two cores."""
+    from edgekit.runtime import LlamaDraftModel, physical_cores
+
+    draft = LlamaDraftModel(gemma_paths[0], name="gemma-3-270m-q4_0", n_ctx=2048,
+                            n_threads=max(1, physical_cores() - 1))
+    yield draft
+    draft.close()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
