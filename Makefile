@@ -59,7 +59,7 @@ test: lint typecheck test-fast models-test proxies
 		--dist loadfile $(PYTEST_ARGS)
 
 # vLLM's CPU build as a verifier (tests/system/test_vllm.py): its own venv and the gemma target converted
-# for it, both cached (~4 min the first time, seconds after); the tier runs ~7 min, ~8 GB RSS.
+# for it, both cached (~4 min the first time, seconds after); the tier runs ~9 min, ~8 GB RSS.
 vllm: models-test
 	EDGEKIT_PYTHON=$(BIN)/python engines/vllm/prepare.sh
 
