@@ -55,7 +55,7 @@ def gemma_draft(gemma_paths):
     """The gemma draft on the cores vLLM leaves it: serve.sh gives vLLM one compute thread, and its
     engine and worker processes spin beside it while a batch runs. A draft on every core (the default)
     waits at each op's barrier for a thread the scheduler has set aside: the greedy test took 99 s
-    so against 55 s with the draft on one thread of two cores."""
+    so, 55 s with the draft on one thread of two cores."""
     from edgekit.runtime import LlamaDraftModel, physical_cores
 
     draft = LlamaDraftModel(gemma_paths[0], name="gemma-3-270m-q4_0", n_ctx=2048,
